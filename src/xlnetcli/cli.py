@@ -1,0 +1,73 @@
+"""The `xlnet` command line. Thin: parse arguments, load the config, call a plain function.
+
+Each command's work lives in a module (tokenizer.py, shard.py, ...) whose functions tests call directly.
+Errors meant for the user (XLNetError) are printed on one line and exit non-zero, without a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .config import Config, load_config
+from .errors import XLNetError
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
+
+
+def config_options(f):
+    """--config FILE and repeated --set section.key=value."""
+    f = click.option(
+        "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
+        help="Override one config key (repeatable), e.g. --set train.lr=1e-4.",
+    )(f)
+    f = click.option(
+        "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+        help="YAML config (configs/tiny.yaml, base.yaml, large.yaml).",
+    )(f)
+    return f
+
+
+def resolve_config(config_path: Path | None, overrides: tuple[str, ...]) -> Config:
+    return load_config(config_path, overrides)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="xlnet")
+def cli() -> None:
+    """XLNet from raw text: tokenize, shard, preprocess, pretrain, finetune, evaluate."""
+
+
+# ---- commands are registered below, one section per module -------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: user errors become one line on stderr and exit code 2."""
+    try:
+        cli.main(args=argv, prog_name="xlnet", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("xlnet: interrupted", err=True)
+        sys.exit(130)
+    except click.exceptions.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except XLNetError as e:
+        click.echo(f"xlnet: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("xlnet: interrupted", err=True)
+        sys.exit(130)
+    except OSError as e:
+        from .io import is_disk_full
+
+        if is_disk_full(e):
+            click.echo(f"xlnet: error: disk full while writing {e.filename or 'output'}; free space and rerun", err=True)
+            sys.exit(2)
+        click.echo(f"xlnet: error: {e.strerror or e}{f': {e.filename}' if e.filename else ''}", err=True)
+        sys.exit(2)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    sys.exit(0)

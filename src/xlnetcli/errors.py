@@ -1,0 +1,21 @@
+"""User-facing errors: one line, actionable, no traceback (the CLI prints them and exits non-zero)."""
+
+from __future__ import annotations
+
+
+class XLNetError(Exception):
+    """An error caused by the user's input or environment. The message is shown as is, on one line."""
+
+    exit_code = 2
+
+
+class ConfigError(XLNetError):
+    """A config key is unknown, has the wrong type or an impossible value."""
+
+
+class DataError(XLNetError):
+    """Input data (text, shards, records, labelled files) is missing, unreadable or inconsistent."""
+
+
+class CheckpointError(XLNetError):
+    """A checkpoint is missing, corrupt, or disagrees with the requested config."""
