@@ -71,3 +71,14 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     sys.exit(0)
+
+
+# ---- plot ----
+@cli.command("plot")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="PNG path (default RUN_DIR/curves.png).")
+def plot_cmd(run_dir: Path, out: Path | None) -> None:
+    """Plot loss, learning rate and throughput curves of a run as a PNG."""
+    from .plot import plot_run
+
+    click.echo(str(plot_run(run_dir, out)))

@@ -1,0 +1,81 @@
+"""`xlnet plot RUN_DIR`: loss, learning-rate and throughput curves of a pretraining or finetuning run as a PNG.
+
+Reads the run's metrics.jsonl (rows {"step", "split", ...}). matplotlib is an optional extra (`pip install
+xlnetcli[plot]`); pretrain and finetune call `maybe_plot` at the end, which does nothing when it is missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import DataError, XLNetError
+from .runlog import read_metrics
+
+# Metric names, most preferred first, for each panel.
+LOSS_KEYS = ("loss", "plm_loss")
+EVAL_KEYS = ("loss", "plm_loss", "accuracy", "metric")
+THROUGHPUT_KEYS = ("tokens_per_s", "examples_per_s")
+
+
+def _series(rows: list[dict], split: str, keys: tuple[str, ...]) -> tuple[str, list[int], list[float]] | None:
+    for key in keys:
+        pts = [(r["step"], r[key]) for r in rows if r.get("split") == split and isinstance(r.get(key), (int, float))]
+        if pts:
+            return key, [p[0] for p in pts], [float(p[1]) for p in pts]
+    return None
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write ``RUN_DIR/curves.png`` (or ``out``) and return its path."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise DataError(f"run directory not found: {run_dir}")
+    rows = read_metrics(run_dir)
+    if not rows:
+        raise DataError(f"no metrics in {run_dir} (expected {run_dir / 'metrics.jsonl'} from xlnet pretrain/finetune)")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise XLNetError("xlnet plot needs matplotlib: pip install 'xlnetcli[plot]'") from None
+
+    panels = [
+        ("loss", [("train", _series(rows, "train", LOSS_KEYS)), ("eval", _series(rows, "eval", EVAL_KEYS[:2]))]),
+        ("learning rate", [("train", _series(rows, "train", ("lr",)))]),
+        ("throughput", [("train", _series(rows, "train", THROUGHPUT_KEYS))]),
+    ]
+    eval_metric = _series(rows, "eval", ("accuracy", "metric", "f1", "pearson"))
+    if eval_metric:
+        panels.append(("eval " + eval_metric[0], [("eval", eval_metric)]))
+    panels = [(title, [(s, d) for s, d in lines if d]) for title, lines in panels]
+    panels = [p for p in panels if p[1]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    for ax, (title, lines) in zip(axes[0], panels):
+        for split, (key, steps, values) in lines:
+            ax.plot(steps, values, marker="o" if split == "eval" else None, markersize=3, label=f"{split} {key}")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(run_dir.name, fontsize=10)
+    fig.tight_layout()
+    out = Path(out) if out else run_dir / "curves.png"
+    tmp = out.with_name(f".{out.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(out)
+    return out
+
+
+def maybe_plot(run_dir: str | Path) -> Path | None:
+    """Plot at the end of a run when matplotlib is installed; never fails the run."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return None
+    try:
+        return plot_run(run_dir)
+    except XLNetError:
+        return None
