@@ -82,3 +82,25 @@ def plot_cmd(run_dir: Path, out: Path | None) -> None:
     from .plot import plot_run
 
     click.echo(str(plot_run(run_dir, out)))
+
+
+# ---- pretrain ----
+@cli.command("pretrain")
+@config_options
+@click.option("--data", "data_dir", required=True, type=click.Path(path_type=Path), help="Records folder (xlnet preprocess).")
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Run folder (checkpoints, metrics).")
+@click.option("--resume", default=None, is_flag=False, flag_value="latest", metavar="[latest|STEP]",
+              help="Continue the run in --out exactly, from its latest checkpoint or a given step.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
+@click.option("--quiet", is_flag=True, help="No progress bar or summary.")
+def pretrain_cmd(config_path: Path | None, overrides: tuple[str, ...], data_dir: Path, out_dir: Path,
+                 resume: str | None, device: str, quiet: bool) -> None:
+    """Pretrain with permutation LM on preprocessed records (torchrun --nproc-per-node N for several processes).
+
+    Without --config the run's config (when resuming) or the records' config is used; --set overrides keys.
+    """
+    from .pretrain import pretrain, pretrain_config_path
+
+    path = pretrain_config_path(config_path, data_dir, out_dir, resume) or DEFAULT_CONFIG
+    cfg = resolve_config(path, overrides)
+    pretrain(cfg, data_dir, out_dir, resume=resume, device=device, quiet=quiet)
