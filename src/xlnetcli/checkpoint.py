@@ -1,0 +1,182 @@
+"""Checkpoint step folders.
+
+    run_dir/step_0001000/
+        model.safetensors   our state-dict names (model.py), tied LM weight stored once
+        config.yaml         the full resolved Config
+        tokenizer/          spiece.model + tokenizer.json (copied)
+        meta.json           {"kind": "pretrain"|"finetune"|"import", "step": int, ...}
+        train_state.pt      (pretraining only, via extra_files) optimizer, scheduler, data cursor, RNG
+
+`resolve_checkpoint` accepts a run directory (-> its latest step folder), a step folder, or a Hugging Face XLNet
+directory (config.json + model.safetensors / pytorch_model.bin), which `load_model_dir` converts on the fly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import Config, ModelConfig, config_from_dict, save_config
+from .errors import CheckpointError, ConfigError
+from .io import atomic_output_dir, atomic_write_json
+
+STEP_RE = re.compile(r"^step_(\d{7,})$")
+MODEL_FILE = "model.safetensors"
+# Keys that define the architecture (a checkpoint cannot be loaded into a model that disagrees on these).
+ARCH_KEYS = ("vocab_size", "d_model", "n_layer", "n_head", "d_head", "d_inner", "untie_r", "ff_activation")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:07d}"
+
+
+def save_model_dir(
+    out: str | Path,
+    model: torch.nn.Module,
+    cfg: Config,
+    tokenizer_dir: str | Path | None = None,
+    meta: dict[str, Any] | None = None,
+    extra_files: dict[str, bytes | str | Path | Callable[[Path], None]] | None = None,
+    overwrite: bool = True,
+) -> Path:
+    """Write a step folder atomically. ``extra_files`` maps a file name to bytes, a source path to copy, or a
+    callable that writes the given path (e.g. ``lambda p: torch.save(state, p)``)."""
+    from safetensors.torch import save_file
+
+    model = getattr(model, "module", model)  # DDP
+    model = getattr(model, "_orig_mod", model)  # torch.compile
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    out = Path(out)
+    with atomic_output_dir(out, overwrite=overwrite, what="a checkpoint") as tmp:
+        save_file(state, str(tmp / MODEL_FILE), metadata={"format": "pt", "xlnetcli": "1"})
+        save_config(cfg, tmp)
+        if tokenizer_dir is not None:
+            src = Path(tokenizer_dir)
+            if src.is_file():
+                src = src.parent
+            if not (src / "spiece.model").is_file():
+                raise CheckpointError(f"tokenizer directory {src} has no spiece.model")
+            shutil.copytree(src, tmp / "tokenizer")
+        atomic_write_json(tmp / "meta.json", dict(meta or {}))
+        for name, content in (extra_files or {}).items():
+            target = tmp / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, bytes):
+                target.write_bytes(content)
+            elif isinstance(content, (str, Path)):
+                shutil.copyfile(content, target)
+            else:
+                content(target)
+    return out
+
+
+def is_hf_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file() and not (path / "config.yaml").is_file()
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A run directory -> its latest step folder; a step folder or an HF directory -> itself."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"checkpoint not found: {p}")
+    if p.is_file():
+        if p.name == MODEL_FILE:
+            return resolve_checkpoint(p.parent)
+        raise CheckpointError(f"{p} is a file; pass a checkpoint folder (step_XXXXXXX) or a run directory")
+    if (p / MODEL_FILE).is_file() and (p / "config.yaml").is_file():
+        return p
+    if is_hf_dir(p):
+        return p
+    steps = sorted((int(m.group(1)), c) for c in p.iterdir() if c.is_dir() and (m := STEP_RE.match(c.name)))
+    steps = [(s, c) for s, c in steps if (c / MODEL_FILE).is_file()]
+    if not steps:
+        raise CheckpointError(f"{p} holds no checkpoint (no model.safetensors + config.yaml, no step_* folders)")
+    return steps[-1][1]
+
+
+def load_model_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict[str, Any]]:
+    """(config, state dict in our names, meta) from a step folder, run directory or HF directory."""
+    p = resolve_checkpoint(path)
+    if is_hf_dir(p):
+        from .hf import load_hf_dir
+
+        return load_hf_dir(p)
+    from safetensors import SafetensorsError
+    from safetensors.torch import load_file
+
+    import yaml
+
+    try:
+        raw = yaml.safe_load((p / "config.yaml").read_text(encoding="utf-8"))
+        cfg = config_from_dict(raw)
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{p / 'config.yaml'}: unreadable ({e.__class__.__name__})") from None
+    except ConfigError as e:
+        raise CheckpointError(f"{p / 'config.yaml'}: {e}") from None
+    try:
+        state = load_file(str(p / MODEL_FILE))
+    except (OSError, SafetensorsError, ValueError) as e:
+        raise CheckpointError(f"{p / MODEL_FILE}: corrupt or unreadable ({str(e).splitlines()[0][:120]})") from None
+    meta: dict[str, Any] = {}
+    if (p / "meta.json").is_file():
+        try:
+            meta = json.loads((p / "meta.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            raise CheckpointError(f"{p / 'meta.json'}: not valid JSON") from None
+    meta.setdefault("path", str(p))
+    return cfg, state, meta
+
+
+def check_model_config(found: ModelConfig, expected: ModelConfig, where: str = "checkpoint") -> None:
+    """CheckpointError naming both values if the architecture keys disagree."""
+    for key in ARCH_KEYS:
+        a, b = getattr(found, key), getattr(expected, key)
+        if a != b:
+            raise CheckpointError(f"{where} has model.{key}={a!r} but the requested config has model.{key}={b!r}")
+
+
+def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str = "checkpoint") -> None:
+    """Load a state dict strictly, with a one-line error naming the first missing/unexpected/mis-shaped key."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    if missing or unexpected:
+        what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
+        raise CheckpointError(
+            f"{where} does not match the model ({len(missing)} missing, {len(unexpected)} unexpected keys; {what})"
+        )
+    for k, v in state.items():
+        if own[k].shape != v.shape:
+            raise CheckpointError(f"{where}: {k} has shape {list(v.shape)}, the model expects {list(own[k].shape)}")
+    model.load_state_dict(state, strict=True)
+
+
+def load_lm_model(path: str | Path, device: str | torch.device = "cpu", expect: ModelConfig | None = None,
+                  overrides: dict[str, Any] | None = None):
+    """(XLNetLMHeadModel in eval mode, Config, meta) from a checkpoint / run dir / HF dir.
+
+    ``expect``: the requested model config; architecture keys must match (CheckpointError names both values).
+    ``overrides``: non-architecture model keys to change (dropout, dropatt, mem_len, reuse_len, bi_data, ...)."""
+    import dataclasses
+
+    from .config import replace
+    from .model import XLNetLMHeadModel
+
+    cfg, state, meta = load_model_dir(path)
+    if expect is not None:
+        check_model_config(cfg.model, expect, where=f"checkpoint {meta.get('path', path)}")
+    if overrides:
+        bad = [k for k in overrides if k in ARCH_KEYS]
+        if bad:
+            raise CheckpointError(f"cannot override architecture key model.{bad[0]} when loading a checkpoint")
+        cfg = replace(cfg, model=dict(overrides))
+    model = XLNetLMHeadModel(dataclasses.replace(cfg.model))
+    load_state(model, state, where=f"checkpoint {meta.get('path', path)}")
+    model.to(device).eval()
+    return model, cfg, meta
