@@ -104,3 +104,35 @@ def pretrain_cmd(config_path: Path | None, overrides: tuple[str, ...], data_dir:
     path = pretrain_config_path(config_path, data_dir, out_dir, resume) or DEFAULT_CONFIG
     cfg = resolve_config(path, overrides)
     pretrain(cfg, data_dir, out_dir, resume=resume, device=device, quiet=quiet)
+
+
+# ---- hf (export / import) ----------------------------------------------------------------------------------------
+
+
+@cli.command("export")
+@click.argument("ckpt", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["hf"]), default="hf", show_default=True,
+              help="Output format (hf: transformers XLNetLMHeadModel + XLNetTokenizer directory).")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output directory.")
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
+def export_cmd(ckpt: Path, fmt: str, out: Path, overwrite: bool) -> None:
+    """Export a checkpoint (run dir or step folder) as a Hugging Face directory."""
+    from .hf import export_hf
+    from .log import console
+
+    export_hf(ckpt, out, overwrite=overwrite)
+    console.print(f"exported {ckpt} -> {out} (config.json, model.safetensors, spiece.model)")
+
+
+@cli.command("import")
+@click.option("--from-hf", "hf_dir", type=click.Path(path_type=Path), required=True,
+              help="A Hugging Face XLNet directory (config.json + model.safetensors or pytorch_model.bin).")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output checkpoint folder.")
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
+def import_cmd(hf_dir: Path, out: Path, overwrite: bool) -> None:
+    """Turn a Hugging Face XLNet directory into an xlnet checkpoint folder."""
+    from .hf import import_hf
+    from .log import console
+
+    import_hf(hf_dir, out, overwrite=overwrite)
+    console.print(f"imported {hf_dir} -> {out}")
