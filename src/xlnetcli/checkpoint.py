@@ -107,7 +107,7 @@ def load_model_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], d
         from .hf import load_hf_dir
 
         return load_hf_dir(p)
-    from safetensors import SafetensorsError
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     import yaml
@@ -121,7 +121,7 @@ def load_model_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], d
         raise CheckpointError(f"{p / 'config.yaml'}: {e}") from None
     try:
         state = load_file(str(p / MODEL_FILE))
-    except (OSError, SafetensorsError, ValueError) as e:
+    except (OSError, SafetensorError, ValueError) as e:
         raise CheckpointError(f"{p / MODEL_FILE}: corrupt or unreadable ({str(e).splitlines()[0][:120]})") from None
     meta: dict[str, Any] = {}
     if (p / "meta.json").is_file():
