@@ -1,0 +1,462 @@
+"""Corpus sharding: text files -> N balanced, memory-mappable shards of token ids + sentence ids (REFERENCE §2).
+
+Pipeline (streaming, memory bounded by a few chunks whatever the corpus size):
+  parent: read files in order -> decode UTF-8 (replace-and-count) -> cut ~1 MiB chunks at blank lines
+  workers: normalise + batch-encode a chunk -> flat token ids with one <eod> per document, sentence parity, doc sizes
+  parent: takes results in chunk order; assigns each document to valid (hash of (seed, document index) <
+          valid_fraction, or every document of a --valid file) or to the train shard with the fewest tokens so far;
+          appends it to that shard's .npy files.
+Chunk boundaries, document indices and the assignment depend only on the inputs, the tokenizer and the seed, never on
+the number of workers: the output is byte-identical for any --workers.
+
+Output directory (atomic: written to a temporary sibling, renamed into place on success):
+  manifest.json, config.yaml, tokenizer/, train/shard_XXXXX.{tokens,sentid}.npy, valid/shard_00000.{tokens,sentid}.npy
+Sentence ids (uint8 0/1) flip at every input line, continuing across documents within a shard; a document's <eod>
+shares the id of its last line.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import json
+import os
+import struct
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import compress
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .corpus import FileStats, ReadStats, expand_inputs, iter_chunks, total_size
+from .errors import DataError, XLNetError
+from .io import atomic_output_dir, atomic_write_json, check_output_dir, is_disk_full, sha256_file
+from .log import byte_progress, console
+from .special import EOD_ID
+from .tokenizer import Tokenizer, normalize_block
+
+FORMAT_VERSION = 1
+CHUNK_CHARS = 1 << 20  # ~1 MiB of text per work item: large batches for SentencePiece, little IPC per token
+NPY_HEADER = 128  # fixed .npy header size so that shards can be streamed and the header written last
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# worker side
+
+
+@dataclass
+class ChunkResult:
+    tokens: np.ndarray  # output dtype, <eod> after each document
+    sentid: np.ndarray  # uint8 line parity within each document (document's first line = 0)
+    doc_tokens: np.ndarray  # int64 tokens per document (incl. <eod>)
+    doc_lines: np.ndarray  # int64 lines (sentences) per document
+    n_chars: int
+
+
+def encode_chunk(tok: Tokenizer, text: str, dtype: np.dtype) -> ChunkResult:
+    """Normalise and encode one chunk of corpus text (documents separated by blank lines)."""
+    lines = normalize_block(text, tok.uncased, tok.keep_accents)
+    line_len = np.fromiter(map(len, lines), dtype=np.int64, count=len(lines))
+    nonempty = line_len > 0
+    n = int(nonempty.sum())
+    if n == 0:
+        z = np.zeros(0, np.int64)
+        return ChunkResult(np.zeros(0, dtype), np.zeros(0, np.uint8), z, z, len(text))
+    # A document starts at a non-empty line preceded by a blank line (or the chunk start).
+    starts = nonempty.copy()
+    starts[1:] &= ~nonempty[:-1]
+    starts = starts[nonempty]  # per non-empty line
+    doc_of_line = np.cumsum(starts) - 1
+    first_line = np.flatnonzero(starts)
+    n_docs = first_line.size
+    parity = ((np.arange(n) - first_line[doc_of_line]) & 1).astype(np.uint8)
+
+    flat, tok_len = tok.encode_normalized_batch(list(compress(lines, nonempty.tolist())))
+    total = flat.size + n_docs
+    shift = np.repeat(doc_of_line, tok_len)  # number of <eod>s before each token
+    tokens = np.empty(total, dtype=dtype)
+    sentid = np.empty(total, dtype=np.uint8)
+    pos = np.arange(flat.size) + shift
+    tokens[pos] = flat
+    sentid[pos] = np.repeat(parity, tok_len)
+    doc_lines = np.bincount(doc_of_line, minlength=n_docs).astype(np.int64)
+    doc_tokens = np.bincount(doc_of_line, weights=tok_len, minlength=n_docs).astype(np.int64) + 1
+    eod_pos = np.cumsum(doc_tokens) - 1
+    tokens[eod_pos] = EOD_ID
+    last_line = first_line + doc_lines - 1
+    sentid[eod_pos] = parity[last_line]
+    return ChunkResult(tokens, sentid, doc_tokens, doc_lines, len(text))
+
+
+_WORKER: tuple[Tokenizer, np.dtype] | None = None
+
+
+def _init_worker(model_bytes: bytes, meta: dict[str, Any], dtype: str) -> None:
+    global _WORKER
+    _WORKER = (Tokenizer(model_bytes, meta), np.dtype(dtype))
+    _WORKER[0].fix_mask  # noqa: B018 - build the lookup once per worker
+
+
+def _work(text: str) -> ChunkResult:
+    assert _WORKER is not None
+    return encode_chunk(_WORKER[0], text, _WORKER[1])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# output
+
+
+def _npy_header(dtype: np.dtype, n: int) -> bytes:
+    d = "{'descr': %r, 'fortran_order': False, 'shape': (%d,), }" % (np.dtype(dtype).str, n)
+    body = d.ljust(NPY_HEADER - 10 - 1) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body.encode("latin1")
+
+
+class NpyStreamWriter:
+    """Append 1-D data to a .npy file whose length is unknown until close (the header is written last)."""
+
+    def __init__(self, path: Path, dtype: np.dtype) -> None:
+        self.path = path
+        self.dtype = np.dtype(dtype)
+        self.n = 0
+        self.f = open(path, "wb", buffering=1 << 20)  # noqa: SIM115
+        self.f.write(b"\0" * NPY_HEADER)
+
+    def write(self, arr: np.ndarray) -> None:
+        arr = np.ascontiguousarray(arr, dtype=self.dtype)
+        self.f.write(memoryview(arr).cast("B"))
+        self.n += arr.size
+
+    def close(self) -> None:
+        if self.f.closed:
+            return
+        self.f.flush()
+        self.f.seek(0)
+        self.f.write(_npy_header(self.dtype, self.n))
+        self.f.close()
+
+
+class _Shard:
+    """One output shard: tokens + sentid writers, counters and the running sentence parity."""
+
+    def __init__(self, directory: Path, split: str, index: int, dtype: np.dtype) -> None:
+        self.rel_tokens = f"{split}/shard_{index:05d}.tokens.npy"
+        self.rel_sentid = f"{split}/shard_{index:05d}.sentid.npy"
+        self.tokens = NpyStreamWriter(directory / self.rel_tokens, dtype)
+        self.sentid = NpyStreamWriter(directory / self.rel_sentid, np.uint8)
+        self.n_tokens = 0
+        self.n_sentences = 0
+        self.n_documents = 0
+        self.last_sent = 1  # so that the first line of the shard gets sentence id 0
+
+    def close(self) -> None:
+        self.tokens.close()
+        self.sentid.close()
+
+    def entry(self, directory: Path) -> dict[str, Any]:
+        return {"tokens_file": self.rel_tokens, "sentid_file": self.rel_sentid, "tokens": self.n_tokens,
+                "sentences": self.n_sentences, "documents": self.n_documents,
+                "sha256": {"tokens": sha256_file(directory / self.rel_tokens),
+                           "sentid": sha256_file(directory / self.rel_sentid)}}
+
+
+def _uniform_hash(seed: int, index: np.ndarray) -> np.ndarray:
+    """splitmix64 of (seed, document index) -> float64 in [0, 1). Deterministic across platforms."""
+    with np.errstate(over="ignore"):
+        x = index.astype(np.uint64) + np.uint64((seed * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+class _Assigner:
+    """Routes documents of each chunk result to shards, in order; keeps the shards balanced by tokens."""
+
+    def __init__(self, train: list[_Shard], valid: _Shard, seed: int, valid_fraction: float) -> None:
+        self.train = train
+        self.valid = valid
+        self.seed = seed
+        self.valid_fraction = valid_fraction
+        self.doc_index = 0  # global document counter over the whole input, in input order
+        self.lines_total = 0
+
+    def add(self, res: ChunkResult, force_valid: bool) -> None:
+        nd = res.doc_tokens.size
+        if nd == 0:
+            return
+        if force_valid:
+            to_valid = np.ones(nd, dtype=bool)
+        elif self.valid_fraction > 0:
+            to_valid = _uniform_hash(self.seed, np.arange(self.doc_index, self.doc_index + nd)) < self.valid_fraction
+        else:
+            to_valid = np.zeros(nd, dtype=bool)
+        self.doc_index += nd
+        self.lines_total += int(res.doc_lines.sum())
+        shards = self.train
+        n_train = len(shards)
+        doc_tok = res.doc_tokens.tolist()
+        doc_lines = res.doc_lines.tolist()
+        doc_off = np.concatenate([[0], np.cumsum(res.doc_tokens)]).tolist()
+        # last-line parity within each document = parity of its <eod> (relative ids, first line 0)
+        last_rel = res.sentid[np.asarray(doc_off[1:], dtype=np.int64) - 1].tolist()
+        target = np.empty(nd, dtype=np.int64)
+        flip = np.empty(nd, dtype=np.uint8)
+        loads = [s.n_tokens for s in shards]
+        for d, v in enumerate(to_valid.tolist()):
+            if v:
+                t, sh = n_train, self.valid
+            else:
+                t = min(range(n_train), key=loads.__getitem__) if n_train > 1 else 0
+                sh = shards[t]
+                loads[t] += doc_tok[d]
+            f = 1 - sh.last_sent  # first line of this document differs from the shard's previous token
+            sh.last_sent = last_rel[d] ^ f
+            target[d] = t
+            flip[d] = f
+            sh.n_tokens += doc_tok[d]
+            sh.n_sentences += doc_lines[d]
+            sh.n_documents += 1
+        sentid = res.sentid ^ np.repeat(flip, res.doc_tokens)
+        tok_target = np.repeat(target, res.doc_tokens)
+        used = np.unique(target).tolist()
+        for t in used:
+            sh = self.valid if t == n_train else shards[t]
+            if len(used) == 1:
+                sh.tokens.write(res.tokens)
+                sh.sentid.write(sentid)
+            else:
+                sel = tok_target == t
+                sh.tokens.write(res.tokens[sel])
+                sh.sentid.write(sentid[sel])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the command
+
+
+@dataclass
+class ShardSummary:
+    out_dir: Path
+    files: int
+    bytes: int
+    seconds: float
+    tokens: dict[str, int]
+    documents: dict[str, int]
+    invalid_utf8_bytes: int
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / max(self.seconds, 1e-9)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(self.tokens.values()) / max(self.seconds, 1e-9)
+
+
+def _chunk_stream(files: list[tuple[Path, bool]], stats: ReadStats, chunk_chars: int,
+                  on_bytes) -> Iterator[tuple[str, bool]]:
+    for path, is_valid in files:
+        fs = FileStats(path)
+        stats.files.append(fs)
+        for text in iter_chunks(path, fs, chunk_chars, on_bytes=on_bytes):
+            yield text, is_valid
+
+
+def shard_corpus(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.PathLike[str],
+                 tokenizer: str | os.PathLike[str] | Tokenizer, *, shards: int = 1, workers: int = 1,
+                 valid_fraction: float = 0.0, valid_inputs: Iterable[str | os.PathLike[str]] = (), seed: int = 42,
+                 overwrite: bool = False, cfg: Any = None, quiet: bool = False,
+                 chunk_chars: int = CHUNK_CHARS) -> ShardSummary:
+    """Tokenise ``inputs`` into ``shards`` train shards (+ a valid shard) under ``out_dir``; see the module doc."""
+    if shards < 1:
+        raise XLNetError(f"--shards must be >= 1, got {shards}")
+    if workers < 1:
+        raise XLNetError(f"--workers must be >= 1, got {workers}")
+    if not 0.0 <= valid_fraction < 1.0:
+        raise XLNetError(f"--valid-fraction must be in [0, 1), got {valid_fraction}")
+    check_output_dir(out_dir, overwrite, "shards")
+    tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tokenizer)
+    train_files = expand_inputs(inputs)
+    valid_files = expand_inputs(valid_inputs) if list(valid_inputs) else []
+    valid_set = {p.resolve() for p in valid_files}
+    overlap = [p for p in train_files if p.resolve() in valid_set]
+    if overlap:
+        raise DataError(f"{overlap[0]} is both a training input and a --valid file")
+    if valid_files:
+        valid_fraction = 0.0
+    all_files = [(p, False) for p in train_files] + [(p, True) for p in valid_files]
+    dtype = np.dtype(np.uint16) if tok.vocab_size <= 1 << 16 else np.dtype(np.uint32)
+    nbytes = total_size(p for p, _ in all_files)
+    stats = ReadStats()
+    t0 = time.perf_counter()
+    out = Path(out_dir)
+    pool = None
+    try:
+        with atomic_output_dir(out, overwrite, "shards") as tmp, byte_progress(quiet) as prog:
+            (tmp / "train").mkdir()
+            (tmp / "valid").mkdir()
+            train = [_Shard(tmp, "train", i, dtype) for i in range(shards)]
+            valid = _Shard(tmp, "valid", 0, dtype)
+            assigner = _Assigner(train, valid, seed, valid_fraction)
+            task = prog.add_task("sharding", total=nbytes, info="")
+            n_tok = 0
+
+            def consume(res: ChunkResult, is_valid: bool) -> None:
+                nonlocal n_tok
+                assigner.add(res, is_valid)
+                n_tok += res.tokens.size
+                prog.update(task, info=f"{n_tok / 1e6:.2f}M tokens")
+
+            chunks = _chunk_stream(all_files, stats, chunk_chars, lambda n: prog.advance(task, n))
+            if workers == 1:
+                tok.fix_mask  # noqa: B018
+                for text, is_valid in chunks:
+                    consume(encode_chunk(tok, text, dtype), is_valid)
+            else:
+                import multiprocessing as mp
+
+                ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+                pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tok.model_bytes, tok.meta, dtype.str))
+                pending: collections.deque = collections.deque()
+                window = 2 * workers + 2  # bounded read-ahead: memory stays a few chunks whatever the corpus
+                for text, is_valid in chunks:
+                    pending.append((pool.apply_async(_work, (text,)), is_valid))
+                    if len(pending) >= window:
+                        r, v = pending.popleft()
+                        consume(r.get(), v)
+                while pending:
+                    r, v = pending.popleft()
+                    consume(r.get(), v)
+                pool.close()
+                pool.join()
+                pool = None
+            for s in [*train, valid]:
+                s.close()
+            for w in stats.warnings():
+                console.print(w)
+            n_train = sum(s.n_tokens for s in train)
+            if assigner.doc_index == 0:
+                raise DataError(f"the corpus ({len(all_files)} file(s)) holds no text: nothing to shard")
+            if n_train == 0:
+                raise DataError("every document went to the validation split; lower --valid-fraction")
+            empty = [i for i, s in enumerate(train) if s.n_documents == 0]
+            if empty:
+                raise DataError(f"only {assigner.doc_index} document(s) for {shards} shards; use fewer --shards")
+            if valid_fraction > 0 and valid.n_documents == 0 and not quiet:
+                console.print(f"warning: no document fell into the validation split (valid_fraction "
+                              f"{valid_fraction}, {assigner.doc_index} documents)")
+            manifest = {
+                "format_version": FORMAT_VERSION,
+                "tokenizer_sha256": tok.sha256,
+                "vocab_size": tok.vocab_size,
+                "dtype": dtype.name,
+                "seed": seed,
+                "valid_fraction": valid_fraction,
+                "splits": {"train": [s.entry(tmp) for s in train],
+                           "valid": [valid.entry(tmp)] if valid.n_documents else []},
+                "inputs": {"train": [str(p) for p in train_files], "valid": [str(p) for p in valid_files]},
+                "bytes": nbytes,
+                "invalid_utf8_bytes": stats.bad_bytes,
+            }
+            if not valid.n_documents:
+                for rel in (valid.rel_tokens, valid.rel_sentid):
+                    (tmp / rel).unlink()
+            tok.save(tmp / "tokenizer")
+            if cfg is not None:
+                from .config import save_config
+
+                save_config(cfg, tmp)
+            atomic_write_json(tmp / "manifest.json", manifest)
+    except OSError as e:
+        if is_disk_full(e):
+            raise XLNetError(f"disk full while writing shards to {out}; free space and rerun "
+                             "(nothing was written)") from None
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise XLNetError(f"cannot write to {out}: {e.strerror}") from None
+        raise
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    seconds = time.perf_counter() - t0
+    return ShardSummary(out, len(all_files), nbytes, seconds,
+                        {"train": n_train, "valid": valid.n_tokens},
+                        {"train": sum(s.n_documents for s in train), "valid": valid.n_documents}, stats.bad_bytes)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# reading
+
+
+def read_manifest(shard_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load and check manifest.json of a shard directory (DataError if missing or corrupt)."""
+    d = Path(shard_dir)
+    path = d / "manifest.json"
+    if not d.is_dir():
+        raise DataError(f"shard directory {d} does not exist; create it with `xlnet shard`")
+    if not path.is_file():
+        raise DataError(f"{d} has no manifest.json: not a shard directory (create one with `xlnet shard`)")
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{path} is corrupt ({e}); rerun `xlnet shard`") from None
+    if not isinstance(m, dict) or m.get("format_version") != FORMAT_VERSION:
+        raise DataError(f"{path}: unsupported or missing format_version (expected {FORMAT_VERSION})")
+    for key in ("tokenizer_sha256", "vocab_size", "dtype", "splits"):
+        if key not in m:
+            raise DataError(f"{path} lacks {key!r}; rerun `xlnet shard`")
+    if m["dtype"] not in ("uint16", "uint32"):
+        raise DataError(f"{path}: unknown dtype {m['dtype']!r}")
+    splits = m["splits"]
+    if not isinstance(splits, dict) or not isinstance(splits.get("train"), list):
+        raise DataError(f"{path}: 'splits' must hold a 'train' list")
+    splits.setdefault("valid", [])
+    return m
+
+
+def open_shards(shard_dir: str | os.PathLike[str], split: str = "train") -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Yield (tokens, sentid) memory maps of every shard of ``split`` in manifest order."""
+    d = Path(shard_dir)
+    m = read_manifest(d)
+    if split not in m["splits"]:
+        raise DataError(f"{d}/manifest.json has no split {split!r}")
+    for e in m["splits"][split]:
+        arrs = []
+        for key in ("tokens_file", "sentid_file"):
+            p = d / e[key]
+            try:
+                arrs.append(np.load(p, mmap_mode="r"))
+            except FileNotFoundError:
+                raise DataError(f"shard file {p} is missing; rerun `xlnet shard`") from None
+            except (ValueError, OSError) as err:
+                raise DataError(f"shard file {p} is corrupt ({err}); rerun `xlnet shard`") from None
+        tokens, sentid = arrs
+        if tokens.shape != (e["tokens"],) or sentid.shape != tokens.shape:
+            raise DataError(f"shard {d / e['tokens_file']} has {tokens.shape[0]} tokens, manifest says "
+                            f"{e['tokens']}; rerun `xlnet shard`")
+        yield tokens, sentid
+
+
+def verify_shards(shard_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Check the sha256 of every shard file against the manifest; returns the manifest (DataError on mismatch)."""
+    d = Path(shard_dir)
+    m = read_manifest(d)
+    for split, entries in m["splits"].items():
+        for e in entries:
+            for key, kind in (("tokens_file", "tokens"), ("sentid_file", "sentid")):
+                p = d / e[key]
+                if not p.is_file():
+                    raise DataError(f"shard file {p} is missing; rerun `xlnet shard`")
+                if sha256_file(p) != e["sha256"][kind]:
+                    raise DataError(f"{p} does not match manifest.json (sha256 differs): corrupted; "
+                                    "rerun `xlnet shard`")
+    return m
+
+
+__all__ = ["shard_corpus", "read_manifest", "open_shards", "verify_shards", "encode_chunk", "ShardSummary",
+           "CHUNK_CHARS", "FORMAT_VERSION"]

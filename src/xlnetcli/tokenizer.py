@@ -1,0 +1,420 @@
+"""SentencePiece unigram tokenizer with XLNet's fixed ids and the original text normalisation (REFERENCE §1).
+
+A tokenizer directory holds ``spiece.model`` and ``tokenizer.json``. The JSON stores the normalisation options
+(uncased, keep_accents, digit-comma fix) with the sha256 of ``spiece.model`` and a hash of the options themselves, so
+that encoding always applies exactly the normalisation the model was trained with: a model swapped or an option edited
+by hand is refused on load.
+
+Normalisation (the original ``preprocess_text``), applied to every line before training and before encoding:
+collapse whitespace (strip, split, join with one space); ``\u0060\u0060`` and ``''`` become ``"``; unless keep_accents:
+NFKD and drop combining marks; if uncased: lowercase. SentencePiece's own NFKC rule (stored inside the model) follows.
+After encoding, the digit-comma fix re-encodes a piece such as ``▁2000,`` as ``▁2000`` + ``,``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import string
+import sys
+import tempfile
+import unicodedata
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError, DataError
+from .special import SPECIAL_PIECES
+
+FORMAT_VERSION = 1
+NORMALIZER = "xlnet-preprocess-text-v1"
+SPIECE_UNDERLINE = "\u2581"
+MODEL_FILE = "spiece.model"
+META_FILE = "tokenizer.json"
+# The original recipe (REFERENCE §1). unk/bos/eos take ids 0-2, control symbols 3-7, user-defined symbols from 8.
+CONTROL_SYMBOLS = ("<cls>", "<sep>", "<pad>", "<mask>", "<eod>")
+USER_DEFINED_SYMBOLS = ("<eop>", ".", "(", ")", '"', "-", "\u2013", "\u00a3", "\u20ac")
+MAX_SENTENCE_BYTES = 1 << 15  # lines longer than this are skipped by the SentencePiece trainer (default 4192)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# normalisation
+
+
+@lru_cache(maxsize=1)
+def _combining_table() -> dict[int, None]:
+    """str.translate table deleting every combining mark (unicodedata.combining(c) != 0)."""
+    return {c: None for c in range(sys.maxunicode + 1) if unicodedata.combining(chr(c))}
+
+
+def normalize_text(text: str, uncased: bool = False, keep_accents: bool = False) -> str:
+    """The original preprocess_text for one line (or one text: newlines count as whitespace)."""
+    out = " ".join(text.split())
+    if "`" in out or "''" in out:
+        out = out.replace("``", '"').replace("''", '"')
+    if not keep_accents and not out.isascii():
+        out = unicodedata.normalize("NFKD", out).translate(_combining_table())
+    if uncased:
+        out = out.lower()
+    return out
+
+
+def normalize_lines(lines: Sequence[str], uncased: bool = False, keep_accents: bool = False) -> list[str]:
+    """normalize_text for each line (lines must not contain newlines); same results, much less Python per line."""
+    if not lines:
+        return []
+    text = "\n".join(lines)
+    if text.count("\n") != len(lines) - 1:  # a "line" holding a newline: no fast path
+        return [normalize_text(line, uncased, keep_accents) for line in lines]
+    return normalize_block(text, uncased, keep_accents)
+
+
+def normalize_block(text: str, uncased: bool = False, keep_accents: bool = False) -> list[str]:
+    """Normalise every line of ``text`` (split on "\n"); returns the lines, "" for blank ones.
+
+    Identical to ``[normalize_text(l) for l in text.split("\n")]`` (a property test checks it) but fast: numpy flags
+    the few lines that need work (non-ASCII, whitespace other than single inner spaces, quote pairs); only those go
+    through normalize_text, the others are already normalised (up to lowercasing).
+    """
+    ascii_only = text.isascii()
+    if uncased and ascii_only:
+        text = text.lower()  # ASCII lowercasing commutes with every other step
+    lines = text.split("\n")
+    b = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    if b.size == 0:
+        return lines
+    sp = b == 32
+    nl = b == 10
+    # Control characters (includes tab, CR, VT, FF, FS..US: whitespace for str.split()) other than newline.
+    flag = (b < 32) & ~nl
+    if not ascii_only:
+        flag |= b >= 0x80  # non-ASCII: Unicode whitespace, NFKD, accents
+    flag[:-1] |= sp[:-1] & (sp[1:] | nl[1:])  # double space or space before a newline
+    flag[1:] |= nl[:-1] & sp[1:]  # space after a newline
+    flag[0] |= sp[0]
+    flag[-1] |= sp[-1]
+    q = (b == 96) | (b == 39)
+    flag[:-1] |= q[:-1] & q[1:]  # `` or '' (and harmless look-alikes such as `')
+    pos = np.flatnonzero(flag)
+    if pos.size:
+        line_of = np.searchsorted(np.flatnonzero(nl), pos, side="left")
+        for i in np.unique(line_of).tolist():
+            lines[i] = normalize_text(lines[i], uncased, keep_accents)
+    if uncased and not ascii_only:
+        lines = [line.lower() for line in lines]  # flagged lines are lowercase already; lower() is idempotent
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the tokenizer
+
+
+def _options_hash(meta: dict[str, Any]) -> str:
+    keys = ("normalizer", "uncased", "keep_accents", "digit_comma_fix", "sha256")
+    blob = json.dumps({k: meta.get(k) for k in keys}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _load_processor(model_bytes: bytes, where: Path):
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.LoadFromSerializedProto(model_bytes)
+    except Exception:  # noqa: BLE001 - sentencepiece raises RuntimeError/OSError variants
+        raise DataError(f"{where} is not a valid SentencePiece model (corrupt or truncated); retrain or recopy it")
+    if sp.get_piece_size() < len(SPECIAL_PIECES):
+        raise DataError(f"{where}: vocabulary too small to be an XLNet tokenizer")
+    got = tuple(sp.id_to_piece(i) for i in range(len(SPECIAL_PIECES)))
+    if got != SPECIAL_PIECES:
+        raise DataError(f"{where}: ids 0-8 are {list(got)}, expected XLNet's {list(SPECIAL_PIECES)}; "
+                        "train it with `xlnet tokenize train`")
+    return sp
+
+
+class Tokenizer:
+    """An XLNet SentencePiece tokenizer plus its normalisation options. Create with Tokenizer.load()."""
+
+    def __init__(self, model_bytes: bytes, meta: dict[str, Any], where: Path | None = None) -> None:
+        self.model_bytes = model_bytes
+        self.meta = dict(meta)
+        self.where = where
+        self.sp = _load_processor(model_bytes, where or Path(MODEL_FILE))
+        self.sha256: str = meta["sha256"]
+        self.vocab_size: int = self.sp.get_piece_size()
+        self.uncased: bool = bool(meta.get("uncased", False))
+        self.keep_accents: bool = bool(meta.get("keep_accents", False))
+        self.digit_comma_fix: bool = bool(meta.get("digit_comma_fix", True))
+        self._fix_mask: np.ndarray | None = None
+        self._comma_id = self.sp.piece_to_id(",")
+
+    # -- loading and saving -------------------------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Tokenizer:
+        """Load a tokenizer directory (spiece.model + tokenizer.json) or a bare spiece.model (e.g. Hugging Face's
+        xlnet-*-cased: options uncased False, keep_accents False). DataError if missing, corrupt or inconsistent."""
+        p = Path(path)
+        if p.is_dir():
+            model_path, meta_path = p / MODEL_FILE, p / META_FILE
+        elif p.exists():
+            model_path, meta_path = p, p.parent / META_FILE
+            if p.name != MODEL_FILE:
+                meta_path = p.with_suffix(".json")
+        else:
+            raise DataError(f"tokenizer {p} does not exist; train one with `xlnet tokenize train`")
+        if not model_path.is_file():
+            raise DataError(f"tokenizer directory {p} has no {MODEL_FILE}; train one with `xlnet tokenize train`")
+        try:
+            model_bytes = model_path.read_bytes()
+        except OSError as e:
+            raise DataError(f"cannot read {model_path}: {e.strerror or e}") from None
+        sha = hashlib.sha256(model_bytes).hexdigest()
+        if meta_path.is_file():
+            try:
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                if not isinstance(meta, dict):
+                    raise ValueError("not an object")
+            except (ValueError, UnicodeDecodeError) as e:
+                raise DataError(f"{meta_path} is corrupt ({e}); retrain the tokenizer") from None
+            if meta.get("format_version") != FORMAT_VERSION:
+                raise DataError(f"{meta_path}: unsupported format_version {meta.get('format_version')!r}")
+            if meta.get("sha256") != sha:
+                raise DataError(f"{model_path} does not match {meta_path} (sha256 differs): the model was replaced "
+                                "or corrupted; recopy the whole tokenizer directory")
+            if meta.get("options_sha256") != _options_hash(meta):
+                raise DataError(f"{meta_path}: normalisation options were edited by hand (options hash differs); "
+                                "retrain the tokenizer to change them")
+        else:
+            meta = _default_meta(sha)
+        tok = cls(model_bytes, meta, model_path)
+        if "vocab_size" in meta and meta["vocab_size"] != tok.vocab_size:
+            raise DataError(f"{meta_path}: vocab_size {meta['vocab_size']} but the model has {tok.vocab_size} pieces")
+        return tok
+
+    def save(self, out_dir: str | os.PathLike[str]) -> Path:
+        """Write spiece.model and tokenizer.json into out_dir (created if needed)."""
+        from .io import atomic_write_bytes, atomic_write_json
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(out / MODEL_FILE, self.model_bytes)
+        meta = dict(self.meta)
+        meta.setdefault("vocab_size", self.vocab_size)
+        meta["options_sha256"] = _options_hash(meta)
+        atomic_write_json(out / META_FILE, meta)
+        return out
+
+    def options(self) -> dict[str, Any]:
+        return {"uncased": self.uncased, "keep_accents": self.keep_accents, "digit_comma_fix": self.digit_comma_fix,
+                "normalizer": self.meta.get("normalizer", NORMALIZER)}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"model_bytes": self.model_bytes, "meta": self.meta, "where": self.where}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["model_bytes"], state["meta"], state["where"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(vocab_size={self.vocab_size}, uncased={self.uncased}, keep_accents={self.keep_accents}, "
+                f"sha256={self.sha256[:12]})")
+
+    # -- encoding -----------------------------------------------------------------------------------------------------
+
+    def normalize(self, text: str) -> str:
+        return normalize_text(text, self.uncased, self.keep_accents)
+
+    @property
+    def fix_mask(self) -> np.ndarray:
+        """bool [vocab]: pieces the digit-comma fix rewrites (length > 1, end in ',', digit before it)."""
+        if self._fix_mask is None:
+            mask = np.zeros(self.vocab_size, dtype=bool)
+            if self.digit_comma_fix:
+                for i in range(self.vocab_size):
+                    p = self.sp.id_to_piece(i)
+                    if len(p) > 1 and p[-1] == "," and p[-2].isdigit():
+                        mask[i] = True
+            self._fix_mask = mask
+        return self._fix_mask
+
+    def _fix_ids(self, ids: Sequence[int]) -> list[int]:
+        """The original digit-comma fix, on ids (pieces not in the vocabulary map to <unk>, as the original)."""
+        out: list[int] = []
+        mask = self.fix_mask
+        for i in ids:
+            if not mask[i]:
+                out.append(i)
+                continue
+            piece = self.sp.id_to_piece(int(i))
+            sub = self.sp.encode(piece[:-1].replace(SPIECE_UNDERLINE, ""), out_type=str)
+            if piece[0] != SPIECE_UNDERLINE and sub and sub[0][0] == SPIECE_UNDERLINE:
+                sub = sub[1:] if len(sub[0]) == 1 else [sub[0][1:], *sub[1:]]
+            out.extend(self.sp.piece_to_id(s) for s in sub)
+            out.append(self._comma_id)
+        return out
+
+    def encode_ids(self, text: str) -> list[int]:
+        ids = self.sp.encode(self.normalize(text), out_type=int)
+        if self.digit_comma_fix and self.fix_mask[ids].any():
+            ids = self._fix_ids(ids)
+        return ids
+
+    def encode_pieces(self, text: str) -> list[str]:
+        return [self.sp.id_to_piece(i) for i in self.encode_ids(text)]
+
+    def encode_normalized_batch(self, lines: list[str], num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """Encode already-normalised lines at once: (flat int32 ids, int64 lengths per line). Fast path for shard."""
+        if not lines:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        enc = self.sp.encode(lines, out_type=int, num_threads=num_threads)
+        lens = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
+        flat = np.fromiter((i for ids in enc for i in ids), dtype=np.int32, count=int(lens.sum()))
+        if self.digit_comma_fix:
+            bad = self.fix_mask[flat]
+            if bad.any():
+                line_of = np.repeat(np.arange(len(enc)), lens)
+                for li in np.unique(line_of[bad]).tolist():
+                    enc[li] = self._fix_ids(enc[li])
+                lens = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
+                flat = np.fromiter((i for ids in enc for i in ids), dtype=np.int32, count=int(lens.sum()))
+        return flat, lens
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.sp.decode([int(i) for i in ids])
+
+    def id_to_piece(self, i: int) -> str:
+        return self.sp.id_to_piece(int(i))
+
+    def piece_to_id(self, piece: str) -> int:
+        return self.sp.piece_to_id(piece)
+
+    def word_start_mask(self) -> np.ndarray:
+        """bool [vocab_size]: True for pieces that start a word (REFERENCE §4): a piece starting with '▁', a
+        control/special/unknown piece, or a lone ASCII punctuation piece."""
+        punct = set(string.punctuation)
+        mask = np.zeros(self.vocab_size, dtype=bool)
+        for i in range(self.vocab_size):
+            p = self.sp.id_to_piece(i)
+            mask[i] = (i < len(SPECIAL_PIECES) or self.sp.is_control(i) or self.sp.is_unknown(i)
+                       or p.startswith(SPIECE_UNDERLINE) or (len(p) == 1 and p in punct))
+        return mask
+
+
+def _default_meta(sha: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {"format_version": FORMAT_VERSION, "normalizer": NORMALIZER, "uncased": False,
+                            "keep_accents": False, "digit_comma_fix": True, "sha256": sha}
+    meta["options_sha256"] = _options_hash(meta)
+    return meta
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# training
+
+
+def train_tokenizer(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.PathLike[str], tcfg: Any,
+                    overwrite: bool = False, quiet: bool = False, cfg: Any = None) -> Tokenizer:
+    """Train a SentencePiece unigram model on normalised lines of ``inputs`` into ``out_dir`` (atomic).
+
+    ``tcfg`` is a TokenizerConfig (vocab_size, character_coverage, input_sentence_size, uncased, keep_accents,
+    threads). If ``cfg`` (the full Config) is given, it is written next to the model as config.yaml.
+    """
+    import sentencepiece as spm
+
+    from .corpus import ReadStats, expand_inputs, iter_lines, total_size
+    from .io import atomic_output_dir, check_output_dir
+    from .log import byte_progress, console
+
+    check_output_dir(out_dir, overwrite, "a tokenizer")
+    files = expand_inputs(inputs)
+    if tcfg.vocab_size <= len(SPECIAL_PIECES) + len(USER_DEFINED_SYMBOLS):
+        raise ConfigError(f"tokenizer.vocab_size must be > {len(SPECIAL_PIECES) + len(USER_DEFINED_SYMBOLS)}, "
+                          f"got {tcfg.vocab_size}")
+    if not 0.0 < tcfg.character_coverage <= 1.0:
+        raise ConfigError(f"tokenizer.character_coverage must be in (0, 1], got {tcfg.character_coverage}")
+    threads = tcfg.threads or (os.cpu_count() or 1)
+    stats = ReadStats()
+    with atomic_output_dir(out_dir, overwrite, "a tokenizer") as tmp:
+        # Pass 1: normalise every line into a temporary text file (the trainer reads it; errors surface here).
+        fd, norm_path = tempfile.mkstemp(prefix=".normalized.", suffix=".txt", dir=tmp)
+        n_lines = 0
+        n_bytes = 0
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f, byte_progress(quiet) as prog:
+                task = prog.add_task("normalising", total=total_size(files), info="")
+                batch: list[str] = []
+
+                def flush() -> None:
+                    nonlocal n_lines, n_bytes
+                    norm = [s for s in normalize_lines(batch, tcfg.uncased, tcfg.keep_accents) if s]
+                    if norm:
+                        text = "\n".join(norm) + "\n"
+                        f.write(text)
+                        n_lines += len(norm)
+                        n_bytes += len(text)
+                    batch.clear()
+
+                for line in iter_lines(files, stats, on_bytes=lambda n: prog.advance(task, n)):
+                    batch.append(line)
+                    if len(batch) >= 10000:
+                        flush()
+                flush()
+            for w in stats.warnings():
+                console.print(w)
+            if n_lines == 0:
+                raise DataError(f"the corpus ({len(files)} file(s)) holds no text after normalisation")
+            if not quiet:
+                console.print(f"training SentencePiece unigram: vocab {tcfg.vocab_size}, {n_lines} lines "
+                              f"({n_bytes / 1e6:.1f} MB), {threads} thread(s)")
+            prefix = Path(tmp) / "spiece"
+            try:
+                spm.SentencePieceTrainer.train(
+                    input=norm_path, model_prefix=str(prefix), model_type="unigram", vocab_size=tcfg.vocab_size,
+                    character_coverage=tcfg.character_coverage, input_sentence_size=tcfg.input_sentence_size,
+                    shuffle_input_sentence=True, control_symbols=list(CONTROL_SYMBOLS),
+                    user_defined_symbols=list(USER_DEFINED_SYMBOLS), unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                    num_threads=threads, max_sentence_length=MAX_SENTENCE_BYTES, minloglevel=2,
+                )
+            except RuntimeError as e:
+                msg = " ".join(str(e).split())
+                if "Vocabulary size is too high" in msg or "vocab_size" in msg.lower():
+                    raise ConfigError(f"tokenizer.vocab_size {tcfg.vocab_size} is too large for this corpus "
+                                      f"({msg.split(':')[-1].strip()}); lower --vocab-size or add text") from None
+                raise DataError(f"SentencePiece training failed: {msg}") from None
+        finally:
+            if os.path.exists(norm_path):
+                os.unlink(norm_path)
+        model_bytes = (prefix.with_suffix(".model")).read_bytes()
+        os.unlink(prefix.with_suffix(".model"))
+        vocab = prefix.with_suffix(".vocab")
+        if vocab.exists():
+            os.unlink(vocab)
+        meta = _default_meta(hashlib.sha256(model_bytes).hexdigest())
+        meta.update(uncased=bool(tcfg.uncased), keep_accents=bool(tcfg.keep_accents), vocab_size=tcfg.vocab_size)
+        meta["train"] = {
+            "model_type": "unigram", "character_coverage": tcfg.character_coverage,
+            "input_sentence_size": tcfg.input_sentence_size, "lines": n_lines, "bytes": n_bytes,
+            "inputs": [str(p) for p in files], "invalid_utf8_bytes": stats.bad_bytes,
+            "control_symbols": list(CONTROL_SYMBOLS), "user_defined_symbols": list(USER_DEFINED_SYMBOLS),
+        }
+        meta["options_sha256"] = _options_hash(meta)
+        tok = Tokenizer(model_bytes, meta, Path(out_dir) / MODEL_FILE)
+        tok.save(tmp)
+        if cfg is not None:
+            from .config import save_config
+
+            save_config(cfg, tmp)
+    return Tokenizer.load(out_dir)
+
+
+def copy_tokenizer(src: Tokenizer | str | os.PathLike[str], dst_dir: str | os.PathLike[str]) -> Path:
+    """Copy a tokenizer (object or directory) into dst_dir (spiece.model + tokenizer.json)."""
+    tok = src if isinstance(src, Tokenizer) else Tokenizer.load(src)
+    return tok.save(dst_dir)
+
+
+__all__ = ["Tokenizer", "train_tokenizer", "normalize_text", "normalize_lines", "copy_tokenizer",
+           "CONTROL_SYMBOLS", "USER_DEFINED_SYMBOLS"]
