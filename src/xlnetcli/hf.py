@@ -243,14 +243,6 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False) -> P
             tok_dir = Path(td) / "tokenizer"
             tok_dir.mkdir()
             shutil.copyfile(p / "spiece.model", tok_dir / "spiece.model")
-            from .io import atomic_write_json, sha256_file
-
-            atomic_write_json(tok_dir / "tokenizer.json", {
-                "format_version": 1,
-                "uncased": cfg.tokenizer.uncased,
-                "keep_accents": cfg.tokenizer.keep_accents,
-                "vocab_size": cfg.model.vocab_size,
-                "sha256": sha256_file(tok_dir / "spiece.model"),
-            })
+            # only spiece.model: Tokenizer.load uses the HF defaults (cased, accents stripped) without tokenizer.json
         save_model_dir(out, model, cfg, tokenizer_dir=tok_dir, meta=meta, overwrite=overwrite)
     return Path(out)

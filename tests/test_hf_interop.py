@@ -1,0 +1,200 @@
+"""HF interop: `xlnet export --format hf` loads in transformers (model + XLNetTokenizer) with identical outputs,
+`xlnet import --from-hf` gives our checkpoint back, both round trips are bit-exact; checkpoint errors; Python API."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from xlnetcli import api
+from xlnetcli.checkpoint import load_lm_model, load_model_dir, resolve_checkpoint, save_model_dir, step_dir_name
+from xlnetcli.cli import main
+from xlnetcli.config import ModelConfig, config_from_dict
+from xlnetcli.errors import CheckpointError
+from xlnetcli.hf import mems_from_hf, mems_to_hf
+from xlnetcli.model import XLNetLMHeadModel
+
+transformers = pytest.importorskip("transformers")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args) -> int:
+    try:
+        main(list(args))
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    from xlnetcli.config import TokenizerConfig
+    from xlnetcli.tokenizer import train_tokenizer
+
+    out = tmp_path_factory.mktemp("tok") / "tokenizer"
+    train_tokenizer([ROOT / "tests" / "data" / "sample.txt"], out, TokenizerConfig(vocab_size=400, threads=1),
+                    quiet=True)
+    return out
+
+
+def make_cfg(vocab: int):
+    return config_from_dict({
+        "tokenizer": {"vocab_size": vocab},
+        "model": dict(vocab_size=vocab, d_model=32, n_layer=2, n_head=4, d_head=8, d_inner=64, dropout=0.0,
+                      dropatt=0.0, mem_len=12, reuse_len=8, bi_data=False),
+        "data": {"seq_len": 16, "perm_size": 8, "num_predict": 3},
+        "train": {"micro_batch_size": 2, "global_batch_size": 2},
+    })
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory, tok_dir):
+    cfg = make_cfg(400)
+    torch.manual_seed(0)
+    model = XLNetLMHeadModel(cfg.model)
+    with torch.no_grad():
+        model.lm_bias.normal_(0, 0.1)
+    run = tmp_path_factory.mktemp("run")
+    save_model_dir(run / step_dir_name(5), model, cfg, tokenizer_dir=tok_dir, meta={"kind": "pretrain", "step": 5})
+    save_model_dir(run / step_dir_name(10), model, cfg, tokenizer_dir=tok_dir, meta={"kind": "pretrain", "step": 10})
+    return run
+
+
+def batch(B=2, L=16, P=3, V=400, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(9, V, (B, L), generator=g)
+    tt = torch.zeros(B, L, dtype=torch.long)
+    tt[:, 10:] = 1
+    tt[:, -1] = 2
+    perm = (torch.rand(B, L, L, generator=g) > 0.5).float()
+    tidx = torch.stack([torch.randperm(L, generator=g)[:P].sort().values for _ in range(B)])
+    tmap = torch.nn.functional.one_hot(tidx, L).float()
+    return ids, tt, perm, tmap
+
+
+def test_resolve_checkpoint_picks_latest(ckpt):
+    assert resolve_checkpoint(ckpt).name == "step_0000010"
+    cfg, state, meta = load_model_dir(ckpt)
+    assert meta["step"] == 10 and cfg.model.d_model == 32
+    assert (resolve_checkpoint(ckpt) / "tokenizer" / "spiece.model").is_file()
+
+
+def test_export_loads_in_transformers_with_identical_outputs(ckpt, tmp_path):
+    out = tmp_path / "hf"
+    assert cli("export", str(ckpt), "--format", "hf", "--out", str(out)) == 0
+    assert {"config.json", "model.safetensors", "spiece.model"} <= {p.name for p in out.iterdir()}
+    hf = transformers.XLNetLMHeadModel.from_pretrained(out).eval()
+    ours, _, _ = load_lm_model(ckpt)
+    ids, tt, perm, tmap = batch()
+    with torch.no_grad():
+        h = hf(ids, token_type_ids=tt, perm_mask=perm, target_mapping=tmap, use_mems=True)
+        o = ours(ids, tt, None, perm, target_mapping=tmap)
+        assert torch.allclose(o.logits, h.logits, atol=1e-5, rtol=0)
+        h2 = hf(ids, token_type_ids=tt, perm_mask=perm, target_mapping=tmap, mems=h.mems, use_mems=True)
+        o2 = ours(ids, tt, None, perm, target_mapping=tmap, mems=o.mems)
+        assert torch.allclose(o2.logits, h2.logits, atol=1e-5, rtol=0)
+        for a, b in zip(o2.mems, mems_from_hf(h2.mems)):
+            assert torch.allclose(a, b, atol=1e-5, rtol=0)
+
+    # the tokenizer loads unmodified and splits text as ours does
+    from xlnetcli.tokenizer import Tokenizer
+
+    hf_tok = transformers.XLNetTokenizer.from_pretrained(out)
+    ours_tok = Tokenizer.load(resolve_checkpoint(ckpt) / "tokenizer")
+    text = "The module provides functions for working with files and directories."
+    enc = hf_tok(text)["input_ids"]
+    assert enc[-2:] == [4, 3]  # <sep> <cls> appended, as XLNet expects
+    assert enc[:-2] == ours_tok.encode_ids(text)
+
+
+def test_round_trips_are_bit_exact(ckpt, tmp_path):
+    hf_dir, back = tmp_path / "hf", tmp_path / "back"
+    assert cli("export", str(ckpt), "--out", str(hf_dir)) == 0
+    assert cli("import", "--from-hf", str(hf_dir), "--out", str(back)) == 0
+    cfg0, s0, _ = load_model_dir(ckpt)
+    cfg1, s1, meta = load_model_dir(back)
+    assert meta["kind"] == "import"
+    assert s0.keys() == s1.keys()
+    for k in s0:
+        assert torch.equal(s0[k], s1[k]), k
+    for key in ("vocab_size", "d_model", "n_layer", "n_head", "d_head", "d_inner", "ff_activation", "untie_r",
+                "mem_len", "reuse_len", "bi_data", "clamp_len", "layer_norm_eps"):
+        assert getattr(cfg0.model, key) == getattr(cfg1.model, key), key
+    # HF -> ours -> HF: identical tensors
+    from safetensors.torch import load_file
+
+    hf2 = tmp_path / "hf2"
+    assert cli("export", str(back), "--out", str(hf2)) == 0
+    a, b = load_file(str(hf_dir / "model.safetensors")), load_file(str(hf2 / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (hf_dir / "spiece.model").read_bytes() == (hf2 / "spiece.model").read_bytes()
+
+
+def test_import_transformers_save_pretrained(tmp_path):
+    """A directory written by transformers itself (as a downloaded xlnet-base-cased copy would be)."""
+    hc = transformers.XLNetConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, d_inner=64, mem_len=None,
+                                  reuse_len=None)
+    torch.manual_seed(1)
+    hf = transformers.XLNetLMHeadModel(hc).eval()
+    with torch.no_grad():
+        hf.lm_loss.bias.normal_(0, 0.1)
+    hf.save_pretrained(tmp_path / "hf")
+    assert cli("import", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "ck")) == 0
+    xl = api.load(tmp_path / "ck")
+    xl_direct = api.load(tmp_path / "hf")  # an HF dir loads directly too
+    ids, tt, perm, tmap = batch(V=50)
+    with torch.no_grad():
+        h = hf(ids, token_type_ids=tt, perm_mask=perm, target_mapping=tmap, use_mems=True)
+    for m in (xl, xl_direct):
+        o = m(ids, token_type_ids=tt, perm_mask=perm, target_mapping=tmap)
+        assert torch.allclose(o.logits, h.logits, atol=1e-5, rtol=0)
+        assert o.hidden.shape == (2, 16, 32) and o.query.shape == (2, 3, 32)
+        o2 = m(ids, token_type_ids=tt, perm_mask=perm, target_mapping=tmap, mems=o.mems)
+        h2 = hf(ids, token_type_ids=tt, perm_mask=perm, target_mapping=tmap, mems=mems_to_hf(o.mems), use_mems=True)
+        assert torch.allclose(o2.logits, h2.logits, atol=1e-5, rtol=0)
+
+
+def test_api_hf_style_call(ckpt):
+    xl = api.load(ckpt, attn_impl="einsum")
+    ids, tt, perm, tmap = batch()
+    am = np.ones((2, 16), dtype=np.float32)
+    am[1, :3] = 0
+    out = xl(ids.tolist(), token_type_ids=tt, attention_mask=am, perm_mask=perm, target_mapping=tmap)
+    assert out.logits.shape == (2, 3, 400) and not out.logits.requires_grad
+    assert len(out.mems) == 2 and out.mems[0].shape == (2, 8, 32)
+    full = xl(ids)  # no targets: content-stream logits for every position
+    assert full.logits.shape == (2, 16, 400) and full.query is None
+
+
+def test_checkpoint_errors(ckpt, tmp_path):
+    cfg, _, _ = load_model_dir(ckpt)
+    other = dataclasses.replace(cfg.model, d_model=64, d_head=16)
+    with pytest.raises(CheckpointError, match=r"model.d_model=32 but the requested config has model.d_model=64"):
+        load_lm_model(ckpt, expect=other)
+    with pytest.raises(CheckpointError, match="not found"):
+        resolve_checkpoint(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="holds no checkpoint"):
+        resolve_checkpoint(tmp_path)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "model.safetensors").write_bytes(b"garbage")
+    src = resolve_checkpoint(ckpt)
+    (bad / "config.yaml").write_text((src / "config.yaml").read_text())
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_model_dir(bad)
+    assert cli("export", str(tmp_path / "nope"), "--out", str(tmp_path / "o")) == 2
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "notxl").mkdir()
+    (tmp_path / "notxl" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    assert cli("import", "--from-hf", str(tmp_path / "notxl"), "--out", str(tmp_path / "o")) == 2
+    # export refuses a d_model that HF cannot express
+    wide = ModelConfig(vocab_size=10, d_model=32, n_layer=1, n_head=2, d_head=8, d_inner=8)
+    from xlnetcli.hf import to_hf_config
+
+    with pytest.raises(CheckpointError, match="n_head\\*d_head == d_model"):
+        to_hf_config(wide)
