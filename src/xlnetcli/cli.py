@@ -136,3 +136,114 @@ def import_cmd(hf_dir: Path, out: Path, overwrite: bool) -> None:
 
     import_hf(hf_dir, out, overwrite=overwrite)
     console.print(f"imported {hf_dir} -> {out}")
+
+
+# ---- tokenizer ----
+
+
+@cli.group("tokenize")
+def tokenize_group() -> None:
+    """Train a SentencePiece tokenizer (XLNet ids 0-8) or encode text with one."""
+
+
+@tokenize_group.command("train")
+@config_options
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Tokenizer directory to create.")
+@click.option("--vocab-size", type=int, default=None, help="Vocabulary size (default tokenizer.vocab_size).")
+@click.option("--character-coverage", type=float, default=None, help="Character coverage (original: 0.99995).")
+@click.option("--input-sentence-size", type=int, default=None, help="Lines sampled for training (shuffled).")
+@click.option("--threads", type=int, default=None, help="Trainer threads (0 = all cores).")
+@click.option("--uncased/--cased", default=None, help="Lowercase before encoding (default tokenizer.uncased).")
+@click.option("--keep-accents/--strip-accents", default=None, help="Keep accents (default: strip, as the original).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing tokenizer directory.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def tokenize_train_cmd(config_path: Path | None, overrides: tuple[str, ...], inputs: tuple[str, ...], out_dir: Path,
+                       vocab_size: int | None, character_coverage: float | None, input_sentence_size: int | None,
+                       threads: int | None, uncased: bool | None, keep_accents: bool | None, overwrite: bool,
+                       quiet: bool) -> None:
+    """Train a SentencePiece unigram tokenizer on text files, directories or globs (.gz too)."""
+    from .config import replace
+    from .log import console
+    from .tokenizer import train_tokenizer
+
+    cfg = resolve_config(config_path, overrides)
+    opts = {"vocab_size": vocab_size, "character_coverage": character_coverage, "threads": threads,
+            "input_sentence_size": input_sentence_size, "uncased": uncased, "keep_accents": keep_accents}
+    model = {"vocab_size": vocab_size} if vocab_size is not None else {}  # the model must match the vocabulary
+    cfg = replace(cfg, tokenizer={k: v for k, v in opts.items() if v is not None}, model=model)
+    tok = train_tokenizer(inputs, out_dir, cfg.tokenizer, overwrite=overwrite, quiet=quiet, cfg=cfg)
+    console.print(f"wrote {out_dir}/spiece.model + tokenizer.json (vocab {tok.vocab_size}, "
+                  f"uncased={tok.uncased}, keep_accents={tok.keep_accents}, sha256 {tok.sha256[:12]})")
+
+
+@tokenize_group.command("encode")
+@click.argument("file", required=False, type=click.Path(path_type=Path))
+@click.option("--tokenizer", "tok_path", required=True, type=click.Path(path_type=Path),
+              help="Tokenizer directory (or spiece.model).")
+@click.option("--text", default=None, help="Encode this text instead of a file.")
+@click.option("--ids", "as_ids", is_flag=True, help="Print ids instead of pieces.")
+def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_ids: bool) -> None:
+    """Print the pieces (or ids) of --text or of each line of FILE ('-' = stdin), one output line per input line."""
+    from .errors import XLNetError as _Err
+    from .tokenizer import Tokenizer
+
+    if (text is None) == (file is None):
+        raise _Err("pass either --text TEXT or a FILE to encode")
+    tok = Tokenizer.load(tok_path)
+
+    def show(line: str) -> None:
+        ids = tok.encode_ids(line)
+        click.echo(" ".join(map(str, ids)) if as_ids else " ".join(tok.id_to_piece(i) for i in ids))
+
+    if text is not None:
+        show(text)
+    elif str(file) == "-":
+        for line in click.get_text_stream("stdin"):
+            show(line)
+    else:
+        from .corpus import expand_inputs, iter_lines
+
+        for line in iter_lines(expand_inputs([file])):
+            show(line)
+
+
+# ---- shard ----
+
+
+@cli.command("shard")
+@config_options
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--tokenizer", "tok_path", required=True, type=click.Path(path_type=Path),
+              help="Tokenizer directory (xlnet tokenize train).")
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Shard directory to create.")
+@click.option("--shards", type=int, default=1, show_default=True, help="Number of train shards (balanced by tokens).")
+@click.option("--workers", type=int, default=1, show_default=True, help="Tokenisation processes.")
+@click.option("--valid-fraction", type=float, default=None,
+              help="Share of documents held out for validation (default data.valid_fraction).")
+@click.option("--valid", "valid_inputs", multiple=True, metavar="FILE",
+              help="Validation file(s) instead of a random fraction (repeatable).")
+@click.option("--seed", type=int, default=None, help="Seed of the validation split (default data.seed).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing shard directory.")
+@click.option("--quiet", is_flag=True, help="No progress bar or summary.")
+def shard_cmd(config_path: Path | None, overrides: tuple[str, ...], inputs: tuple[str, ...], tok_path: Path,
+              out_dir: Path, shards: int, workers: int, valid_fraction: float | None, valid_inputs: tuple[str, ...],
+              seed: int | None, overwrite: bool, quiet: bool) -> None:
+    """Tokenise text files, directories or globs (.gz too) into N balanced shards + a validation split."""
+    from .config import replace
+    from .errors import XLNetError as _Err
+    from .log import console
+    from .shard import shard_corpus
+
+    cfg = resolve_config(config_path, overrides)
+    if valid_inputs and valid_fraction is not None:
+        raise _Err("pass either --valid-fraction or --valid FILE, not both")
+    vf = 0.0 if valid_inputs else (cfg.data.valid_fraction if valid_fraction is None else valid_fraction)
+    seed = cfg.data.seed if seed is None else seed
+    cfg = replace(cfg, data={"valid_fraction": vf, "seed": seed})
+    s = shard_corpus(inputs, out_dir, tok_path, shards=shards, workers=workers, valid_fraction=vf,
+                     valid_inputs=valid_inputs, seed=seed, overwrite=overwrite, cfg=cfg, quiet=quiet)
+    if not quiet:
+        console.print(f"wrote {shards} train shard(s) ({s.tokens['train']:,} tokens, {s.documents['train']:,} docs) "
+                      f"+ valid ({s.tokens['valid']:,} tokens, {s.documents['valid']:,} docs) to {out_dir} in "
+                      f"{s.seconds:.1f} s ({s.mb_per_s:.1f} MB/s, {s.tokens_per_s / 1e3:.0f}K tokens/s)")
