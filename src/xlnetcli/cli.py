@@ -247,3 +247,121 @@ def shard_cmd(config_path: Path | None, overrides: tuple[str, ...], inputs: tupl
         console.print(f"wrote {shards} train shard(s) ({s.tokens['train']:,} tokens, {s.documents['train']:,} docs) "
                       f"+ valid ({s.tokens['valid']:,} tokens, {s.documents['valid']:,} docs) to {out_dir} in "
                       f"{s.seconds:.1f} s ({s.mb_per_s:.1f} MB/s, {s.tokens_per_s / 1e3:.0f}K tokens/s)")
+
+
+# ---- finetune / eval ---------------------------------------------------------------------------------------------
+
+
+def column_options(f):
+    """Column choices for TSV/CSV/JSONL classification and regression files (GLUE names are found by default)."""
+    f = click.option("--no-header", is_flag=True,
+                     help="TSV/CSV without a header row: columns are 0-based indices (e.g. CoLA: --text-a-column 3 "
+                          "--label-column 1).")(f)
+    f = click.option("--label-column", default=None, metavar="NAME",
+                     help="Label column (default: label, gold_label, score, is_duplicate, Quality, ...).")(f)
+    f = click.option("--text-b-column", default=None, metavar="NAME",
+                     help="Second text column, '' for none (default: sentence2, question2, ... when present).")(f)
+    f = click.option("--text-a-column", default=None, metavar="NAME",
+                     help="First text column (default: text, sentence, sentence1, question1, question, ...).")(f)
+    return f
+
+
+def _columns(text_a: str | None, text_b: str | None, label: str | None):
+    from .tasks import Columns
+
+    return Columns(text_a, text_b, label)
+
+
+@cli.command("finetune")
+@config_options
+@click.option("--task", required=True, type=click.Choice(["classification", "regression", "multiple-choice", "squad"]),
+              help="classification/regression: TSV/CSV/JSONL; multiple-choice: JSONL; squad: SQuAD v1.1/v2.0 JSON.")
+@click.option("--train", "train_file", required=True, type=click.Path(path_type=Path), help="Training file.")
+@click.option("--valid", "valid_file", default=None, type=click.Path(path_type=Path),
+              help="Validation file: evaluated every epoch (or finetune.eval_every steps); the best checkpoint is kept.")
+@click.option("--init", "init", required=True, type=click.Path(path_type=Path),
+              help="Pretrained checkpoint: a run folder, a step folder, or a Hugging Face XLNet directory.")
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Run folder.")
+@column_options
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty output folder.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
+@click.option("--quiet", is_flag=True, help="No progress bar or summary.")
+def finetune_cmd(config_path: Path | None, overrides: tuple[str, ...], task: str, train_file: Path,
+                 valid_file: Path | None, init: Path, out_dir: Path, text_a_column: str | None,
+                 text_b_column: str | None, label_column: str | None, no_header: bool, overwrite: bool, device: str,
+                 quiet: bool) -> None:
+    """Finetune a pretrained XLNet on a labelled file (torchrun --nproc-per-node N for several processes).
+
+    The architecture and tokenizer come from --init; finetuning settings from --config (configs/finetune/*.yaml),
+    else the checkpoint's own config, then --set finetune.KEY=VALUE.
+    """
+    from .finetune import finetune, finetune_config
+
+    cfg = finetune_config(config_path, init, overrides)
+    finetune(cfg, task, train_file, valid_file, init, out_dir, columns=_columns(text_a_column, text_b_column,
+             label_column), header=not no_header, overwrite=overwrite, device=device, quiet=quiet)
+
+
+@cli.command("eval")
+@click.argument("ckpt", type=click.Path(path_type=Path))
+@click.option("--file", "file", default=None, type=click.Path(path_type=Path),
+              help="Finetuned checkpoint: the labelled file to score (unlabelled is fine with --predict).")
+@click.option("--data", "data_dir", default=None, type=click.Path(path_type=Path),
+              help="Pretrained checkpoint: preprocessed records (xlnet preprocess) -> PLM loss, perplexity, accuracy.")
+@click.option("--split", default="valid", show_default=True, help="Records split to evaluate (with --data).")
+@click.option("--batches", type=int, default=None, help="With --data: at most this many micro-batches (default all).")
+@click.option("--predict", "predict_file", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write one prediction per example (.jsonl, or .tsv with index/id and prediction).")
+@click.option("--output", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the results as JSON to this file.")
+@click.option("--batch-size", type=int, default=None, help="Examples per forward pass.")
+@click.option("--null-odds-threshold", type=float, default=None,
+              help="SQuAD 2.0: predict no answer above this null odds (default: the one found on validation).")
+@column_options
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+def eval_cmd(ckpt: Path, file: Path | None, data_dir: Path | None, split: str, batches: int | None,
+             predict_file: Path | None, output: Path | None, batch_size: int | None,
+             null_odds_threshold: float | None, text_a_column: str | None, text_b_column: str | None,
+             label_column: str | None, no_header: bool, device: str) -> None:
+    """Evaluate a checkpoint: a finetuned one on --file (task metrics), a pretrained one on --data (PLM metrics).
+
+    Prints the results as JSON on stdout.
+    """
+    import json
+
+    from .evaluate import evaluate
+
+    kwargs: dict = {"device": device}
+    if data_dir is not None:
+        kwargs.update(split=split, batches=batches)
+    else:
+        kwargs.update(columns=_columns(text_a_column, text_b_column, label_column), header=not no_header,
+                      batch_size=batch_size, null_odds_threshold=null_odds_threshold)
+    res = evaluate(ckpt, file=file, data=data_dir, predict=predict_file, output=output, **kwargs)
+    click.echo(json.dumps(res, indent=2))
+
+
+# ---- preprocess ----
+
+
+@cli.command("preprocess")
+@click.option("--shards", "shards", required=True, type=click.Path(path_type=Path), help="Shard directory (xlnet shard).")
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Records directory to create.")
+@config_options
+@click.option("--passes", type=int, default=None, help="Passes over the corpus, each with its own file order and masks "
+              "(default data.passes).")
+@click.option("--mask-mode", type=click.Choice(["word", "original"]), default=None,
+              help="word: spans of whole words (default data.mask_mode); original: the original's subword spans.")
+@click.option("--workers", type=int, default=1, show_default=True, help="Worker processes (output is identical).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing records directory.")
+def preprocess_cmd(shards: Path, out: Path, config_path: Path | None, overrides: tuple[str, ...], passes: int | None,
+                   mask_mode: str | None, workers: int, overwrite: bool) -> None:
+    """Build permutation-LM records (examples, segment ids, prediction targets) from shards."""
+    from .log import print0
+    from .preprocess import preprocess
+
+    cfg = resolve_config(config_path, overrides)
+    meta = preprocess(shards, out, cfg, passes=passes, mask_mode=mask_mode, overwrite=overwrite, workers=workers)
+    tr = meta["splits"]["train"]
+    print0(f"wrote {out}: {tr['examples']} training examples ({tr['passes']} pass(es) x {tr['steps_per_pass']} steps "
+           f"x {meta['global_batch_size']} rows), seq_len {meta['seq_len']}, mask mode {meta['mask_mode']}")
