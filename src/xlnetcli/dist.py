@@ -164,7 +164,7 @@ def wrap_model(model: torch.nn.Module, env: DistEnv, strategy: str = "ddp",
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [env.device.index] if env.device.type == "cuda" else None
-        return DDP(model, device_ids=ids, broadcast_buffers=False)
+        return DDP(model, device_ids=ids)
     if strategy == "fsdp":
         try:
             from torch.distributed.fsdp import fully_shard

@@ -30,7 +30,6 @@ import os
 import random
 import re
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,18 +110,11 @@ def pretrain_config_path(config_path: str | Path | None, data_dir: str | Path, o
 
 
 def read_records_meta(data_dir: str | Path) -> dict:
-    path = Path(data_dir) / "meta.json"
+    from .preprocess import read_meta
+
     if not Path(data_dir).is_dir():
         raise DataError(f"records folder {data_dir} does not exist; create it with xlnet preprocess")
-    if not path.is_file():
-        raise DataError(f"{data_dir} holds no meta.json: not a records folder (create one with xlnet preprocess)")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        raise DataError(f"{path} is corrupt (not JSON); re-run xlnet preprocess") from None
-    if not isinstance(meta, dict):
-        raise DataError(f"{path} is corrupt (not a JSON object); re-run xlnet preprocess")
-    return meta
+    return read_meta(data_dir)
 
 
 def check_records(cfg: Config, meta: dict, data_dir: str | Path) -> None:
@@ -324,11 +316,20 @@ def apply_activation_checkpointing(model: torch.nn.Module) -> None:
              check_fn=lambda m: isinstance(m, types_))
 
 
-MODEL_INPUTS = ("input_ids", "token_type_ids", "perm_mask", "target_mapping", "target_index", "labels", "label_mask")
+MODEL_INPUTS = ("input_ids", "token_type_ids", "perm_mask", "target_index", "labels", "label_mask")
 
 
 def _model_inputs(batch: dict, device: torch.device) -> dict:
-    return {k: batch[k].to(device, non_blocking=True) for k in MODEL_INPUTS if k in batch}
+    """Move a stream micro-batch to ``device``. A compact batch (dense=False) carries the factorisation order as two
+    [B, L] rank vectors; the [B, L, L] perm_mask is built on the device (data.perm_mask_from_ranks)."""
+    out = {k: batch[k].to(device, non_blocking=True) for k in MODEL_INPUTS if k in batch}
+    if "perm_mask" not in out and "perm_q_rank" in batch:
+        q = batch["perm_q_rank"].to(device, non_blocking=True)
+        k = batch["perm_k_rank"].to(device, non_blocking=True)
+        out["perm_mask"] = q[:, :, None] <= k[:, None, :]
+    if "target_index" not in out and "target_mapping" in batch:
+        out["target_mapping"] = batch["target_mapping"].to(device, non_blocking=True)
+    return out
 
 
 def _forward(model: torch.nn.Module, inputs: dict, mems: list | None) -> Any:
@@ -486,13 +487,10 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     n_params, n_nonemb = _count_params(model)
     state: dict | None = None
     if start is not None:
-        from .checkpoint import load_model_dir
+        from .checkpoint import load_model_dir, load_state
 
         _, sd, _ = load_model_dir(start[1])
-        missing, unexpected = model.load_state_dict(sd, strict=False)
-        if missing or unexpected:
-            raise CheckpointError(f"checkpoint {start[1]} does not fit the model (missing {list(missing)[:3]}, "
-                                  f"unexpected {list(unexpected)[:3]})")
+        load_state(model, sd, where=f"checkpoint {start[1]}")
         try:
             state = torch.load(start[1] / TRAIN_STATE, map_location="cpu", weights_only=False)
         except Exception as e:  # noqa: BLE001 - any unpickling failure means a corrupt file
@@ -505,15 +503,20 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
             )
     if t.activation_checkpointing:
         apply_activation_checkpointing(model)
-    model = dist.wrap_model(model, env, t.distributed, _layer_types())
-    fsdp = dist.is_fsdp(model)
+    # FSDP2 per-layer sharding needs layers whose forward touches only their own parameters; model.py declares
+    # which types are safe in FSDP_LAYER_TYPES (absent: shard the root only, i.e. ZeRO-3 over the whole model).
+    from . import model as model_mod
+
+    model = dist.wrap_model(model, env, t.distributed, tuple(getattr(model_mod, "FSDP_LAYER_TYPES", ())))
+    fsdp = env.distributed and dist.is_fsdp(model)
     fused = dev.type == "cuda"
     optimizer = build_optimizer(model, t.lr, t.weight_decay, t.adam_betas, t.adam_eps, fused=fused)
     scaler = torch.amp.GradScaler(dev.type) if t.precision == "fp16" else None
     fwd_model = torch.compile(model) if t.compile else model
 
     # ---- data ---------------------------------------------------------------------------------------------
-    stream = PretrainStream(data_dir, "train", env.rank, env.world_size, t.micro_batch_size, cfg.data.seed)
+    stream = PretrainStream(data_dir, "train", env.rank, env.world_size, t.micro_batch_size, cfg.data.seed,
+                            dense=False)
     mems: list[list | None] = [None] * accum
     step = 0
     tokens_seen = 0
@@ -559,6 +562,12 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     say(f"  device     {dev} ({env.backend or 'single process'}"
         f"{', ' + t.distributed if env.distributed else ''}), precision {precision}, fused AdamW {fused}, "
         f"compile {t.compile}, activation checkpointing {t.activation_checkpointing}")
+    spp = meta.get("splits", {}).get("train", {}).get("steps_per_pass")
+    if spp:
+        passes = meta.get("passes", 1)
+        say(f"  data       {data_dir}: {spp:,} steps per pass x {passes} pass(es)"
+            + (f"; passes repeat (new factorisation orders) after step {spp * passes:,}"
+               if spp * passes < t.max_steps else ""))
     say(f"  optimizer  AdamW lr {t.lr:g}, warmup {t.warmup_steps}, {t.schedule} decay to x{t.min_lr_ratio:g}, "
         f"wd {t.weight_decay:g}, clip {t.clip_norm:g}; eval every {t.eval_every}, save every {t.save_every}")
 
@@ -567,7 +576,10 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
 
     def run_eval(at: int) -> dict | None:
-        vstream = PretrainStream(data_dir, "valid", env.rank, env.world_size, t.micro_batch_size, cfg.data.seed)
+        if "valid" not in meta.get("splits", {"valid": None}):
+            return None
+        vstream = PretrainStream(data_dir, "valid", env.rank, env.world_size, t.micro_batch_size, cfg.data.seed,
+                                 dense=False, loop=False)
         try:
             res = evaluate_plm(model, vstream, t.eval_batches * accum, t.precision, dev)
         except torch.OutOfMemoryError:
@@ -622,6 +634,7 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     t_log = t0
     steps_since_log = 0
     steps_this_call = 0
+    t_excluded = 0.0
     first_step = step
     model.train()
     with progress:
@@ -687,6 +700,7 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
                 t_log, steps_since_log = now, 0
             else:
                 progress.update(task, completed=step)
+            t_pause = time.perf_counter()
             if t.eval_every and (step % t.eval_every == 0 or step == t.max_steps):
                 res = run_eval(step)
                 if res is not None:
@@ -694,7 +708,10 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
                     say(f"  step {step}: eval loss {res['loss']:.4f} ppl {res['ppl']:.2f} acc {res['acc']:.3f}")
             if (t.save_every and step % t.save_every == 0) or step == t.max_steps:
                 save(step)
-    elapsed = time.perf_counter() - t0
+            paused = time.perf_counter() - t_pause
+            t_log += paused  # throughput counts data + step time only, not evaluation or checkpoint writing
+            t_excluded += paused
+    elapsed = time.perf_counter() - t0 - t_excluded
     logger.close()
     done = step - first_step
     result.update(step=step, loss=last_loss, elapsed_s=elapsed,
@@ -729,9 +746,11 @@ def _write_checkpoint(path: Path, model: torch.nn.Module, model_sd: dict | None,
     """A complete step folder, atomically: temporary folder, fsync, rename (checkpoint.save_model_dir)."""
     from .checkpoint import save_model_dir
 
-    with tempfile.TemporaryDirectory(prefix=".train_state.", dir=path.parent) as tmp:
-        ts = Path(tmp) / TRAIN_STATE
-        torch.save(train_state, ts)
-        save_model_dir(path, model if model_sd is None else model_sd, cfg,
-                       tokenizer_dir=tokenizer_dir if tokenizer_dir.is_dir() else None,
-                       meta={"kind": "pretrain", "step": step}, extra_files={TRAIN_STATE: ts})
+    class _Full(torch.nn.Module):  # a gathered FSDP state dict seen as a module by save_model_dir
+        def state_dict(self, *args: Any, **kwargs: Any) -> dict:
+            return model_sd
+
+    save_model_dir(path, model if model_sd is None else _Full(), cfg,
+                   tokenizer_dir=tokenizer_dir if (tokenizer_dir / "spiece.model").is_file() else None,
+                   meta={"kind": "pretrain", "step": step, "tokens_seen": train_state["tokens_seen"]},
+                   extra_files={TRAIN_STATE: lambda p: torch.save(train_state, p)})
