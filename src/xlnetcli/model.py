@@ -11,7 +11,8 @@ How this differs from the transformers implementation (same numbers, less work):
 - the positional projection W_r·pos_emb is done once per batch (twice with bi_data), not once per example;
 - the position term is one [B,H,L+P,R] matmul followed by a gather (the "rel-shift") instead of per-example copies;
 - ``attn_impl`` selects the attention kernel: "einsum" (plain reference), "sdpa"
-  (``scaled_dot_product_attention`` with the position/segment terms and the mask folded into an additive bias).
+  (``scaled_dot_product_attention`` with the position/segment terms and the mask folded into an additive bias);
+  "auto" picks einsum (see AUTO_IMPL); ``maybe_compile`` wraps the model in ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -92,7 +93,9 @@ def attention_sdpa(q, k, v, bias, dropatt: float, training: bool):
 
 
 ATTENTION = {"einsum": attention_einsum, "sdpa": attention_sdpa}
-AUTO_IMPL = "sdpa"  # measured faster on CPU (benchmarks/engine_vs_hf.py); "flex" is not implemented -> sdpa
+# "auto": on CPU the SDPA call falls back to its math kernel (the bias needs a gradient) and measured no faster than
+# the plain path on the 2-core benchmark machine, so auto = einsum. "flex" (GPU FlexAttention) is not implemented.
+AUTO_IMPL = "einsum"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -412,6 +415,11 @@ def build_model(cfg: ModelConfig | str, **overrides) -> XLNetLMHeadModel:
     elif overrides:
         cfg = dataclasses.replace(cfg, **overrides)
     return XLNetLMHeadModel(cfg)
+
+
+def maybe_compile(model: nn.Module, enabled: bool = True, **kwargs) -> nn.Module:
+    """``torch.compile`` the model when asked (shapes vary with memory length: dynamic=None lets torch decide)."""
+    return torch.compile(model, **kwargs) if enabled else model
 
 
 def num_params(model: nn.Module, embedding: bool = True) -> int:
