@@ -77,8 +77,16 @@ def encode_file(tok_dir: Path, text: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def make_shards(out: Path, tok_dir: Path, text: Path, n_train: int = 3, valid_share: float = 0.05) -> Path:
-    """A shard directory following the interfaces page exactly (manifest.json, tokenizer/, train/, valid/)."""
+    """A shard directory: `xlnetcli.shard` when present, else built by hand following the interfaces page."""
     import shutil
+
+    try:
+        from xlnetcli.shard import shard_corpus
+    except ImportError:  # pragma: no cover - before shard.py existed
+        pass
+    else:
+        shard_corpus([str(text)], out, tok_dir, shards=n_train, valid_fraction=valid_share, quiet=True)
+        return out
 
     from xlnetcli.io import sha256_file
 
