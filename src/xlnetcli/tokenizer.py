@@ -266,22 +266,28 @@ class Tokenizer:
     def encode_pieces(self, text: str) -> list[str]:
         return [self.sp.id_to_piece(i) for i in self.encode_ids(text)]
 
-    def encode_normalized_batch(self, lines: list[str], num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        """Encode already-normalised lines at once: (flat int32 ids, int64 lengths per line). Fast path for shard."""
+    def encode_normalized_arrays(self, lines: list[str], num_threads: int = 1) -> list[np.ndarray]:
+        """Encode already-normalised lines in one SentencePiece batch call: one int array per line, the digit-comma
+        fix applied only to the lines that need it. The fast path used by shard."""
         if not lines:
-            return np.zeros(0, np.int32), np.zeros(0, np.int64)
-        enc = self.sp.encode(lines, out_type=int, num_threads=num_threads)
-        lens = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
-        flat = np.fromiter((i for ids in enc for i in ids), dtype=np.int32, count=int(lens.sum()))
+            return []
+        enc = _encode_batch_arrays(self.sp, lines, num_threads)
         if self.digit_comma_fix:
-            bad = self.fix_mask[flat]
+            lens = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
+            bad = self.fix_mask[np.concatenate(enc)]
             if bad.any():
                 line_of = np.repeat(np.arange(len(enc)), lens)
                 for li in np.unique(line_of[bad]).tolist():
-                    enc[li] = self._fix_ids(enc[li])
-                lens = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
-                flat = np.fromiter((i for ids in enc for i in ids), dtype=np.int32, count=int(lens.sum()))
-        return flat, lens
+                    enc[li] = np.asarray(self._fix_ids(enc[li].tolist()), dtype=np.int32)
+        return enc
+
+    def encode_normalized_batch(self, lines: list[str], num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """Like encode_normalized_arrays, flattened: (int32 ids, int64 length per line)."""
+        enc = self.encode_normalized_arrays(lines, num_threads)
+        if not enc:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        return (np.concatenate(enc).astype(np.int32, copy=False),
+                np.fromiter(map(len, enc), dtype=np.int64, count=len(enc)))
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode([int(i) for i in ids])
@@ -302,6 +308,20 @@ class Tokenizer:
             mask[i] = (i < len(SPECIAL_PIECES) or self.sp.is_control(i) or self.sp.is_unknown(i)
                        or p.startswith(SPIECE_UNDERLINE) or (len(p) == 1 and p in punct))
         return mask
+
+
+def _encode_batch_arrays(sp: Any, lines: list[str], num_threads: int) -> list[np.ndarray]:
+    """SentencePiece batch encode -> list of int arrays (numpy output when this sentencepiece has it)."""
+    global _NUMPY_OUT
+    if _NUMPY_OUT:
+        try:
+            return list(sp.encode(lines, out_type="numpy", num_threads=num_threads))
+        except (ValueError, TypeError):
+            _NUMPY_OUT = False
+    return [np.asarray(ids, dtype=np.int32) for ids in sp.encode(lines, out_type=int, num_threads=num_threads)]
+
+
+_NUMPY_OUT = True
 
 
 def _default_meta(sha: str) -> dict[str, Any]:
