@@ -74,30 +74,17 @@ def encode_chunk(tok: Tokenizer, text: str, dtype: np.dtype) -> ChunkResult:
     n_docs = first_line.size
     parity = ((np.arange(n) - first_line[doc_of_line]) & 1).astype(np.uint8)
 
-    enc = tok.encode_normalized_arrays(list(compress(lines, nonempty.tolist())))
-    # Interleave one <eod> array after each document's last line, then concatenate once.
+    flat, tok_len = tok.encode_normalized_batch(list(compress(lines, nonempty.tolist())))
     doc_lines = np.bincount(doc_of_line, minlength=n_docs).astype(np.int64)
-    ends = np.cumsum(doc_lines).tolist()
-    parts: list[np.ndarray] = []
-    ext, app, prev = parts.extend, parts.append, 0
-    for e in ends:
-        ext(enc[prev:e])
-        app(_EOD)
-        prev = e
-    tokens = np.concatenate(parts, dtype=dtype, casting="unsafe")
-    part_len = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
-    # parity per part: the lines' parity, and for each <eod> the parity of its document's last line
-    is_eod = np.zeros(len(parts), dtype=bool)
-    is_eod[np.asarray(ends, dtype=np.int64) + np.arange(n_docs)] = True
-    part_parity = np.empty(len(parts), dtype=np.uint8)
-    part_parity[~is_eod] = parity
-    part_parity[is_eod] = parity[np.asarray(ends, dtype=np.int64) - 1]
-    sentid = np.repeat(part_parity, part_len)
-    doc_tokens = np.add.reduceat(part_len, np.concatenate([[0], np.flatnonzero(is_eod)[:-1] + 1]))
+    last_line = np.cumsum(doc_lines) - 1
+    line_end = np.cumsum(tok_len)  # token offset just past each line
+    doc_end = line_end[last_line]  # where each document's <eod> goes (before the insertion)
+    tokens = np.insert(flat.astype(dtype, copy=False), doc_end, EOD_ID)
+    sentid = np.insert(np.repeat(parity, tok_len), doc_end, parity[last_line])
+    doc_tokens = np.diff(doc_end, prepend=0) + 1
     return ChunkResult(tokens, sentid, doc_tokens, doc_lines, len(text))
 
 
-_EOD = np.array([EOD_ID], dtype=np.int32)
 _WORKER: tuple[Tokenizer, np.dtype] | None = None
 
 

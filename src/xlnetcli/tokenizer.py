@@ -22,6 +22,7 @@ import tempfile
 import unicodedata
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,7 @@ class Tokenizer:
         self.keep_accents: bool = bool(meta.get("keep_accents", False))
         self.digit_comma_fix: bool = bool(meta.get("digit_comma_fix", True))
         self._fix_mask: np.ndarray | None = None
+        self._fix_cache: dict[int, list[int]] = {}
         self._comma_id = self.sp.piece_to_id(",")
 
     # -- loading and saving -------------------------------------------------------------------------------------------
@@ -241,20 +243,28 @@ class Tokenizer:
             self._fix_mask = mask
         return self._fix_mask
 
-    def _fix_ids(self, ids: Sequence[int]) -> list[int]:
-        """The original digit-comma fix, on ids (pieces not in the vocabulary map to <unk>, as the original)."""
-        out: list[int] = []
-        mask = self.fix_mask
-        for i in ids:
-            if not mask[i]:
-                out.append(i)
-                continue
+    def _fix_piece(self, i: int) -> list[int]:
+        """Replacement ids of one digit-comma piece (the original rule; it depends on the piece alone, so cached).
+        Pieces not in the vocabulary map to <unk>, as in the original."""
+        rep = self._fix_cache.get(i)
+        if rep is None:
             piece = self.sp.id_to_piece(int(i))
             sub = self.sp.encode(piece[:-1].replace(SPIECE_UNDERLINE, ""), out_type=str)
             if piece[0] != SPIECE_UNDERLINE and sub and sub[0][0] == SPIECE_UNDERLINE:
                 sub = sub[1:] if len(sub[0]) == 1 else [sub[0][1:], *sub[1:]]
-            out.extend(self.sp.piece_to_id(s) for s in sub)
-            out.append(self._comma_id)
+            rep = [self.sp.piece_to_id(s) for s in sub] + [self._comma_id]
+            self._fix_cache[i] = rep
+        return rep
+
+    def _fix_ids(self, ids: Sequence[int]) -> list[int]:
+        """The original digit-comma fix on a list of ids."""
+        mask = self.fix_mask
+        out: list[int] = []
+        for i in ids:
+            if mask[i]:
+                out.extend(self._fix_piece(int(i)))
+            else:
+                out.append(i)
         return out
 
     def encode_ids(self, text: str) -> list[int]:
@@ -266,28 +276,32 @@ class Tokenizer:
     def encode_pieces(self, text: str) -> list[str]:
         return [self.sp.id_to_piece(i) for i in self.encode_ids(text)]
 
-    def encode_normalized_arrays(self, lines: list[str], num_threads: int = 1) -> list[np.ndarray]:
-        """Encode already-normalised lines in one SentencePiece batch call: one int array per line, the digit-comma
-        fix applied only to the lines that need it. The fast path used by shard."""
-        if not lines:
-            return []
-        enc = _encode_batch_arrays(self.sp, lines, num_threads)
-        if self.digit_comma_fix:
-            lens = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
-            bad = self.fix_mask[np.concatenate(enc)]
-            if bad.any():
-                line_of = np.repeat(np.arange(len(enc)), lens)
-                for li in np.unique(line_of[bad]).tolist():
-                    enc[li] = np.asarray(self._fix_ids(enc[li].tolist()), dtype=np.int32)
-        return enc
-
     def encode_normalized_batch(self, lines: list[str], num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        """Like encode_normalized_arrays, flattened: (int32 ids, int64 length per line)."""
-        enc = self.encode_normalized_arrays(lines, num_threads)
-        if not enc:
+        """Encode already-normalised lines in one SentencePiece batch call: (flat int32 ids, int64 length per line).
+
+        The fast path used by shard: SentencePiece's int lists are flattened at C speed (its numpy output is slower
+        in sentencepiece 0.2.x), and the digit-comma fix touches only the lines that need it."""
+        if not lines:
             return np.zeros(0, np.int32), np.zeros(0, np.int64)
-        return (np.concatenate(enc).astype(np.int32, copy=False),
-                np.fromiter(map(len, enc), dtype=np.int64, count=len(enc)))
+        enc = self.sp.encode(lines, out_type=int, num_threads=num_threads)
+        lens = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
+        flat = np.fromiter(chain.from_iterable(enc), dtype=np.int32, count=int(lens.sum()))
+        if self.digit_comma_fix:
+            bad = np.flatnonzero(self.fix_mask[flat])
+            if bad.size:  # splice each digit-comma piece's replacement in; fix lengths of the lines concerned
+                parts, prev = [], 0
+                grow = np.empty(bad.size, dtype=np.int64)
+                for k, (p, t) in enumerate(zip(bad.tolist(), flat[bad].tolist())):
+                    rep = self._fix_piece(t)
+                    parts.append(flat[prev:p])
+                    parts.append(np.asarray(rep, dtype=np.int32))
+                    grow[k] = len(rep) - 1
+                    prev = p + 1
+                parts.append(flat[prev:])
+                line_of_bad = np.searchsorted(np.cumsum(lens), bad, side="right")
+                lens = lens + np.bincount(line_of_bad, weights=grow, minlength=lens.size).astype(np.int64)
+                flat = np.concatenate(parts)
+        return flat, lens
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode([int(i) for i in ids])
@@ -308,20 +322,6 @@ class Tokenizer:
             mask[i] = (i < len(SPECIAL_PIECES) or self.sp.is_control(i) or self.sp.is_unknown(i)
                        or p.startswith(SPIECE_UNDERLINE) or (len(p) == 1 and p in punct))
         return mask
-
-
-def _encode_batch_arrays(sp: Any, lines: list[str], num_threads: int) -> list[np.ndarray]:
-    """SentencePiece batch encode -> list of int arrays (numpy output when this sentencepiece has it)."""
-    global _NUMPY_OUT
-    if _NUMPY_OUT:
-        try:
-            return list(sp.encode(lines, out_type="numpy", num_threads=num_threads))
-        except (ValueError, TypeError):
-            _NUMPY_OUT = False
-    return [np.asarray(ids, dtype=np.int32) for ids in sp.encode(lines, out_type=int, num_threads=num_threads)]
-
-
-_NUMPY_OUT = True
 
 
 def _default_meta(sha: str) -> dict[str, Any]:
