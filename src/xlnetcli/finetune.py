@@ -357,7 +357,8 @@ def _finetune(cfg, task, train, valid, init, out, columns, header, overwrite, en
         + (f", {len(label_list)} labels: {', '.join(label_list)}" if label_list else ""))
     for d in (train_data, valid_data):
         for note in (d.notes if d else []):
-            console.print(f"[yellow]warning:[/yellow] {Path(d.path).name}: {note}") if main else None
+            if main and not quiet:
+                console.print(f"[yellow]warning:[/yellow] {Path(d.path).name}: {note}")
     say(f"  batch      {ft.batch_size} = micro {ft.micro_batch_size} x accumulation {accum} x {world} process(es); "
         f"{total} steps ({steps_per_epoch} per epoch), warmup {warmup}")
     say(f"  optimizer  AdamW lr {ft.lr:g}, layer decay {ft.layer_decay:g}, wd {ft.weight_decay:g}, "

@@ -1,0 +1,367 @@
+"""Finetuning and evaluation end to end on small real data (Python stdlib docs, PSF), input formats, bad input.
+
+Data used
+- classification: data/pydocs/task_{train,valid}.tsv as they are (docstring -> area, 4 balanced labels, chance 25%).
+- regression: the same texts with a real numeric target derived from them: min(number of words, 40) / 10.
+- multiple choice: the same texts as "Which area does this paragraph document?" with the 4 area names as options
+  (shuffled per question).
+- SQuAD 2.0: tests/data/squad_pydocs.json, hand-written questions on 8 real stdlib doc paragraphs (23 answerable,
+  8 unanswerable).
+The models are tiny and randomly initialised (d_model 64, 2 layers): the thresholds only show learning above chance.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from xlnetcli import tasks
+from xlnetcli.config import load_config
+from xlnetcli.errors import DataError
+from xlnetcli.special import CLS_ID, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEP_ID
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "tests" / "data" / "sample.txt"
+SQUAD = ROOT / "tests" / "data" / "squad_pydocs.json"
+TRAIN_TSV = ROOT / "data" / "pydocs" / "task_train.tsv"
+VALID_TSV = ROOT / "data" / "pydocs" / "task_valid.tsv"
+LABELS = ["concurrency", "gui", "internet", "testing"]
+
+MODEL_SETS = ["tokenizer.vocab_size=2000", "model.vocab_size=2000", "model.d_model=64", "model.n_layer=2",
+              "model.n_head=2", "model.d_head=32", "model.d_inner=128", "model.mem_len=0", "model.reuse_len=0",
+              "model.bi_data=false", "data.seq_len=64", "data.num_predict=10", "data.perm_size=16",
+              "tokenizer.character_coverage=0.9999", "tokenizer.threads=1"]
+
+
+def ft_cfg(*sets: str):
+    base = ["finetune.max_seq_length=64", "finetune.batch_size=32", "finetune.micro_batch_size=32",
+            "finetune.lr=1e-3", "finetune.epochs=2", "finetune.dropout=0.1", "finetune.dropatt=0.0",
+            "finetune.precision=fp32"]
+    return load_config(None, base + list(sets))
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    from xlnetcli.checkpoint import save_model_dir
+    from xlnetcli.model import XLNetLMHeadModel
+    from xlnetcli.tokenizer import train_tokenizer
+
+    root = tmp_path_factory.mktemp("finetune")
+    cfg = load_config(None, MODEL_SETS)
+    train_tokenizer([SAMPLE], root / "tok", cfg.tokenizer, quiet=True)
+    torch.manual_seed(0)
+    save_model_dir(root / "init", XLNetLMHeadModel(cfg.model), cfg, root / "tok", meta={"kind": "pretrain", "step": 0})
+    return root
+
+
+@pytest.fixture(scope="module")
+def tok(work):
+    return tasks.load_tokenizer(work / "tok")
+
+
+def pydocs_rows(path: Path, limit: int | None = None) -> list[tuple[str, str]]:
+    rows = [tuple(line.split("\t")) for line in path.read_text(encoding="utf-8").splitlines()[1:]]
+    return rows[:limit] if limit else rows
+
+
+@pytest.fixture(autouse=True)
+def _no_progress(monkeypatch):
+    monkeypatch.setenv("XLNET_NO_PROGRESS", "1")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Input formats (REFERENCE §9)
+
+
+def test_pair_format_left_padding_and_truncation(tok):
+    ids, seg, cut = tasks.build_pair([10, 11, 12], [20, 21], 12)
+    assert ids == [10, 11, 12, SEP_ID, 20, 21, SEP_ID, CLS_ID] and not cut
+    assert seg == [SEG_ID_A] * 4 + [SEG_ID_B] * 3 + [SEG_ID_CLS]
+    ids, seg, cut = tasks.build_pair([10, 11, 12, 13, 14, 15], [20, 21, 22], 8)  # room for 5: longer (A) cut first
+    assert ids == [10, 11, 12, SEP_ID, 20, 21, SEP_ID, CLS_ID] and cut
+    a, b = [1] * 4, [2] * 4
+    assert tasks.truncate_pair(a, b, 7) and (len(a), len(b)) == (4, 3)  # tie: B is cut
+    ids, seg, cut = tasks.build_pair([10, 11, 12], None, 4)
+    assert ids == [10, 11, SEP_ID, CLS_ID] and seg == [0, 0, 0, 2] and cut
+    ex = [tasks.TextExample("Return the lowest index.", "Create a socket.", "gui")]
+    enc = tasks.encode_texts(tok, ex, 32, "classification", ["gui", "internet"])
+    row, mask, segs = enc.arrays["input_ids"][0], enc.arrays["attention_mask"][0], enc.arrays["token_type_ids"][0]
+    n = int(mask.sum())
+    assert row[-1] == CLS_ID and (row[:-n] == PAD_ID).all() and (mask[:-n] == 0).all()  # left padding
+    assert segs[-1] == SEG_ID_CLS and list(row[-n:]).count(SEP_ID) == 2
+
+
+def test_multiple_choice_options_do_not_leak(tok):
+    ex = tasks.ChoiceExample("1", "The socket module provides access to the BSD socket interface.",
+                             "Which area does this paragraph document?", ["gui", "internet", "testing"], 1)
+    enc = tasks.encode_choices(tok, [ex], 64)
+    ctx = tok.encode_ids(ex.context)
+    for j, opt in enumerate(ex.options):
+        row = enc.arrays["input_ids"][0, j]
+        real = list(row[enc.arrays["attention_mask"][0, j] > 0])
+        assert real[: len(ctx)] == ctx and real[len(ctx)] == SEP_ID  # a fresh copy of the context each time
+        qa = tok.encode_ids(f"{ex.question} {opt}")
+        assert real[len(ctx) + 1: -2] == qa and real[-2:] == [SEP_ID, CLS_ID]
+
+
+def test_squad_features_windows_and_alignment(tok):
+    examples = tasks.read_squad(SQUAD)
+    assert len(examples) == 31 and sum(ex.is_impossible for ex in examples) == 8
+    enc = tasks.encode_squad(tok, examples, 48, 16, 16, training=True)
+    assert enc.extra["windows_extra"] > 0 and enc.n_skipped == 0  # long paragraphs give several windows
+    a = enc.arrays
+    found = set()
+    for f, m in enumerate(enc.extra["meta"]):
+        ex = examples[m["example"]]
+        cls = a["cls_index"][f]
+        assert a["input_ids"][f, cls] == CLS_ID and a["p_mask"][f, cls] == 0
+        assert (a["input_ids"][f, cls + 1:] == PAD_ID).all()  # right padding
+        n_doc = len(m["offsets"])
+        assert (a["token_type_ids"][f, :n_doc + 1] == SEG_ID_A).all() and a["input_ids"][f, n_doc] == SEP_ID
+        if a["is_impossible"][f] == 0:
+            s, e = a["start_positions"][f], a["end_positions"][f]
+            assert ex.context[m["offsets"][s][0]:m["offsets"][e][1]] == ex.answers[0]
+            found.add(ex.qid)
+        else:
+            assert a["start_positions"][f] == cls == a["end_positions"][f]
+    assert len(found) == 23  # every answer is located exactly in some window
+
+
+def test_squad_postprocessing_known_examples(tok):
+    """Hand-set start/end scores -> the expected answer strings -> EM/F1 as the official script would give."""
+    examples = tasks.read_squad(SQUAD)[:4]  # str.split paragraph: 3 answerable + 1 unanswerable
+    enc = tasks.encode_squad(tok, examples, 128, 64, 32, training=True)
+    a = enc.arrays
+    n = len(enc)
+    k = 2
+    out = {"start_top_log_probs": np.full((n, k), -5.0, np.float32), "start_top_index": np.zeros((n, k), np.int64),
+           "end_top_log_probs": np.full((n, k, k), -5.0, np.float32), "end_top_index": np.zeros((n, k, k), np.int64),
+           "cls_logits": np.zeros(n, np.float32)}
+    for f in range(n):
+        out["start_top_index"][f, 0] = a["start_positions"][f]
+        out["end_top_index"][f, 0, 0] = a["end_positions"][f]
+        out["start_top_log_probs"][f, 0] = out["end_top_log_probs"][f, 0, 0] = -0.1
+        out["end_top_index"][f, 0, 1] = a["start_positions"][f] - 1  # end before start: must be ignored
+        out["end_top_log_probs"][f, 0, 1] = 0.0
+        out["cls_logits"][f] = 3.0 if a["is_impossible"][f] else -3.0
+    best, odds = tasks.squad_predictions(examples, enc, out, max_answer_length=64)
+    assert [best[ex.qid] for ex in examples[:3]] == [ex.answers[0] for ex in examples[:3]]
+    from xlnetcli.metrics import squad_evaluate
+
+    r = squad_evaluate({ex.qid: ex.answers for ex in examples}, best, odds, 0.0)
+    assert r["exact"] == 100.0 and r["HasAns_total"] == 3 and r["NoAns_total"] == 1 and r["best_f1"] == 100.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Readers: GLUE files as they are
+
+
+def test_glue_style_files(tmp_path):
+    mnli = tmp_path / "dev_matched.tsv"
+    mnli.write_text("index\tpromptID\tsentence1\tsentence2\tlabel1\tgold_label\n"
+                    '0\t31193\tThe "new" rights are nice.\tEveryone loves them.\tneutral\tneutral\n'
+                    "1\t101457\tThis site includes a list.\tThe site has lists.\tentailment\tentailment\n")
+    ex = tasks.read_table(mnli)
+    assert (ex[0].text_a, ex[0].text_b, ex[0].label) == ('The "new" rights are nice.', "Everyone loves them.", "neutral")
+    stsb = tmp_path / "sts.tsv"
+    stsb.write_text("genre\tsentence1\tsentence2\tscore\nmain\tA plane takes off.\tAn air plane is taking off.\t5.000\n")
+    assert tasks.read_table(stsb, "regression")[0].label == 5.0
+    cola = tmp_path / "cola.tsv"
+    cola.write_text("gj04\t1\t\tOur friends won't buy this analysis.\ngj04\t0\t*\tThey drank the pub.\n")
+    ex = tasks.read_table(cola, columns=tasks.Columns("3", None, "1"), header=False)
+    assert (ex[1].text_a, ex[1].text_b, ex[1].label) == ("They drank the pub.", None, "0")
+    csv_file = tmp_path / "t.csv"
+    csv_file.write_text('review,sentiment\n"Great, really great",pos\n')
+    ex = tasks.read_table(csv_file, columns=tasks.Columns(None, None, "sentiment"))
+    assert ex[0].text_a == "Great, really great" and ex[0].label == "pos"
+    jl = tmp_path / "t.jsonl"
+    jl.write_text('{"text": "a b", "label": 1}\n{"text": "c", "label": 0}\n')
+    assert [e.label for e in tasks.read_table(jl)] == ["1", "0"]
+    assert tasks.build_label_list(tasks.read_table(jl)) == ["0", "1"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# End to end: the four task types
+
+
+def test_classification_end_to_end(work, tmp_path, capsys):
+    from xlnetcli.cli import main
+    from xlnetcli.evaluate import evaluate
+    from xlnetcli.finetune import finetune
+
+    out = tmp_path / "cls"
+    res = finetune(ft_cfg(), "classification", TRAIN_TSV, VALID_TSV, work / "init", out, quiet=True)
+    # random init, 2 epochs (118 steps, ~10 s): 0.67-0.74 accuracy over seeds 0-2; chance is 0.25
+    assert res["value"] > 0.5, res
+    assert res["labels"] == LABELS and res["metric"] == "accuracy"
+    assert {"accuracy", "macro_f1", "mcc"} <= set(res["valid"])
+    assert any("truncated" in n for n in res["notes"])  # long docstrings are cut to 64 tokens and reported
+    ckpts = sorted(out.glob("step_*"))
+    assert len(ckpts) == 1 and (ckpts[0] / "tokenizer" / "spiece.model").is_file()
+    meta = json.loads((ckpts[0] / "meta.json").read_text())
+    assert meta["kind"] == "finetune" and meta["task"] == "classification" and meta["labels"] == LABELS
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {r["split"] for r in rows} == {"train", "eval"}
+
+    pred = tmp_path / "pred.jsonl"
+    r = evaluate(out, file=VALID_TSV, predict=pred, output=tmp_path / "r.json")
+    assert r["metrics"]["accuracy"] == pytest.approx(res["value"])
+    preds = [json.loads(line) for line in pred.read_text().splitlines()]
+    assert len(preds) == 469 and preds[0]["prediction"] in LABELS
+    assert json.loads((tmp_path / "r.json").read_text())["metric"] == "accuracy"
+
+    # the CLI prints the results as JSON; predictions as TSV work without labels
+    unlabelled = tmp_path / "test.tsv"
+    unlabelled.write_text("sentence\nCreate a new thread and start it.\nDraw a button on the canvas.\n")
+    with pytest.raises(SystemExit) as e:
+        main(["eval", str(out), "--file", str(unlabelled), "--predict", str(tmp_path / "p.tsv")])
+    assert e.value.code == 0
+    assert json.loads(capsys.readouterr().out)["examples"] == 2
+    lines = (tmp_path / "p.tsv").read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == 3 and lines[1].split("\t")[1] in LABELS
+
+
+def test_regression_end_to_end(work, tmp_path):
+    from xlnetcli.evaluate import evaluate_task
+    from xlnetcli.finetune import finetune
+
+    files = {}
+    for split, path, n in (("train", TRAIN_TSV, None), ("valid", VALID_TSV, 200)):
+        files[split] = tmp_path / f"{split}.tsv"
+        lines = ["sentence\tscore"] + [f"{t}\t{min(len(t.split()), 40) / 10:.1f}" for t, _ in pydocs_rows(path, n)]
+        files[split].write_text("\n".join(lines) + "\n")
+    out = tmp_path / "reg"
+    res = finetune(ft_cfg("finetune.eval_every=30", "finetune.early_stopping_patience=3"),
+                   "regression", files["train"], files["valid"], work / "init", out, quiet=True)
+    assert res["metric"] == "pearson" and {"pearson", "spearman", "mse"} <= set(res["valid"])
+    assert res["value"] > 0.5, (res["valid"], res["final_train_loss"])  # the target is read off the text (its length)
+    assert evaluate_task(out, files["valid"])["metrics"]["pearson"] == pytest.approx(res["value"], abs=1e-5)
+
+
+def test_multiple_choice_end_to_end(work, tmp_path):
+    from xlnetcli.evaluate import evaluate_task
+    from xlnetcli.finetune import finetune
+
+    rng = random.Random(0)
+    files = {}
+    for split, path, n in (("train", TRAIN_TSV, 400), ("valid", VALID_TSV, 100)):
+        files[split] = tmp_path / f"{split}.jsonl"
+        with files[split].open("w") as f:
+            for i, (text, label) in enumerate(pydocs_rows(path, n)):
+                opts = LABELS[:]
+                rng.shuffle(opts)
+                f.write(json.dumps({"id": f"{split}-{i}", "context": text, "options": opts,
+                                    "question": "Which area does this paragraph document?",
+                                    "answer": "ABCD"[opts.index(label)]}) + "\n")
+    out = tmp_path / "mc"
+    res = finetune(ft_cfg("finetune.max_seq_length=48", "finetune.micro_batch_size=16", "finetune.epochs=1"),
+                   "multiple-choice", files["train"], files["valid"], work / "init", out, quiet=True)
+    assert res["metric"] == "accuracy" and 0.0 <= res["value"] <= 1.0
+    r = evaluate_task(out, files["valid"], predict=tmp_path / "p.jsonl")
+    assert r["metrics"]["accuracy"] == pytest.approx(res["value"])
+    row = json.loads((tmp_path / "p.jsonl").read_text().splitlines()[0])
+    assert row["prediction"] in range(4) and sum(row["probabilities"]) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_squad_end_to_end(work, tmp_path):
+    from xlnetcli.evaluate import evaluate_task
+    from xlnetcli.finetune import finetune
+
+    out = tmp_path / "squad"
+    cfg = ft_cfg("finetune.max_seq_length=96", "finetune.batch_size=8", "finetune.micro_batch_size=8",
+                 "finetune.max_steps=30", "finetune.eval_every=30", "finetune.doc_stride=32", "finetune.max_query_length=24",
+                 "finetune.max_answer_length=16", "finetune.layer_decay=0.75")
+    res = finetune(cfg, "squad", SQUAD, SQUAD, work / "init", out, quiet=True)
+    v = res["valid"]
+    assert res["metric"] == "best_f1"
+    assert v["HasAns_total"] == 23 and v["NoAns_total"] == 8 and v["total"] == 31
+    assert {"exact", "f1", "best_exact", "best_f1_thresh"} <= set(v)
+    assert v["best_f1"] >= 100 * 8 / 31 - 1e-6  # answering nothing scores the NoAns share; the search never does worse
+    meta = json.loads((Path(res["checkpoint"]) / "meta.json").read_text())
+    assert meta["null_odds_threshold"] == v["best_f1_thresh"]
+    r = evaluate_task(out, SQUAD, predict=tmp_path / "p.jsonl")
+    assert r["metrics"]["best_f1"] == pytest.approx(v["best_f1"])
+    rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert len(rows) == 31 and {"id", "prediction", "best_non_null", "null_odds"} <= set(rows[0])
+
+
+def test_finetune_from_hf_directory(work, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from xlnetcli.finetune import finetune
+
+    hf = tmp_path / "hf"
+    torch.manual_seed(0)
+    config = transformers.XLNetConfig(vocab_size=2000, d_model=64, n_layer=2, n_head=2, d_inner=128)
+    transformers.XLNetLMHeadModel(config).save_pretrained(hf)
+    shutil.copy(work / "tok" / "spiece.model", hf / "spiece.model")
+    train = tmp_path / "train.tsv"
+    train.write_text("\n".join(["text\tlabel"] + [f"{t}\t{lab}" for t, lab in pydocs_rows(TRAIN_TSV, 64)]) + "\n")
+    res = finetune(ft_cfg("finetune.max_steps=4"), "classification", train, VALID_TSV, hf, tmp_path / "out",
+                   quiet=True)
+    assert res["steps"] == 4 and 0.0 <= res["value"] <= 1.0
+    assert (Path(res["checkpoint"]) / "tokenizer" / "spiece.model").is_file()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input: one-line errors or counted warnings
+
+
+def test_bad_input(work, tmp_path, capsys):
+    from xlnetcli.cli import main
+    from xlnetcli.finetune import finetune
+
+    train = tmp_path / "train.tsv"
+    train.write_text("text\tlabel\nCreate a socket.\tinternet\nDraw a button.\tgui\n")
+    valid = tmp_path / "valid.tsv"
+    valid.write_text("text\tlabel\nRun the test case.\ttesting\nOpen a window.\tgui\n")
+    with pytest.raises(DataError, match=r"valid.tsv: label\(s\) never seen .*'testing'"):
+        finetune(ft_cfg(), "classification", train, valid, work / "init", tmp_path / "o1", quiet=True)
+    wrong = tmp_path / "wrong.tsv"
+    wrong.write_text("sentence\tscore\nx\t1\n")
+    with pytest.raises(DataError, match=r"wrong.tsv: missing column\(s\) 'label'.*columns are: sentence, score"):
+        tasks.read_table(wrong, columns=tasks.Columns(None, None, "label"))
+    with pytest.raises(DataError, match=r"missing column\(s\) 'question2'"):
+        tasks.read_table(wrong, columns=tasks.Columns("sentence", "question2", "score"))
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("")
+    with pytest.raises(DataError, match="empty.tsv: no examples"):
+        tasks.read_table(empty)
+    with pytest.raises(DataError, match="not a number"):
+        tasks.read_table(train, "regression")
+    mc = tmp_path / "mc.jsonl"
+    mc.write_text('{"context": "c", "question": "q", "options": ["a", "b"]}\n')
+    with pytest.raises(DataError, match=r"mc.jsonl:1: missing field\(s\) answer"):
+        tasks.read_choices(mc)
+
+    # SQuAD answers not in their context are skipped, counted and reported
+    raw = json.loads(SQUAD.read_text())
+    raw["data"][0]["paragraphs"][0]["qas"][0]["answers"][0]["text"] = "not in this paragraph"
+    bad_squad = tmp_path / "bad_squad.json"
+    bad_squad.write_text(json.dumps(raw))
+    res = finetune(ft_cfg("finetune.max_seq_length=96", "finetune.batch_size=8", "finetune.micro_batch_size=8",
+                          "finetune.max_steps=2", "finetune.max_query_length=24"),
+                   "squad", bad_squad, None, work / "init", tmp_path / "o2", quiet=True)
+    assert any("1 of 31 questions skipped" in n for n in res["notes"])
+    assert (Path(res["checkpoint"]) / "model.safetensors").is_file()  # no validation file: the last model is kept
+
+    # through the CLI: exit code 2, one line, no traceback
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["finetune", "--task", "classification", "--train", str(wrong), "--init", str(work / "init"),
+              "--out", str(tmp_path / "o3"), "--text-a-column", "text"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    assert err.strip().count("\n") == 0 and "missing column(s) 'text'" in err and "wrong.tsv" in err
+
+
+def test_finetune_configs_load():
+    for name in ("glue", "squad", "race"):
+        cfg = load_config(ROOT / "configs" / "finetune" / f"{name}.yaml")
+        assert cfg.finetune.dropout == 0.1 and cfg.finetune.adam_eps == 1e-6 and cfg.finetune.weight_decay == 0.01
+    assert load_config(ROOT / "configs" / "finetune" / "squad.yaml").finetune.layer_decay == 0.75
