@@ -199,23 +199,24 @@ def iter_chunks(path: Path, stats: FileStats, chunk_chars: int, max_chunk_chars:
     than ``max_chunk_chars`` (default 16 x chunk_chars) is cut at a line boundary (it then counts as two documents).
     """
     max_chunk_chars = max_chunk_chars or 16 * chunk_chars
-    buf = ""
+    buf, start = "", 0
     for text in iter_file_text(path, stats, on_bytes):
-        buf = buf + text if buf else text
-        while len(buf) >= chunk_chars:
+        buf = buf[start:] + text if start < len(buf) else text
+        start = 0
+        while len(buf) - start >= chunk_chars:
             # Only blank lines inside [chunk_chars, max_chunk_chars) count: the cut never depends on read sizes.
-            m = _BLANK_LINE.search(buf, chunk_chars - 1, max_chunk_chars)
+            m = _BLANK_LINE.search(buf, start + chunk_chars - 1, start + max_chunk_chars)
             if m is not None:
                 cut = m.end()
-            elif len(buf) >= max_chunk_chars:
-                nl = buf.rfind("\n", 0, max_chunk_chars)
-                cut = nl + 1 if nl >= 0 else max_chunk_chars
+            elif len(buf) - start >= max_chunk_chars:
+                nl = buf.rfind("\n", start, start + max_chunk_chars)
+                cut = nl + 1 if nl >= 0 else start + max_chunk_chars
             else:
                 break
-            yield buf[:cut]
-            buf = buf[cut:]
-    if buf:
-        yield buf
+            yield buf[start:cut]
+            start = cut
+    if start < len(buf):
+        yield buf[start:]
 
 
 def iter_lines(files: Iterable[Path], stats: ReadStats | None = None, on_bytes=None) -> Iterator[str]:

@@ -1,7 +1,7 @@
 """Corpus sharding: text files -> N balanced, memory-mappable shards of token ids + sentence ids (REFERENCE §2).
 
 Pipeline (streaming, memory bounded by a few chunks whatever the corpus size):
-  parent: read files in order -> decode UTF-8 (replace-and-count) -> cut ~1 MiB chunks at blank lines
+  parent: read files in order -> decode UTF-8 (replace-and-count) -> cut ~256 KiB chunks at blank lines
   workers: normalise + batch-encode a chunk -> flat token ids with one <eod> per document, sentence parity, doc sizes
   parent: takes results in chunk order; assigns each document to valid (hash of (seed, document index) <
           valid_fraction, or every document of a --valid file) or to the train shard with the fewest tokens so far;
@@ -39,7 +39,7 @@ from .special import EOD_ID
 from .tokenizer import Tokenizer, normalize_block
 
 FORMAT_VERSION = 1
-CHUNK_CHARS = 1 << 20  # ~1 MiB of text per work item: large batches for SentencePiece, little IPC per token
+CHUNK_CHARS = 1 << 18  # ~256 KiB of text per work item: thousands of lines per SentencePiece batch, little IPC
 NPY_HEADER = 128  # fixed .npy header size so that shards can be streamed and the header written last
 
 
@@ -216,17 +216,22 @@ class _Assigner:
             sh.n_sentences += doc_lines[d]
             sh.n_documents += 1
         sentid = res.sentid ^ np.repeat(flip, res.doc_tokens)
-        tok_target = np.repeat(target, res.doc_tokens)
         used = np.unique(target).tolist()
-        for t in used:
+        if len(used) == 1:
+            parts = {used[0]: (res.tokens, sentid)}
+        else:  # one gather puts each shard's documents (in order) next to each other
+            order = np.argsort(target, kind="stable")
+            lens = res.doc_tokens[order]
+            starts = np.asarray(doc_off[:-1], dtype=np.int64)[order]
+            idx = np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(lens) - lens), lens)
+            toks, sids = res.tokens[idx], sentid[idx]
+            per = np.bincount(target, weights=res.doc_tokens, minlength=n_train + 1).astype(np.int64)
+            bounds = np.concatenate([[0], np.cumsum(per)]).tolist()
+            parts = {t: (toks[bounds[t]:bounds[t + 1]], sids[bounds[t]:bounds[t + 1]]) for t in used}
+        for t, (tk, sd) in parts.items():
             sh = self.valid if t == n_train else shards[t]
-            if len(used) == 1:
-                sh.tokens.write(res.tokens)
-                sh.sentid.write(sentid)
-            else:
-                sel = tok_target == t
-                sh.tokens.write(res.tokens[sel])
-                sh.sentid.write(sentid[sel])
+            sh.tokens.write(tk)
+            sh.sentid.write(sd)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -313,6 +318,10 @@ def shard_corpus(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.Pat
                     consume(encode_chunk(tok, text, dtype), is_valid)
             else:
                 import multiprocessing as mp
+
+                from .tokenizer import _combining_table
+
+                _combining_table()  # built once here, inherited by forked workers
 
                 ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
                 pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tok.model_bytes, tok.meta, dtype.str))

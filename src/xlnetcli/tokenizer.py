@@ -49,7 +49,8 @@ MAX_SENTENCE_BYTES = 1 << 15  # lines longer than this are skipped by the Senten
 @lru_cache(maxsize=1)
 def _combining_table() -> dict[int, None]:
     """str.translate table deleting every combining mark (unicodedata.combining(c) != 0)."""
-    return {c: None for c in range(sys.maxunicode + 1) if unicodedata.combining(chr(c))}
+    # Combining marks live in planes 0-1 (U+0300..U+1E94A in Unicode 15); planes 0-2 are scanned to be safe.
+    return dict.fromkeys(c for c in range(min(sys.maxunicode + 1, 0x30000)) if unicodedata.combining(chr(c)))
 
 
 def normalize_text(text: str, uncased: bool = False, keep_accents: bool = False) -> str:
