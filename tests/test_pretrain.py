@@ -193,6 +193,28 @@ def test_torchrun_two_processes_match_one(records, tmp_path):
     assert st["world_size"] == 2 and len(st["ranks"]) == 2 and sorted(st["ranks"][1]["mems"]) == [1]
 
 
+@pytest.mark.slow
+def test_torchrun_fsdp_matches_one_and_resumes_exactly(records, tmp_path):
+    """FSDP2 (fully_shard) on 2 gloo processes: close to one process; a resume from step 3 is bit-identical."""
+    over = SMALL + ["train.max_steps=6", "train.save_every=3", "train.eval_every=3", "model.dropout=0.0",
+                    "model.dropatt=0.0", "train.keep_last=5"]
+    pretrain(load_config(TINY, over), records, tmp_path / "one", quiet=True)
+    cfg_file = _write_config(tmp_path / "cfg.yaml", over + ["train.distributed=fsdp"])
+    base = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "xlnetcli", "pretrain", "--data",
+            str(records), "--out", str(tmp_path / "fsdp"), "--device", "cpu", "--quiet"]
+    out = subprocess.run(base + ["--config", str(cfg_file)], env=_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    first = read_metrics(tmp_path / "fsdp")
+    l1, l2 = _train_losses(tmp_path / "one"), _train_losses(tmp_path / "fsdp")
+    assert [b for _, b in l2] == pytest.approx([a for _, a in l1], rel=1e-5)
+    w1, w2 = _weights(tmp_path / "one" / "step_0000006"), _weights(tmp_path / "fsdp" / "step_0000006")
+    assert w1.keys() == w2.keys() and max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-5
+    out = subprocess.run(base + ["--resume", "3"], env=_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    strip = lambda rows: [(r["step"], r["split"], r["loss"]) for r in rows]  # noqa: E731
+    assert strip(read_metrics(tmp_path / "fsdp")) == strip(first)
+
+
 # ---- learning check on real text ---------------------------------------------------------------------------------
 
 

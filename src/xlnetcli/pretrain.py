@@ -31,6 +31,7 @@ import random
 import re
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -503,6 +504,7 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
             )
     if t.activation_checkpointing:
         apply_activation_checkpointing(model)
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")  # no in-place use
     # FSDP2 per-layer sharding needs layers whose forward touches only their own parameters; model.py declares
     # which types are safe in FSDP_LAYER_TYPES (absent: shard the root only, i.e. ZeRO-3 over the whole model).
     from . import model as model_mod
@@ -559,7 +561,8 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
         f"bi_data {cfg.model.bi_data}")
     say(f"  batch      global {t.global_batch_size} = micro {t.micro_batch_size} x accumulation {accum} x "
         f"{env.world_size} process(es); {tokens_per_step:,} tokens per step, {t.max_steps:,} steps")
-    say(f"  device     {dev} ({env.backend or 'single process'}"
+    threads = f", {torch.get_num_threads()} threads" if dev.type == "cpu" else ""
+    say(f"  device     {dev}{threads} ({env.backend or 'single process'}"
         f"{', ' + t.distributed if env.distributed else ''}), precision {precision}, fused AdamW {fused}, "
         f"compile {t.compile}, activation checkpointing {t.activation_checkpointing}")
     spp = meta.get("splits", {}).get("train", {}).get("steps_per_pass")
