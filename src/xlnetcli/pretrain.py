@@ -26,13 +26,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import random
 import re
 import shutil
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -404,12 +402,6 @@ def evaluate_plm(model: torch.nn.Module, stream: Any, n_batches: int, precision:
 
 # ----------------------------------------------------------------------------------------------------------------
 # The training loop
-
-
-@dataclass
-class _NonFinite:
-    step: int
-    what: str
 
 
 def _nonfinite_grad_name(model: torch.nn.Module) -> str | None:
