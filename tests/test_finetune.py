@@ -3,8 +3,8 @@
 Data used
 - classification: data/pydocs/task_{train,valid}.tsv as they are (docstring -> area, 4 balanced labels, chance 25%).
 - regression: the same texts with a real numeric target derived from them: min(number of words, 40) / 10.
-- multiple choice: the same texts as "Which area does this paragraph document?" with the 4 area names as options
-  (shuffled per question).
+- multiple choice: "Which paragraph documents concurrency?" with 4 real docstrings as options, one of them from the
+  concurrency area (chance 25%).
 - SQuAD 2.0: tests/data/squad_pydocs.json, hand-written questions on 8 real stdlib doc paragraphs (23 answerable,
   8 unanswerable).
 The models are tiny and randomly initialised (d_model 64, 2 layers): the thresholds only show learning above chance.
@@ -251,18 +251,22 @@ def test_multiple_choice_end_to_end(work, tmp_path):
     rng = random.Random(0)
     files = {}
     for split, path, n in (("train", TRAIN_TSV, 400), ("valid", VALID_TSV, 100)):
+        rows = pydocs_rows(path)
+        pos = [t for t, lab in rows if lab == "concurrency"]
+        neg = [t for t, lab in rows if lab != "concurrency"]
         files[split] = tmp_path / f"{split}.jsonl"
         with files[split].open("w") as f:
-            for i, (text, label) in enumerate(pydocs_rows(path, n)):
-                opts = LABELS[:]
+            for i in range(n):
+                opts = [pos[i], *rng.sample(neg, 3)]
                 rng.shuffle(opts)
-                f.write(json.dumps({"id": f"{split}-{i}", "context": text, "options": opts,
-                                    "question": "Which area does this paragraph document?",
-                                    "answer": "ABCD"[opts.index(label)]}) + "\n")
+                f.write(json.dumps({"id": f"{split}-{i}", "context": "Python standard library documentation.",
+                                    "question": "Which paragraph documents concurrency?", "options": opts,
+                                    "answer": "ABCD"[opts.index(pos[i])]}) + "\n")
     out = tmp_path / "mc"
-    res = finetune(ft_cfg("finetune.max_seq_length=48", "finetune.micro_batch_size=16", "finetune.epochs=1"),
+    res = finetune(ft_cfg("finetune.max_seq_length=48", "finetune.micro_batch_size=16"),
                    "multiple-choice", files["train"], files["valid"], work / "init", out, quiet=True)
-    assert res["metric"] == "accuracy" and 0.0 <= res["value"] <= 1.0
+    # random init, 2 epochs (26 steps x 32 questions x 4 options): 0.66 on 100 questions; chance is 0.25
+    assert res["metric"] == "accuracy" and res["value"] > 0.4, res["valid"]
     r = evaluate_task(out, files["valid"], predict=tmp_path / "p.jsonl")
     assert r["metrics"]["accuracy"] == pytest.approx(res["value"])
     row = json.loads((tmp_path / "p.jsonl").read_text().splitlines()[0])
@@ -275,14 +279,17 @@ def test_squad_end_to_end(work, tmp_path):
 
     out = tmp_path / "squad"
     cfg = ft_cfg("finetune.max_seq_length=96", "finetune.batch_size=8", "finetune.micro_batch_size=8",
-                 "finetune.max_steps=30", "finetune.eval_every=30", "finetune.doc_stride=32", "finetune.max_query_length=24",
-                 "finetune.max_answer_length=16", "finetune.layer_decay=0.75")
+                 "finetune.max_steps=200", "finetune.eval_every=100", "finetune.doc_stride=32",
+                 "finetune.max_query_length=24", "finetune.max_answer_length=16", "finetune.layer_decay=0.75",
+                 "finetune.lr=2e-3", "finetune.dropout=0.0")
     res = finetune(cfg, "squad", SQUAD, SQUAD, work / "init", out, quiet=True)
     v = res["valid"]
     assert res["metric"] == "best_f1"
     assert v["HasAns_total"] == 23 and v["NoAns_total"] == 8 and v["total"] == 31
     assert {"exact", "f1", "best_exact", "best_f1_thresh"} <= set(v)
-    assert v["best_f1"] >= 100 * 8 / 31 - 1e-6  # answering nothing scores the NoAns share; the search never does worse
+    # trained and scored on the same 31 questions (memorisation, ~10 s): F1 87.6 / best_f1 90.8 measured; a wrong
+    # span alignment, head or post-processing would stay near the 25.8 that answering nothing gets
+    assert v["f1"] > 60 and v["best_f1"] >= v["f1"] - 1e-6, v
     meta = json.loads((Path(res["checkpoint"]) / "meta.json").read_text())
     assert meta["null_odds_threshold"] == v["best_f1_thresh"]
     r = evaluate_task(out, SQUAD, predict=tmp_path / "p.jsonl")
@@ -365,3 +372,30 @@ def test_finetune_configs_load():
         cfg = load_config(ROOT / "configs" / "finetune" / f"{name}.yaml")
         assert cfg.finetune.dropout == 0.1 and cfg.finetune.adam_eps == 1e-6 and cfg.finetune.weight_decay == 0.01
     assert load_config(ROOT / "configs" / "finetune" / "squad.yaml").finetune.layer_decay == 0.75
+
+
+def test_eval_pretrained_checkpoint_on_records(work, tmp_path, capsys):
+    """xlnet eval (a): a pretrained checkpoint on held-out records -> PLM loss, perplexity, accuracy."""
+    from xlnetcli.cli import main
+
+    sets = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", "tokenizer.vocab_size=2000",
+            "--set", "model.vocab_size=2000", "--set", "data.valid_fraction=0.05"]
+    for argv in (["shard", str(SAMPLE), "--tokenizer", str(work / "tok"), "--out", str(tmp_path / "shards"),
+                  "--quiet", *sets],
+                 ["preprocess", "--shards", str(tmp_path / "shards"), "--out", str(tmp_path / "rec"), *sets]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["eval", str(work / "init"), "--data", str(tmp_path / "rec"), "--batches", "3",
+              "--output", str(tmp_path / "plm.json")])
+    assert e.value.code == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["kind"] == "plm" and res["batches"] == 3 and res["targets"] > 0
+    # random init: loss about ln(vocab), perplexity about the vocabulary size
+    assert 0.5 * np.log(2000) < res["loss"] < 1.5 * np.log(2000) and res["ppl"] == pytest.approx(np.exp(res["loss"]))
+    assert json.loads((tmp_path / "plm.json").read_text())["loss"] == res["loss"]
+    with pytest.raises(SystemExit) as e:  # a pretrained checkpoint without --data: one-line error
+        main(["eval", str(work / "init"), "--file", str(VALID_TSV)])
+    assert e.value.code == 2 and "pass --data" in capsys.readouterr().err

@@ -345,6 +345,8 @@ def _finetune(cfg, task, train, valid, init, out, columns, header, overwrite, en
     model = build_finetune_model(run_cfg, task, n_labels)
     load_pretrained_into(model, state, f"checkpoint {ckpt}")
     del state
+    # the query stream is not used in finetuning: freeze its start vector (DDP rejects parameters without gradients)
+    model.transformer.mask_emb.requires_grad_(False)
     model.to(dev).train()
     optimizer = build_optimizer(model, ft.lr, ft.weight_decay, eps=ft.adam_eps, layer_decay=ft.layer_decay,
                                 n_layer=run_cfg.model.n_layer)
