@@ -478,6 +478,8 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     seed_everything(t.seed)
     model = build_lm_model(cfg).to(dev)
     n_params, n_nonemb = _count_params(model)
+    # same init on every rank (above); from here on each rank draws its own dropout masks
+    seed_everything(t.seed + 7919 * env.rank)
     state: dict | None = None
     if start is not None:
         from .checkpoint import load_model_dir, load_state
