@@ -99,7 +99,7 @@ def test_run_layout_eval_and_rotation(records, tmp_path):
     rows = read_metrics(run)
     assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]
     evals = [r for r in rows if r["split"] == "eval"]
-    assert [r["step"] for r in evals] == [3, 6]
+    assert [r["step"] for r in evals] == [0, 3, 6]  # step 0: the initial weights (baseline)
     assert all(r["ppl"] == pytest.approx(torch.tensor(r["loss"]).exp().item(), rel=1e-5) for r in evals)
     assert all(0.0 <= r["acc"] <= 1.0 and r["targets"] > 0 for r in evals)
     train_rows = [r for r in rows if r["split"] == "train"]
@@ -303,7 +303,7 @@ def test_out_of_memory_is_one_line(records, tmp_path, monkeypatch):
 
     monkeypatch.setattr(pt, "_forward", boom)
     with pytest.raises(XLNetError, match=r"out of memory on cpu during training step 1 with micro-batch 2 x seq 32 .*activation_checkpointing"):
-        pretrain(_cfg("train.max_steps=2", "train.global_batch_size=4", "train.micro_batch_size=2"), records,
+        pretrain(_cfg("train.max_steps=2", "train.eval_every=0", "train.global_batch_size=4", "train.micro_batch_size=2"), records,
                  tmp_path / "r", quiet=True)
 
 

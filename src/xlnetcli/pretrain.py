@@ -634,6 +634,13 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     t_excluded = 0.0
     first_step = step
     model.train()
+    if step == 0 and t.eval_every:
+        # Baseline: held-out PLM loss of the initial weights (logged as step 0).
+        res = run_eval(0)
+        if res is not None:
+            result["eval_start"] = res
+            say(f"  step 0: eval loss {res['loss']:.4f} ppl {res['ppl']:.2f} acc {res['acc']:.3f} (initial weights)")
+        model.train()
     with progress:
         task = progress.add_task("pretrain", total=t.max_steps, completed=step, info="")
         while step < t.max_steps:
@@ -713,6 +720,10 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     done = step - first_step
     result.update(step=step, loss=last_loss, elapsed_s=elapsed,
                   tokens_per_s=tokens_per_step * done / elapsed if elapsed > 0 and done else 0.0)
+    if main and step >= t.max_steps:
+        from .plot import maybe_plot
+
+        result["plot"] = str(maybe_plot(out_dir) or "")
     if main and not quiet and step >= t.max_steps:
         say(f"done: {step} steps, last loss {last_loss:.4f}, {result['tokens_per_s']:,.0f} tokens/s; "
             f"checkpoints in {out_dir}")
