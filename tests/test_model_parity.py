@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 TOL = 1e-5
 V, L, R = 60, 16, 8  # vocab, seq_len, reuse_len
-IMPLS = ["einsum", "sdpa"]
+IMPLS = ["einsum", "sdpa", "fused"]
 
 
 def tiny_cfg(**kw):

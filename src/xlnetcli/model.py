@@ -93,9 +93,240 @@ def attention_sdpa(q, k, v, bias, dropatt: float, training: bool):
 
 
 ATTENTION = {"einsum": attention_einsum, "sdpa": attention_sdpa}
-# "auto": on CPU the SDPA call falls back to its math kernel (the bias needs a gradient) and measured no faster than
-# the plain path on the 2-core benchmark machine, so auto = einsum. "flex" (GPU FlexAttention) is not implemented.
-AUTO_IMPL = "einsum"
+# "auto" = "fused" (below): on CPU the SDPA call falls back to its math kernel (the bias needs a gradient) and measured
+# no faster than the plain path; the fused path is faster and keeps ~4x less activation memory.
+# "flex" (GPU FlexAttention) is not implemented.
+AUTO_IMPL = "fused"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The fused training path ("fused", what "auto" picks): custom autograd functions that keep only what backward needs.
+# Per layer the plain path keeps ~5 [B,H,N,K]-sized tensors (the [B,H,N,R] position scores the gather saves, the
+# probabilities, the float dropout noise, the dropped probabilities); the fused core keeps the probabilities and a
+# 1-byte keep mask. The FFN keeps its pre-activation and a keep mask (the activation is recomputed in backward);
+# the loss keeps the logits the caller holds anyway plus one log-sum-exp per row.
+
+
+def keep_mask(shape, p: float, device) -> tuple[torch.Tensor, float]:
+    """Dropout keep mask (bool, True with probability 1 - p') and its scale 1/(1 - p'), p' = p rounded to a multiple of
+    2^-15. Each 64-bit random draw gives four 15-bit uniforms: ~8x cheaper than ``bernoulli_`` on CPU."""
+    n = math.prod(shape)
+    thresh = round(p * 32768)
+    if thresh >= 32768:
+        return torch.zeros(shape, dtype=torch.bool, device=device), 0.0
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_()
+    keep = (bits.view(torch.int16)[:n].view(shape) & 0x7FFF) >= thresh
+    return keep, 32768.0 / (32768 - thresh)
+
+
+class _MaskedScale(torch.autograd.Function):
+    """y = x * keep * scale (dropout with a given keep mask); saves only the 1-byte mask."""
+
+    @staticmethod
+    def forward(ctx, x, keep, scale: float):
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return x.mul(keep).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, g):
+        (keep,) = ctx.saved_tensors
+        return g.mul(keep).mul_(ctx.scale), None, None
+
+
+def fused_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    if not training or p == 0.0:
+        return x
+    keep, scale = keep_mask(x.shape, p, x.device)
+    return _MaskedScale.apply(x, keep, scale)
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
+def _act_backward(name: str, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    if name == "relu":
+        return g * (x > 0)
+    return torch.ops.aten.gelu_backward(g, x, approximate="tanh" if name == "gelu_new" else "none")
+
+
+class _FeedForwardCore(torch.autograd.Function):
+    """y = drop(act(x W1^T + b1)) W2^T + b2 on [n, d] rows; saves x, the pre-activation and the keep mask and
+    recomputes the activation in backward (instead of keeping activation, dropout noise and dropped activation)."""
+
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2, act_name: str, keep, scale: float):
+        ct = _compute_dtype(x)
+        ctx.dtypes = (x.dtype, w1.dtype, b1.dtype, w2.dtype, b2.dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            x, w1, b1, w2, b2 = (t.to(ct) for t in (x, w1, b1, w2, b2))
+            h1 = torch.addmm(b1, x, w1.t())
+            a = _activation(act_name)(h1)
+            if keep is not None:
+                a.mul_(keep).mul_(scale)
+            y = torch.addmm(b2, a, w2.t())
+        ctx.save_for_backward(x, h1, w1, w2, keep)
+        ctx.act_name, ctx.scale = act_name, scale
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, h1, w1, w2, keep = ctx.saved_tensors
+        with torch.autocast(x.device.type, enabled=False):
+            gy = gy.to(x.dtype)
+            a = _activation(ctx.act_name)(h1)
+            if keep is not None:
+                a.mul_(keep).mul_(ctx.scale)
+            gw2 = gy.t() @ a
+            del a
+            ga = gy @ w2
+            if keep is not None:
+                ga.mul_(keep).mul_(ctx.scale)
+            gh1 = _act_backward(ctx.act_name, ga, h1)
+            del ga
+            grads = (gh1 @ w1, gh1.t() @ x, gh1.sum(0), gw2, gy.sum(0))
+        return (*(g.to(dt) for g, dt in zip(grads, ctx.dtypes)), None, None, None)
+
+
+def _split_halves(rel_index: torch.Tensor, B: int, G: int) -> torch.Tensor:
+    """[B|1,1,N,K] -> [G,B/G,1,N,K] (or [1,1,1,N,K] when shared by the batch)."""
+    N, K = rel_index.shape[-2:]
+    return rel_index.view(G, B // G, 1, N, K) if rel_index.shape[0] == B else rel_index.view(1, 1, 1, N, K)
+
+
+class _RelAttnCore(torch.autograd.Function):
+    """The whole XLNet attention core for the stacked query rows, keeping only q, k, v, kr, the probabilities and
+    the attention-dropout keep mask for backward.
+
+    q [B,H,N,D] (no biases), k/v [B,H,K,D], kr [G,H,R,D] batch-shared projected positions (G = 1, or 2 with bi_data:
+    the first B/G rows use kr[0]); biases r_w/r_r/r_s [H,D]; seg_embed [2,H,D] (or None with seg_same None);
+    rel_index [1|B,1,N,K] column of kr for each (row, key); seg_same [B,1,N,K] bool; mask [B,1,N,K] bool
+    (True = cannot attend) or None; keep [B,H,N,K] bool (attention dropout) or None. Returns [B,H,N,D].
+    score = ((q+r_w)·k + (q+r_r)·kr[rel] + (q+r_s)·seg_embed[s]) / sqrt(D), masked, softmax, dropout, · v."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, kr, r_w, r_r, r_s, seg_embed, rel_index, seg_same, mask, keep, keep_scale: float):
+        B, H, N, D = q.shape
+        K, (G, _, R, _) = k.shape[2], kr.shape
+        ct = _compute_dtype(q)
+        ins = (q, k, v, kr, r_w, r_r, r_s, seg_embed)
+        ctx.dtypes = tuple(None if t is None else t.dtype for t in ins)
+        with torch.autocast(q.device.type, enabled=False):
+            q, k, v, kr, r_w, r_r, r_s, seg_embed = (None if t is None else t.to(ct) for t in ins)
+            score = torch.matmul(q + r_w[:, None], k.transpose(-1, -2))  # [B,H,N,K] content term
+            # position term: one [(B/G)*N, D] x [D, R] matmul per (half, head), then the rel-shift gather
+            qr = (q + r_r[:, None]).view(G, B // G, H, N, D).transpose(1, 2).reshape(G * H, (B // G) * N, D)
+            bd = torch.bmm(qr, kr.reshape(G * H, R, D).transpose(1, 2)).view(G, H, B // G, N, R).transpose(1, 2)
+            idx = _split_halves(rel_index, B, G)
+            score += torch.gather(bd, 4, idx.expand(G, B // G, H, N, K)).reshape(B, H, N, K)
+            del bd
+            if seg_same is not None:  # segment term: per row one of two scalars
+                ef = torch.matmul(q + r_s[:, None], seg_embed.permute(1, 2, 0))  # [B,H,N,2]
+                score += ef[..., 1:]
+                score.addcmul_(seg_same, ef[..., :1] - ef[..., 1:])
+            score.mul_(1.0 / math.sqrt(D))
+            if mask is not None:
+                score.masked_fill_(mask, NEG_INF)
+            prob = torch.softmax(score, -1, dtype=torch.promote_types(ct, torch.float32)).to(ct)
+            del score
+            pd = prob if keep is None else prob.mul(keep).mul_(keep_scale)
+            out = torch.matmul(pd, v)
+        ctx.save_for_backward(q, k, v, kr, r_w, r_r, r_s, seg_embed, rel_index, seg_same, keep, prob)
+        ctx.keep_scale = keep_scale
+        return out
+
+    @staticmethod
+    def backward(ctx, go):
+        q, k, v, kr, r_w, r_r, r_s, seg_embed, rel_index, seg_same, keep, prob = ctx.saved_tensors
+        B, H, N, D = q.shape
+        K, (G, _, R, _) = k.shape[2], kr.shape
+        s = ctx.keep_scale
+        with torch.autocast(q.device.type, enabled=False):
+            go = go.to(q.dtype)
+            pd = prob if keep is None else prob.mul(keep).mul_(s)
+            dv = torch.matmul(pd.transpose(-1, -2), go)
+            del pd
+            dp = torch.matmul(go, v.transpose(-1, -2))
+            if keep is not None:
+                dp.mul_(keep).mul_(s)
+            ds = torch._softmax_backward_data(dp, prob, -1, prob.dtype)
+            del dp
+            ds.mul_(1.0 / math.sqrt(D))  # d loss / d (content + position + segment terms)
+            qw = q + r_w[:, None]
+            dqw = torch.matmul(ds, k)
+            dk = torch.matmul(ds.transpose(-1, -2), qw)
+            del qw
+            # position term: scatter back to the R columns (distinct per row), then the two matmuls
+            dbd = ds.new_zeros(G, H, B // G, N, R)
+            idx = _split_halves(rel_index, B, G)
+            dbd.transpose(1, 2).scatter_(4, idx.expand(G, B // G, H, N, K), ds.view(G, B // G, H, N, K))
+            dbd = dbd.view(G * H, (B // G) * N, R)
+            qr = (q + r_r[:, None]).view(G, B // G, H, N, D).transpose(1, 2).reshape(G * H, (B // G) * N, D)
+            dkr = torch.bmm(dbd.transpose(1, 2), qr).view(G, H, R, D)
+            del qr
+            dqr = torch.bmm(dbd, kr.reshape(G * H, R, D)).view(G, H, B // G, N, D).transpose(1, 2).reshape(B, H, N, D)
+            del dbd
+            dq = dqw + dqr
+            dr_w, dr_r = dqw.sum((0, 2)), dqr.sum((0, 2))
+            dr_s = dseg = None
+            if seg_same is not None:
+                # rows of ds sum to zero (softmax), so d(ef1) = -d(ef0)
+                de0 = (ds * seg_same).sum(-1)
+                de = torch.stack([de0, -de0], -1)  # [B,H,N,2]
+                dqs = torch.matmul(de, seg_embed.transpose(0, 1))  # [B,H,N,D]
+                dseg = torch.einsum("bhns,bhnd->shd", de, q + r_s[:, None])
+                dq += dqs
+                dr_s = dqs.sum((0, 2))
+            grads = (dq, dk, dv, dkr, dr_w, dr_r, dr_s, dseg)
+        grads = tuple(None if g is None else g.to(dt) for g, dt in zip(grads, ctx.dtypes))
+        return (*grads, None, None, None, None, None)
+
+
+class _LMHeadLoss(torch.autograd.Function):
+    """logits = x W^T + b and loss = sum_i w_i CE(logits_i, labels_i) (label -100 = ignored row) in one function.
+    Keeps the logits and one log-sum-exp per row; backward walks the vocabulary in column blocks (softmax - onehot for
+    a block, its rows of dW written once, dx accumulated), so no [n,V] gradient or log-softmax copy ever exists."""
+
+    BLOCK = 4096  # vocabulary columns per backward block
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, labels, w):
+        logits = F.linear(x, weight, bias)
+        lf = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 (or fp64) softmax
+        lse = torch.logsumexp(lf, -1)
+        valid = labels != -100
+        lab = labels.clamp_min(0)
+        w = w.to(lf.dtype) * valid
+        loss = ((lse - lf.gather(1, lab[:, None])[:, 0]) * w).sum()
+        ctx.save_for_backward(x, weight, logits, lab, w, lse)
+        return loss, logits
+
+    @staticmethod
+    def backward(ctx, g_loss, g_logits):
+        x, weight, logits, lab, w, lse = ctx.saved_tensors
+        with torch.autocast(x.device.type, enabled=False):
+            n, V = logits.shape
+            ft = lse.dtype
+            coef = (w * g_loss)[:, None]
+            dx = torch.zeros(n, weight.shape[1], dtype=ft, device=x.device)
+            dw = torch.empty(weight.shape, dtype=ft, device=x.device)
+            db = torch.empty(V, dtype=ft, device=x.device)
+            rows = torch.arange(n, device=x.device)
+            xf, wf = x.to(ft), weight.to(ft)
+            for c0 in range(0, V, _LMHeadLoss.BLOCK):
+                c1 = min(V, c0 + _LMHeadLoss.BLOCK)
+                g = torch.sub(logits[:, c0:c1].to(ft), lse[:, None]).exp_()
+                hit = (lab >= c0) & (lab < c1)
+                g[rows[hit], lab[hit] - c0] -= 1.0
+                g.mul_(coef)
+                if g_logits is not None:
+                    g += g_logits[:, c0:c1]
+                torch.mm(g.t(), xf, out=dw[c0:c1])
+                torch.sum(g, 0, out=db[c0:c1])
+                dx.addmm_(g, wf[c0:c1])
+        return dx.to(x.dtype), dw.to(weight.dtype), db.to(weight.dtype), None, None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -135,6 +366,14 @@ class RelativeAttention(nn.Module):
         q = (x @ self.q.view(d, H * D)).view(B, N, H, D).transpose(1, 2)  # [B,H,N,D]
         kv = cat @ torch.cat([self.k.view(d, H * D), self.v.view(d, H * D)], dim=1)
         k, v = kv.view(B, K, 2, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # [B,H,K,D] each
+        if impl == "fused":  # mask_bias is the bool mask [B,1,N,K] (or None) here
+            keep, ks = None, 1.0
+            if self.training and self.dropatt > 0:
+                keep, ks = keep_mask((B, H, N, K), self.dropatt, x.device)
+            seg = None if seg_same is None else seg_same[:, None]
+            vec = _RelAttnCore.apply(q, k, v, kr, r_w, r_r, r_s, self.seg_embed if seg is not None else None,
+                                     rel_index, seg, mask_bias, keep, ks)
+            return vec.transpose(1, 2).reshape(B, N, H * D) @ self.o.view(d, H * D).t()
         scale = 1.0 / math.sqrt(D)
 
         # position term: (q + r_r_bias) . kr[c], c = L - pos(row) + j  (the rel-shift), batch-shared kr
@@ -163,9 +402,18 @@ class FeedForward(nn.Module):
         self.layer_2 = nn.Linear(cfg.d_inner, cfg.d_model)
         self.layer_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.act = _activation(cfg.ff_activation)
+        self.act_name = cfg.ff_activation
         self.dropout = cfg.dropout
 
-    def forward(self, x):
+    def forward(self, x, fused: bool = False):
+        if fused:
+            keep, ks = None, 1.0
+            if self.training and self.dropout > 0:
+                keep, ks = keep_mask((*x.shape[:-1], self.layer_1.out_features), self.dropout, x.device)
+                keep = keep.view(-1, keep.shape[-1])
+            y = _FeedForwardCore.apply(x.reshape(-1, x.shape[-1]), self.layer_1.weight, self.layer_1.bias,
+                                       self.layer_2.weight, self.layer_2.bias, self.act_name, keep, ks)
+            return self.layer_norm(x + fused_dropout(y.view(x.shape), self.dropout, self.training))
         y = F.dropout(self.act(self.layer_1(x)), self.dropout, self.training)
         y = F.dropout(self.layer_2(y), self.dropout, self.training)
         return self.layer_norm(x + y)
@@ -182,8 +430,10 @@ class XLNetLayer(nn.Module):
         a = self.rel_attn(x, mem, kr, rel_index, seg_same, mask_bias, biases, impl)
         if valid_rows is not None:  # padding target rows: zero attention output (as HF's one-hot mapping)
             a = a * valid_rows
-        x = self.rel_attn.layer_norm(x + F.dropout(a, self.dropout, self.training))
-        return self.ff(x)
+        fused = impl == "fused"
+        drop = fused_dropout if fused else F.dropout
+        x = self.rel_attn.layer_norm(x + drop(a, self.dropout, self.training))
+        return self.ff(x, fused)
 
 
 class XLNetModel(nn.Module):
@@ -270,6 +520,8 @@ class XLNetModel(nn.Module):
         if P:
             rows = torch.cat([rows, target_index.to(device)], dim=1)  # position of every stacked row [B,N]
         N = L + P
+        impl = AUTO_IMPL if cfg.attn_impl in ("auto", "flex") else cfg.attn_impl
+        drop = fused_dropout if impl == "fused" else F.dropout
 
         # masks (1 = cannot attend): padding columns + perm_mask; content rows may always see themselves
         mask = None
@@ -285,9 +537,12 @@ class XLNetModel(nn.Module):
             if M:
                 mask = torch.cat([mask.new_zeros(B, N, M), mask], dim=2)
             dtype = self.mask_emb.dtype
-            mask_bias = torch.zeros(B, 1, N, K, dtype=dtype, device=device).masked_fill_(mask[:, None], NEG_INF)
+            if impl == "fused":
+                mask_bias = mask[:, None]  # the fused core takes the bool mask
+            else:
+                mask_bias = torch.zeros(B, 1, N, K, dtype=dtype, device=device).masked_fill_(mask[:, None], NEG_INF)
         else:
-            mask_bias = torch.zeros((), dtype=self.mask_emb.dtype, device=device)
+            mask_bias = None if impl == "fused" else torch.zeros((), dtype=self.mask_emb.dtype, device=device)
 
         # segment equality [B,N,K]; memory counts as segment 0
         seg_same = None
@@ -300,17 +555,16 @@ class XLNetModel(nn.Module):
         rel_index = (L - rows)[:, None, :, None] + torch.arange(K, device=device)  # [B,1,N,K]
 
         word = self.word_embedding(input_ids)
-        h = F.dropout(word, cfg.dropout, self.training)
+        h = drop(word, cfg.dropout, self.training)
         x = h
         if P:
-            g = F.dropout(self.mask_emb.expand(B, P, -1), cfg.dropout, self.training)
+            g = drop(self.mask_emb.expand(B, P, -1), cfg.dropout, self.training)
             x = torch.cat([h, g], dim=1)
         pos_emb = self.positional_encoding(L, K, bi, word.dtype, device)
-        pos_emb = F.dropout(pos_emb, cfg.dropout, self.training)
+        pos_emb = drop(pos_emb, cfg.dropout, self.training)
         valid_rows = None
         if valid is not None:
             valid_rows = torch.cat([valid.new_ones(B, L), valid], 1)[:, :, None]
-        impl = AUTO_IMPL if cfg.attn_impl in ("auto", "flex") else cfg.attn_impl
 
         new_mems = [] if return_mems else None
         d = cfg.d_model
@@ -320,7 +574,7 @@ class XLNetModel(nn.Module):
             a = layer.rel_attn
             kr = (pos_emb @ a.r.view(d, -1)).view(pos_emb.shape[0], -1, a.n_head, a.d_head).transpose(1, 2)
             x = layer(x, mem_list[i], kr, rel_index, seg_same, mask_bias, self._biases(layer), impl, valid_rows)
-        x = F.dropout(x, cfg.dropout, self.training)
+        x = drop(x, cfg.dropout, self.training)
         return XLNetOutput(hidden=x[:, :L], query=x[:, L:] if P else None, mems=new_mems)
 
     def _cache_mem(self, cur: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
@@ -363,9 +617,21 @@ class XLNetLMHeadModel(nn.Module):
         out = self.transformer(input_ids, token_type_ids, attention_mask, perm_mask, target_index, target_mapping,
                                mems, return_mems, bi_data)
         x = out.query if out.query is not None else out.hidden
-        logits = F.linear(x, self.transformer.word_embedding.weight, self.lm_bias)
         loss = None
-        if labels is not None:
+        if labels is not None and self.transformer.config.attn_impl not in ("einsum", "sdpa"):
+            # fused head + loss: the same mean (or label_mask-weighted mean) cross entropy, less memory
+            flat = x.reshape(-1, x.shape[-1])
+            if label_mask is None:
+                w = torch.full((flat.shape[0],), 1.0 / max(flat.shape[0], 1), device=flat.device)
+            else:
+                w = label_mask.reshape(-1).float()
+                w = w / w.sum().clamp_min(1.0)
+            loss, logits = _LMHeadLoss.apply(flat, self.transformer.word_embedding.weight, self.lm_bias,
+                                             labels.reshape(-1).to(flat.device), w)
+            logits = logits.view(*x.shape[:-1], -1)
+        else:
+            logits = F.linear(x, self.transformer.word_embedding.weight, self.lm_bias)
+        if labels is not None and loss is None:
             ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), reduction="none")
             if label_mask is None:
                 loss = ce.mean()
