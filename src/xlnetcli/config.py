@@ -50,7 +50,7 @@ class ModelConfig:
     bi_data: bool = True  # per device: first half of the batch forward, second half backward (negated positions)
     clamp_len: int = -1  # clip relative positions to +-clamp_len (-1 = no clipping)
     same_length: bool = False  # every token attends to the same number of keys (Transformer-XL option)
-    attn_impl: Literal["auto", "einsum", "sdpa", "flex"] = "auto"  # attention kernel; auto picks the fastest exact one
+    attn_impl: Literal["auto", "fused", "einsum", "sdpa", "flex"] = "auto"  # attention kernel; auto = fused
 
     def __post_init__(self) -> None:
         _positive(self, "vocab_size", "d_model", "n_layer", "n_head", "d_head", "d_inner")
