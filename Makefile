@@ -19,6 +19,9 @@ install: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
 
+demo: $(STAMP)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python scripts/demo.py
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 

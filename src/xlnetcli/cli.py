@@ -283,13 +283,15 @@ def _columns(text_a: str | None, text_b: str | None, label: str | None):
               help="Pretrained checkpoint: a run folder, a step folder, or a Hugging Face XLNet directory.")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Run folder.")
 @column_options
+@click.option("--from-scratch", is_flag=True,
+              help="Random weights with --init's architecture and tokenizer (a baseline for the pretrained model).")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty output folder.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 def finetune_cmd(config_path: Path | None, overrides: tuple[str, ...], task: str, train_file: Path,
                  valid_file: Path | None, init: Path, out_dir: Path, text_a_column: str | None,
-                 text_b_column: str | None, label_column: str | None, no_header: bool, overwrite: bool, device: str,
-                 quiet: bool) -> None:
+                 text_b_column: str | None, label_column: str | None, no_header: bool, from_scratch: bool,
+                 overwrite: bool, device: str, quiet: bool) -> None:
     """Finetune a pretrained XLNet on a labelled file (torchrun --nproc-per-node N for several processes).
 
     The architecture and tokenizer come from --init; finetuning settings from --config (configs/finetune/*.yaml),
@@ -299,7 +301,8 @@ def finetune_cmd(config_path: Path | None, overrides: tuple[str, ...], task: str
 
     cfg = finetune_config(config_path, init, overrides)
     finetune(cfg, task, train_file, valid_file, init, out_dir, columns=_columns(text_a_column, text_b_column,
-             label_column), header=not no_header, overwrite=overwrite, device=device, quiet=quiet)
+             label_column), header=not no_header, overwrite=overwrite, device=device, quiet=quiet,
+             from_scratch=from_scratch)
 
 
 @cli.command("eval")

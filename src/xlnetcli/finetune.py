@@ -280,9 +280,11 @@ def finetune(
     overwrite: bool = False,
     device: str | None = "auto",
     quiet: bool = False,
+    from_scratch: bool = False,
 ) -> dict[str, Any]:
     """Finetune ``init`` (a pretraining run/step folder, a finetuned checkpoint or an HF directory) on ``train``;
-    evaluate on ``valid``; keep the best checkpoint in ``out``. Returns the results dict (also out/results.json)."""
+    evaluate on ``valid``; keep the best checkpoint in ``out``. Returns the results dict (also out/results.json).
+    ``from_scratch`` takes only the architecture and tokenizer from ``init`` (random weights: a baseline)."""
     from .checkpoint import load_model_dir, resolve_checkpoint
 
     if task not in tasks.TASKS:
@@ -290,13 +292,13 @@ def finetune(
     env = dist.init_distributed(device)
     try:
         return _finetune(cfg, task, Path(train), Path(valid) if valid else None, Path(init), Path(out), columns,
-                         header, overwrite, env, quiet, load_model_dir, resolve_checkpoint)
+                         header, overwrite, env, quiet, load_model_dir, resolve_checkpoint, from_scratch)
     finally:
         dist.cleanup()
 
 
 def _finetune(cfg, task, train, valid, init, out, columns, header, overwrite, env, quiet, load_model_dir,
-              resolve_checkpoint) -> dict[str, Any]:
+              resolve_checkpoint, from_scratch=False) -> dict[str, Any]:
     main = env.is_main
     dev = env.device
     ft = cfg.finetune
@@ -343,7 +345,10 @@ def _finetune(cfg, task, train, valid, init, out, columns, header, overwrite, en
     torch.manual_seed(ft.seed)
     n_labels = len(label_list) if label_list else 1
     model = build_finetune_model(run_cfg, task, n_labels)
-    load_pretrained_into(model, state, f"checkpoint {ckpt}")
+    if from_scratch:
+        say(f"  init       random weights (architecture and tokenizer of {ckpt}; --from-scratch baseline)")
+    else:
+        load_pretrained_into(model, state, f"checkpoint {ckpt}")
     del state
     # the query stream is not used in finetuning: freeze its start vector (DDP rejects parameters without gradients)
     model.transformer.mask_emb.requires_grad_(False)
@@ -379,7 +384,7 @@ def _finetune(cfg, task, train, valid, init, out, columns, header, overwrite, en
     eval_steps = set(range(ft.eval_every, total + 1, ft.eval_every)) if ft.eval_every else \
         {min(total, e * steps_per_epoch) for e in range(1, math.ceil(total / steps_per_epoch) + 1)}
     eval_steps.add(total)
-    meta_base = {"kind": "finetune", "task": task, "labels": label_list, "init": str(ckpt),
+    meta_base = {"kind": "finetune", "task": task, "labels": label_list, "init": str(ckpt), "from_scratch": from_scratch,
                  "squad_v2": bool(valid_data.squad_v2) if valid_data and task == "squad" else None}
 
     best: dict[str, Any] = {"step": None, "value": -math.inf, "metrics": None, "path": None}
