@@ -123,6 +123,7 @@ def load_model_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], d
         state = load_file(str(p / MODEL_FILE))
     except (OSError, SafetensorError, ValueError) as e:
         raise CheckpointError(f"{p / MODEL_FILE}: corrupt or unreadable ({str(e).splitlines()[0][:120]})") from None
+    check_finite(state, p / MODEL_FILE)
     meta: dict[str, Any] = {}
     if (p / "meta.json").is_file():
         try:
@@ -131,6 +132,16 @@ def load_model_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], d
             raise CheckpointError(f"{p / 'meta.json'}: not valid JSON") from None
     meta.setdefault("path", str(p))
     return cfg, state, meta
+
+
+def check_finite(state: dict[str, torch.Tensor], where: Path | str) -> None:
+    """Refuse weights holding NaN/inf (saved from a diverged run): every later number would be garbage."""
+    for key, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(
+                f"{where}: non-finite values (NaN/inf) in {key}; the run diverged before this save: "
+                "use an earlier step folder"
+            )
 
 
 def check_model_config(found: ModelConfig, expected: ModelConfig, where: str = "checkpoint") -> None:
