@@ -47,6 +47,19 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+_U64 = 2**64 - 1
+_GOLDEN_I, _M1_I, _M2_I = int(_GOLDEN), int(_M1), int(_M2)
+
+
+def _mix_int(x: int) -> int:
+    """``_mix`` on a Python int (same value, no numpy scalar overhead)."""
+    x ^= x >> 30
+    x = (x * _M1_I) & _U64
+    x ^= x >> 27
+    x = (x * _M2_I) & _U64
+    return x ^ (x >> 31)
+
+
 def order_keys(seed: int, step: int, rows: np.ndarray, part: int, n: int) -> np.ndarray:
     """uint64 [B, n] random keys, a pure function of (seed, step, row, part, k)."""
     rows = np.asarray(rows, dtype=np.uint64)
@@ -58,31 +71,70 @@ def order_keys(seed: int, step: int, rows: np.ndarray, part: int, n: int) -> np.
         return _mix(h[:, None] + (k[None, :] + np.uint64(1)) * _GOLDEN)
 
 
+def _order_layout(reuse_len: int, seq_len: int, perm_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(column of each position in the [2 * perm_size] sigma table, block base rank) for the two parts."""
+    key = (reuse_len, seq_len, perm_size)
+    hit = _LAYOUTS.get(key)
+    if hit is None:
+        cols, base = [], []
+        for part, (a, b) in enumerate(((0, reuse_len), (reuse_len, seq_len))):
+            n = b - a
+            if n % perm_size:
+                raise ConfigError(f"perm_size {perm_size} must divide the part length {n}")
+            k = np.arange(n)
+            cols.append(part * perm_size + k % perm_size)
+            base.append(k // perm_size * perm_size)
+        hit = _LAYOUTS[key] = (np.concatenate(cols), np.concatenate(base))
+    return hit
+
+
+_LAYOUTS: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+
 def sample_order(seed: int, step: int, rows: np.ndarray, reuse_len: int, seq_len: int, perm_size: int) -> np.ndarray:
     """int64 [B, L]: rank of each position in its part's factorisation order (0-based inside the part)."""
+    cols, base = _order_layout(reuse_len, seq_len, perm_size)
+    rows = np.asarray(rows, dtype=np.uint64)
     B = len(rows)
-    out = np.empty((B, seq_len), np.int64)
-    for part, (a, b) in enumerate(((0, reuse_len), (reuse_len, seq_len))):
-        n = b - a
-        if n % perm_size:
-            raise ConfigError(f"perm_size {perm_size} must divide the part length {n}")
-        sigma = np.argsort(order_keys(seed, step, rows, part, perm_size), axis=1).astype(np.int64)  # [B, P]
-        k = np.arange(n)
-        out[:, a:b] = (k // perm_size * perm_size)[None, :] + sigma[:, k % perm_size]
-    return out
+    h0 = _mix_int((seed * _GOLDEN_I + 0x5EED) & _U64)  # order_keys for both parts at once (same values)
+    h0 = _mix_int(h0 ^ ((step * _M1_I + 1) & _U64))
+    with np.errstate(over="ignore"):
+        h = _mix(np.uint64(h0) ^ (rows[:, None] * _M2 + np.array([2, 3], np.uint64)[None, :]))  # [B, 2]
+        k = (np.arange(perm_size, dtype=np.uint64) + np.uint64(1)) * _GOLDEN
+        keys = _mix(h[:, :, None] + k[None, None, :])  # [B, 2, P]
+    # argsort by sorting: the key's low bits replaced by the index (a plain sort is several times faster)
+    low = np.uint64((1 << max(1, (perm_size - 1).bit_length())) - 1)
+    keys &= ~low
+    keys |= np.arange(perm_size, dtype=np.uint64)
+    keys.sort(axis=-1)
+    keys &= low
+    sigma = keys.reshape(B, 2 * perm_size).view(np.int64)
+    return sigma[:, cols] + base
 
 
 def ranks_from_order(
     input_ids: np.ndarray, is_masked: np.ndarray, rank: np.ndarray, reuse_len: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(q_rank, k_rank, is_target) [B, L] from the order ``rank`` [B, L] (original _local_perm formulas)."""
+    L = input_ids.shape[1]
     func = (input_ids == SEP_ID) | (input_ids == CLS_ID)
-    nonmask = ~is_masked & ~func
-    rev = np.where(nonmask, -1, rank)
     tgt = is_masked & ~func
-    self_rev = np.where(tgt, rev, rev + 1)
-    off = (np.arange(input_ids.shape[1]) >= reuse_len).astype(np.int64) * (reuse_len + 1)
-    return self_rev + off, rev + off, tgt
+    off = _offsets(L, reuse_len)
+    k_rank = rank + off
+    np.copyto(k_rank, off - 1, where=~(is_masked | func))  # context: rev = -1
+    q_rank = k_rank + ~tgt  # self_rev = rev for targets, rev + 1 otherwise
+    return q_rank, k_rank, tgt
+
+
+def _offsets(seq_len: int, reuse_len: int) -> np.ndarray:
+    key = (seq_len, reuse_len)
+    off = _OFFSETS.get(key)
+    if off is None:
+        off = _OFFSETS[key] = (np.arange(seq_len) >= reuse_len).astype(np.int64) * (reuse_len + 1)
+    return off
+
+
+_OFFSETS: dict[tuple[int, int], np.ndarray] = {}
 
 
 def perm_mask_from_ranks(q_rank: Any, k_rank: Any) -> Any:
@@ -123,15 +175,17 @@ def make_perm_mask(
 def targets(is_target: np.ndarray, input_ids: np.ndarray, num_predict: int) -> dict[str, np.ndarray]:
     """target_index [B, P] (sorted positions, 0 for padding), labels [B, P], label_mask [B, P] float."""
     B, L = is_target.shape
-    count = is_target.sum(1)
-    if (count > num_predict).any():
+    f = np.flatnonzero(is_target)  # row-major: positions sorted within each row
+    count = np.count_nonzero(is_target, axis=1)
+    if len(f) and count.max() > num_predict:
         raise DataError(f"an example has {int(count.max())} targets, more than num_predict = {num_predict}")
-    order = np.argsort(~is_target, axis=1, kind="stable")[:, :num_predict]
-    if order.shape[1] < num_predict:  # num_predict > L cannot happen after config checks; keep shapes safe
-        order = np.pad(order, ((0, 0), (0, num_predict - order.shape[1])))
+    rows = np.arange(B)
+    dst = np.arange(len(f)) + np.repeat(rows * num_predict - (np.cumsum(count) - count), count)  # row r, slot k
+    index = np.zeros((B, num_predict), np.int64)
+    index.reshape(-1)[dst] = f - np.repeat(rows * L, count)
+    labels = np.zeros((B, num_predict), input_ids.dtype)
+    labels.reshape(-1)[dst] = input_ids.reshape(-1)[f]
     label_mask = np.arange(num_predict)[None, :] < count[:, None]
-    index = np.where(label_mask, order, 0)
-    labels = np.where(label_mask, np.take_along_axis(input_ids, index, 1), 0)
     return {"target_index": index, "labels": labels, "label_mask": label_mask}
 
 

@@ -53,6 +53,7 @@ STEP_BLOCK = 256  # windows of one row built together (bounds memory: STEP_BLOCK
 _SPLIT_IDS = {"train": 0, "valid": 1}
 _NGRAM_P = (1.0 / np.arange(1, MAX_GRAM + 1)) / (1.0 / np.arange(1, MAX_GRAM + 1)).sum()
 _NGRAM_CDF = np.cumsum(_NGRAM_P)
+_KK = np.arange(1, MAX_GRAM + 1)[None, :]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -196,6 +197,32 @@ class PassStream:
             return toks[0], sids[0]
         return np.concatenate(toks), np.concatenate(sids)
 
+    def read_many(self, starts: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """tokens, sentence ids [k, width] of the ranges [s, s + width) (all inside the stream): one pread per file."""
+        k = len(starts)
+        fi = np.searchsorted(self.starts, starts, "right") - 1
+        single = (starts + width <= self.starts[fi + 1]).tolist()
+        isz = self.files[0][0].dtype.itemsize if self.files else 2
+        tb, sb = [], []
+        bases = self.starts.tolist()
+        for s, f, one in zip(starts.tolist(), fi.tolist(), single):
+            if one:
+                tok, sid = self.files[f]
+                off = s - bases[f]
+                tb.append(os.pread(tok.fd, width * isz, tok.offset + off * isz))
+                sb.append(os.pread(sid.fd, width * sid.dtype.itemsize, sid.offset + off * sid.dtype.itemsize))
+            else:  # crosses a file join (rare)
+                t, d = self.read(s, s + width)
+                tb.append(t.tobytes())
+                sb.append(d.astype(self.files[f][1].dtype).tobytes())
+        t = np.frombuffer(b"".join(tb), dtype=self.files[0][0].dtype) if k else np.empty(0, np.uint16)
+        d = np.frombuffer(b"".join(sb), dtype=self.files[0][1].dtype) if k else np.empty(0, np.uint8)
+        if t.size != k * width or d.size != k * width:
+            raise DataError("a shard file is truncated; rerun `xlnet shard`")
+        flip = np.asarray(self.flip + [False], bool)[fi] & np.asarray(single, bool)
+        d = (d.reshape(k, width) & 1).astype(np.uint8) ^ flip[:, None].astype(np.uint8)
+        return t.reshape(k, width), d
+
     def close(self) -> None:
         for tok, sid in self.files:
             tok.close()
@@ -215,6 +242,17 @@ class Row:
         end = self.base + self.len
         t, s = self.stream.read(end - b, end - a)
         return t[::-1], s[::-1]
+
+    def read_many(self, starts: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """tokens, sentence ids [k, width] of row ranges [a, a + width) (inside the row), in row order."""
+        if not hasattr(self.stream, "read_many"):  # any object with read(a, b) (tests)
+            pairs = [self.read(a, a + width) for a in starts.tolist()]
+            return (np.array([t for t, _ in pairs]).reshape(-1, width),
+                    np.array([s for _, s in pairs], np.uint8).reshape(-1, width))
+        if not self.reverse:
+            return self.stream.read_many(self.base + starts, width)
+        t, s = self.stream.read_many(self.base + self.len - starts - width, width)
+        return t[:, ::-1], s[:, ::-1]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -238,6 +276,15 @@ def trim_lengths(a: int, b: int, tot: int) -> tuple[int, int]:
         b = a
     # equal: B first, then alternate
     return a - d // 2, b - (d - d // 2)
+
+
+def trim_lengths_np(a: np.ndarray, b: np.ndarray, tot: int) -> tuple[np.ndarray, np.ndarray]:
+    """``trim_lengths`` on arrays: the longer one loses min(excess, |a - b|), then B and A alternately (B first)."""
+    d = np.maximum(a + b - tot, 0)
+    d1 = np.minimum(d, np.abs(a - b))
+    a, b = a - np.where(a > b, d1, 0), b - np.where(b > a, d1, 0)
+    d2 = d - d1
+    return a - d2 // 2, b - (d2 - d2 // 2)
 
 
 def _boundaries(sid: np.ndarray, lo: int) -> np.ndarray:
@@ -278,6 +325,14 @@ class _RowScanner:
 # Span masking (original _sample_mask), vectorised over many segments
 
 
+TOPUP_DRAWS = 16  # candidate positions drawn per segment for the top-up (exact fallback when they run short)
+
+
+def mask_draw_width(goal: int) -> int:
+    """Uniforms drawn per segment by ``sample_masks``: goal+5 span lengths, goal+5 left contexts, top-up candidates."""
+    return 2 * (goal + 5) + TOPUP_DRAWS
+
+
 def sample_masks(
     seg: np.ndarray,
     word_start: np.ndarray,
@@ -295,76 +350,140 @@ def sample_masks(
     ``goal``. "original": the original's spans of n subword pieces starting at a word start (its bug #220), <sep>/<cls>
     may be selected (the loader drops them). ``reverse``: the segments are time-reversed text; spans are sampled
     in reading order (the segments are flipped, masked, and the mask flipped back), as the original.
-    ``top_up=False`` returns the spans only (tests).
+    ``top_up=False`` returns the spans only (tests). Draws ``mask_draw_width(goal)`` uniforms per segment from ``rng``
+    (one call), so a segment's mask depends only on its own draws: batching segments together changes nothing.
     """
+    N = seg.shape[0]
+    draws = rng.random((N, mask_draw_width(goal)))
     if reverse:
-        seg = seg[:, ::-1]
+        return masks_from_draws(seg[:, ::-1], word_start, goal, alpha, beta, mode, draws, top_up)[:, ::-1]
+    return masks_from_draws(seg, word_start, goal, alpha, beta, mode, draws, top_up)
+
+
+def masks_from_draws(
+    seg: np.ndarray,
+    word_start: np.ndarray,
+    goal: int,
+    alpha: int,
+    beta: int,
+    mode: str,
+    draws: np.ndarray,
+    top_up: bool = True,
+) -> np.ndarray:
+    """``sample_masks`` on segments in reading order with pre-drawn uniforms ``draws`` [N, mask_draw_width(goal)].
+
+    The original's loop (REFERENCE §4) runs for all segments at once: iteration k uses each segment's k-th draws
+    (span length n ~ 1/n, left context l), so the loop is a few array operations per iteration over the segments
+    still active. Word starts are kept as one sorted array of flat positions (a sentinel word start at the end of
+    every segment): "advance to the next word start" and "end after n words" are ``searchsorted``/index steps.
+    """
     N, n = seg.shape
-    ws = word_start[seg]
+    mask = np.zeros((N, n), bool)
+    if N == 0 or n == 0:
+        return mask
+    K = goal + 5
+    M = n + 1  # flat layout: segment r occupies [r*M, r*M + n], position n a sentinel word start
     func = (seg == SEP_ID) | (seg == CLS_ID)
-    rows = np.arange(N)
-    pos = np.arange(n + 1)
-    # next word start at or after p (n if none), for p in 0..n
-    nxt = np.where(np.concatenate([ws, np.ones((N, 1), bool)], 1), pos, n)
-    nxt = np.minimum.accumulate(nxt[:, ::-1], axis=1)[:, ::-1]
-    if mode == "word":
-        cws = np.zeros((N, n + 1), np.int64)  # word starts before p
-        np.cumsum(ws, axis=1, out=cws[:, 1:])
-        wpos = np.full((N, n + 2), n, np.int64)  # position of the k-th word start (n when fewer)
-        r_, c_ = np.nonzero(ws)
-        wpos[r_, cws[r_, c_]] = c_
-        fcum = np.zeros((N, n + 1), np.int64)
-        np.cumsum(func, axis=1, out=fcum[:, 1:])
-    diff = np.zeros((N, n + 1), np.int64)
-    count = np.zeros(N, np.int64)
-    cur = np.zeros(N, np.int64)
-    active = np.ones(N, bool) if goal > 0 else np.zeros(N, bool)
-    while active.any():
-        ng = np.searchsorted(_NGRAM_CDF, rng.random(N) * _NGRAM_CDF[-1], side="right") + 1
-        ng = np.minimum(np.minimum(ng, MAX_GRAM), goal - count)
-        ctx = np.maximum(ng, 1) * alpha // beta
-        lctx = np.minimum((rng.random(N) * ctx).astype(np.int64), ctx - 1)
-        beg = nxt[rows, np.minimum(cur + lctx, n)]
-        stop = beg >= n
-        begc = np.minimum(beg, n - 1)
+    fpos = np.flatnonzero(func)
+    fpos = fpos + fpos // n  # flat positions in the [N, M] layout
+    wsx = np.empty((N, M), bool)
+    wsx.view(np.uint8)[:, :n] = word_start.view(np.uint8).take(seg)
+    wsx[:, n] = True
+    wx = wsx.reshape(-1)
+    wx[fpos] = True  # <sep>/<cls> are word starts
+    wflat = np.flatnonzero(wx)  # sorted flat positions of word starts
+    nxtw = np.cumsum(wx, dtype=np.int32)  # index in wflat of the next word start at or after each flat position
+    nxtw -= wx
+    wsent = nxtw[np.arange(N) * M + n]  # index in wflat of each segment's sentinel
+    cw = wflat  # pieces before each word start (differences within a segment count pieces)
+    if mode == "word" and len(fpos):  # count non-functional pieces only: subtract <sep>/<cls> word starts before
+        isf = np.zeros(len(wflat) + 1, np.int64)
+        isf[nxtw[fpos] + 1] = 1
+        cw = wflat - np.cumsum(isf)[:-1]
+    # the loop state, in flat [N, M] positions; compacted to the segments still active
+    act = np.arange(N) if goal > 0 else np.arange(0)
+    cur = act * M
+    row_end = cur + n
+    sent = wsent[act]
+    count = np.zeros(len(act), np.int64)
+    u_n = np.ascontiguousarray(draws[:, :K].T)  # [K, N]: draw k of every segment contiguous
+    u_l = np.ascontiguousarray(draws[:, K : 2 * K].T)
+    ctx_of = np.arange(MAX_GRAM + 1) * alpha // beta
+    cdf = _NGRAM_CDF * (1.0 / _NGRAM_CDF[-1])
+    begs, ends = [], []
+    it = 0
+    while len(act):
+        col = it % K
+        left = goal - count
+        ng = np.minimum(np.searchsorted(cdf, u_n[col][act], side="right") + 1, MAX_GRAM)
+        np.minimum(ng, left, out=ng)
+        ctx = ctx_of[ng]
+        lctx = np.minimum((u_l[col][act] * ctx).astype(np.int64), ctx - 1)
+        j = nxtw[np.minimum(cur + lctx, row_end)]  # next word start at or after cur + l
         if mode == "original":
+            beg = wflat[j]
             end = beg + ng
+            cnt = ng
+            ok = end < row_end
         else:
-            left = goal - count
-            kk = np.arange(1, MAX_GRAM + 1)
-            idx = np.minimum(cws[rows, begc][:, None] + kk[None, :], n + 1)
-            ends = wpos[rows[:, None], idx]  # [N, 5] end of a span of k words
-            pieces = (ends - begc[:, None]) - (fcum[rows[:, None], np.minimum(ends, n)] - fcum[rows, begc][:, None])
-            fits = (kk[None, :] <= ng[:, None]) & (pieces <= left[:, None])
-            k_fit = np.where(fits.any(1), MAX_GRAM - np.argmax(fits[:, ::-1], axis=1), 0)
-            stop |= k_fit == 0
-            end = ends[rows, np.maximum(k_fit, 1) - 1]
-        stop |= end >= n
-        ok = active & ~stop
-        if ok.any():
-            r = rows[ok]
-            diff[r, beg[ok]] += 1
-            diff[r, end[ok]] -= 1
-            if mode == "original":
-                count[ok] += end[ok] - beg[ok]
-            else:
-                count[ok] += (end[ok] - beg[ok]) - (fcum[r, end[ok]] - fcum[r, beg[ok]])
-            cur[ok] = end[ok] + (ctx[ok] - lctx[ok])
-        active &= ~stop & (count < goal) & (cur < n)
-    mask = np.cumsum(diff[:, :n], axis=1) > 0
-    if mode == "word":
+            # end after k_fit words: the most words (<= n) whose non-functional pieces keep the count <= goal
+            cj = cw[j]
+            fit = cw[np.minimum(j[:, None] + _KK, sent[:, None])] <= (cj + left)[:, None]
+            k_fit = (fit & (_KK <= ng[:, None])).sum(1)
+            je = np.minimum(j + k_fit, sent)
+            beg = wflat[j]
+            end = wflat[je]
+            cnt = cw[je] - cj
+            ok = (je > j) & (end < row_end)
+        if not ok.all():
+            act, row_end, sent, count, beg, end, cnt, ctx, lctx = (
+                x[ok] for x in (act, row_end, sent, count, beg, end, cnt, ctx, lctx)
+            )
+        begs.append(beg)
+        ends.append(end)
+        count += cnt
+        cur = end + (ctx - lctx)
+        keep = (count < goal) & (cur < row_end)
+        if not keep.all():
+            act, cur, row_end, sent, count = act[keep], cur[keep], row_end[keep], sent[keep], count[keep]
+        it += 1
+    if begs:
+        b = np.concatenate(begs)
+        e = np.concatenate(ends)
+        lens = e - b
+        if len(b):
+            starts = np.repeat(b - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
+            f = starts + np.arange(int(lens.sum()))
+            mask.reshape(-1)[f - f // M] = True  # [N, M] -> [N, n] positions (spans never reach the sentinel)
+    if mode == "word" and len(fpos):
         mask &= ~func
-    # top up with single random positions until the goal is reached
+    if not top_up:
+        return mask
+    # top up with single random positions until the goal is reached: candidates drawn uniformly in order, the first
+    # eligible distinct ones taken (a uniform subset); segments whose candidates run short use an exact draw
+    eligible = ~mask & ~func if mode == "word" else ~mask
     need = goal - mask.sum(1)
-    if top_up and (need > 0).any():
-        eligible = ~mask if mode == "original" else ~mask & ~func
-        keys = np.where(eligible, rng.random((N, n)), 2.0)
-        order = np.argsort(keys, axis=1, kind="stable")
-        rank = np.empty_like(order)
-        np.put_along_axis(rank, order, np.arange(n)[None, :].repeat(N, 0), axis=1)
-        mask |= eligible & (rank < need[:, None])
-    if reverse:
-        mask = mask[:, ::-1]
+    sel = np.flatnonzero(need > 0)
+    if len(sel) == 0:
+        return mask
+    T = draws.shape[1] - 2 * K
+    cand = np.minimum((draws[sel, 2 * K:] * n).astype(np.int64), n - 1)  # [S, T]
+    flat = sel[:, None] * n + cand
+    ok = eligible.reshape(-1)[flat]
+    loc = (np.arange(len(sel)) * n)[:, None] + cand  # first occurrence of each candidate in its row
+    first = np.full(len(sel) * n, T, np.int16)
+    np.minimum.at(first, loc.reshape(-1), np.broadcast_to(np.arange(T, dtype=np.int16), loc.shape).reshape(-1))
+    ok &= first[loc] == np.arange(T)[None, :]
+    csum = np.cumsum(ok, axis=1)
+    take = ok & (csum <= need[sel, None])
+    mask.reshape(-1)[flat[take]] = True
+    short = np.flatnonzero(csum[:, -1] < need[sel])
+    for r in sel[short]:
+        el = np.flatnonzero(eligible[r] & ~mask[r])
+        k = int(goal - mask[r].sum())
+        seed = [int(x * 2**53) for x in draws[r, :2]]
+        pick = np.random.default_rng(seed).permutation(el)[: max(0, k)]
+        mask[r, pick] = True
     return mask
 
 
@@ -395,69 +514,127 @@ def _row_rng(seed: int, split: str, pass_id: int, row: int) -> np.random.Generat
     return np.random.default_rng([seed, _SPLIT_IDS[split], pass_id, row, 0x584C4E])
 
 
-def build_row(
-    row: Row, steps: int, p: _Params, rng: np.random.Generator, ws_table: np.ndarray, s0: int = 0, s1: int | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Examples of steps s0..s1 of one row: tokens [n, L], alen [n], label [n], masked [n, L] bool."""
+_CHUNK = 128  # tokens read either side of a random B span to find its sentence boundaries (scan further if needed)
+
+
+def split_block(row: Row, p: _Params, U: np.ndarray, s0: int, s1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A/B split of the windows s0..s1 of one row (original _split_a_and_b), vectorised over the windows.
+
+    ``U`` [n, 3]: per window, the uniforms for (random B?, A's cut point, B's random begin).
+    Returns tokens [n, L] = [inp | A | <sep> | B | <sep> | <cls>], alen [n], label [n]."""
     L, R = p.seq_len, p.reuse_len
     tot = L - R - 3
-    s1 = steps if s1 is None else s1
     n = s1 - s0
     lo = s0 * R
     hi = min(row.len, (s1 - 1) * R + L + 2 * tot + 64)
     blk_t, blk_s = row.read(lo, hi)
     bpos = _boundaries(blk_s, lo)
+    nb = len(bpos)
     scan = _RowScanner(row, 4 * L)
-    U = rng.random((n, 3))
-    out = np.empty((n, L), dtype=blk_t.dtype)
-    alen = np.empty(n, np.int64)
-    label = np.empty(n, np.uint8)
+    i = (s0 + np.arange(n, dtype=np.int64)) * R
+    begin = i + R
+    j0 = np.searchsorted(bpos, begin + 1, "left")  # cut points: boundaries in (begin, begin + tot)
+    j1 = np.searchsorted(bpos, begin + tot, "left")
+    nc = j1 - j0
+    end_idx = np.empty(n, np.int64)  # first boundary at or after begin + tot
+    inb = j1 < nb
+    end_idx[inb] = bpos[j1[inb]]
+    for k in np.flatnonzero(~inb).tolist():
+        end_idx[k] = row.len if hi >= row.len else scan.next_boundary(max(hi, int(begin[k]) + tot), row.len)
+    lab0 = (nc == 0) | (U[:, 0] < 0.5)
+    pick = j0 + np.minimum((U[:, 1] * nc).astype(np.int64), nc - 1)
+    a_end = np.where(nc == 0, end_idx, bpos[np.clip(pick, 0, max(nb - 1, 0))] if nb else 0)
+    b_begin, b_end = a_end.copy(), end_idx.copy()  # label 1: B is the true continuation
+    # label 0: B is a random span of the row, extended to sentence boundaries (read around it: one pread per window)
+    z = np.flatnonzero(lab0)
+    w = min(tot + 2 * _CHUNK, row.len)
+    cs = np.zeros(len(z), np.int64)
+    chunk_t = np.empty((0, w), blk_t.dtype)
+    if len(z):
+        b_len = np.maximum(1, tot - (a_end[z] - begin[z]))
+        bb = np.minimum((U[z, 2] * (row.len - b_len)).astype(np.int64), row.len - 1 - b_len)
+        be = bb + b_len
+        cs = np.clip(bb - _CHUNK, 0, row.len - w)
+        chunk_t, chunk_s = row.read_many(cs, w)
+        d = chunk_s[:, 1:] != chunk_s[:, :-1]  # boundary at row position cs + q, q = 1..w-1
+        q = np.arange(1, w)[None, :]
+        m = d & (q <= (bb - cs)[:, None])  # largest boundary <= bb
+        has = m.any(1)
+        prev = np.where(has, cs + (w - 1) - np.argmax(m[:, ::-1], 1), 0)
+        bad = ~has & (cs > 0)
+        limit = row.len - 1
+        m = d & (q >= (be - cs)[:, None]) & (q < (limit - cs)[:, None])  # smallest boundary >= be, < limit
+        has = m.any(1)
+        nxt = np.where(has, cs + 1 + np.argmax(m, 1), limit)
+        nxt = np.where(be < limit, nxt, be)
+        bad2 = (be < limit) & ~has & (cs + w < limit)
+        for k in np.flatnonzero(bad | bad2).tolist():
+            if bad[k]:
+                prev[k] = scan.prev_boundary(int(bb[k]))
+            if bad2[k]:
+                nxt[k] = scan.next_boundary(int(be[k]), limit)
+        b_begin[z], b_end[z] = prev, nxt
+    la, lb = trim_lengths_np(a_end - begin, b_end - b_begin, tot)
+    if len(z):  # B outside its chunk (boundary found by a longer scan): read a chunk starting at B
+        out_of = (b_begin[z] < cs) | (b_begin[z] + lb[z] > cs + w)
+        if out_of.any():
+            o = np.flatnonzero(out_of)
+            cs[o] = np.minimum(b_begin[z[o]], row.len - w)
+            chunk_t = chunk_t.copy()
+            chunk_t[o] = row.read_many(cs[o], w)[0]
+    # assemble: [inp | A] is row[i : i + R + la] (in the block), B is right-aligned before the final <sep> <cls>
+    # (|A| + |B| = tot): both read as rows of a sliding window over one buffer, then merged at R + la
+    src = np.concatenate([np.zeros(L, blk_t.dtype), blk_t, chunk_t.reshape(-1)])
+    off_b = b_begin - lo + L
+    if len(z):
+        off_b[z] = L + len(blk_t) + np.arange(len(z)) * w + (b_begin[z] - cs)
+    win = np.lib.stride_tricks.sliding_window_view(src, L - 2)
+    out = np.empty((n, L), blk_t.dtype)
+    out[:, : L - 2] = win[i - lo + L]
+    np.copyto(out[:, : L - 2], win[off_b - (R + la + 1)], where=np.arange(L - 2)[None, :] > (R + la)[:, None])
+    out[np.arange(n), R + la] = SEP_ID
+    out[:, L - 2] = SEP_ID
+    out[:, L - 1] = CLS_ID
+    return out, la, (~lab0).astype(np.uint8)
 
-    def tokens(a: int, b: int) -> np.ndarray:
-        if lo <= a and b <= hi:
-            return blk_t[a - lo : b - lo]
-        return row.read(a, b)[0]
 
-    for k in range(n):
-        i = (s0 + k) * R
-        begin = i + R
-        j0 = int(np.searchsorted(bpos, begin + 1, "left"))
-        j1 = int(np.searchsorted(bpos, begin + tot, "left"))
-        cuts = bpos[j0:j1]
-        if j1 < len(bpos):
-            end_idx = int(bpos[j1])
-        elif hi >= row.len:
-            end_idx = row.len
-        else:
-            end_idx = scan.next_boundary(max(hi, begin + tot), row.len)
-        nc = len(cuts)
-        if nc == 0 or U[k, 0] < 0.5:
-            lab = 0
-            a_end = end_idx if nc == 0 else int(cuts[min(int(U[k, 1] * nc), nc - 1)])
-            b_len = max(1, tot - (a_end - begin))
-            b_begin = min(int(U[k, 2] * (row.len - b_len)), row.len - 1 - b_len)
-            b_end = b_begin + b_len
-            b_begin = scan.prev_boundary(b_begin)
-            if b_end < row.len - 1:
-                b_end = scan.next_boundary(b_end, row.len - 1)
-        else:
-            lab = 1
-            a_end = int(cuts[min(int(U[k, 1] * nc), nc - 1)])
-            b_begin, b_end = a_end, end_idx
-        la, lb = trim_lengths(a_end - begin, b_end - b_begin, tot)
-        out[k, :R] = tokens(i, begin)
-        out[k, R : R + la] = tokens(begin, begin + la)
-        out[k, R + la] = SEP_ID
-        out[k, R + la + 1 : L - 2] = tokens(b_begin, b_begin + lb)
-        out[k, L - 2] = SEP_ID
-        out[k, L - 1] = CLS_ID
-        alen[k], label[k] = la, lab
+def build_rows(
+    rows: Sequence[Row], rngs: Sequence[np.random.Generator], p: _Params, ws_table: np.ndarray, s0: int, s1: int
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Examples of steps s0..s1 of several rows, masks sampled for all their segments at once.
+
+    Each row draws from its own generator in a fixed order (split uniforms, then the mask uniforms of each part), and
+    a segment's mask depends only on its own draws: the output is the same however rows are grouped (workers)."""
+    L, R = p.seq_len, p.reuse_len
     goal1 = p.num_predict // 2
     goal0 = p.num_predict - goal1
-    masked = np.empty((n, L), bool)
-    masked[:, :R] = sample_masks(out[:, :R], ws_table, goal0, p.alpha, p.beta, p.mode, rng, row.reverse)
-    masked[:, R:] = sample_masks(out[:, R:], ws_table, goal1, p.alpha, p.beta, p.mode, rng, row.reverse)
-    return out, alen, label, masked
+    n = s1 - s0
+    built, d0, d1 = [], [], []
+    for row, rng in zip(rows, rngs):
+        built.append(split_block(row, p, rng.random((n, 3)), s0, s1))
+        d0.append(rng.random((n, mask_draw_width(goal0))))
+        d1.append(rng.random((n, mask_draw_width(goal1))))
+
+    def reading_order(a: int, b: int) -> np.ndarray:  # segments in reading order (backward rows flipped back)
+        return np.concatenate([t[:, a:b][:, ::-1] if row.reverse else t[:, a:b] for row, (t, _, _) in zip(rows, built)])
+
+    m0 = masks_from_draws(reading_order(0, R), ws_table, goal0, p.alpha, p.beta, p.mode, np.concatenate(d0))
+    m1 = masks_from_draws(reading_order(R, L), ws_table, goal1, p.alpha, p.beta, p.mode, np.concatenate(d1))
+    out = []
+    for k, (row, (t, alen, label)) in enumerate(zip(rows, built)):
+        masked = np.empty((n, L), bool)
+        a, b = m0[k * n : (k + 1) * n], m1[k * n : (k + 1) * n]
+        masked[:, :R] = a[:, ::-1] if row.reverse else a
+        masked[:, R:] = b[:, ::-1] if row.reverse else b
+        out.append((t, alen, label, masked))
+    return out
+
+
+def build_row(
+    row: Row, steps: int, p: _Params, rng: np.random.Generator, ws_table: np.ndarray, s0: int = 0, s1: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Examples of steps s0..s1 of one row: tokens [n, L], alen [n], label [n], masked [n, L] bool."""
+    return build_rows([row], [rng], p, ws_table, s0, steps if s1 is None else s1)[0]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -501,13 +678,12 @@ def _run_job(job: _Job) -> int:
     nb = (L + 7) // 8
     done = 0
     try:
-        for g in job.rows:
-            f, rev = row_source(g, job.bi_data, job.micro_batch_size)
-            row = Row(stream, f, job.row_len, rev)
-            rng = _row_rng(job.params.seed, job.split, job.pass_id, g)
-            for s0 in range(0, job.steps, STEP_BLOCK):
-                s1 = min(job.steps, s0 + STEP_BLOCK)
-                tok, alen, label, masked = build_row(row, job.steps, job.params, rng, ws_table, s0, s1)
+        srcs = [row_source(g, job.bi_data, job.micro_batch_size) for g in job.rows]
+        rows = [Row(stream, f, job.row_len, rev) for f, rev in srcs]
+        rngs = [_row_rng(job.params.seed, job.split, job.pass_id, g) for g in job.rows]
+        for s0 in range(0, job.steps, STEP_BLOCK):
+            s1 = min(job.steps, s0 + STEP_BLOCK)
+            for g, (tok, alen, label, masked) in zip(job.rows, build_rows(rows, rngs, job.params, ws_table, s0, s1)):
                 if tok.size and int(tok.max()) >= job.vocab_size:
                     raise DataError(
                         f"shard token id {int(tok.max())} >= vocab size {job.vocab_size}: the shards were made with "
@@ -721,7 +897,7 @@ class PassRecords:
     masked: np.ndarray  # [G, S, ceil(L/8)] packed bits
 
     def masked_bool(self, rows: Any, step: int, seq_len: int) -> np.ndarray:
-        return np.unpackbits(self.masked[rows, step], axis=-1, count=seq_len, bitorder="little").astype(bool)
+        return np.unpackbits(self.masked[rows, step], axis=-1, count=seq_len, bitorder="little").view(bool)
 
 
 def open_records(records_dir: str | Path, split: str = "train") -> tuple[dict, list[PassRecords]]:
