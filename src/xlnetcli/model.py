@@ -286,38 +286,44 @@ class _RelAttnCore(torch.autograd.Function):
 
 class _LMHeadLoss(torch.autograd.Function):
     """logits = x W^T + b and loss = sum_i w_i CE(logits_i, labels_i) (label -100 = ignored row) in one function.
-    Keeps the logits and one log-sum-exp per row; backward walks the vocabulary in column blocks (softmax - onehot for
-    a block, its rows of dW written once, dx accumulated), so no [n,V] gradient or log-softmax copy ever exists."""
+    Keeps only x and one log-sum-exp per row (not the [n,V] logits, log-probabilities or gradient): backward walks
+    the vocabulary in column blocks, recomputing that block of logits (one extra head matmul), turning it into
+    softmax - onehot, writing its rows of dW once and accumulating dx."""
 
-    BLOCK = 4096  # vocabulary columns per backward block
+    BLOCK = 4096  # vocabulary columns per block
+    ROWS = 256  # rows per forward log-sum-exp chunk (no [n,V] temporary)
 
     @staticmethod
     def forward(ctx, x, weight, bias, labels, w):
         logits = F.linear(x, weight, bias)
-        lf = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 (or fp64) softmax
-        lse = torch.logsumexp(lf, -1)
+        ft = torch.promote_types(logits.dtype, torch.float32)  # fp32 (or fp64) softmax
+        lse = torch.cat([torch.logsumexp(logits[r:r + _LMHeadLoss.ROWS].to(ft), -1)
+                         for r in range(0, logits.shape[0], _LMHeadLoss.ROWS)])
         valid = labels != -100
         lab = labels.clamp_min(0)
-        w = w.to(lf.dtype) * valid
-        loss = ((lse - lf.gather(1, lab[:, None])[:, 0]) * w).sum()
-        ctx.save_for_backward(x, weight, logits, lab, w, lse)
+        w = w.to(ft) * valid
+        loss = ((lse - logits.gather(1, lab[:, None])[:, 0].to(ft)) * w).sum()
+        ctx.save_for_backward(x, weight, bias, lab, w, lse)
+        ctx.logits_dtype = logits.dtype
         return loss, logits
 
     @staticmethod
     def backward(ctx, g_loss, g_logits):
-        x, weight, logits, lab, w, lse = ctx.saved_tensors
+        x, weight, bias, lab, w, lse = ctx.saved_tensors
+        ft = lse.dtype
         with torch.autocast(x.device.type, enabled=False):
-            n, V = logits.shape
-            ft = lse.dtype
+            n, V = x.shape[0], weight.shape[0]
             coef = (w * g_loss)[:, None]
             dx = torch.zeros(n, weight.shape[1], dtype=ft, device=x.device)
             dw = torch.empty(weight.shape, dtype=ft, device=x.device)
             db = torch.empty(V, dtype=ft, device=x.device)
             rows = torch.arange(n, device=x.device)
+            lp = ctx.logits_dtype  # recompute the block exactly as the forward did (in the logits' dtype)
+            xl, wl, bl = x.to(lp), weight.to(lp), bias.to(lp)
             xf, wf = x.to(ft), weight.to(ft)
             for c0 in range(0, V, _LMHeadLoss.BLOCK):
                 c1 = min(V, c0 + _LMHeadLoss.BLOCK)
-                g = torch.sub(logits[:, c0:c1].to(ft), lse[:, None]).exp_()
+                g = torch.addmm(bl[c0:c1], xl, wl[c0:c1].t()).to(ft).sub_(lse[:, None]).exp_()
                 hit = (lab >= c0) & (lab < c1)
                 g[rows[hit], lab[hit] - c0] -= 1.0
                 g.mul_(coef)
@@ -326,7 +332,7 @@ class _LMHeadLoss(torch.autograd.Function):
                 torch.mm(g.t(), xf, out=dw[c0:c1])
                 torch.sum(g, 0, out=db[c0:c1])
                 dx.addmm_(g, wf[c0:c1])
-        return dx.to(x.dtype), dw.to(weight.dtype), db.to(weight.dtype), None, None
+        return dx.to(x.dtype), dw.to(weight.dtype), db.to(bias.dtype), None, None
 
 
 # ----------------------------------------------------------------------------------------------------------------
