@@ -66,9 +66,11 @@ class XLNet:
 def load(path: str | Path, device: str | torch.device = "cpu", **model_overrides) -> XLNet:
     """Load a run directory (latest step), a step folder or an HF XLNet directory.
 
-    ``model_overrides``: non-architecture model keys, e.g. ``mem_len=128, bi_data=False, attn_impl="einsum"``."""
+    ``model_overrides``: non-architecture model keys, e.g. ``mem_len=128, attn_impl="einsum"``. ``bi_data`` is off
+    unless asked for: it is a pretraining batch layout (half forward, half backward), not something inference wants."""
     from .checkpoint import load_lm_model, resolve_checkpoint
 
+    model_overrides.setdefault("bi_data", False)
     p = resolve_checkpoint(path)
     model, cfg, meta = load_lm_model(p, device=device, overrides=model_overrides or None)
     return XLNet(model, cfg, meta, p)

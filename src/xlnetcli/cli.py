@@ -35,7 +35,21 @@ def resolve_config(config_path: Path | None, overrides: tuple[str, ...]) -> Conf
     return load_config(config_path, overrides)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class _Group(click.Group):
+    """Lists every command with its whole first docstring line (click cuts them at 45 characters)."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit=200)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
 @click.version_option(__version__, prog_name="xlnet")
 def cli() -> None:
     """XLNet from raw text: tokenize, shard, preprocess, pretrain, finetune, evaluate."""
