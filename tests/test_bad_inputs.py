@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from clitools import run_main
 
 from xlnetcli.cli import main
 
@@ -32,10 +33,7 @@ SMALL = {
 
 
 def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
+    return run_main(capsys, *args)
 
 
 @pytest.fixture(scope="module")

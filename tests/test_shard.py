@@ -10,11 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from clitools import assert_one_line_error, run_main
 from click.testing import CliRunner
 
 import xlnetcli.corpus as corpus_mod
 import xlnetcli.shard as shard_mod
-from xlnetcli.cli import cli, main
+from xlnetcli.cli import cli
 from xlnetcli.config import TokenizerConfig
 from xlnetcli.errors import DataError, XLNetError
 from xlnetcli.shard import NpyStreamWriter, open_shards, read_manifest, shard_corpus, verify_shards
@@ -37,20 +38,6 @@ def tok(tok_dir) -> Tokenizer:
     return Tokenizer.load(tok_dir)
 
 
-def run_main(capsys, *args) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return int(e.value.code or 0), out, err
-
-
-def assert_one_line_error(code: int, err: str, *needles: str) -> None:
-    assert code == 2, err
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("xlnet: error:"), err
-    assert "Traceback" not in err
-    for n in needles:
-        assert n in err, err
 
 
 def no_leftovers(parent: Path) -> bool:

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from clitools import assert_one_line_error, run_main
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xlnetcli.cli import cli, main
+from xlnetcli.cli import cli
 from xlnetcli.config import TokenizerConfig
 from xlnetcli.errors import ConfigError, DataError, XLNetError
 from xlnetcli.special import EOD_ID, SPECIAL_PIECES
@@ -64,20 +65,6 @@ def tok(tok_dir) -> Tokenizer:
     return Tokenizer.load(tok_dir)
 
 
-def run_main(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return int(e.value.code or 0), out, err
-
-
-def assert_one_line_error(code: int, err: str, *needles: str) -> None:
-    assert code == 2, err
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("xlnet: error:"), err
-    assert "Traceback" not in err
-    for n in needles:
-        assert n in err, err
 
 
 # ---- training and the fixed ids ----------------------------------------------------------------------------------
