@@ -325,7 +325,7 @@ class _RowScanner:
 # Span masking (original _sample_mask), vectorised over many segments
 
 
-TOPUP_DRAWS = 16  # candidate positions drawn per segment for the top-up (exact fallback when they run short)
+TOPUP_DRAWS = 24  # candidate positions drawn per segment for the top-up (exact fallback when they run short)
 
 
 def mask_draw_width(goal: int) -> int:
@@ -383,23 +383,24 @@ def masks_from_draws(
         return mask
     K = goal + 5
     M = n + 1  # flat layout: segment r occupies [r*M, r*M + n], position n a sentinel word start
-    func = (seg == SEP_ID) | (seg == CLS_ID)
-    fpos = np.flatnonzero(func)
-    fpos = fpos + fpos // n  # flat positions in the [N, M] layout
-    wsx = np.empty((N, M), bool)
-    wsx.view(np.uint8)[:, :n] = word_start.view(np.uint8).take(seg)
-    wsx[:, n] = True
+    codes = word_start.astype(np.uint8)  # 1 = word start, 3 = <sep>/<cls> (functional; a word start too)
+    codes[[i for i in (SEP_ID, CLS_ID) if i < len(codes)]] = 3
+    wsx = np.empty((N, M), np.uint8)
+    wsx[:, :n] = codes.take(seg)
+    wsx[:, n] = 1
+    fpos = np.flatnonzero(wsx == 3)  # flat positions of <sep>/<cls> in the [N, M] layout
     wx = wsx.reshape(-1)
-    wx[fpos] = True  # <sep>/<cls> are word starts
+    wx[fpos] = 1
+    wx = wx.view(bool)  # 0/1 bytes
     wflat = np.flatnonzero(wx)  # sorted flat positions of word starts
     nxtw = np.cumsum(wx, dtype=np.int32)  # index in wflat of the next word start at or after each flat position
     nxtw -= wx
     wsent = nxtw[np.arange(N) * M + n]  # index in wflat of each segment's sentinel
     cw = wflat  # pieces before each word start (differences within a segment count pieces)
     if mode == "word" and len(fpos):  # count non-functional pieces only: subtract <sep>/<cls> word starts before
-        isf = np.zeros(len(wflat) + 1, np.int64)
+        isf = np.zeros(len(wflat) + 1, np.int32)
         isf[nxtw[fpos] + 1] = 1
-        cw = wflat - np.cumsum(isf)[:-1]
+        cw = wflat - np.cumsum(isf, dtype=np.int32)[:-1]
     # the loop state, in flat [N, M] positions; compacted to the segments still active
     act = np.arange(N) if goal > 0 else np.arange(0)
     cur = act * M
@@ -435,33 +436,35 @@ def masks_from_draws(
             end = wflat[je]
             cnt = cw[je] - cj
             ok = (je > j) & (end < row_end)
+        count += np.where(ok, cnt, 0) if not ok.all() else cnt
+        nxt_cur = end + (ctx - lctx)
+        keep = ok & (count < goal) & (nxt_cur < row_end)
         if not ok.all():
-            act, row_end, sent, count, beg, end, cnt, ctx, lctx = (
-                x[ok] for x in (act, row_end, sent, count, beg, end, cnt, ctx, lctx)
-            )
+            beg, end = beg[ok], end[ok]
         begs.append(beg)
         ends.append(end)
-        count += cnt
-        cur = end + (ctx - lctx)
-        keep = (count < goal) & (cur < row_end)
-        if not keep.all():
-            act, cur, row_end, sent, count = act[keep], cur[keep], row_end[keep], sent[keep], count[keep]
+        if keep.all():
+            cur = nxt_cur
+        else:
+            act, cur, row_end, sent, count = act[keep], nxt_cur[keep], row_end[keep], sent[keep], count[keep]
         it += 1
     if begs:
         b = np.concatenate(begs)
-        e = np.concatenate(ends)
-        lens = e - b
+        lens = np.concatenate(ends) - b
         if len(b):
+            b -= b // M  # [N, M] -> [N, n] positions (spans never reach the sentinel)
             starts = np.repeat(b - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
-            f = starts + np.arange(int(lens.sum()))
-            mask.reshape(-1)[f - f // M] = True  # [N, M] -> [N, n] positions (spans never reach the sentinel)
-    if mode == "word" and len(fpos):
-        mask &= ~func
+            mask.reshape(-1)[starts + np.arange(int(lens.sum()))] = True
+    fseg = fpos - fpos // M  # <sep>/<cls> in [N, n] positions
+    if mode == "word":
+        mask.reshape(-1)[fseg] = False
     if not top_up:
         return mask
     # top up with single random positions until the goal is reached: candidates drawn uniformly in order, the first
     # eligible distinct ones taken (a uniform subset); segments whose candidates run short use an exact draw
-    eligible = ~mask & ~func if mode == "word" else ~mask
+    eligible = ~mask
+    if mode == "word":
+        eligible.reshape(-1)[fseg] = False
     need = goal - mask.sum(1)
     sel = np.flatnonzero(need > 0)
     if len(sel) == 0:
