@@ -72,11 +72,11 @@ def make_batch(B: int, L: int, seed: int = 0):
                 target_mapping=tmap, labels=labels)
 
 
-def child(which: str, B: int, L: int, steps: int, warmup: int, impl: str, bf16: bool = False) -> dict:
+def build(which: str, B: int, L: int, impl: str, bf16: bool, batch: dict):
+    """(model, step) for "ours", "ours+mem" or "hf": one full training step (forward, loss, backward, clip, AdamW)."""
     import torch
 
     torch.manual_seed(0)
-    batch = make_batch(B, L)
     mem = None
     if which == "hf":
         import transformers
@@ -100,7 +100,8 @@ def child(which: str, B: int, L: int, steps: int, warmup: int, impl: str, bf16: 
         def fwd():  # our own loss path: the same mean cross entropy over the B*P targets
             nonlocal mem
             out = model(batch["input_ids"], token_type_ids=batch["token_type_ids"], perm_mask=batch["perm_mask"],
-                        target_index=batch["target_index"], mems=mem, return_mems=with_mem, labels=batch["labels"])
+                        target_index=batch["target_index"], mems=mem, return_mems=with_mem, labels=batch["labels"],
+                        need_hidden=False)  # the loss needs only the query stream (as pretrain.py)
             mem = out.mems
             return out.loss
     model.train()
@@ -114,17 +115,45 @@ def child(which: str, B: int, L: int, steps: int, warmup: int, impl: str, bf16: 
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    return model, step
+
+
+def paired(B: int, L: int, steps: int, warmup: int, impl: str, bf16: bool = False) -> dict:
+    """Timing only: ours and HF in ONE process, steps alternated ours/HF/ours/HF..., so load from other processes on a
+    shared machine hits both alike; the speedup is the median of the per-pair time ratios."""
+    import torch
+
+    batch = make_batch(B, L)
+    (_, ours), (_, hf) = build("ours", B, L, impl, bf16, batch), build("hf", B, L, impl, bf16, batch)
+    for _ in range(warmup):
+        ours(), hf()
+    t_o, t_h = [], []
+    for _ in range(steps):
+        for fn, acc in ((ours, t_o), (hf, t_h)):
+            t0 = time.perf_counter()
+            fn()
+            acc.append(time.perf_counter() - t0)
+    return {"which": "pair", "B": B, "L": L, "bf16": bf16, "ours_s": t_o, "hf_s": t_h,
+            "threads": torch.get_num_threads()}
+
+
+def child(which: str, B: int, L: int, steps: int, warmup: int, impl: str, bf16: bool = False) -> dict:
+    import torch
+
+    batch = make_batch(B, L)
+    model, step = build(which, B, L, impl, bf16, batch)
     n_params = sum(p.numel() for p in model.parameters())
     base = _status("VmRSS")  # after imports, model and batch: before any training memory exists
     with open("/proc/self/clear_refs", "w") as f:  # reset VmHWM to the current RSS
         f.write("5")
     for _ in range(warmup):
         step()
-    times = []
+    times, cpu = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     peak = _status("VmHWM")
     steady = _status("VmRSS")  # between steps: params + AdamW state (grads are set to None)
     with open("/proc/self/clear_refs", "w") as f:
@@ -132,7 +161,9 @@ def child(which: str, B: int, L: int, steps: int, warmup: int, impl: str, bf16: 
     step()
     step_peak = _status("VmHWM") - steady
     sec = statistics.median(times)
+    cpu_sec = statistics.median(cpu)
     return {"which": which, "B": B, "L": L, "bf16": bf16, "step_s": sec, "tokens_per_s": B * L / sec,
+            "cpu_s": cpu_sec, "tokens_per_cpu_s": B * L / cpu_sec,
             "peak_delta_mib": peak - base, "step_peak_mib": step_peak, "base_rss_mib": base,
             "steady_delta_mib": steady - base, "peak_rss_mib": peak, "params": n_params,
             "threads": torch.get_num_threads()}
@@ -149,20 +180,11 @@ def run_child(which, B, L, steps, warmup, impl, bf16=False):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _median_run(runs: list[dict]) -> dict:
-    """Median over rounds of each figure (tokens/s and memory separately)."""
-    out = dict(runs[0])
-    for key in ("tokens_per_s", "step_s", "peak_delta_mib", "step_peak_mib", "steady_delta_mib", "peak_rss_mib"):
-        out[key] = statistics.median(r[key] for r in runs)
-    out["tokens_per_s_all"] = [round(r["tokens_per_s"]) for r in runs]
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: seq 128 only, 2 steps, 1 round")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved ours/HF rounds per shape (median kept)")
-    ap.add_argument("--steps", type=int, default=None, help="timed steps per run (default 6 at 8x128, 3 at 4x512)")
+    ap.add_argument("--rounds", type=int, default=3, help="timing processes per shape (ours/HF alternate inside)")
+    ap.add_argument("--steps", type=int, default=None, help="timed step pairs per process (default 8 at L<=128, else 4)")
     ap.add_argument("--impl", default="auto", help="our attention path: auto (= fused), fused, einsum, sdpa")
     ap.add_argument("--with-mem", action="store_true", help="also time ours with a carried memory of L/2")
     ap.add_argument("--bf16", action="store_true", help="also run both under CPU bf16 autocast (extra rows)")
@@ -173,6 +195,9 @@ def main() -> None:
     ap.add_argument("--L", type=int, default=128, help=argparse.SUPPRESS)
     ap.add_argument("--warmup", type=int, default=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.child == "pair":
+        print(json.dumps(paired(a.B, a.L, a.steps or 6, a.warmup, a.impl, a.bf16)))
+        return
     if a.child:
         print(json.dumps(child(a.child, a.B, a.L, a.steps or 6, a.warmup, a.impl, a.bf16)))
         return
@@ -182,41 +207,50 @@ def main() -> None:
     if a.quick:
         shapes = shapes[:1]
     rounds = 1 if a.quick else a.rounds
-    whos = ["ours", "hf"] + (["ours+mem"] if a.with_mem else [])
     precisions = [False, True] if a.bf16 else [False]
-    print(f"CPU: {os.cpu_count()} cores visible; load average {os.getloadavg()[0]:.2f}; interleaved runs; "
-          f"median step time of each run, median over {rounds} round(s)", flush=True)
+    print(f"CPU: {os.cpu_count()} cores visible, torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}; "
+          f"load average {os.getloadavg()[0]:.2f}. Memory: one process per engine. Speed: ours and HF alternate "
+          f"step by step in one process, {rounds} process(es) per shape; speedup = median of per-pair time ratios",
+          flush=True)
     rows, results = [], []
     for bf16 in precisions:
-        for B, L in shapes:
-            steps = 2 if a.quick else (a.steps or (6 if L <= 128 else 3))
-            runs: dict[str, list] = {}
-            for r in range(rounds):
-                for who in whos:
-                    res = run_child(who, B, L, steps, 1 if a.quick else 2, a.impl, bf16)
-                    results.append(res)
-                    runs.setdefault(who, []).append(res)
-                    print(f"  round {r} {who:9s} {'bf16' if bf16 else 'fp32'} B={B} L={L}: "
-                          f"{res['tokens_per_s']:8.0f} tok/s, peak +{res['peak_delta_mib']:.0f} MiB "
-                          f"(RSS {res['peak_rss_mib']:.0f}), steady +{res['steady_delta_mib']:.0f} MiB, "
-                          f"step working set +{res['step_peak_mib']:.0f} MiB, load {os.getloadavg()[0]:.2f}",
-                          flush=True)
-            med = {who: _median_run(v) for who, v in runs.items()}
-            rows.append((B, L, bf16, med["ours"], med["hf"], med.get("ours+mem")))
-    print()
-    print("| shape | precision | HF tok/s | ours tok/s | speedup | HF peak MiB | ours peak MiB | peak ratio "
-          "| HF step MiB | ours step MiB | step ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for B, L, bf16, ours, hf, om in rows:
         prec = "bf16" if bf16 else "fp32"
-        print(f"| {B}x{L} | {prec} | {hf['tokens_per_s']:.0f} | {ours['tokens_per_s']:.0f} | "
-              f"{ours['tokens_per_s'] / hf['tokens_per_s']:.2f}x | {hf['peak_delta_mib']:.0f} | "
-              f"{ours['peak_delta_mib']:.0f} | {ours['peak_delta_mib'] / hf['peak_delta_mib']:.2f}x | "
-              f"{hf['step_peak_mib']:.0f} | {ours['step_peak_mib']:.0f} | "
-              f"{ours['step_peak_mib'] / hf['step_peak_mib']:.2f}x |")
-        if om:
-            print(f"| {B}x{L} ours+mem(L/2) | {prec} | | {om['tokens_per_s']:.0f} | | | {om['peak_delta_mib']:.0f} | "
-                  f"| | {om['step_peak_mib']:.0f} | |")
+        for B, L in shapes:
+            steps = 2 if a.quick else (a.steps or (8 if L <= 128 else 4))
+            mem = {}
+            for who in ["ours", "hf"] + (["ours+mem"] if a.with_mem else []):
+                mem[who] = res = run_child(who, B, L, 2, 1, a.impl, bf16)
+                results.append(res)
+                print(f"  memory {who:9s} {prec} B={B} L={L}: peak +{res['peak_delta_mib']:.0f} MiB "
+                      f"(VmHWM {res['peak_rss_mib']:.0f}), steady +{res['steady_delta_mib']:.0f} MiB, "
+                      f"step working set +{res['step_peak_mib']:.0f} MiB", flush=True)
+            t_o, t_h = [], []
+            for r in range(rounds):
+                res = run_child("pair", B, L, steps, 1 if a.quick else 2, a.impl, bf16)
+                results.append(res)
+                t_o += res["ours_s"]
+                t_h += res["hf_s"]
+                ratios = [h / o for o, h in zip(res["ours_s"], res["hf_s"])]
+                print(f"  speed  round {r} {prec} B={B} L={L}: ours {B * L / statistics.median(res['ours_s']):.0f} "
+                      f"tok/s, HF {B * L / statistics.median(res['hf_s']):.0f} tok/s, per-pair speedups "
+                      f"{' '.join(f'{x:.2f}' for x in ratios)}, load {os.getloadavg()[0]:.2f}", flush=True)
+            ratios = [h / o for o, h in zip(t_o, t_h)]
+            rows.append((B, L, prec, B * L / statistics.median(t_o), B * L / statistics.median(t_h),
+                         statistics.median(ratios), min(ratios), max(ratios), mem))
+    print()
+    print("| shape | precision | HF tok/s | ours tok/s | speedup (median [min-max] of pairs) | HF peak MiB "
+          "| ours peak MiB | peak ratio | HF step working set MiB | ours step working set MiB | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for B, L, prec, ours_tps, hf_tps, sp, lo, hi, mem in rows:
+        o, h = mem["ours"], mem["hf"]
+        print(f"| {B}x{L} | {prec} | {hf_tps:.0f} | {ours_tps:.0f} | {sp:.2f}x [{lo:.2f}-{hi:.2f}] | "
+              f"{h['peak_delta_mib']:.0f} | {o['peak_delta_mib']:.0f} | "
+              f"{o['peak_delta_mib'] / h['peak_delta_mib']:.2f}x | {h['step_peak_mib']:.0f} | "
+              f"{o['step_peak_mib']:.0f} | {o['step_peak_mib'] / h['step_peak_mib']:.2f}x |")
+        if "ours+mem" in mem:
+            om = mem["ours+mem"]
+            print(f"| {B}x{L} ours+mem(L/2) | {prec} | | | | | {om['peak_delta_mib']:.0f} | | | "
+                  f"{om['step_peak_mib']:.0f} | |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -167,3 +167,27 @@ def test_fused_dropout_training_is_seeded_and_finite():
     assert all(torch.equal(g1[k], g2[k]) and torch.isfinite(g1[k]).all() for k in g1)
     o3, _ = run_train(dataclasses.replace(cfg, dropout=0.0, dropatt=0.0), batch, seed=3)
     assert o3.loss.item() != o1.loss.item()  # dropout is really applied
+
+
+@pytest.mark.parametrize("impl", ["fused", "einsum"])
+def test_need_hidden_false_skips_only_the_last_content_rows(impl):
+    """need_hidden=False (pretraining): same loss, logits, mems and gradients; hidden is None."""
+    cfg = tiny_cfg(attn_impl=impl, bi_data=True)
+    batch = plm_batch(4, 3, np.random.default_rng(7))
+    ids, tt, perm, tmap = batch
+    mems = [torch.randn(4, 5, cfg.d_model) for _ in range(cfg.n_layer)]
+    outs = []
+    for need in (True, False):
+        torch.manual_seed(0)
+        m = XLNetLMHeadModel(cfg).train()
+        o = m(ids, tt, None, perm, target_mapping=tmap, mems=mems, labels=tmap.argmax(-1),
+              label_mask=(tmap.sum(-1) > 0).float(), need_hidden=need)
+        o.loss.backward()
+        outs.append((o, {k: p.grad for k, p in m.named_parameters()}))
+    (o1, g1), (o2, g2) = outs
+    assert o2.hidden is None and o1.hidden is not None
+    assert maxdiff(o1.loss, o2.loss) <= TOL and maxdiff(o1.logits, o2.logits) <= TOL
+    for a, b in zip(o1.mems, o2.mems):
+        assert maxdiff(a, b) <= TOL
+    for k in g1:
+        assert maxdiff(g1[k], g2[k]) <= TOL, k

@@ -49,7 +49,7 @@ def named_config(name: str, **overrides) -> ModelConfig:
 
 @dataclass
 class XLNetOutput:
-    hidden: torch.Tensor  # [B,L,d] content stream (after the final dropout)
+    hidden: torch.Tensor | None  # [B,L,d] content stream (after the final dropout); None with content_output=False
     query: torch.Tensor | None  # [B,P,d] query stream, or None without targets
     mems: list[torch.Tensor] | None  # per layer [B,M',d], detached
 
@@ -59,7 +59,7 @@ class LMOutput:
     logits: torch.Tensor  # [B,P,V] (query stream) or [B,L,V] (content stream, no targets)
     loss: torch.Tensor | None
     mems: list[torch.Tensor] | None
-    hidden: torch.Tensor
+    hidden: torch.Tensor | None  # None with need_hidden=False
     query: torch.Tensor | None = None
 
 
@@ -193,7 +193,7 @@ class _FeedForwardCore(torch.autograd.Function):
 def _split_halves(rel_index: torch.Tensor, B: int, G: int) -> torch.Tensor:
     """[B|1,1,N,K] -> [G,B/G,1,N,K] (or [1,1,1,N,K] when shared by the batch)."""
     N, K = rel_index.shape[-2:]
-    return rel_index.view(G, B // G, 1, N, K) if rel_index.shape[0] == B else rel_index.view(1, 1, 1, N, K)
+    return rel_index.reshape(G, B // G, 1, N, K) if rel_index.shape[0] == B else rel_index.reshape(1, 1, 1, N, K)
 
 
 class _RelAttnCore(torch.autograd.Function):
@@ -357,8 +357,9 @@ class RelativeAttention(nn.Module):
         self.dropout = cfg.dropout
         self.dropatt = cfg.dropatt
 
-    def forward(self, x, mem, kr, rel_index, seg_same, mask_bias, biases, impl: str):
-        """x [B,N,d] stacked query-row inputs (content rows first: the first L rows are h);
+    def forward(self, x, mem, kr, rel_index, seg_same, mask_bias, biases, impl: str, h=None):
+        """x [B,N,d] stacked query-row inputs (content rows first: the first L rows are h, unless h [B,L,d] is given:
+        then x holds only query-stream rows and h is the content stream for keys and values);
         mem [B,M,d] or None; kr [G,H,R,D] projected positions (G = 1 or 2 halves);
         rel_index [1|B,1,N,K] column of kr for each (row, key); seg_same [B,N,K] bool (same segment) or None;
         mask_bias [B,1,N,K] additive mask; biases (r_w, r_r, r_s) [H,D]."""
@@ -366,7 +367,7 @@ class RelativeAttention(nn.Module):
         L = rel_index.shape[-1] - (0 if mem is None else mem.shape[1])
         H, D = self.n_head, self.d_head
         r_w, r_r, r_s = biases
-        h = x[:, :L]
+        h = x[:, :L] if h is None else h
         cat = h if mem is None else torch.cat([mem, h], dim=1)
         K = cat.shape[1]
         q = (x @ self.q.view(d, H * D)).view(B, N, H, D).transpose(1, 2)  # [B,H,N,D]
@@ -432,8 +433,8 @@ class XLNetLayer(nn.Module):
         self.ff = FeedForward(cfg)
         self.dropout = cfg.dropout
 
-    def forward(self, x, mem, kr, rel_index, seg_same, mask_bias, biases, impl, valid_rows):
-        a = self.rel_attn(x, mem, kr, rel_index, seg_same, mask_bias, biases, impl)
+    def forward(self, x, mem, kr, rel_index, seg_same, mask_bias, biases, impl, valid_rows, h=None):
+        a = self.rel_attn(x, mem, kr, rel_index, seg_same, mask_bias, biases, impl, h)
         if valid_rows is not None:  # padding target rows: zero attention output (as HF's one-hot mapping)
             a = a * valid_rows
         fused = impl == "fused"
@@ -499,7 +500,10 @@ class XLNetModel(nn.Module):
         mems: list[torch.Tensor] | None = None,
         return_mems: bool = True,
         bi_data: bool | None = None,
+        content_output: bool = True,
     ) -> XLNetOutput:
+        """``content_output=False`` (with targets): the last layer computes only the P query-stream rows, since a
+        PLM loss needs nothing else; ``hidden`` is then None (query, mems and all gradients are unchanged)."""
         cfg = self.config
         B, L = input_ids.shape
         device = input_ids.device
@@ -574,13 +578,21 @@ class XLNetModel(nn.Module):
 
         new_mems = [] if return_mems else None
         d = cfg.d_model
+        skip_last = P > 0 and not content_output
         for i, layer in enumerate(self.layer):
             if return_mems:
                 new_mems.append(self._cache_mem(x[:, :L], mem_list[i]))
             a = layer.rel_attn
             kr = (pos_emb @ a.r.view(d, -1)).view(pos_emb.shape[0], -1, a.n_head, a.d_head).transpose(1, 2)
-            x = layer(x, mem_list[i], kr, rel_index, seg_same, mask_bias, self._biases(layer), impl, valid_rows)
+            if skip_last and i == cfg.n_layer - 1:  # query rows only; the content rows serve as keys/values
+                sl = lambda t: t if t is None or t.dim() == 0 else t[:, :, L:] if t.dim() == 4 else t[:, L:]  # noqa
+                x = layer(x[:, L:], mem_list[i], kr, sl(rel_index), sl(seg_same), sl(mask_bias),
+                          self._biases(layer), impl, sl(valid_rows), h=x[:, :L])
+            else:
+                x = layer(x, mem_list[i], kr, rel_index, seg_same, mask_bias, self._biases(layer), impl, valid_rows)
         x = drop(x, cfg.dropout, self.training)
+        if skip_last:
+            return XLNetOutput(hidden=None, query=x, mems=new_mems)
         return XLNetOutput(hidden=x[:, :L], query=x[:, L:] if P else None, mems=new_mems)
 
     def _cache_mem(self, cur: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
@@ -619,9 +631,11 @@ class XLNetLMHeadModel(nn.Module):
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, perm_mask=None, target_index=None,
                 target_mapping=None, mems=None, return_mems=True, labels=None, label_mask=None,
-                bi_data=None) -> LMOutput:
+                bi_data=None, need_hidden: bool = True) -> LMOutput:
+        """``need_hidden=False``: skip the content stream of the last layer (the PLM loss only needs the query
+        stream); ``hidden`` is then None, everything else is unchanged. Pretraining should pass it."""
         out = self.transformer(input_ids, token_type_ids, attention_mask, perm_mask, target_index, target_mapping,
-                               mems, return_mems, bi_data)
+                               mems, return_mems, bi_data, content_output=need_hidden)
         x = out.query if out.query is not None else out.hidden
         loss = None
         if labels is not None and self.transformer.config.attn_impl not in ("einsum", "sdpa"):
