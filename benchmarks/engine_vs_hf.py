@@ -1,15 +1,23 @@
-"""Our XLNet engine vs transformers.XLNetLMHeadModel: training-step tokens/s and peak memory on CPU.
+"""Our XLNet engine vs transformers.XLNetLMHeadModel: training-step tokens/s and memory on CPU.
 
-    .venv/bin/python benchmarks/engine_vs_hf.py            # seq 128 x batch 8 and seq 512 x batch 4
-    .venv/bin/python benchmarks/engine_vs_hf.py --quick    # smoke run (seq 128 only, few steps)
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/engine_vs_hf.py --rounds 3 --bf16   # what BENCHMARKS.md shows
+    .venv/bin/python benchmarks/engine_vs_hf.py --quick                               # smoke run (seq 128, 2 steps)
 
-Same config for both (d_model 256, 4 layers, 4 heads, d_head 64, d_inner 1024, vocab 32000, dropout 0.1), the same
-original-style PLM batch (P = L/6 targets, perm_mask from the factorisation-order algorithm with reuse_len = L/2,
-target_mapping for HF, target_index for ours), the same loss (mean CE over targets computed outside the model), the
-same AdamW (+ clip 1.0). No memory for either in the headline; "ours+mem" adds a carried memory of L/2 tokens
-(realistic pretraining) for information. Each measurement runs in its own subprocess (honest peak RSS: VmHWM after
-resetting it post-setup, minus VmRSS before the first step), and the runs are interleaved ours/HF/ours/HF so load
-from other processes on a shared machine hits both alike.
+Same config for both (d_model 256, 4 layers, 4 heads, d_head 64, d_inner 1024, vocab 32000, dropout and attention
+dropout 0.1), the same original-style PLM batch (P = L/6 targets, perm_mask from the factorisation-order algorithm with
+reuse_len = L/2, segments A/B/<cls>; target_mapping for HF, target_index for ours), the same loss (mean cross entropy
+over the B*P targets, each engine through its own `labels=` path; ours with need_hidden=False as pretraining uses it),
+the same torch AdamW (lr 1e-4, wd 0.01, default implementation) and clip_grad_norm 1.0. No memory (mems) for either.
+
+Memory, one process per engine (MALLOC_MMAP_THRESHOLD_=64 KiB so freed tensors leave RSS at once):
+  peak         = VmHWM over warm-up and timed steps - VmRSS after imports, model and batch creation (so: AdamW state +
+                 gradients + activations + temporaries; the same fixed part for both engines);
+  step working = VmHWM during one more step - VmRSS between steps (params and AdamW state already resident): the
+                 gradients, activations and temporaries of one training step.
+Speed: ours and HF are built in ONE process and their steps alternate ours/HF/ours/HF, so load from other processes
+on a shared machine hits both alike; the speedup is the median of the per-pair time ratios over all pairs of
+--rounds processes ([min-max] shown); tokens/s are medians of the step times. --bf16 adds rows with both engines
+under torch.autocast("cpu", bfloat16) (an extra, not the headline).
 """
 
 from __future__ import annotations

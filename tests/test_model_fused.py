@@ -191,3 +191,16 @@ def test_need_hidden_false_skips_only_the_last_content_rows(impl):
         assert maxdiff(a, b) <= TOL
     for k in g1:
         assert maxdiff(g1[k], g2[k]) <= TOL, k
+
+
+def test_fused_path_under_bf16_autocast():
+    """bf16 autocast (CPU): runs, fp32 parameter gradients, loss and gradients close to fp32."""
+    cfg = tiny_cfg(attn_impl="fused")
+    batch = plm_batch(2, 3, np.random.default_rng(8))
+    o32, g32 = run_train(cfg, batch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o16, g16 = run_train(cfg, batch)
+    assert abs(o16.loss.item() - o32.loss.item()) < 0.05
+    for k, g in g32.items():
+        assert g16[k].dtype == torch.float32 and torch.isfinite(g16[k]).all()
+        assert maxdiff(g16[k], g) <= 0.05 * max(g.abs().max().item(), 1e-3) + 1e-3, k

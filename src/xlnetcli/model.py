@@ -329,9 +329,14 @@ class _LMHeadLoss(torch.autograd.Function):
                 g.mul_(coef)
                 if g_logits is not None:
                     g += g_logits[:, c0:c1]
-                torch.mm(g.t(), xf, out=dw[c0:c1])
                 torch.sum(g, 0, out=db[c0:c1])
-                dx.addmm_(g, wf[c0:c1])
+                if lp == ft:
+                    torch.mm(g.t(), xf, out=dw[c0:c1])
+                    dx.addmm_(g, wf[c0:c1])
+                else:  # autocast (bf16/fp16 logits): the two matmuls in that dtype, as the forward's
+                    g = g.to(lp)
+                    dw[c0:c1] = g.t() @ xl
+                    dx += g @ wl[c0:c1]
         return dx.to(x.dtype), dw.to(weight.dtype), db.to(bias.dtype), None, None
 
 
