@@ -99,9 +99,9 @@ def run_child(shards: Path, out: Path, vocab: int, batch: int, workers: int = 1)
     import shutil
 
     shutil.rmtree(out, ignore_errors=True)
-    code = ("import sys; sys.path.insert(0, %r); from preprocess_vs_hf import child_preprocess; "
-            "child_preprocess(%r, %r, %d, %d, %d)") % (str(Path(__file__).parent), str(shards), str(out), vocab, batch,
-                                                      workers)
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+            f"from preprocess_vs_hf import child_preprocess; "
+            f"child_preprocess({str(shards)!r}, {str(out)!r}, {vocab}, {batch}, {workers})")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
 

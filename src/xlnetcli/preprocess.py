@@ -24,7 +24,8 @@ Records directory::
     valid/...
 
 Nothing L x L is stored: the factorisation order is sampled online by data.py each time an example is read.
-Memory is bounded: shards and records are read and written with pread/pwrite in blocks of steps, one row at a time.
+Memory is bounded: shards and records are read and written with pread/pwrite in blocks of STEP_BLOCK steps of the
+job's rows (span masks sampled for all their segments at once); a random B span is one pread per window.
 """
 
 from __future__ import annotations
