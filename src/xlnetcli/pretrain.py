@@ -332,7 +332,8 @@ def _model_inputs(batch: dict, device: torch.device) -> dict:
 
 
 def _forward(model: torch.nn.Module, inputs: dict, mems: list | None) -> Any:
-    return model(**inputs, mems=mems)
+    # The PLM loss reads only the query stream: the last layer's content stream is skipped.
+    return model(**inputs, mems=mems, need_hidden=False)
 
 
 def autocast_ctx(device: torch.device, precision: str):
