@@ -49,8 +49,9 @@ class ModelConfig:
     reuse_len: int = 256  # leading tokens of each window cached as memory for the next one
     bi_data: bool = True  # per device: first half of the batch forward, second half backward (negated positions)
     clamp_len: int = -1  # clip relative positions to +-clamp_len (-1 = no clipping)
-    same_length: bool = False  # every token attends to the same number of keys (Transformer-XL option)
-    attn_impl: Literal["auto", "fused", "einsum", "sdpa", "flex"] = "auto"  # attention kernel; auto = fused
+    # Kept for HF config round trips: like the original and HF, it only affects attn_type "uni", and XLNet is "bi".
+    same_length: bool = False
+    attn_impl: Literal["auto", "fused", "einsum", "sdpa"] = "auto"  # attention kernel; auto = fused
 
     def __post_init__(self) -> None:
         _positive(self, "vocab_size", "d_model", "n_layer", "n_head", "d_head", "d_inner")

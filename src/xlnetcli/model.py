@@ -95,7 +95,6 @@ def attention_sdpa(q, k, v, bias, dropatt: float, training: bool):
 ATTENTION = {"einsum": attention_einsum, "sdpa": attention_sdpa}
 # "auto" = "fused" (below): on CPU the SDPA call falls back to its math kernel (the bias needs a gradient) and measured
 # no faster than the plain path; the fused path is faster and keeps ~4x less activation memory.
-# "flex" (GPU FlexAttention) is not implemented.
 AUTO_IMPL = "fused"
 
 
@@ -535,7 +534,7 @@ class XLNetModel(nn.Module):
         if P:
             rows = torch.cat([rows, target_index.to(device)], dim=1)  # position of every stacked row [B,N]
         N = L + P
-        impl = AUTO_IMPL if cfg.attn_impl in ("auto", "flex") else cfg.attn_impl
+        impl = AUTO_IMPL if cfg.attn_impl == "auto" else cfg.attn_impl
         drop = fused_dropout if impl == "fused" else F.dropout
 
         # masks (1 = cannot attend): padding columns + perm_mask; content rows may always see themselves
