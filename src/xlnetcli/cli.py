@@ -16,6 +16,17 @@ from .config import Config, load_config
 from .errors import XLNetError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
+BUNDLED_CORPUS = Path(__file__).resolve().parents[2] / "data" / "pydocs" / "corpus.txt"
+
+
+def inputs_or_bundled(inputs: tuple[str, ...]) -> tuple[str, ...]:
+    """The given inputs, or the bundled Python-docs corpus when none are given (from a source checkout)."""
+    if inputs:
+        return inputs
+    if not BUNDLED_CORPUS.is_file():
+        raise XLNetError("no input files given (and the bundled corpus data/pydocs/corpus.txt is not here)")
+    click.echo(f"no inputs given: using the bundled corpus {BUNDLED_CORPUS}", err=True)
+    return (str(BUNDLED_CORPUS),)
 
 
 def config_options(f):
@@ -162,7 +173,7 @@ def tokenize_group() -> None:
 
 @tokenize_group.command("train")
 @config_options
-@click.argument("inputs", nargs=-1, required=True)
+@click.argument("inputs", nargs=-1)
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Tokenizer directory to create.")
 @click.option("--vocab-size", type=int, default=None, help="Vocabulary size (default tokenizer.vocab_size).")
 @click.option("--character-coverage", type=float, default=None, help="Character coverage (original: 0.99995).")
@@ -176,7 +187,9 @@ def tokenize_train_cmd(config_path: Path | None, overrides: tuple[str, ...], inp
                        vocab_size: int | None, character_coverage: float | None, input_sentence_size: int | None,
                        threads: int | None, uncased: bool | None, keep_accents: bool | None, overwrite: bool,
                        quiet: bool) -> None:
-    """Train a SentencePiece unigram tokenizer on text files, directories or globs (.gz too)."""
+    """Train a SentencePiece unigram tokenizer on text files, directories or globs (.gz too).
+
+    Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
     from .config import replace
     from .log import console
     from .tokenizer import train_tokenizer
@@ -186,7 +199,8 @@ def tokenize_train_cmd(config_path: Path | None, overrides: tuple[str, ...], inp
             "input_sentence_size": input_sentence_size, "uncased": uncased, "keep_accents": keep_accents}
     model = {"vocab_size": vocab_size} if vocab_size is not None else {}  # the model must match the vocabulary
     cfg = replace(cfg, tokenizer={k: v for k, v in opts.items() if v is not None}, model=model)
-    tok = train_tokenizer(inputs, out_dir, cfg.tokenizer, overwrite=overwrite, quiet=quiet, cfg=cfg)
+    tok = train_tokenizer(inputs_or_bundled(inputs), out_dir, cfg.tokenizer, overwrite=overwrite, quiet=quiet,
+                          cfg=cfg)
     console.print(f"wrote {out_dir}/spiece.model + tokenizer.json (vocab {tok.vocab_size}, "
                   f"uncased={tok.uncased}, keep_accents={tok.keep_accents}, sha256 {tok.sha256[:12]})")
 
@@ -227,7 +241,7 @@ def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_
 
 @cli.command("shard")
 @config_options
-@click.argument("inputs", nargs=-1, required=True)
+@click.argument("inputs", nargs=-1)
 @click.option("--tokenizer", "tok_path", required=True, type=click.Path(path_type=Path),
               help="Tokenizer directory (xlnet tokenize train).")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Shard directory to create.")
@@ -243,7 +257,9 @@ def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_
 def shard_cmd(config_path: Path | None, overrides: tuple[str, ...], inputs: tuple[str, ...], tok_path: Path,
               out_dir: Path, shards: int, workers: int, valid_fraction: float | None, valid_inputs: tuple[str, ...],
               seed: int | None, overwrite: bool, quiet: bool) -> None:
-    """Tokenise text files, directories or globs (.gz too) into N balanced shards + a validation split."""
+    """Tokenise text files, directories or globs (.gz too) into N balanced shards + a validation split.
+
+    Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
     from .config import replace
     from .errors import XLNetError as _Err
     from .log import console
@@ -255,8 +271,9 @@ def shard_cmd(config_path: Path | None, overrides: tuple[str, ...], inputs: tupl
     vf = 0.0 if valid_inputs else (cfg.data.valid_fraction if valid_fraction is None else valid_fraction)
     seed = cfg.data.seed if seed is None else seed
     cfg = replace(cfg, data={"valid_fraction": vf, "seed": seed})
-    s = shard_corpus(inputs, out_dir, tok_path, shards=shards, workers=workers, valid_fraction=vf,
-                     valid_inputs=valid_inputs, seed=seed, overwrite=overwrite, cfg=cfg, quiet=quiet)
+    s = shard_corpus(inputs_or_bundled(inputs), out_dir, tok_path, shards=shards, workers=workers,
+                     valid_fraction=vf, valid_inputs=valid_inputs, seed=seed, overwrite=overwrite, cfg=cfg,
+                     quiet=quiet)
     if not quiet:
         console.print(f"wrote {shards} train shard(s) ({s.tokens['train']:,} tokens, {s.documents['train']:,} docs) "
                       f"+ valid ({s.tokens['valid']:,} tokens, {s.documents['valid']:,} docs) to {out_dir} in "
