@@ -2,7 +2,8 @@
 
 Pipeline (streaming, memory bounded by a few chunks whatever the corpus size):
   parent: read files in order -> decode UTF-8 (replace-and-count) -> cut ~256 KiB chunks at blank lines
-  workers: normalise + batch-encode a chunk -> flat token ids with one <eod> per document, sentence parity, doc sizes
+  workers (the parent + workers-1 helper processes; the parent encodes a chunk when the helpers are busy):
+           normalise + batch-encode a chunk -> flat token ids with one <eod> per document, sentence parity, doc sizes
   parent: takes results in chunk order; assigns each document to valid (hash of (seed, document index) <
           valid_fraction, or every document of a --valid file) or to the train shard with the fewest tokens so far;
           appends it to that shard's .npy files.
@@ -324,17 +325,43 @@ def shard_corpus(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.Pat
                 _combining_table()  # built once here, inherited by forked workers
 
                 ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-                pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tok.model_bytes, tok.meta, dtype.str))
-                pending: collections.deque = collections.deque()
-                window = 2 * workers + 2  # bounded read-ahead: memory stays a few chunks whatever the corpus
+                # The main process is one of the `workers` encoders: it encodes a chunk itself whenever the helpers
+                # already hold enough work, so N workers = N busy processes (not N helpers + a mostly idle parent
+                # competing for the same cores), and its own serial work (read, assign, write) fills the gaps.
+                helpers = workers - 1
+                pool = ctx.Pool(helpers, initializer=_init_worker, initargs=(tok.model_bytes, tok.meta, dtype.str))
+                tok.fix_mask  # noqa: B018
+                pending: collections.deque = collections.deque()  # (AsyncResult | ChunkResult, is_valid), in order
+                in_flight: collections.deque = collections.deque()  # AsyncResults not yet consumed
+                busy = 2 * helpers  # tasks queued per helper: one running, one ready to start
+                window = 4 * workers + 4  # bounded read-ahead: memory stays a few chunks whatever the corpus
+
+                def drain(block: bool) -> None:
+                    while pending:
+                        r, v = pending[0]
+                        if isinstance(r, ChunkResult):
+                            res = r
+                        elif block or r.ready():
+                            res = r.get()
+                            in_flight.remove(r)
+                        else:
+                            return
+                        pending.popleft()
+                        consume(res, v)
+                        block = False
+
                 for text, is_valid in chunks:
-                    pending.append((pool.apply_async(_work, (text,)), is_valid))
+                    if sum(not r.ready() for r in in_flight) < busy:
+                        r = pool.apply_async(_work, (text,))
+                        in_flight.append(r)
+                        pending.append((r, is_valid))
+                    else:
+                        pending.append((encode_chunk(tok, text, dtype), is_valid))
+                    drain(block=False)
                     if len(pending) >= window:
-                        r, v = pending.popleft()
-                        consume(r.get(), v)
+                        drain(block=True)
                 while pending:
-                    r, v = pending.popleft()
-                    consume(r.get(), v)
+                    drain(block=True)
                 pool.close()
                 pool.join()
                 pool = None
