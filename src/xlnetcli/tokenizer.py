@@ -289,19 +289,25 @@ class Tokenizer:
         flat = np.fromiter(chain.from_iterable(enc), dtype=np.int32, count=int(lens.sum()))
         if self.digit_comma_fix:
             bad = np.flatnonzero(self.fix_mask[flat])
-            if bad.size:  # splice each digit-comma piece's replacement in; fix lengths of the lines concerned
-                parts, prev = [], 0
-                grow = np.empty(bad.size, dtype=np.int64)
-                for k, (p, t) in enumerate(zip(bad.tolist(), flat[bad].tolist())):
-                    rep = self._fix_piece(t)
-                    parts.append(flat[prev:p])
-                    parts.append(np.asarray(rep, dtype=np.int32))
-                    grow[k] = len(rep) - 1
-                    prev = p + 1
-                parts.append(flat[prev:])
+            if bad.size:  # splice each digit-comma piece's replacement in (vectorised); fix the lines' lengths
+                uniq, which = np.unique(flat[bad], return_inverse=True)
+                reps = [self._fix_piece(t) for t in uniq.tolist()]
+                rep_len = np.fromiter(map(len, reps), dtype=np.int64, count=len(reps))
+                rep_start = np.cumsum(rep_len) - rep_len
+                rep_ids = np.fromiter(chain.from_iterable(reps), dtype=np.int32, count=int(rep_len.sum()))
+                out_len = np.ones(flat.size, dtype=np.int64)
+                rl = rep_len[which]
+                out_len[bad] = rl
+                dest = np.cumsum(out_len) - out_len
+                out = np.empty(int(dest[-1] + out_len[-1]), dtype=np.int32)
+                keep = np.ones(flat.size, dtype=bool)
+                keep[bad] = False
+                out[dest[keep]] = flat[keep]
+                inner = np.arange(int(rl.sum()), dtype=np.int64) - np.repeat(np.cumsum(rl) - rl, rl)
+                out[np.repeat(dest[bad], rl) + inner] = rep_ids[np.repeat(rep_start[which], rl) + inner]
                 line_of_bad = np.searchsorted(np.cumsum(lens), bad, side="right")
-                lens = lens + np.bincount(line_of_bad, weights=grow, minlength=lens.size).astype(np.int64)
-                flat = np.concatenate(parts)
+                lens = lens + np.bincount(line_of_bad, weights=rl - 1, minlength=lens.size).astype(np.int64)
+                flat = out
         return flat, lens
 
     def decode(self, ids: Iterable[int]) -> str:
