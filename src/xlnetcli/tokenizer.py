@@ -100,12 +100,19 @@ def normalize_block(text: str, uncased: bool = False, keep_accents: bool = False
     flag[0] |= sp[0]
     flag[-1] |= sp[-1]
     q = (b == 96) | (b == 39)
-    flag[:-1] |= q[:-1] & q[1:]  # `` or '' (and harmless look-alikes such as `')
+    qpair = q[:-1] & q[1:]  # `` or '' (and harmless look-alikes such as `')
     pos = np.flatnonzero(flag)
-    if pos.size:
-        line_of = np.searchsorted(np.flatnonzero(nl), pos, side="left")
-        for i in np.unique(line_of).tolist():
+    qpos = np.flatnonzero(qpair)
+    if pos.size or qpos.size:
+        nl_pos = np.flatnonzero(nl)
+        full = np.unique(np.searchsorted(nl_pos, pos, side="left"))
+        for i in full.tolist():
             lines[i] = normalize_text(lines[i], uncased, keep_accents)
+        # Lines whose only issue is a quote pair: ASCII, whitespace already normal, so normalize_text reduces to the
+        # two replacements (lowercasing is done above for ASCII text, below otherwise).
+        quote_only = np.setdiff1d(np.searchsorted(nl_pos, qpos, side="left"), full)
+        for i in quote_only.tolist():
+            lines[i] = lines[i].replace("``", '"').replace("''", '"')
     if uncased and not ascii_only:
         lines = [line.lower() for line in lines]  # flagged lines are lowercase already; lower() is idempotent
     return lines
