@@ -194,40 +194,54 @@ class _Assigner:
         self.lines_total += int(res.doc_lines.sum())
         shards = self.train
         n_train = len(shards)
-        doc_tok = res.doc_tokens.tolist()
-        doc_lines = res.doc_lines.tolist()
         doc_off = np.concatenate([[0], np.cumsum(res.doc_tokens)]).tolist()
         # last-line parity within each document = parity of its <eod> (relative ids, first line 0)
-        last_rel = res.sentid[np.asarray(doc_off[1:], dtype=np.int64) - 1].tolist()
-        target = np.empty(nd, dtype=np.int64)
+        last_rel = res.sentid[res.doc_tokens.cumsum() - 1].astype(np.int64)
+        # Greedy balance: each train document goes to the shard with the fewest tokens so far (the first such shard).
+        # Sequential by nature; the loop does only that, everything else is vectorised per shard below.
+        if n_train == 1:
+            target = np.where(to_valid, 1, 0).astype(np.int64)
+        else:
+            tl: list[int] = [0] * nd
+            loads = [s.n_tokens for s in shards]
+            index, mn = loads.index, min
+            for d, (v, n) in enumerate(zip(to_valid.tolist(), res.doc_tokens.tolist())):
+                if v:
+                    tl[d] = n_train
+                else:
+                    m = mn(loads)
+                    t = index(m)
+                    loads[t] = m + n
+                    tl[d] = t
+            target = np.asarray(tl, dtype=np.int64)
+        # Sentence ids continue across documents within a shard: a document's first line differs from the shard's
+        # previous token. flip[d] = 1 - (shard's last id before d) = XOR over the shard's earlier documents.
+        order = np.argsort(target, kind="stable")
+        per_docs = np.bincount(target, minlength=n_train + 1)
+        gb = np.concatenate([[0], np.cumsum(per_docs)]).tolist()
+        per_tok = np.bincount(target, weights=res.doc_tokens, minlength=n_train + 1).astype(np.int64).tolist()
+        per_lines = np.bincount(target, weights=res.doc_lines, minlength=n_train + 1).astype(np.int64).tolist()
         flip = np.empty(nd, dtype=np.uint8)
-        loads = [s.n_tokens for s in shards]
-        for d, v in enumerate(to_valid.tolist()):
-            if v:
-                t, sh = n_train, self.valid
-            else:
-                t = min(range(n_train), key=loads.__getitem__) if n_train > 1 else 0
-                sh = shards[t]
-                loads[t] += doc_tok[d]
-            f = 1 - sh.last_sent  # first line of this document differs from the shard's previous token
-            sh.last_sent = last_rel[d] ^ f
-            target[d] = t
-            flip[d] = f
-            sh.n_tokens += doc_tok[d]
-            sh.n_sentences += doc_lines[d]
-            sh.n_documents += 1
+        for t in np.flatnonzero(per_docs).tolist():
+            sh = self.valid if t == n_train else shards[t]
+            idx = order[gb[t]:gb[t + 1]]
+            g = 1 ^ last_rel[idx]
+            f = ((1 - sh.last_sent) ^ (np.cumsum(g) - g)) & 1
+            flip[idx] = f
+            sh.last_sent = int(last_rel[idx[-1]] ^ f[-1])
+            sh.n_tokens += per_tok[t]
+            sh.n_sentences += per_lines[t]
+            sh.n_documents += gb[t + 1] - gb[t]
         sentid = res.sentid ^ np.repeat(flip, res.doc_tokens)
-        used = np.unique(target).tolist()
+        used = np.flatnonzero(per_docs).tolist()
         if len(used) == 1:
             parts = {used[0]: (res.tokens, sentid)}
         else:  # one gather puts each shard's documents (in order) next to each other
-            order = np.argsort(target, kind="stable")
             lens = res.doc_tokens[order]
             starts = np.asarray(doc_off[:-1], dtype=np.int64)[order]
             idx = np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(lens) - lens), lens)
             toks, sids = res.tokens[idx], sentid[idx]
-            per = np.bincount(target, weights=res.doc_tokens, minlength=n_train + 1).astype(np.int64)
-            bounds = np.concatenate([[0], np.cumsum(per)]).tolist()
+            bounds = np.concatenate([[0], np.cumsum(per_tok)]).tolist()
             parts = {t: (toks[bounds[t]:bounds[t + 1]], sids[bounds[t]:bounds[t + 1]]) for t in used}
         for t, (tk, sd) in parts.items():
             sh = self.valid if t == n_train else shards[t]
