@@ -135,6 +135,19 @@ def test_digit_comma_fix(tok):
     assert flat.tolist() == [i for s in lines for i in tok.encode_ids(s)]
 
 
+def test_encode_batch_buffer_path_matches_int_path(tok, corpus):
+    """The int32-buffer fast path of encode_normalized_batch and the public int-list fallback agree exactly."""
+    lines = [s for s in normalize_block(corpus.read_text(encoding="utf-8")[:200_000]) if s]
+    lines += ["In 2000, the value", "a 1999, b 2001, c", "\u00e9t\u00e9 \u4e2d\u6587"]
+    fast = tok.encode_normalized_batch(lines)
+    slow_tok = Tokenizer(tok.model_bytes, tok.meta)
+    slow_tok._buffer_ok = False  # force the fallback
+    slow = slow_tok.encode_normalized_batch(lines)
+    assert fast[0].dtype == slow[0].dtype == np.int32
+    assert np.array_equal(fast[0], slow[0]) and np.array_equal(fast[1], slow[1])
+    assert fast[0].flags.writeable
+
+
 def test_word_start_mask(tok):
     m = tok.word_start_mask()
     assert m.dtype == bool and m.shape == (tok.vocab_size,)
