@@ -88,7 +88,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if p.is_file():
         if p.name == MODEL_FILE:
             return resolve_checkpoint(p.parent)
-        raise CheckpointError(f"{p} is a file; pass a checkpoint folder (step_XXXXXXX) or a run directory")
+        raise CheckpointError(f"{p} is a file; pass a checkpoint folder (step_NNNNNNN) or a run directory")
     if (p / MODEL_FILE).is_file() and (p / "config.yaml").is_file():
         return p
     if is_hf_dir(p):

@@ -5,7 +5,7 @@
 Run directory (same format as pretraining):
     out/config.yaml       the resolved config (model from --init, finetune section from --config / --set)
     out/metrics.jsonl     {"step", "split": "train"|"eval", ...} rows (train loss and lr; eval metrics)
-    out/step_XXXXXXX/     the BEST checkpoint by the task metric (model.safetensors, config.yaml, tokenizer/,
+    out/step_NNNNNNN/     the BEST checkpoint by the task metric (model.safetensors, config.yaml, tokenizer/,
                           meta.json {"kind": "finetune", "task", "labels", "metric", "value", "metrics", ...});
                           `xlnet eval --checkpoint out` resolves to it
     out/results.json      best step, its validation metrics, data statistics

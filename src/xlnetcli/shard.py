@@ -11,7 +11,7 @@ Chunk boundaries, document indices and the assignment depend only on the inputs,
 the number of workers: the output is byte-identical for any --workers.
 
 Output directory (atomic: written to a temporary sibling, renamed into place on success):
-  manifest.json, config.yaml, tokenizer/, train/shard_XXXXX.{tokens,sentid}.npy, valid/shard_00000.{tokens,sentid}.npy
+  manifest.json, config.yaml, tokenizer/, train/shard_NNNNN.{tokens,sentid}.npy, valid/shard_00000.{tokens,sentid}.npy
 Sentence ids (uint8 0/1) flip at every input line, continuing across documents within a shard; a document's <eod>
 shares the id of its last line.
 """
