@@ -36,6 +36,16 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:07d}"
 
 
+def step_folders(run_dir: str | Path, marker: str = MODEL_FILE) -> list[tuple[int, Path]]:
+    """Complete ``step_NNNNNNN`` folders of a run (those holding ``marker``), oldest first; temporary folders of an
+    interrupted save never match."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        return []
+    found = [(int(m.group(1)), c) for c in run.iterdir() if c.is_dir() and (m := STEP_RE.match(c.name))]
+    return sorted((step, c) for step, c in found if (c / marker).is_file())
+
+
 def save_model_dir(
     out: str | Path,
     model: torch.nn.Module,
@@ -93,8 +103,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
         return p
     if is_hf_dir(p):
         return p
-    steps = sorted((int(m.group(1)), c) for c in p.iterdir() if c.is_dir() and (m := STEP_RE.match(c.name)))
-    steps = [(s, c) for s, c in steps if (c / MODEL_FILE).is_file()]
+    steps = step_folders(p)
     if not steps:
         raise CheckpointError(f"{p} holds no checkpoint (no model.safetensors + config.yaml, no step_* folders)")
     return steps[-1][1]

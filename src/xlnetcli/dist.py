@@ -12,6 +12,7 @@ Only rank 0 logs and writes files (`env.is_main`).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
@@ -195,3 +196,10 @@ def is_fsdp(model: torch.nn.Module) -> bool:
     except ImportError:  # pragma: no cover
         return False
     return isinstance(unwrap(model), FSDPModule)
+
+
+def autocast_ctx(device: torch.device, precision: str):
+    """Mixed precision for a forward pass: nothing for fp32, else torch.autocast in bf16 or fp16."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)

@@ -29,7 +29,9 @@ import numpy as np
 import torch
 
 from . import dist, tasks
+from .checkpoint import step_dir_name
 from .config import Config, config_from_dict, config_to_dict, save_config
+from .dist import autocast_ctx
 from .errors import CheckpointError, ConfigError, DataError, XLNetError
 from .io import atomic_write_json, check_output_dir
 from .log import console, step_progress
@@ -163,12 +165,6 @@ _PREDICT_KEYS = {**_TRAIN_KEYS, "squad": ("input_ids", "token_type_ids", "attent
 
 def make_batch(enc: tasks.Encoded, idx: np.ndarray, keys: tuple[str, ...], device: torch.device) -> dict:
     return {k: torch.from_numpy(enc.arrays[k][idx]).to(device, non_blocking=True) for k in keys}
-
-
-def autocast_ctx(device: torch.device, precision: str):
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
 @torch.no_grad()
@@ -463,7 +459,7 @@ def _finetune(cfg, task, train, valid, init, out, columns, header, overwrite, en
 
     elapsed = time.perf_counter() - t0
     if main and best["path"] is None:  # no validation file: keep the last model
-        path = out / _step_name(done)
+        path = out / step_dir_name(done)
         from .checkpoint import save_model_dir
 
         save_model_dir(path, dist.unwrap(model), run_cfg, tok_dir, meta={**meta_base, "step": done})
@@ -487,10 +483,6 @@ def _finetune(cfg, task, train, valid, init, out, columns, header, overwrite, en
     return results
 
 
-def _step_name(step: int) -> str:
-    return f"step_{step:07d}"
-
-
 def _eval_and_keep(model, valid_data, label_list, run_cfg, dev, step, out, tok_dir, meta_base, best,
                    logger) -> bool | None:
     """Evaluate on the validation data; save a checkpoint when the task metric improved. None without validation."""
@@ -505,7 +497,7 @@ def _eval_and_keep(model, valid_data, label_list, run_cfg, dev, step, out, tok_d
     logger.log(step, "eval", metric=value, metric_name=name, **{k: v for k, v in metrics.items()})
     improved = value > best["value"] or best["path"] is None
     if improved:
-        path = out / _step_name(step)
+        path = out / step_dir_name(step)
         meta = {**meta_base, "step": step, "metric": name, "value": value, "metrics": metrics}
         if valid_data.task == "squad" and "best_f1_thresh" in metrics:
             meta["null_odds_threshold"] = metrics["best_f1_thresh"]

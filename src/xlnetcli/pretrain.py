@@ -27,7 +27,6 @@ import contextlib
 import json
 import math
 import random
-import re
 import shutil
 import time
 import warnings
@@ -38,14 +37,15 @@ import numpy as np
 import torch
 
 from . import dist
+from .checkpoint import step_dir_name, step_folders
 from .config import Config, config_to_dict, load_config, save_config
+from .dist import autocast_ctx
 from .errors import CheckpointError, ConfigError, DataError, XLNetError
 from .io import atomic_write_text
 from .log import console, step_progress
 from .optim import build_optimizer, lr_factor, set_lr
 from .runlog import MetricsLogger, NullLogger, read_metrics
 
-STEP_DIR = re.compile(r"^step_(\d{7,})$")
 TRAIN_STATE = "train_state.pt"
 
 # train.* keys that may change when resuming a run (they do not change what is computed, only how often we
@@ -70,21 +70,9 @@ RECORD_KEYS = {
 }
 
 
-def step_dir_name(step: int) -> str:
-    return f"step_{step:07d}"
-
-
 def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
-    """Complete step folders of a run, oldest first (temporary folders of an interrupted save are ignored)."""
-    out = Path(out_dir)
-    if not out.is_dir():
-        return []
-    found = []
-    for p in out.iterdir():
-        m = STEP_DIR.match(p.name)
-        if m and p.is_dir() and (p / TRAIN_STATE).is_file():
-            found.append((int(m.group(1)), p))
-    return sorted(found)
+    """Resumable step folders of a run (with train_state.pt), oldest first."""
+    return step_folders(out_dir, TRAIN_STATE)
 
 
 def _get(cfg_dict: dict, dotted: str) -> Any:
@@ -334,13 +322,6 @@ def _model_inputs(batch: dict, device: torch.device) -> dict:
 def _forward(model: torch.nn.Module, inputs: dict, mems: list | None) -> Any:
     # The PLM loss reads only the query stream: the last layer's content stream is skipped.
     return model(**inputs, mems=mems, need_hidden=False)
-
-
-def autocast_ctx(device: torch.device, precision: str):
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------------
