@@ -54,6 +54,7 @@ class TaskData:
     labels_present: bool = True
     squad_v2: bool = False
     notes: list[str] = field(default_factory=list)
+    label_list: list[str] | None = None  # classification: the label of each class index
 
     def __len__(self) -> int:
         return len(self.enc)
@@ -68,11 +69,13 @@ def load_task_data(task: str, path: str | Path, tok: Any, cfg: Config, label_lis
     notes: list[str] = []
     if task in ("classification", "regression"):
         examples = tasks.read_table(path, task, columns, header, require_label)
-        if task == "classification" and label_list is not None:
+        if task == "classification" and label_list is None and training:
+            label_list = tasks.build_label_list(examples)  # the training file defines the classes
+        elif task == "classification" and label_list is not None:
             tasks.check_labels(examples, label_list, path, train_path)
         enc = tasks.encode_texts(tok, examples, ft.max_seq_length, task, label_list)
         present = all(ex.label is not None for ex in examples)
-        data = TaskData(task, str(path), examples, enc, present)
+        data = TaskData(task, str(path), examples, enc, present, label_list=label_list)
     elif task == "multiple-choice":
         examples = tasks.read_choices(path, require_label)
         enc = tasks.encode_choices(tok, examples, ft.max_seq_length)
@@ -312,13 +315,10 @@ def _finetune(cfg, task, train, valid, init, out, columns, header, overwrite, en
                               f"{run_cfg.model.vocab_size}")
 
     # data
-    label_list: list[str] | None = None
     train_data = load_task_data(task, train, tok, run_cfg, None, columns, header, training=True)
-    if task == "classification":
-        label_list = tasks.build_label_list(train_data.examples)
-        if len(label_list) < 2:
-            raise DataError(f"{train}: classification needs at least 2 distinct labels, found {label_list}")
-        train_data = load_task_data(task, train, tok, run_cfg, label_list, columns, header, training=True)
+    label_list = train_data.label_list
+    if task == "classification" and len(label_list) < 2:
+        raise DataError(f"{train}: classification needs at least 2 distinct labels, found {label_list}")
     valid_data = None
     if valid is not None:
         valid_data = load_task_data(task, valid, tok, run_cfg, label_list, columns, header, training=False,
