@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from test_model_parity import TOL, maxdiff, plm_batch, tiny_cfg
-from xlnetcli.model import (NEG_INF, XLNetLMHeadModel, _FeedForwardCore, _LMHeadLoss, _RelAttnCore, fused_dropout,
-                            keep_mask)
+from xlnetcli.kernels import NEG_INF, _FeedForwardCore, _LMHeadLoss, _RelAttnCore, fused_dropout, keep_mask
+from xlnetcli.model import XLNetLMHeadModel
 
 
 def attn_reference(q, k, v, kr, r_w, r_r, r_s, seg, rel_index, same, mask, keep, ks):

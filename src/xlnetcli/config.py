@@ -51,7 +51,7 @@ class ModelConfig:
     clamp_len: int = -1  # clip relative positions to +-clamp_len (-1 = no clipping)
     # Kept for HF config round trips: like the original and HF, it only affects attn_type "uni", and XLNet is "bi".
     same_length: bool = False
-    attn_impl: Literal["auto", "fused", "einsum", "sdpa"] = "auto"  # attention kernel; auto = fused
+    attn_impl: Literal["auto", "fused", "einsum", "sdpa", "flex"] = "auto"  # attention kernel (kernels.py); auto = fused on CPU, sdpa on CUDA
 
     def __post_init__(self) -> None:
         _positive(self, "vocab_size", "d_model", "n_layer", "n_head", "d_head", "d_inner")

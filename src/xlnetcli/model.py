@@ -1,18 +1,16 @@
 """XLNet in one file: two-stream relative attention with Transformer-XL memory (batch-first everywhere).
 
 Notation: B batch, L sequence length, M memory length, K = M + L keys, P predicted (query-stream) rows,
-H heads, D head size, R = K + L relative positions. Facts: REFERENCE.md §6.
+H heads, D head size, R = K + L relative positions (Yang et al. 2019, §2.3 and appendix A; Dai et al. 2019, §3.3).
 
 How this differs from the transformers implementation (same numbers, less work):
-- the query stream is computed only for the P target rows (``target_index`` [B,P]); a one-hot ``target_mapping``
+- the query stream g is computed only for the P target rows (``target_index`` [B,P]); a one-hot ``target_mapping``
   [B,P,L] is accepted too and turned into indices (all-zero rows are padding: their attention output is zero, as HF);
 - both streams share one attention call: the L content rows and the P query rows are stacked into L+P query rows
-  that attend to the same keys, each row with its own relative offset and mask row;
-- the positional projection W_r·pos_emb is done once per batch (twice with bi_data), not once per example;
-- the position term is one [B,H,L+P,R] matmul followed by a gather (the "rel-shift") instead of per-example copies;
-- ``attn_impl`` selects the attention kernel: "einsum" (plain reference), "sdpa"
-  (``scaled_dot_product_attention`` with the position/segment terms and the mask folded into an additive bias);
-  "auto" picks einsum (see AUTO_IMPL); ``maybe_compile`` wraps the model in ``torch.compile``.
+  that attend to the same keys, each row with its own relative offset and mask row (``kernels.AttnLayout``);
+- the positional projection W_r·pos_emb is done once per batch (twice with bi_data) in each layer, not per example;
+- how the attention core runs (the plain reference, a fused CPU path, SDPA or FlexAttention on CUDA) is chosen by
+  ``attn_impl`` and lives in kernels.py; activation checkpointing, FSDP2 and torch.compile live in parallel.py.
 """
 
 from __future__ import annotations
@@ -27,6 +25,8 @@ from torch import nn
 
 from .config import ModelConfig
 from .errors import XLNetError
+from .kernels import (NEG_INF, AttnLayout, _FeedForwardCore, _LMHeadLoss, activation, fused_dropout, keep_mask,
+                      relative_attention, resolve_impl)
 
 XLNetConfig = ModelConfig
 
@@ -36,8 +36,6 @@ SIZES: dict[str, dict] = {
     "base": dict(vocab_size=32000, d_model=768, n_layer=12, n_head=12, d_head=64, d_inner=3072),
     "large": dict(vocab_size=32000, d_model=1024, n_layer=24, n_head=16, d_head=64, d_inner=4096),
 }
-
-NEG_INF = -1e30  # additive mask value (as the original / HF); finite so fully masked rows stay finite
 
 
 def named_config(name: str, **overrides) -> ModelConfig:
@@ -63,282 +61,6 @@ class LMOutput:
     query: torch.Tensor | None = None
 
 
-def _activation(name: str):
-    if name == "gelu":
-        return F.gelu
-    if name == "gelu_new":
-        return lambda x: F.gelu(x, approximate="tanh")
-    if name == "relu":
-        return F.relu
-    raise XLNetError(f"unknown ff_activation {name!r}")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Attention core: the reference (einsum) formulation and the SDPA one. Both take the stacked query rows.
-
-
-def attention_einsum(q, k, v, bias, dropatt: float, training: bool):
-    """q [B,H,N,D] (already + r_w_bias), k/v [B,H,K,D], bias [B,H,N,K] = scale*(BD+EF) + mask -> [B,H,N,D]."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    score = torch.matmul(q, k.transpose(-1, -2)) * scale + bias
-    prob = torch.softmax(score, dim=-1)
-    prob = F.dropout(prob, dropatt, training)
-    return torch.matmul(prob, v)
-
-
-def attention_sdpa(q, k, v, bias, dropatt: float, training: bool):
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=bias, dropout_p=dropatt if training else 0.0, scale=1.0 / math.sqrt(q.shape[-1])
-    )
-
-
-ATTENTION = {"einsum": attention_einsum, "sdpa": attention_sdpa}
-# "auto" = "fused" (below): on CPU the SDPA call falls back to its math kernel (the bias needs a gradient) and measured
-# no faster than the plain path; the fused path is faster and keeps ~4x less activation memory.
-AUTO_IMPL = "fused"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The fused training path ("fused", what "auto" picks): custom autograd functions that keep only what backward needs.
-# Per layer the plain path keeps ~5 [B,H,N,K]-sized tensors (the [B,H,N,R] position scores the gather saves, the
-# probabilities, the float dropout noise, the dropped probabilities); the fused core keeps the probabilities and a
-# 1-byte keep mask. The FFN keeps its pre-activation and a keep mask (the activation is recomputed in backward);
-# the loss keeps the logits the caller holds anyway plus one log-sum-exp per row.
-
-
-def keep_mask(shape, p: float, device) -> tuple[torch.Tensor, float]:
-    """Dropout keep mask (bool, True with probability 1 - p') and its scale 1/(1 - p'), p' = p rounded to a multiple of
-    2^-15. Each 64-bit random draw gives four 15-bit uniforms: ~8x cheaper than ``bernoulli_`` on CPU."""
-    n = math.prod(shape)
-    thresh = round(p * 32768)
-    if thresh >= 32768:
-        return torch.zeros(shape, dtype=torch.bool, device=device), 0.0
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_()
-    keep = (bits.view(torch.int16)[:n].view(shape) & 0x7FFF) >= thresh
-    return keep, 32768.0 / (32768 - thresh)
-
-
-class _MaskedScale(torch.autograd.Function):
-    """y = x * keep * scale (dropout with a given keep mask); saves only the 1-byte mask."""
-
-    @staticmethod
-    def forward(ctx, x, keep, scale: float):
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return x.mul(keep).mul_(scale)
-
-    @staticmethod
-    def backward(ctx, g):
-        (keep,) = ctx.saved_tensors
-        return g.mul(keep).mul_(ctx.scale), None, None
-
-
-def fused_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    if not training or p == 0.0:
-        return x
-    keep, scale = keep_mask(x.shape, p, x.device)
-    return _MaskedScale.apply(x, keep, scale)
-
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    dev = x.device.type
-    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-
-
-def _act_backward(name: str, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    if name == "relu":
-        return g * (x > 0)
-    return torch.ops.aten.gelu_backward(g, x, approximate="tanh" if name == "gelu_new" else "none")
-
-
-class _FeedForwardCore(torch.autograd.Function):
-    """y = drop(act(x W1^T + b1)) W2^T + b2 on [n, d] rows; saves x, the pre-activation and the keep mask and
-    recomputes the activation in backward (instead of keeping activation, dropout noise and dropped activation)."""
-
-    @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2, act_name: str, keep, scale: float):
-        ct = _compute_dtype(x)
-        ctx.dtypes = (x.dtype, w1.dtype, b1.dtype, w2.dtype, b2.dtype)
-        with torch.autocast(x.device.type, enabled=False):
-            x, w1, b1, w2, b2 = (t.to(ct) for t in (x, w1, b1, w2, b2))
-            h1 = torch.addmm(b1, x, w1.t())
-            a = _activation(act_name)(h1)
-            if keep is not None:
-                a.mul_(keep).mul_(scale)
-            y = torch.addmm(b2, a, w2.t())
-        ctx.save_for_backward(x, h1, w1, w2, keep)
-        ctx.act_name, ctx.scale = act_name, scale
-        return y
-
-    @staticmethod
-    def backward(ctx, gy):
-        x, h1, w1, w2, keep = ctx.saved_tensors
-        with torch.autocast(x.device.type, enabled=False):
-            gy = gy.to(x.dtype)
-            a = _activation(ctx.act_name)(h1)
-            if keep is not None:
-                a.mul_(keep).mul_(ctx.scale)
-            gw2 = gy.t() @ a
-            del a
-            ga = gy @ w2
-            if keep is not None:
-                ga.mul_(keep).mul_(ctx.scale)
-            gh1 = _act_backward(ctx.act_name, ga, h1)
-            del ga
-            grads = (gh1 @ w1, gh1.t() @ x, gh1.sum(0), gw2, gy.sum(0))
-        return (*(g.to(dt) for g, dt in zip(grads, ctx.dtypes)), None, None, None)
-
-
-def _split_halves(rel_index: torch.Tensor, B: int, G: int) -> torch.Tensor:
-    """[B|1,1,N,K] -> [G,B/G,1,N,K] (or [1,1,1,N,K] when shared by the batch)."""
-    N, K = rel_index.shape[-2:]
-    return rel_index.reshape(G, B // G, 1, N, K) if rel_index.shape[0] == B else rel_index.reshape(1, 1, 1, N, K)
-
-
-class _RelAttnCore(torch.autograd.Function):
-    """The whole XLNet attention core for the stacked query rows, keeping only q, k, v, kr, the probabilities and
-    the attention-dropout keep mask for backward.
-
-    q [B,H,N,D] (no biases), k/v [B,H,K,D], kr [G,H,R,D] batch-shared projected positions (G = 1, or 2 with bi_data:
-    the first B/G rows use kr[0]); biases r_w/r_r/r_s [H,D]; seg_embed [2,H,D] (or None with seg_same None);
-    rel_index [1|B,1,N,K] column of kr for each (row, key); seg_same [B,1,N,K] bool; mask [B,1,N,K] bool
-    (True = cannot attend) or None; keep [B,H,N,K] bool (attention dropout) or None. Returns [B,H,N,D].
-    score = ((q+r_w)·k + (q+r_r)·kr[rel] + (q+r_s)·seg_embed[s]) / sqrt(D), masked, softmax, dropout, · v."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, kr, r_w, r_r, r_s, seg_embed, rel_index, seg_same, mask, keep, keep_scale: float):
-        B, H, N, D = q.shape
-        K, (G, _, R, _) = k.shape[2], kr.shape
-        ct = _compute_dtype(q)
-        ins = (q, k, v, kr, r_w, r_r, r_s, seg_embed)
-        ctx.dtypes = tuple(None if t is None else t.dtype for t in ins)
-        with torch.autocast(q.device.type, enabled=False):
-            q, k, v, kr, r_w, r_r, r_s, seg_embed = (None if t is None else t.to(ct) for t in ins)
-            score = torch.matmul(q + r_w[:, None], k.transpose(-1, -2))  # [B,H,N,K] content term
-            # position term: one [(B/G)*N, D] x [D, R] matmul per (half, head), then the rel-shift gather
-            qr = (q + r_r[:, None]).view(G, B // G, H, N, D).transpose(1, 2).reshape(G * H, (B // G) * N, D)
-            bd = torch.bmm(qr, kr.reshape(G * H, R, D).transpose(1, 2)).view(G, H, B // G, N, R).transpose(1, 2)
-            idx = _split_halves(rel_index, B, G)
-            score += torch.gather(bd, 4, idx.expand(G, B // G, H, N, K)).reshape(B, H, N, K)
-            del bd
-            if seg_same is not None:  # segment term: per row one of two scalars
-                ef = torch.matmul(q + r_s[:, None], seg_embed.permute(1, 2, 0))  # [B,H,N,2]
-                score += ef[..., 1:]
-                score.addcmul_(seg_same, ef[..., :1] - ef[..., 1:])
-            score.mul_(1.0 / math.sqrt(D))
-            if mask is not None:
-                score.masked_fill_(mask, NEG_INF)
-            prob = torch.softmax(score, -1, dtype=torch.promote_types(ct, torch.float32)).to(ct)
-            del score
-            pd = prob if keep is None else prob.mul(keep).mul_(keep_scale)
-            out = torch.matmul(pd, v)
-        ctx.save_for_backward(q, k, v, kr, r_w, r_r, r_s, seg_embed, rel_index, seg_same, keep, prob)
-        ctx.keep_scale = keep_scale
-        return out
-
-    @staticmethod
-    def backward(ctx, go):
-        q, k, v, kr, r_w, r_r, r_s, seg_embed, rel_index, seg_same, keep, prob = ctx.saved_tensors
-        B, H, N, D = q.shape
-        K, (G, _, R, _) = k.shape[2], kr.shape
-        s = ctx.keep_scale
-        with torch.autocast(q.device.type, enabled=False):
-            go = go.to(q.dtype)
-            pd = prob if keep is None else prob.mul(keep).mul_(s)
-            dv = torch.matmul(pd.transpose(-1, -2), go)
-            del pd
-            dp = torch.matmul(go, v.transpose(-1, -2))
-            if keep is not None:
-                dp.mul_(keep).mul_(s)
-            ds = torch._softmax_backward_data(dp, prob, -1, prob.dtype)
-            del dp
-            ds.mul_(1.0 / math.sqrt(D))  # d loss / d (content + position + segment terms)
-            qw = q + r_w[:, None]
-            dqw = torch.matmul(ds, k)
-            dk = torch.matmul(ds.transpose(-1, -2), qw)
-            del qw
-            # position term: scatter back to the R columns (distinct per row), then the two matmuls
-            dbd = ds.new_zeros(G, H, B // G, N, R)
-            idx = _split_halves(rel_index, B, G)
-            dbd.transpose(1, 2).scatter_(4, idx.expand(G, B // G, H, N, K), ds.view(G, B // G, H, N, K))
-            dbd = dbd.view(G * H, (B // G) * N, R)
-            qr = (q + r_r[:, None]).view(G, B // G, H, N, D).transpose(1, 2).reshape(G * H, (B // G) * N, D)
-            dkr = torch.bmm(dbd.transpose(1, 2), qr).view(G, H, R, D)
-            del qr
-            dqr = torch.bmm(dbd, kr.reshape(G * H, R, D)).view(G, H, B // G, N, D).transpose(1, 2).reshape(B, H, N, D)
-            del dbd
-            dq = dqw + dqr
-            dr_w, dr_r = dqw.sum((0, 2)), dqr.sum((0, 2))
-            dr_s = dseg = None
-            if seg_same is not None:
-                # rows of ds sum to zero (softmax), so d(ef1) = -d(ef0)
-                de0 = (ds * seg_same).sum(-1)
-                de = torch.stack([de0, -de0], -1)  # [B,H,N,2]
-                dqs = torch.matmul(de, seg_embed.transpose(0, 1))  # [B,H,N,D]
-                dseg = torch.einsum("bhns,bhnd->shd", de, q + r_s[:, None])
-                dq += dqs
-                dr_s = dqs.sum((0, 2))
-            grads = (dq, dk, dv, dkr, dr_w, dr_r, dr_s, dseg)
-        grads = tuple(None if g is None else g.to(dt) for g, dt in zip(grads, ctx.dtypes))
-        return (*grads, None, None, None, None, None)
-
-
-class _LMHeadLoss(torch.autograd.Function):
-    """logits = x W^T + b and loss = sum_i w_i CE(logits_i, labels_i) (label -100 = ignored row) in one function.
-    Keeps only x and one log-sum-exp per row (not the [n,V] logits, log-probabilities or gradient): backward walks
-    the vocabulary in column blocks, recomputing that block of logits (one extra head matmul), turning it into
-    softmax - onehot, writing its rows of dW once and accumulating dx."""
-
-    BLOCK = 4096  # vocabulary columns per block
-    ROWS = 256  # rows per forward log-sum-exp chunk (no [n,V] temporary)
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, labels, w):
-        logits = F.linear(x, weight, bias)
-        ft = torch.promote_types(logits.dtype, torch.float32)  # fp32 (or fp64) softmax
-        lse = torch.cat([torch.logsumexp(logits[r:r + _LMHeadLoss.ROWS].to(ft), -1)
-                         for r in range(0, logits.shape[0], _LMHeadLoss.ROWS)])
-        valid = labels != -100
-        lab = labels.clamp_min(0)
-        w = w.to(ft) * valid
-        loss = ((lse - logits.gather(1, lab[:, None])[:, 0].to(ft)) * w).sum()
-        ctx.save_for_backward(x, weight, bias, lab, w, lse)
-        ctx.logits_dtype = logits.dtype
-        return loss, logits
-
-    @staticmethod
-    def backward(ctx, g_loss, g_logits):
-        x, weight, bias, lab, w, lse = ctx.saved_tensors
-        ft = lse.dtype
-        with torch.autocast(x.device.type, enabled=False):
-            n, V = x.shape[0], weight.shape[0]
-            coef = (w * g_loss)[:, None]
-            dx = torch.zeros(n, weight.shape[1], dtype=ft, device=x.device)
-            dw = torch.empty(weight.shape, dtype=ft, device=x.device)
-            db = torch.empty(V, dtype=ft, device=x.device)
-            rows = torch.arange(n, device=x.device)
-            lp = ctx.logits_dtype  # recompute the block exactly as the forward did (in the logits' dtype)
-            xl, wl, bl = x.to(lp), weight.to(lp), bias.to(lp)
-            xf, wf = x.to(ft), weight.to(ft)
-            for c0 in range(0, V, _LMHeadLoss.BLOCK):
-                c1 = min(V, c0 + _LMHeadLoss.BLOCK)
-                g = torch.addmm(bl[c0:c1], xl, wl[c0:c1].t()).to(ft).sub_(lse[:, None]).exp_()
-                hit = (lab >= c0) & (lab < c1)
-                g[rows[hit], lab[hit] - c0] -= 1.0
-                g.mul_(coef)
-                if g_logits is not None:
-                    g += g_logits[:, c0:c1]
-                torch.sum(g, 0, out=db[c0:c1])
-                if lp == ft:
-                    torch.mm(g.t(), xf, out=dw[c0:c1])
-                    dx.addmm_(g, wf[c0:c1])
-                else:  # autocast (bf16/fp16 logits): the two matmuls in that dtype, as the forward's
-                    g = g.to(lp)
-                    dw[c0:c1] = g.t() @ xl
-                    dx += g @ wl[c0:c1]
-        return dx.to(x.dtype), dw.to(weight.dtype), db.to(bias.dtype), None, None
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Modules
 
@@ -361,49 +83,25 @@ class RelativeAttention(nn.Module):
         self.dropout = cfg.dropout
         self.dropatt = cfg.dropatt
 
-    def forward(self, x, mem, kr, rel_index, seg_same, mask_bias, biases, impl: str, h=None):
-        """x [B,N,d] stacked query-row inputs (content rows first: the first L rows are h, unless h [B,L,d] is given:
-        then x holds only query-stream rows and h is the content stream for keys and values);
-        mem [B,M,d] or None; kr [G,H,R,D] projected positions (G = 1 or 2 halves);
-        rel_index [1|B,1,N,K] column of kr for each (row, key); seg_same [B,N,K] bool (same segment) or None;
-        mask_bias [B,1,N,K] additive mask; biases (r_w, r_r, r_s) [H,D]."""
+    def forward(self, x, mem, pos_emb, layout: AttnLayout, biases, impl: str, h=None):
+        """x [B,N,d] stacked query-row inputs: the content stream h (first L rows) and the query stream g (P rows);
+        with ``h`` [B,L,d] given, x holds only the query-stream rows and h is the content stream for keys and values.
+        mem [B,M,d] or None; pos_emb [G,R,d] sinusoids of the relative positions (G = 1, or 2 with bi_data);
+        biases (r_w, r_r, r_s) [H,D] shared by all layers, or None: this layer's own (untie_r). Returns the attention
+        output [B,N,d] (before the residual)."""
         B, N, d = x.shape
-        L = rel_index.shape[-1] - (0 if mem is None else mem.shape[1])
+        if biases is None:
+            biases = self.r_w_bias, self.r_r_bias, self.r_s_bias
         H, D = self.n_head, self.d_head
-        r_w, r_r, r_s = biases
-        h = x[:, :L] if h is None else h
-        cat = h if mem is None else torch.cat([mem, h], dim=1)
+        h = x[:, : layout.L] if h is None else h
+        cat = h if mem is None else torch.cat([mem, h], dim=1)  # keys and values: memory, then the content stream
         K = cat.shape[1]
         q = (x @ self.q.view(d, H * D)).view(B, N, H, D).transpose(1, 2)  # [B,H,N,D]
         kv = cat @ torch.cat([self.k.view(d, H * D), self.v.view(d, H * D)], dim=1)
         k, v = kv.view(B, K, 2, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # [B,H,K,D] each
-        if impl == "fused":  # mask_bias is the bool mask [B,1,N,K] (or None) here
-            keep, ks = None, 1.0
-            if self.training and self.dropatt > 0:
-                keep, ks = keep_mask((B, H, N, K), self.dropatt, x.device)
-            seg = None if seg_same is None else seg_same[:, None]
-            vec = _RelAttnCore.apply(q, k, v, kr, r_w, r_r, r_s, self.seg_embed if seg is not None else None,
-                                     rel_index, seg, mask_bias, keep, ks)
-            return vec.transpose(1, 2).reshape(B, N, H * D) @ self.o.view(d, H * D).t()
-        scale = 1.0 / math.sqrt(D)
-
-        # position term: (q + r_r_bias) . kr[c], c = L - pos(row) + j  (the rel-shift), batch-shared kr
-        G = kr.shape[0]
-        qr = (q + r_r[:, None]).view(G, B // G, H, N, D)
-        bd = torch.matmul(qr, kr.transpose(-1, -2)[:, None]).view(B, H, N, -1)  # [B,H,N,R]
-        bd = torch.gather(bd, 3, rel_index.expand(B, H, N, K))
-        bias = bd
-        # segment term: (q + r_s_bias) . seg_embed[s], s = 0 if same segment else 1
-        if seg_same is not None:
-            ef = torch.matmul(q + r_s[:, None], self.seg_embed.permute(1, 2, 0))  # [B,H,N,2]
-            ef0, ef1 = ef.unbind(-1)
-            diff = torch.where(seg_same[:, None], 0.0, (ef1 - ef0)[..., None])
-            bias = bias + ef0[..., None] + diff
-        bias = bias * scale + mask_bias
-        vec = ATTENTION[impl](q + r_w[:, None], k, v, bias, self.dropatt, self.training)  # [B,H,N,D]
-        vec = vec.transpose(1, 2).reshape(B, N, H * D)
-        out = vec @ self.o.view(d, H * D).t()
-        return out
+        kr = (pos_emb @ self.r.view(d, H * D)).view(pos_emb.shape[0], -1, H, D).transpose(1, 2)  # [G,H,R,D]
+        vec = relative_attention(q, k, v, kr, biases, self.seg_embed, layout, self.dropatt, self.training, impl)
+        return vec.transpose(1, 2).reshape(B, N, H * D) @ self.o.view(d, H * D).t()
 
 
 class FeedForward(nn.Module):
@@ -412,7 +110,7 @@ class FeedForward(nn.Module):
         self.layer_1 = nn.Linear(cfg.d_model, cfg.d_inner)
         self.layer_2 = nn.Linear(cfg.d_inner, cfg.d_model)
         self.layer_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.act = _activation(cfg.ff_activation)
+        self.act = activation(cfg.ff_activation)
         self.act_name = cfg.ff_activation
         self.dropout = cfg.dropout
 
@@ -437,8 +135,8 @@ class XLNetLayer(nn.Module):
         self.ff = FeedForward(cfg)
         self.dropout = cfg.dropout
 
-    def forward(self, x, mem, kr, rel_index, seg_same, mask_bias, biases, impl, valid_rows, h=None):
-        a = self.rel_attn(x, mem, kr, rel_index, seg_same, mask_bias, biases, impl, h)
+    def forward(self, x, mem, pos_emb, layout: AttnLayout, biases, impl: str, valid_rows=None, h=None):
+        a = self.rel_attn(x, mem, pos_emb, layout, biases, impl, h)
         if valid_rows is not None:  # padding target rows: zero attention output (as HF's one-hot mapping)
             a = a * valid_rows
         fused = impl == "fused"
@@ -474,9 +172,11 @@ class XLNetModel(nn.Module):
 
     # -- helpers -----------------------------------------------------------------------------------------------
 
-    def _biases(self, layer: XLNetLayer):
-        src = layer.rel_attn if self.config.untie_r else self
-        return src.r_w_bias, src.r_r_bias, src.r_s_bias
+    def _biases(self, i: int):
+        """(r_w, r_r, r_s) for layer i: its own (untie_r) or the ones shared by all layers."""
+        if self.config.untie_r:
+            return None  # the layer reads its own
+        return self.r_w_bias, self.r_r_bias, self.r_s_bias
 
     def positional_encoding(self, L: int, K: int, bi: bool, dtype, device):
         """[G,R,d] sinusoids for pos_seq = K, K-1, ..., -L+1 (G=2 with bi_data: the second half negated)."""
@@ -534,11 +234,11 @@ class XLNetModel(nn.Module):
         if P:
             rows = torch.cat([rows, target_index.to(device)], dim=1)  # position of every stacked row [B,N]
         N = L + P
-        impl = AUTO_IMPL if cfg.attn_impl == "auto" else cfg.attn_impl
+        impl = resolve_impl(cfg.attn_impl, device)
         drop = fused_dropout if impl == "fused" else F.dropout
 
-        # masks (1 = cannot attend): padding columns + perm_mask; content rows may always see themselves
-        mask = None
+        # masks (True = cannot attend): padding columns + perm_mask; content rows may always see themselves
+        mask = mask_bias = None
         if attention_mask is not None or perm_mask is not None:
             mask = torch.zeros(B, N, L, dtype=torch.bool, device=device)
             if attention_mask is not None:
@@ -550,24 +250,23 @@ class XLNetModel(nn.Module):
             mask[:, :L] &= ~eye
             if M:
                 mask = torch.cat([mask.new_zeros(B, N, M), mask], dim=2)
-            dtype = self.mask_emb.dtype
-            if impl == "fused":
-                mask_bias = mask[:, None]  # the fused core takes the bool mask
-            else:
-                mask_bias = torch.zeros(B, 1, N, K, dtype=dtype, device=device).masked_fill_(mask[:, None], NEG_INF)
-        else:
-            mask_bias = None if impl == "fused" else torch.zeros((), dtype=self.mask_emb.dtype, device=device)
+            mask = mask[:, None]  # [B,1,N,K]
+            if impl in ("einsum", "sdpa"):  # these kernels add the mask to the scores
+                mask_bias = torch.zeros(mask.shape, dtype=self.mask_emb.dtype, device=device).masked_fill_(mask,
+                                                                                                           NEG_INF)
 
-        # segment equality [B,N,K]; memory counts as segment 0
+        # relative segment encoding: does row i share key j's segment? (memory counts as segment 0)
         seg_same = None
         if token_type_ids is not None:
             seg_k = token_type_ids if not M else torch.cat([token_type_ids.new_zeros(B, M), token_type_ids], 1)
             seg_q = torch.gather(token_type_ids, 1, rows)
-            seg_same = seg_q[:, :, None] == seg_k[:, None, :]
+            seg_same = (seg_q[:, :, None] == seg_k[:, None, :])[:, None]  # [B,1,N,K]
 
         # relative positions: column of the [R] table for (row at position t, key j) is L - t + j
         rel_index = (L - rows)[:, None, :, None] + torch.arange(K, device=device)  # [B,1,N,K]
+        layout = AttnLayout(L, rows, rel_index, seg_same, mask, mask_bias)
 
+        # the two streams: content h starts from the word embeddings, query g from the learned mask embedding
         word = self.word_embedding(input_ids)
         h = drop(word, cfg.dropout, self.training)
         x = h
@@ -581,19 +280,16 @@ class XLNetModel(nn.Module):
             valid_rows = torch.cat([valid.new_ones(B, L), valid], 1)[:, :, None]
 
         new_mems = [] if return_mems else None
-        d = cfg.d_model
         skip_last = P > 0 and not content_output
         for i, layer in enumerate(self.layer):
             if return_mems:
                 new_mems.append(self._cache_mem(x[:, :L], mem_list[i]))
-            a = layer.rel_attn
-            kr = (pos_emb @ a.r.view(d, -1)).view(pos_emb.shape[0], -1, a.n_head, a.d_head).transpose(1, 2)
+            biases = self._biases(i)
             if skip_last and i == cfg.n_layer - 1:  # query rows only; the content rows serve as keys/values
-                sl = lambda t: t if t is None or t.dim() == 0 else t[:, :, L:] if t.dim() == 4 else t[:, L:]  # noqa
-                x = layer(x[:, L:], mem_list[i], kr, sl(rel_index), sl(seg_same), sl(mask_bias),
-                          self._biases(layer), impl, sl(valid_rows), h=x[:, :L])
+                x = layer(x[:, L:], mem_list[i], pos_emb, layout.query_rows(), biases, impl,
+                          None if valid_rows is None else valid_rows[:, L:], h=x[:, :L])
             else:
-                x = layer(x, mem_list[i], kr, rel_index, seg_same, mask_bias, self._biases(layer), impl, valid_rows)
+                x = layer(x, mem_list[i], pos_emb, layout, biases, impl, valid_rows)
         x = drop(x, cfg.dropout, self.training)
         if skip_last:
             return XLNetOutput(hidden=None, query=x, mems=new_mems)

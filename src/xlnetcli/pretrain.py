@@ -44,6 +44,7 @@ from .errors import CheckpointError, ConfigError, DataError, XLNetError
 from .io import atomic_write_text
 from .log import console, step_progress
 from .optim import build_optimizer, lr_factor, set_lr
+from .parallel import parallelize
 from .runlog import MetricsLogger, NullLogger, read_metrics
 
 TRAIN_STATE = "train_state.pt"
@@ -275,34 +276,6 @@ def build_lm_model(cfg: Config) -> torch.nn.Module:
     return XLNetLMHeadModel(cfg.model)
 
 
-def _layer_types() -> tuple[type, ...]:
-    from . import model as model_mod
-
-    return tuple(t for t in (getattr(model_mod, n, None) for n in ("XLNetLayer", "XLNetBlock", "Layer")) if t)
-
-
-def apply_activation_checkpointing(model: torch.nn.Module) -> None:
-    """Recompute each transformer layer in backward (non-reentrant: dropout masks are replayed exactly)."""
-    if hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable()
-        return
-    inner = getattr(model, "transformer", model)
-    if hasattr(inner, "activation_checkpointing"):
-        inner.activation_checkpointing = True
-        return
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl,
-        apply_activation_checkpointing as apply_ac,
-        checkpoint_wrapper,
-    )
-
-    types_ = _layer_types()
-    if not types_:
-        raise ConfigError("train.activation_checkpointing: the model exposes no layer type to checkpoint")
-    apply_ac(model, checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
-             check_fn=lambda m: isinstance(m, types_))
-
-
 MODEL_INPUTS = ("input_ids", "token_type_ids", "perm_mask", "target_index", "labels", "label_mask")
 
 
@@ -478,19 +451,12 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
                 f"checkpoint {start[1].name} was written by {state.get('world_size')} process(es); resume with the "
                 f"same number (torchrun --nproc-per-node {state.get('world_size')}) for an exact continuation"
             )
-    if t.activation_checkpointing:
-        apply_activation_checkpointing(model)
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")  # no in-place use
-    # FSDP2 per-layer sharding needs layers whose forward touches only their own parameters; model.py declares
-    # which types are safe in FSDP_LAYER_TYPES (absent: shard the root only, i.e. ZeRO-3 over the whole model).
-    from . import model as model_mod
-
-    model = dist.wrap_model(model, env, t.distributed, tuple(getattr(model_mod, "FSDP_LAYER_TYPES", ())))
+    model = parallelize(model, env, t.activation_checkpointing, t.compile, t.distributed)
     fsdp = env.distributed and dist.is_fsdp(model)
     fused = dev.type == "cuda"
     optimizer = build_optimizer(model, t.lr, t.weight_decay, t.adam_betas, t.adam_eps, fused=fused)
     scaler = torch.amp.GradScaler(dev.type) if t.precision == "fp16" else None
-    fwd_model = torch.compile(model) if t.compile else model
 
     # ---- data ---------------------------------------------------------------------------------------------
     stream = PretrainStream(data_dir, "train", env.rank, env.world_size, t.micro_batch_size, cfg.data.seed,
@@ -644,7 +610,7 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
                     sync = contextlib.nullcontext() if (not ddp or a == accum - 1) else model.no_sync()
                     with sync:
                         with autocast_ctx(dev, t.precision):
-                            out = _forward(fwd_model, inputs, mems[a])
+                            out = _forward(model, inputs, mems[a])
                         loss = out.loss
                         scaled = loss / accum
                         (scaler.scale(scaled) if scaler is not None else scaled).backward()

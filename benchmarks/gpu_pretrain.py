@@ -1,0 +1,235 @@
+"""XLNet pretraining step on a GPU: ours against transformers' XLNetLMHeadModel on the same batch, in one run.
+
+    python benchmarks/gpu_pretrain.py                       # the BENCHMARKS.md table (Base 8/16/32, Large 4/8)
+    python benchmarks/gpu_pretrain.py --rows base:16:sdpa,base:16:flex:compile --hf   # chosen rows
+    python benchmarks/gpu_pretrain.py --smoke               # CPU smoke run (tiny sizes, 2 steps): checks the script
+
+A row is SIZE:MICRO:IMPL[:compile][:ac][:dropatt0]: size base or large (configs/*.yaml: seq 512, mem_len 384,
+reuse_len 256, 85 targets, bi_data on, dropout 0.1, dropatt 0.1), micro-batch, attention kernel (kernels.py), then
+per-layer torch.compile, activation checkpointing, and attention dropout off. --hf adds transformers' model for each
+(size, micro) pair, same config (copied by hf.to_hf_config), same batch (perm_mask, target_mapping, segments),
+same memory length (both carry memories across steps), same loss, the same fused AdamW and clipping.
+
+A step is forward + loss + backward + clip + AdamW in bf16 autocast (fp32 weights), as `xlnet pretrain` runs it.
+Times are CUDA-event medians over --steps steps after --warmup steps (memories reach full length in the warm-up).
+MFU = model FLOPs of the step (flops.py: the useful matrix work, counted the same for both engines) / time / the
+device's bf16 dense peak (flops.PEAK_BF16_TFLOPS). Peak memory = torch.cuda.max_memory_allocated over the timed steps
+(weights, AdamW state, gradients, activations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.dirname(__file__))
+
+import torch  # noqa: E402
+
+from engine_vs_hf import make_batch  # noqa: E402  (the same original-style PLM batch as the CPU benchmark)
+
+DEFAULT_ROWS = ("base:8:sdpa,base:16:sdpa,base:32:sdpa,base:16:sdpa:compile,base:16:flex:compile:dropatt0,"
+                "base:16:sdpa:dropatt0,base:16:fused,large:4:sdpa,large:8:sdpa,large:8:sdpa:ac,large:16:sdpa:ac")
+SIZES = {"base": "configs/base.yaml", "large": "configs/large.yaml", "tiny": "configs/tiny.yaml"}
+
+
+def model_config(size: str, impl: str, dropatt0: bool, smoke: bool):
+    from xlnetcli.config import load_config
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    cfg = load_config(os.path.join(root, SIZES[size]))
+    over = dict(attn_impl=impl)
+    if dropatt0:
+        over["dropatt"] = 0.0
+    if smoke:
+        over.update(vocab_size=1000, d_model=64, n_layer=2, n_head=2, d_head=32, d_inner=128, mem_len=24,
+                    reuse_len=16)
+    import dataclasses
+
+    m = dataclasses.replace(cfg.model, **over)
+    L = 32 if smoke else cfg.data.seq_len
+    return m, L, cfg.train
+
+
+def to_device(batch: dict, dev) -> dict:
+    return {k: v.to(dev) for k, v in batch.items()}
+
+
+def build_ours(m, compile_: bool, ac: bool, dev):
+    from xlnetcli.model import XLNetLMHeadModel
+    from xlnetcli.parallel import apply_activation_checkpointing, compile_layers
+
+    torch.manual_seed(0)
+    model = XLNetLMHeadModel(m).to(dev).train()
+    if ac:
+        apply_activation_checkpointing(model)
+    if compile_:
+        compile_layers(model)
+    mems = None
+
+    def loss_fn(b):
+        nonlocal mems
+        out = model(b["input_ids"], token_type_ids=b["token_type_ids"], perm_mask=b["perm_mask"],
+                    target_index=b["target_index"], mems=mems, labels=b["labels"], need_hidden=False)
+        mems = out.mems
+        return out.loss
+
+    return model, loss_fn
+
+
+def build_hf(m, dev):
+    import transformers
+
+    from xlnetcli.hf import to_hf_config
+
+    hc = to_hf_config(m)
+    hc.pop("architectures", None), hc.pop("model_type", None)
+    torch.manual_seed(0)
+    model = transformers.XLNetLMHeadModel(transformers.XLNetConfig(**hc)).to(dev).train()
+    mems = None
+
+    def loss_fn(b):
+        nonlocal mems
+        out = model(b["input_ids"], token_type_ids=b["token_type_ids"], perm_mask=b["perm_mask"],
+                    target_mapping=b["target_mapping"], labels=b["labels"], mems=mems, use_mems=True)
+        mems = [t.detach() for t in out.mems]
+        return out.loss
+
+    return model, loss_fn
+
+
+def time_steps(model, loss_fn, batch, dev, warmup: int, steps: int, precision_bf16: bool) -> dict:
+    fused = dev.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-6, fused=fused)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step():
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=precision_bf16):
+            loss = loss_fn(batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    t_first = time.perf_counter()
+    for _ in range(warmup):
+        loss = step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    warm_s = time.perf_counter() - t_first
+    times = []
+    for _ in range(steps):
+        if dev.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            loss = step()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1000.0)
+        else:
+            t0 = time.perf_counter()
+            loss = step()
+            times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else float("nan")
+    return dict(step_s=statistics.median(times), min_s=min(times), max_s=max(times), peak_gib=peak,
+                loss=float(loss), warmup_s=warm_s)
+
+
+def run_row(row: str, args, dev, peak_tflops, results: list, done_hf: set) -> None:
+    from xlnetcli.flops import train_flops
+
+    parts = row.split(":")
+    size, micro, impl = parts[0], int(parts[1]), parts[2]
+    opts = set(parts[3:])
+    m, L, _ = model_config(size, impl, "dropatt0" in opts, args.smoke)
+    P = max(1, round(L / 6)) if args.smoke else 85
+    batch = make_batch(micro, L, seed=0)
+    vocab = m.vocab_size
+    batch["input_ids"] = batch["input_ids"] % vocab
+    batch["labels"] = batch["labels"] % vocab
+    if batch["target_index"].shape[1] != P:  # make_batch uses round(L/6) targets = 85 at L=512
+        raise SystemExit(f"target count {batch['target_index'].shape[1]} != {P}")
+    batch = to_device(batch, dev)
+    flops = train_flops(m, micro, L, m.mem_len, P)
+    engines = [("ours", row)]
+    hf_key = (size, micro, "ac" in opts)
+    if args.hf and hf_key not in done_hf and "dropatt0" not in opts and "ac" not in opts:
+        # transformers' XLNet has no activation checkpointing (it raises): no HF row for ":ac"
+        engines.append(("hf", f"{size}:{micro}:transformers"))
+        done_hf.add(hf_key)
+    for engine, name in engines:
+        torch.cuda.empty_cache() if dev.type == "cuda" else None
+        try:
+            if engine == "ours":
+                model, loss_fn = build_ours(m, "compile" in opts, "ac" in opts, dev)
+            else:
+                model, loss_fn = build_hf(m, dev)
+            r = time_steps(model, loss_fn, batch, dev, args.warmup, args.steps, not args.smoke or dev.type == "cuda")
+        except torch.OutOfMemoryError:
+            r = dict(error="OOM")
+        except Exception as e:  # noqa: BLE001 - a failing row is reported, the others still run
+            r = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        finally:
+            model = loss_fn = None
+        r.update(row=name, engine=engine, size=size, micro=micro, seq=L, mem=m.mem_len, targets=P,
+                 tflop_per_step=flops / 1e12)
+        if "step_s" in r:
+            r["tokens_per_s"] = micro * L / r["step_s"]
+            r["mfu"] = flops / r["step_s"] / (peak_tflops * 1e12) if peak_tflops else None
+        results.append(r)
+        print(fmt(r), flush=True)
+
+
+def fmt(r: dict) -> str:
+    if "error" in r:
+        return f"{r['row']:<34} {r['error']}"
+    mfu = f"{100 * r['mfu']:5.1f}%" if r.get("mfu") else "   n/a"
+    return (f"{r['row']:<34} {r['step_s'] * 1e3:8.1f} ms  {r['tokens_per_s']:>10,.0f} tok/s  MFU {mfu}  "
+            f"peak {r['peak_gib']:6.2f} GiB  loss {r['loss']:.3f}  (warm-up {r['warmup_s']:.0f} s)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default=DEFAULT_ROWS, help="comma-separated SIZE:MICRO:IMPL[:compile][:ac][:dropatt0]")
+    ap.add_argument("--hf", action="store_true", help="also time transformers' XLNetLMHeadModel on each batch")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--json", default=None, help="write all figures here")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes on whatever device is there (CPU: checks the code)")
+    args = ap.parse_args()
+    if args.smoke:
+        args.warmup, args.steps = 3, 2
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cpu" and not args.smoke:
+        raise SystemExit("no CUDA device: run with --smoke to check the script on CPU")
+    from xlnetcli.flops import peak_tflops
+
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    peak = peak_tflops(name)
+    print(f"device {name}, bf16 peak {peak} TFLOP/s, torch {torch.__version__}", flush=True)
+    results: list = []
+    done_hf: set = set()
+    for row in args.rows.split(","):
+        run_row(row.strip(), args, dev, peak, results, done_hf)
+    # ratios against transformers for each (size, micro) pair
+    hf = {(r["size"], r["micro"]): r for r in results if r["engine"] == "hf" and "step_s" in r}
+    print("\nagainst transformers (same size, micro-batch):")
+    for r in results:
+        h = hf.get((r["size"], r["micro"]))
+        if r["engine"] == "ours" and "step_s" in r and h:
+            print(f"  {r['row']:<34} speed {h['step_s'] / r['step_s']:.2f}x  peak memory "
+                  f"{r['peak_gib'] / h['peak_gib']:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=name, torch=torch.__version__, peak_tflops=peak, results=results), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,414 @@
+"""Kernels behind one seam: the attention core of XLNet's two-stream relative attention, the feed-forward core and
+the LM head + loss. ``model.py`` states the maths; this file decides how it runs.
+
+The attention score of a stacked query row i (content rows first, then the P query-stream rows) against key j is
+the paper's three terms (XLNet §2.3 and appendix A.2; Transformer-XL §3.3):
+
+    score_ij = [ (q_i + r_w)·k_j  +  (q_i + r_r)·kr[L - pos_i + j]  +  (q_i + r_s)·seg_embed[s_ij] ] / sqrt(D)
+
+(content, relative position, relative segment: s_ij = 0 when i and j are in the same segment), masked where i may not
+see j, then softmax, attention dropout and the weighted sum of the values. ``relative_attention`` computes it with
+the kernel named by ``attn_impl``:
+
+- ``fused`` (what ``auto`` picks on CPU): custom autograd functions that keep only what backward needs;
+- ``einsum``: the plain reference, every term a visible tensor (the parity baseline);
+- ``sdpa``: the content term through ``scaled_dot_product_attention``; position, segment and mask terms are folded
+  into one additive bias [B,H,N,K] that the kernel reads (and differentiates); native attention dropout;
+- ``flex`` (CUDA, training needs ``dropatt`` = 0): FlexAttention with a ``score_mod`` that reads the position term
+  from the [B,H,N,R] table by the rel-shift index, the segment term from a per-row scalar and the mask from a bool
+  tensor, so no [B,H,N,K] float tensor is ever written.
+
+Shapes: B batch, H heads, N = L + P stacked rows, K = M + L keys, R = K + L relative positions, D head size,
+G = 1 (or 2 with bi_data: the first B/G rows use position table 0, the rest table 1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .errors import XLNetError
+
+NEG_INF = -1e30  # additive mask value (as the original / HF); finite so fully masked rows stay finite
+IMPLS = ("fused", "einsum", "sdpa", "flex")
+
+
+def resolve_impl(name: str, device: torch.device) -> str:
+    """``auto``: the fused core on CPU (fastest there, least memory); ``sdpa`` on CUDA (measured: BENCHMARKS.md)."""
+    if name == "auto":
+        return AUTO_CUDA if device.type == "cuda" else "fused"
+    if name == "flex" and device.type != "cuda":
+        raise XLNetError("model.attn_impl=flex needs a CUDA device (FlexAttention has no CPU backward); use auto")
+    return name
+
+
+AUTO_CUDA = "sdpa"
+
+
+def activation(name: str):
+    if name == "gelu":
+        return F.gelu
+    if name == "gelu_new":
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    raise XLNetError(f"unknown ff_activation {name!r}")
+
+
+@dataclass
+class AttnLayout:
+    """Who attends to what, shared by every layer of one forward pass.
+
+    rows [B,N]: the sequence position of each stacked query row (0..L-1 for the content stream, then the target
+    positions); rel_index [1|B,1,N,K]: column of the position table for (row, key), L - rows + j; seg_same [B,1,N,K]
+    bool or None; mask [B,1,N,K] bool (True = cannot attend) or None; mask_bias: the same mask as an additive float
+    tensor (built only for the einsum / sdpa kernels)."""
+
+    L: int
+    rows: torch.Tensor
+    rel_index: torch.Tensor
+    seg_same: torch.Tensor | None
+    mask: torch.Tensor | None
+    mask_bias: torch.Tensor | None = None
+
+    def query_rows(self) -> "AttnLayout":
+        """The layout of the P query-stream rows alone (the last layer of pretraining computes only those)."""
+        L = self.L
+        cut = lambda t: None if t is None else t[:, :, L:]  # noqa: E731
+        return AttnLayout(L, self.rows[:, L:], cut(self.rel_index), cut(self.seg_same), cut(self.mask),
+                          cut(self.mask_bias))
+
+
+def relative_attention(q, k, v, kr, biases, seg_embed, layout: AttnLayout, dropatt: float, training: bool,
+                       impl: str) -> torch.Tensor:
+    """The attention core. q [B,H,N,D] (no biases), k/v [B,H,K,D], kr [G,H,R,D] projected positions, biases
+    (r_w, r_r, r_s) [H,D], seg_embed [2,H,D]. Returns the attention vectors [B,H,N,D]."""
+    r_w, r_r, r_s = biases
+    seg = seg_embed if layout.seg_same is not None else None
+    if impl == "fused":
+        keep, ks = None, 1.0
+        if training and dropatt > 0:
+            keep, ks = keep_mask((*q.shape[:3], k.shape[2]), dropatt, q.device)
+        return _RelAttnCore.apply(q, k, v, kr, r_w, r_r, r_s, seg, layout.rel_index, layout.seg_same, layout.mask,
+                                  keep, ks)
+    if impl == "flex":
+        return _flex_attention(q, k, v, kr, r_w, r_r, r_s, seg, layout, dropatt if training else 0.0)
+    bias = _position_segment_bias(q, kr, r_r, r_s, seg, layout)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if layout.mask_bias is not None:
+        bias = bias + layout.mask_bias
+    qw = q + r_w[:, None]
+    if impl == "sdpa":
+        ct = _compute_dtype(q)
+        return F.scaled_dot_product_attention(qw.to(ct), k.to(ct), v.to(ct), attn_mask=bias.to(ct),
+                                              dropout_p=dropatt if training else 0.0, scale=scale)
+    if impl == "einsum":
+        prob = torch.softmax(torch.matmul(qw, k.transpose(-1, -2)) * scale + bias, dim=-1)
+        return torch.matmul(F.dropout(prob, dropatt, training), v)
+    raise XLNetError(f"unknown model.attn_impl {impl!r} (auto, {', '.join(IMPLS)})")
+
+
+def _position_scores(q, kr, r_r):
+    """(q + r_r)·kr for every row and every one of the R relative positions: [B,H,N,R] (before the rel-shift)."""
+    B, H, N, D = q.shape
+    G = kr.shape[0]
+    qr = (q + r_r[:, None]).view(G, B // G, H, N, D)
+    return torch.matmul(qr, kr.transpose(-1, -2)[:, None]).view(B, H, N, -1)
+
+
+def _position_segment_bias(q, kr, r_r, r_s, seg, layout: AttnLayout):
+    """scale * (position term after the rel-shift + segment term): [B,H,N,K]."""
+    B, H, N, D = q.shape
+    K = layout.rel_index.shape[-1]
+    bias = torch.gather(_position_scores(q, kr, r_r), 3, layout.rel_index.expand(B, H, N, K))
+    if seg is not None:
+        ef = torch.matmul(q + r_s[:, None], seg.permute(1, 2, 0))  # [B,H,N,2]: same segment, other segment
+        bias = bias + torch.where(layout.seg_same, ef[..., :1], ef[..., 1:])
+    return bias * (1.0 / math.sqrt(D))
+
+
+_FLEX = None
+
+
+def _flex_attention(q, k, v, kr, r_w, r_r, r_s, seg, layout: AttnLayout, dropatt: float):
+    """FlexAttention: the content term in the kernel, the rest in ``score_mod`` from small tables.
+
+    The position table bd [B,H,N,R] is read at column L - pos_i + j: for a fixed row that column is different for
+    every key, so each entry of bd receives at most one gradient contribution (the backward is exact). The segment
+    term is ef1_i + [same_ij]·(ef0_i - ef1_i); ef1_i is constant along the row and cancels in the softmax, so only
+    delta_i = ef0_i - ef1_i enters the kernel."""
+    global _FLEX
+    if dropatt > 0:
+        raise XLNetError("model.attn_impl=flex has no attention dropout; set model.dropatt=0 or use attn_impl=sdpa")
+    if _FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX = torch.compile(flex_attention, dynamic=False)
+    B, H, N, D = q.shape
+    ct = _compute_dtype(q)
+    L = layout.L
+    scale = 1.0 / math.sqrt(D)
+    bd = _position_scores(q, kr, r_r).to(ct)
+    rows = layout.rows
+    same = None if seg is None else layout.seg_same[:, 0]
+    delta = None
+    if seg is not None:
+        ef = torch.matmul(q + r_s[:, None], seg.permute(1, 2, 0))
+        delta = (ef[..., 0] - ef[..., 1]).float()  # [B,H,N], fp32: its gradient sums over K keys
+    mask = None if layout.mask is None else layout.mask[:, 0]
+
+    def score_mod(score, b, h, i, j):
+        s = score + bd[b, h, i, L - rows[b, i] + j] * scale
+        if same is not None:
+            s = s + torch.where(same[b, i, j], delta[b, h, i] * scale, 0.0)
+        if mask is not None:
+            s = torch.where(mask[b, i, j], s + NEG_INF, s)
+        return s
+
+    return _FLEX((q + r_w[:, None]).to(ct), k.to(ct), v.to(ct), score_mod=score_mod, scale=scale)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The fused training path ("fused", what "auto" picks on CPU): custom autograd functions that keep only what
+# backward needs. Per layer the plain path keeps ~5 [B,H,N,K]-sized tensors (the [B,H,N,R] position scores the
+# gather saves, the probabilities, the float dropout noise, the dropped probabilities); the fused core keeps the
+# probabilities and a 1-byte keep mask. The FFN keeps its pre-activation and a keep mask (the activation is
+# recomputed in backward); the loss keeps the logits the caller holds anyway plus one log-sum-exp per row.
+
+
+def keep_mask(shape, p: float, device) -> tuple[torch.Tensor, float]:
+    """Dropout keep mask (bool, True with probability 1 - p') and its scale 1/(1 - p'), p' = p rounded to a multiple of
+    2^-15. Each 64-bit random draw gives four 15-bit uniforms: ~8x cheaper than ``bernoulli_`` on CPU."""
+    n = math.prod(shape)
+    thresh = round(p * 32768)
+    if thresh >= 32768:
+        return torch.zeros(shape, dtype=torch.bool, device=device), 0.0
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_()
+    keep = (bits.view(torch.int16)[:n].view(shape) & 0x7FFF) >= thresh
+    return keep, 32768.0 / (32768 - thresh)
+
+
+class _MaskedScale(torch.autograd.Function):
+    """y = x * keep * scale (dropout with a given keep mask); saves only the 1-byte mask."""
+
+    @staticmethod
+    def forward(ctx, x, keep, scale: float):
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return x.mul(keep).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, g):
+        (keep,) = ctx.saved_tensors
+        return g.mul(keep).mul_(ctx.scale), None, None
+
+
+def fused_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    if not training or p == 0.0:
+        return x
+    keep, scale = keep_mask(x.shape, p, x.device)
+    return _MaskedScale.apply(x, keep, scale)
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
+def _act_backward(name: str, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    if name == "relu":
+        return g * (x > 0)
+    return torch.ops.aten.gelu_backward(g, x, approximate="tanh" if name == "gelu_new" else "none")
+
+
+class _FeedForwardCore(torch.autograd.Function):
+    """y = drop(act(x W1^T + b1)) W2^T + b2 on [n, d] rows; saves x, the pre-activation and the keep mask and
+    recomputes the activation in backward (instead of keeping activation, dropout noise and dropped activation)."""
+
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2, act_name: str, keep, scale: float):
+        ct = _compute_dtype(x)
+        ctx.dtypes = (x.dtype, w1.dtype, b1.dtype, w2.dtype, b2.dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            x, w1, b1, w2, b2 = (t.to(ct) for t in (x, w1, b1, w2, b2))
+            h1 = torch.addmm(b1, x, w1.t())
+            a = activation(act_name)(h1)
+            if keep is not None:
+                a.mul_(keep).mul_(scale)
+            y = torch.addmm(b2, a, w2.t())
+        ctx.save_for_backward(x, h1, w1, w2, keep)
+        ctx.act_name, ctx.scale = act_name, scale
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, h1, w1, w2, keep = ctx.saved_tensors
+        with torch.autocast(x.device.type, enabled=False):
+            gy = gy.to(x.dtype)
+            a = activation(ctx.act_name)(h1)
+            if keep is not None:
+                a.mul_(keep).mul_(ctx.scale)
+            gw2 = gy.t() @ a
+            del a
+            ga = gy @ w2
+            if keep is not None:
+                ga.mul_(keep).mul_(ctx.scale)
+            gh1 = _act_backward(ctx.act_name, ga, h1)
+            del ga
+            grads = (gh1 @ w1, gh1.t() @ x, gh1.sum(0), gw2, gy.sum(0))
+        return (*(g.to(dt) for g, dt in zip(grads, ctx.dtypes)), None, None, None)
+
+
+def _split_halves(rel_index: torch.Tensor, B: int, G: int) -> torch.Tensor:
+    """[B|1,1,N,K] -> [G,B/G,1,N,K] (or [1,1,1,N,K] when shared by the batch)."""
+    N, K = rel_index.shape[-2:]
+    return rel_index.reshape(G, B // G, 1, N, K) if rel_index.shape[0] == B else rel_index.reshape(1, 1, 1, N, K)
+
+
+class _RelAttnCore(torch.autograd.Function):
+    """The whole XLNet attention core for the stacked query rows, keeping only q, k, v, kr, the probabilities and
+    the attention-dropout keep mask for backward.
+
+    q [B,H,N,D] (no biases), k/v [B,H,K,D], kr [G,H,R,D] batch-shared projected positions (G = 1, or 2 with bi_data:
+    the first B/G rows use kr[0]); biases r_w/r_r/r_s [H,D]; seg_embed [2,H,D] (or None with seg_same None);
+    rel_index [1|B,1,N,K] column of kr for each (row, key); seg_same [B,1,N,K] bool; mask [B,1,N,K] bool
+    (True = cannot attend) or None; keep [B,H,N,K] bool (attention dropout) or None. Returns [B,H,N,D].
+    score = ((q+r_w)·k + (q+r_r)·kr[rel] + (q+r_s)·seg_embed[s]) / sqrt(D), masked, softmax, dropout, · v."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, kr, r_w, r_r, r_s, seg_embed, rel_index, seg_same, mask, keep, keep_scale: float):
+        B, H, N, D = q.shape
+        K, (G, _, R, _) = k.shape[2], kr.shape
+        ct = _compute_dtype(q)
+        ins = (q, k, v, kr, r_w, r_r, r_s, seg_embed)
+        ctx.dtypes = tuple(None if t is None else t.dtype for t in ins)
+        with torch.autocast(q.device.type, enabled=False):
+            q, k, v, kr, r_w, r_r, r_s, seg_embed = (None if t is None else t.to(ct) for t in ins)
+            score = torch.matmul(q + r_w[:, None], k.transpose(-1, -2))  # [B,H,N,K] content term
+            # position term: one [(B/G)*N, D] x [D, R] matmul per (half, head), then the rel-shift gather
+            qr = (q + r_r[:, None]).view(G, B // G, H, N, D).transpose(1, 2).reshape(G * H, (B // G) * N, D)
+            bd = torch.bmm(qr, kr.reshape(G * H, R, D).transpose(1, 2)).view(G, H, B // G, N, R).transpose(1, 2)
+            idx = _split_halves(rel_index, B, G)
+            score += torch.gather(bd, 4, idx.expand(G, B // G, H, N, K)).reshape(B, H, N, K)
+            del bd
+            if seg_same is not None:  # segment term: per row one of two scalars
+                ef = torch.matmul(q + r_s[:, None], seg_embed.permute(1, 2, 0))  # [B,H,N,2]
+                score += ef[..., 1:]
+                score.addcmul_(seg_same, ef[..., :1] - ef[..., 1:])
+            score.mul_(1.0 / math.sqrt(D))
+            if mask is not None:
+                score.masked_fill_(mask, NEG_INF)
+            prob = torch.softmax(score, -1, dtype=torch.promote_types(ct, torch.float32)).to(ct)
+            del score
+            pd = prob if keep is None else prob.mul(keep).mul_(keep_scale)
+            out = torch.matmul(pd, v)
+        ctx.save_for_backward(q, k, v, kr, r_w, r_r, r_s, seg_embed, rel_index, seg_same, keep, prob)
+        ctx.keep_scale = keep_scale
+        return out
+
+    @staticmethod
+    def backward(ctx, go):
+        q, k, v, kr, r_w, r_r, r_s, seg_embed, rel_index, seg_same, keep, prob = ctx.saved_tensors
+        B, H, N, D = q.shape
+        K, (G, _, R, _) = k.shape[2], kr.shape
+        s = ctx.keep_scale
+        with torch.autocast(q.device.type, enabled=False):
+            go = go.to(q.dtype)
+            pd = prob if keep is None else prob.mul(keep).mul_(s)
+            dv = torch.matmul(pd.transpose(-1, -2), go)
+            del pd
+            dp = torch.matmul(go, v.transpose(-1, -2))
+            if keep is not None:
+                dp.mul_(keep).mul_(s)
+            ds = torch._softmax_backward_data(dp, prob, -1, prob.dtype)
+            del dp
+            ds.mul_(1.0 / math.sqrt(D))  # d loss / d (content + position + segment terms)
+            qw = q + r_w[:, None]
+            dqw = torch.matmul(ds, k)
+            dk = torch.matmul(ds.transpose(-1, -2), qw)
+            del qw
+            # position term: scatter back to the R columns (distinct per row), then the two matmuls
+            dbd = ds.new_zeros(G, H, B // G, N, R)
+            idx = _split_halves(rel_index, B, G)
+            dbd.transpose(1, 2).scatter_(4, idx.expand(G, B // G, H, N, K), ds.view(G, B // G, H, N, K))
+            dbd = dbd.view(G * H, (B // G) * N, R)
+            qr = (q + r_r[:, None]).view(G, B // G, H, N, D).transpose(1, 2).reshape(G * H, (B // G) * N, D)
+            dkr = torch.bmm(dbd.transpose(1, 2), qr).view(G, H, R, D)
+            del qr
+            dqr = torch.bmm(dbd, kr.reshape(G * H, R, D)).view(G, H, B // G, N, D).transpose(1, 2).reshape(B, H, N, D)
+            del dbd
+            dq = dqw + dqr
+            dr_w, dr_r = dqw.sum((0, 2)), dqr.sum((0, 2))
+            dr_s = dseg = None
+            if seg_same is not None:
+                # rows of ds sum to zero (softmax), so d(ef1) = -d(ef0)
+                de0 = (ds * seg_same).sum(-1)
+                de = torch.stack([de0, -de0], -1)  # [B,H,N,2]
+                dqs = torch.matmul(de, seg_embed.transpose(0, 1))  # [B,H,N,D]
+                dseg = torch.einsum("bhns,bhnd->shd", de, q + r_s[:, None])
+                dq += dqs
+                dr_s = dqs.sum((0, 2))
+            grads = (dq, dk, dv, dkr, dr_w, dr_r, dr_s, dseg)
+        grads = tuple(None if g is None else g.to(dt) for g, dt in zip(grads, ctx.dtypes))
+        return (*grads, None, None, None, None, None)
+
+
+class _LMHeadLoss(torch.autograd.Function):
+    """logits = x W^T + b and loss = sum_i w_i CE(logits_i, labels_i) (label -100 = ignored row) in one function.
+    Keeps only x and one log-sum-exp per row (not the [n,V] logits, log-probabilities or gradient): backward walks
+    the vocabulary in column blocks, recomputing that block of logits (one extra head matmul), turning it into
+    softmax - onehot, writing its rows of dW once and accumulating dx."""
+
+    BLOCK = 4096  # vocabulary columns per block
+    ROWS = 256  # rows per forward log-sum-exp chunk (no [n,V] temporary)
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, labels, w):
+        logits = F.linear(x, weight, bias)
+        ft = torch.promote_types(logits.dtype, torch.float32)  # fp32 (or fp64) softmax
+        lse = torch.cat([torch.logsumexp(logits[r:r + _LMHeadLoss.ROWS].to(ft), -1)
+                         for r in range(0, logits.shape[0], _LMHeadLoss.ROWS)])
+        valid = labels != -100
+        lab = labels.clamp_min(0)
+        w = w.to(ft) * valid
+        loss = ((lse - logits.gather(1, lab[:, None])[:, 0].to(ft)) * w).sum()
+        ctx.save_for_backward(x, weight, bias, lab, w, lse)
+        ctx.logits_dtype = logits.dtype
+        return loss, logits
+
+    @staticmethod
+    def backward(ctx, g_loss, g_logits):
+        x, weight, bias, lab, w, lse = ctx.saved_tensors
+        ft = lse.dtype
+        with torch.autocast(x.device.type, enabled=False):
+            n, V = x.shape[0], weight.shape[0]
+            coef = (w * g_loss)[:, None]
+            dx = torch.zeros(n, weight.shape[1], dtype=ft, device=x.device)
+            dw = torch.empty(weight.shape, dtype=ft, device=x.device)
+            db = torch.empty(V, dtype=ft, device=x.device)
+            rows = torch.arange(n, device=x.device)
+            lp = ctx.logits_dtype  # recompute the block exactly as the forward did (in the logits' dtype)
+            xl, wl, bl = x.to(lp), weight.to(lp), bias.to(lp)
+            xf, wf = x.to(ft), weight.to(ft)
+            for c0 in range(0, V, _LMHeadLoss.BLOCK):
+                c1 = min(V, c0 + _LMHeadLoss.BLOCK)
+                g = torch.addmm(bl[c0:c1], xl, wl[c0:c1].t()).to(ft).sub_(lse[:, None]).exp_()
+                hit = (lab >= c0) & (lab < c1)
+                g[rows[hit], lab[hit] - c0] -= 1.0
+                g.mul_(coef)
+                if g_logits is not None:
+                    g += g_logits[:, c0:c1]
+                torch.sum(g, 0, out=db[c0:c1])
+                if lp == ft:
+                    torch.mm(g.t(), xf, out=dw[c0:c1])
+                    dx.addmm_(g, wf[c0:c1])
+                else:  # autocast (bf16/fp16 logits): the two matmuls in that dtype, as the forward's
+                    g = g.to(lp)
+                    dw[c0:c1] = g.t() @ xl
+                    dx += g @ wl[c0:c1]
+        return dx.to(x.dtype), dw.to(weight.dtype), db.to(bias.dtype), None, None
+
+

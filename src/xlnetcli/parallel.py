@@ -1,0 +1,60 @@
+"""How a model is laid over time and devices, kept out of model.py (torchtitan's "parallelize" step).
+
+    model = parallelize(model, env, cfg.train)   # activation checkpointing -> torch.compile -> DDP or FSDP2
+
+- Activation checkpointing (``train.activation_checkpointing``): each transformer layer keeps only its input and
+  recomputes the rest in backward (non-reentrant: the RNG state is replayed, so dropout masks are identical).
+- ``train.compile``: each layer is compiled on its own (``nn.Module.compile``): one graph per layer body, reused by
+  every layer, no graph break from the model's input checks; parameter names and state dicts are unchanged.
+- DDP, or FSDP2 ``fully_shard`` per layer and then the root (embeddings, LM bias, shared biases): a layer reads only
+  its own parameters (the position projection is inside the layer), so each layer's weights are gathered just
+  before it runs and freed after.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import dist
+from .errors import ConfigError
+
+
+def transformer_layers(model: nn.Module) -> nn.ModuleList:
+    """The ModuleList of transformer layers inside an LM model, a finetuning model or a bare XLNetModel."""
+    from .model import XLNetModel
+
+    for m in dist.unwrap(model).modules():
+        if isinstance(m, XLNetModel):
+            return m.layer
+    raise ConfigError("this model has no XLNet transformer layers to checkpoint, compile or shard")
+
+
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    """Wrap every layer so that backward recomputes it (state-dict keys are unchanged by the wrapper)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    layers = transformer_layers(model)
+    for i, layer in enumerate(layers):
+        layers[i] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+
+def compile_layers(model: nn.Module, **kwargs) -> None:
+    """``torch.compile`` each layer in place (kwargs go to torch.compile). Static shapes: a pretraining run sees a few
+    (memory length 0, reuse_len, mem_len; the last layer's query rows), each compiled once."""
+    kwargs.setdefault("dynamic", False)
+    for layer in transformer_layers(model):
+        layer.compile(**kwargs)
+
+
+def parallelize(model: nn.Module, env: dist.DistEnv, activation_checkpointing: bool = False, compile: bool = False,
+                strategy: str = "ddp") -> nn.Module:
+    """Apply, in this order, activation checkpointing, per-layer compile and the distributed wrapper (a no-op in one
+    process). Returns the module to train (DDP wraps; FSDP2 shards in place)."""
+    from .model import XLNetLayer
+
+    if activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if compile:
+        compile_layers(model)
+    return dist.wrap_model(model, env, strategy, layer_types=(XLNetLayer,))

@@ -1,0 +1,180 @@
+"""The CUDA paths (skipped without a GPU; run on one with `python -m pytest tests/test_gpu.py`).
+
+- every attention kernel (fused, sdpa, flex) against the plain reference in float64 on the CPU: loss, logits,
+  memories and every gradient within 1e-5 in float32; within the documented bf16 bound under bf16 autocast;
+- torch.compile of the layers and activation checkpointing change nothing (float32, dropout on: same masks);
+- determinism: with train.deterministic (torch.use_deterministic_algorithms) two identical steps are bit-identical;
+- an end-to-end `pretrain` on CUDA in bf16 whose resume from a checkpoint is bit-exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+from test_model_parity import plm_batch, tiny_cfg  # noqa: E402
+from xlnetcli.model import XLNetLMHeadModel  # noqa: E402
+
+CUDA = torch.device("cuda")
+TOL_FP32 = 1e-5
+TOL_BF16 = 3e-2  # relative (‖ours − ref‖ / ‖ref‖) for logits and gradients under bf16 autocast
+IMPLS = ["fused", "sdpa", "flex"]
+
+
+def gpu_cfg(**kw):
+    # head size 32: FlexAttention and the fused SDPA kernels want D >= 16
+    base = dict(d_model=64, n_head=2, d_head=32, d_inner=128, n_layer=3)
+    base.update(kw)
+    return tiny_cfg(**base)
+
+
+def batch(B=4, P=3, seed=0, device=CUDA):
+    ids, tt, perm, tmap = plm_batch(B, P, np.random.default_rng(seed))
+    labels = torch.randint(0, 60, (B, P), generator=torch.Generator().manual_seed(seed))
+    return {k: v.to(device) for k, v in dict(input_ids=ids, token_type_ids=tt, perm_mask=perm, target_mapping=tmap,
+                                                labels=labels).items()}
+
+
+def run(model, b, steps=2, autocast=None, need_hidden=True):
+    """Two forward/backward passes carrying memory (the second one attends to it); returns loss, logits, mems,
+    gradients of the last pass (gradients accumulate over both, as a micro-batch loop would)."""
+    model.zero_grad(set_to_none=True)
+    mems = None
+    for _ in range(steps):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast is not None):
+            out = model(**b, mems=mems, need_hidden=need_hidden)
+        out.loss.backward()
+        mems = out.mems
+    grads = {k: p.grad.detach().double().cpu() for k, p in model.named_parameters() if p.grad is not None}
+    return out.loss.detach().double().cpu(), out.logits.detach().double().cpu(), [m.double().cpu() for m in mems], grads
+
+
+def reference(cfg, b):
+    torch.manual_seed(0)
+    ref = XLNetLMHeadModel(dataclasses.replace(cfg, attn_impl="einsum")).double().eval()
+    return ref, run(ref.to("cpu"), {k: v.cpu() for k, v in b.items()}, autocast=None)
+
+
+def twin(ref, cfg, impl, dtype=torch.float32):
+    m = XLNetLMHeadModel(dataclasses.replace(cfg, attn_impl=impl)).to(CUDA)
+    m.load_state_dict({k: v.to(dtype) for k, v in ref.state_dict().items()})
+    return m.eval()
+
+
+def maxdiff(a, b):
+    return (a - b).abs().max().item()
+
+
+def rel(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("bi_data", [False, True])
+def test_kernel_matches_reference_fp32(impl, bi_data):
+    cfg = gpu_cfg(bi_data=bi_data)
+    b = batch()
+    ref, (l0, lg0, m0, g0) = reference(cfg, b)
+    l1, lg1, m1, g1 = run(twin(ref, cfg, impl), b)
+    assert maxdiff(l1, l0) <= TOL_FP32
+    assert maxdiff(lg1, lg0) <= TOL_FP32
+    assert all(maxdiff(a, c) <= TOL_FP32 for a, c in zip(m1, m0))
+    assert g1.keys() == g0.keys()
+    worst = max(g0, key=lambda k: maxdiff(g1[k], g0[k]))
+    assert maxdiff(g1[worst], g0[worst]) <= TOL_FP32, worst
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_kernel_bf16_within_documented_bound(impl):
+    cfg = gpu_cfg(bi_data=True)
+    b = batch()
+    ref, (l0, lg0, _, g0) = reference(cfg, b)
+    l1, lg1, _, g1 = run(twin(ref, cfg, impl), b, autocast=torch.bfloat16)
+    assert rel(lg1, lg0) <= TOL_BF16
+    assert abs(l1 - l0).item() <= TOL_BF16 * abs(l0).item()
+    total = rel(torch.cat([g1[k].flatten() for k in g0]), torch.cat([g0[k].flatten() for k in g0]))
+    assert total <= TOL_BF16
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_activation_checkpointing_changes_nothing(impl):
+    """Dropout on: the recomputation replays the RNG, so the masks, the loss and every gradient are identical."""
+    from xlnetcli.parallel import apply_activation_checkpointing
+
+    cfg = gpu_cfg(bi_data=True, dropout=0.1, dropatt=0.0 if impl == "flex" else 0.1, attn_impl=impl)
+    b = batch()
+    torch.manual_seed(0)
+    plain = XLNetLMHeadModel(cfg).to(CUDA).train()
+    ac = XLNetLMHeadModel(cfg).to(CUDA).train()
+    ac.load_state_dict(plain.state_dict())
+    apply_activation_checkpointing(ac)
+    assert ac.state_dict().keys() == plain.state_dict().keys()
+    torch.manual_seed(1)
+    l0, _, _, g0 = run(plain, b, need_hidden=False)
+    torch.manual_seed(1)
+    l1, _, _, g1 = run(ac, b, need_hidden=False)
+    assert torch.equal(l0, l1) and all(torch.equal(g0[k], g1[k]) for k in g0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_compiled_layers_match_eager(impl):
+    """Per-layer torch.compile against eager, float32, dropout off (inductor draws its own dropout masks)."""
+    from xlnetcli.parallel import compile_layers
+
+    cfg = gpu_cfg(bi_data=True, dropout=0.0, dropatt=0.0, attn_impl=impl)
+    b = batch()
+    torch.manual_seed(0)
+    eager = XLNetLMHeadModel(cfg).to(CUDA).train()
+    comp = XLNetLMHeadModel(cfg).to(CUDA).train()
+    comp.load_state_dict(eager.state_dict())
+    compile_layers(comp)
+    l0, lg0, _, g0 = run(eager, b, need_hidden=False)
+    l1, lg1, _, g1 = run(comp, b, need_hidden=False)
+    assert maxdiff(l1, l0) <= TOL_FP32 and maxdiff(lg1, lg0) <= TOL_FP32
+    assert max(maxdiff(g1[k], g0[k]) for k in g0) <= TOL_FP32
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_deterministic_mode_is_bit_exact(impl):
+    cfg = gpu_cfg(bi_data=True, dropout=0.1, dropatt=0.0 if impl == "flex" else 0.1, attn_impl=impl)
+    b = batch(B=8, P=4)
+    torch.manual_seed(0)
+    model = XLNetLMHeadModel(cfg).to(CUDA).train()
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        outs = []
+        for _ in range(2):
+            torch.manual_seed(3)
+            outs.append(run(model, b, autocast=torch.bfloat16, need_hidden=False))
+    finally:
+        torch.use_deterministic_algorithms(prev)
+    (la, _, _, ga), (lb, _, _, gb) = outs
+    assert torch.equal(la, lb) and all(torch.equal(ga[k], gb[k]) for k in ga)
+
+
+def test_pretrain_on_cuda_resumes_exactly(tmp_path):
+    """`pretrain` end to end on the GPU in bf16 (fused AdamW, sdpa kernel, dropout on); stopping after a checkpoint
+    and resuming gives bit-identical losses and weights to an uninterrupted run."""
+    from safetensors.torch import load_file
+
+    from test_pretrain import SAMPLE, SMALL, TINY, _make_records, _train_losses
+    from xlnetcli.config import load_config
+    from xlnetcli.pretrain import pretrain
+
+    rec = _make_records(tmp_path / "data", SAMPLE, SMALL)
+    over = SMALL + ["train.max_steps=8", "train.save_every=4", "train.eval_every=4", "train.precision=bf16"]
+    cfg = load_config(TINY, over)
+    a = pretrain(cfg, rec, tmp_path / "a", device="cuda", quiet=True)
+    assert a["step"] == 8
+    pretrain(cfg, rec, tmp_path / "b", device="cuda", quiet=True, stop_after=4)
+    pretrain(cfg, rec, tmp_path / "b", resume="latest", device="cuda", quiet=True)
+    assert _train_losses(tmp_path / "a") == _train_losses(tmp_path / "b")
+    wa = load_file(str(tmp_path / "a" / "step_0000008" / "model.safetensors"))
+    wb = load_file(str(tmp_path / "b" / "step_0000008" / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
