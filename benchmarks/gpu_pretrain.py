@@ -4,9 +4,10 @@
     python benchmarks/gpu_pretrain.py --rows base:16:sdpa,base:16:flex:compile --hf   # chosen rows
     python benchmarks/gpu_pretrain.py --smoke               # CPU smoke run (tiny sizes, 2 steps): checks the script
 
-A row is SIZE:MICRO:IMPL[:compile][:ac][:dropatt0]: size base or large (configs/*.yaml: seq 512, mem_len 384,
+A row is SIZE:MICRO:IMPL[:compile][:ac][:dropatt0][:det][:cudnn]: size base or large (configs/*.yaml: seq 512, mem_len 384,
 reuse_len 256, 85 targets, bi_data on, dropout 0.1, dropatt 0.1), micro-batch, attention kernel (kernels.py), then
-per-layer torch.compile, activation checkpointing, and attention dropout off. --hf adds transformers' model for each
+per-layer torch.compile, activation checkpointing, attention dropout off, and deterministic algorithms
+(torch.use_deterministic_algorithms, as train.deterministic), SDPA restricted to cuDNN's kernel. --hf adds transformers' model for each
 (size, micro) pair, same config (copied by hf.to_hf_config), same batch (perm_mask, target_mapping, segments),
 same memory length (both carry memories across steps), same loss, the same fused AdamW and clipping.
 
@@ -33,8 +34,9 @@ import torch  # noqa: E402
 
 from engine_vs_hf import make_batch  # noqa: E402  (the same original-style PLM batch as the CPU benchmark)
 
-DEFAULT_ROWS = ("base:8:sdpa,base:16:sdpa,base:32:sdpa,base:16:sdpa:compile,base:16:flex:compile:dropatt0,"
-                "base:16:sdpa:dropatt0,base:16:fused,large:4:sdpa,large:8:sdpa,large:8:sdpa:ac,large:16:sdpa:ac")
+DEFAULT_ROWS = ("base:16:einsum:compile,base:16:einsum:compile:det,base:16:einsum:compile:dropatt0,"
+                "base:8:einsum:compile,base:32:einsum:compile,base:16:sdpa,base:16:sdpa:det,"
+                "large:8:einsum:compile,large:8:einsum:compile:ac,large:16:einsum:compile:ac")
 SIZES = {"base": "configs/base.yaml", "large": "configs/large.yaml", "tiny": "configs/tiny.yaml"}
 
 
@@ -142,6 +144,41 @@ def time_steps(model, loss_fn, batch, dev, warmup: int, steps: int, precision_bf
                 loss=float(loss), warmup_s=warm_s)
 
 
+def sdpa_backend(cudnn: bool):
+    """Row option ``cudnn``: restrict scaled_dot_product_attention to cuDNN's kernel (else PyTorch chooses)."""
+    import contextlib
+
+    if not cudnn:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.CUDNN_ATTENTION])
+
+
+def profile(model, loss_fn, batch, dev, top: int) -> None:
+    """Print the kernels that take the most device time over two training steps, and device-busy vs wall time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda")
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with torch_profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        for _ in range(2):
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
+                loss = loss_fn(batch)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize() if dev.type == "cuda" else None
+        wall = time.perf_counter() - t0
+    key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    events = prof.key_averages()
+    busy = sum(getattr(e, "self_device_time_total", 0) or 0 for e in events) / 1e6 / 2
+    print(f"  profile: {wall / 2 * 1e3:.1f} ms wall per step, {busy * 1e3:.1f} ms device-busy per step")
+    print(events.table(sort_by=key, row_limit=top, max_name_column_width=70))
+
+
 def run_row(row: str, args, dev, peak_tflops, results: list, done_hf: set) -> None:
     from xlnetcli.flops import train_flops
 
@@ -171,7 +208,16 @@ def run_row(row: str, args, dev, peak_tflops, results: list, done_hf: set) -> No
                 model, loss_fn = build_ours(m, "compile" in opts, "ac" in opts, dev)
             else:
                 model, loss_fn = build_hf(m, dev)
-            r = time_steps(model, loss_fn, batch, dev, args.warmup, args.steps, not args.smoke or dev.type == "cuda")
+            prev = torch.are_deterministic_algorithms_enabled()
+            torch.use_deterministic_algorithms("det" in opts, warn_only=True)
+            try:
+                with sdpa_backend("cudnn" in opts):
+                    r = time_steps(model, loss_fn, batch, dev, args.warmup, args.steps,
+                                   not args.smoke or dev.type == "cuda")
+                    if args.profile:
+                        profile(model, loss_fn, batch, dev, args.profile)
+            finally:
+                torch.use_deterministic_algorithms(prev)
         except torch.OutOfMemoryError:
             r = dict(error="OOM")
         except Exception as e:  # noqa: BLE001 - a failing row is reported, the others still run
@@ -185,6 +231,14 @@ def run_row(row: str, args, dev, peak_tflops, results: list, done_hf: set) -> No
             r["mfu"] = flops / r["step_s"] / (peak_tflops * 1e12) if peak_tflops else None
         results.append(r)
         print(fmt(r), flush=True)
+        if args.json:  # after every row, so a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump(dict(device=name_of(dev), torch=torch.__version__, peak_tflops=peak_tflops,
+                               results=results), f, indent=1)
+
+
+def name_of(dev) -> str:
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
 
 
 def fmt(r: dict) -> str:
@@ -202,6 +256,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--json", default=None, help="write all figures here")
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest kernels of each row")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on whatever device is there (CPU: checks the code)")
     args = ap.parse_args()
     if args.smoke:
@@ -211,7 +266,7 @@ def main() -> None:
         raise SystemExit("no CUDA device: run with --smoke to check the script on CPU")
     from xlnetcli.flops import peak_tflops
 
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    name = name_of(dev)
     peak = peak_tflops(name)
     print(f"device {name}, bf16 peak {peak} TFLOP/s, torch {torch.__version__}", flush=True)
     results: list = []
@@ -226,9 +281,6 @@ def main() -> None:
         if r["engine"] == "ours" and "step_s" in r and h:
             print(f"  {r['row']:<34} speed {h['step_s'] / r['step_s']:.2f}x  peak memory "
                   f"{r['peak_gib'] / h['peak_gib']:.2f}x")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=name, torch=torch.__version__, peak_tflops=peak, results=results), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,8 @@ def run(model, b, steps=2, autocast=None, need_hidden=True):
             out = model(**b, mems=mems, need_hidden=need_hidden)
         out.loss.backward()
         mems = out.mems
-    grads = {k: p.grad.detach().double().cpu() for k, p in model.named_parameters() if p.grad is not None}
+    grads = {k.replace("._checkpoint_wrapped_module", ""): p.grad.detach().double().cpu()
+             for k, p in model.named_parameters() if p.grad is not None}
     return out.loss.detach().double().cpu(), out.logits.detach().double().cpu(), [m.double().cpu() for m in mems], grads
 
 
@@ -158,9 +159,11 @@ def test_deterministic_mode_is_bit_exact(impl):
     assert torch.equal(la, lb) and all(torch.equal(ga[k], gb[k]) for k in ga)
 
 
-def test_pretrain_on_cuda_resumes_exactly(tmp_path):
-    """`pretrain` end to end on the GPU in bf16 (fused AdamW, sdpa kernel, dropout on); stopping after a checkpoint
-    and resuming gives bit-identical losses and weights to an uninterrupted run."""
+@pytest.mark.parametrize("compile_", [False, True])
+def test_pretrain_on_cuda_resumes_exactly(tmp_path, compile_):
+    """`pretrain` end to end on the GPU in bf16 (fused AdamW; attn_impl auto: sdpa eager, einsum compiled; dropout
+    on; train.deterministic as shipped); stopping after a checkpoint and resuming gives bit-identical losses and
+    weights to an uninterrupted run."""
     from safetensors.torch import load_file
 
     from test_pretrain import SAMPLE, SMALL, TINY, _make_records, _train_losses
@@ -168,7 +171,8 @@ def test_pretrain_on_cuda_resumes_exactly(tmp_path):
     from xlnetcli.pretrain import pretrain
 
     rec = _make_records(tmp_path / "data", SAMPLE, SMALL)
-    over = SMALL + ["train.max_steps=8", "train.save_every=4", "train.eval_every=4", "train.precision=bf16"]
+    over = SMALL + ["train.max_steps=8", "train.save_every=4", "train.eval_every=4", "train.precision=bf16",
+                    f"train.compile={str(compile_).lower()}"]
     cfg = load_config(TINY, over)
     a = pretrain(cfg, rec, tmp_path / "a", device="cuda", quiet=True)
     assert a["step"] == 8

@@ -51,7 +51,8 @@ class ModelConfig:
     clamp_len: int = -1  # clip relative positions to +-clamp_len (-1 = no clipping)
     # Kept for HF config round trips: like the original and HF, it only affects attn_type "uni", and XLNet is "bi".
     same_length: bool = False
-    attn_impl: Literal["auto", "fused", "einsum", "sdpa", "flex"] = "auto"  # attention kernel (kernels.py); auto = fused on CPU, sdpa on CUDA
+    # attention kernel (kernels.py); auto = fused on CPU, sdpa on CUDA (einsum inside torch.compile)
+    attn_impl: Literal["auto", "fused", "einsum", "sdpa", "flex"] = "auto"
 
     def __post_init__(self) -> None:
         _positive(self, "vocab_size", "d_model", "n_layer", "n_head", "d_head", "d_inner")
@@ -96,6 +97,7 @@ class TrainConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"  # autocast dtype; fp16 uses a grad scaler
     compile: bool = False  # torch.compile the model
     activation_checkpointing: bool = False  # recompute each layer in backward to save memory
+    deterministic: bool = True  # deterministic GPU kernels: bit-identical runs and resumes (cost: BENCHMARKS.md)
     distributed: Literal["ddp", "fsdp"] = "ddp"  # strategy under torchrun (fsdp = FSDP2 fully_shard)
     eval_every: int = 10_000  # steps between evaluations on held-out records (0 = never)
     eval_batches: int = 50  # batches per evaluation

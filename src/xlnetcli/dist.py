@@ -198,6 +198,14 @@ def is_fsdp(model: torch.nn.Module) -> bool:
     return isinstance(unwrap(model), FSDPModule)
 
 
+def set_deterministic(enabled: bool) -> None:
+    """Bit-identical runs on GPUs: deterministic kernels (torch.use_deterministic_algorithms; an op without one warns
+    rather than fails) and cuBLAS's fixed workspace. CPU kernels are deterministic either way."""
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(enabled, warn_only=True)
+
+
 def autocast_ctx(device: torch.device, precision: str):
     """Mixed precision for a forward pass: nothing for fp32, else torch.autocast in bf16 or fp16."""
     if precision == "fp32":

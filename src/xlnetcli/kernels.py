@@ -37,15 +37,16 @@ IMPLS = ("fused", "einsum", "sdpa", "flex")
 
 
 def resolve_impl(name: str, device: torch.device) -> str:
-    """``auto``: the fused core on CPU (fastest there, least memory); ``sdpa`` on CUDA (measured: BENCHMARKS.md)."""
+    """``auto``, as measured (BENCHMARKS.md): on CPU the fused core (fastest there, least memory); on CUDA ``sdpa``
+    when running eagerly, and the plain ``einsum`` formulation inside torch.compile (inductor fuses the rel-shift,
+    bias, mask, softmax and dropout into one kernel, which beats SDPA's bias-reading kernel)."""
     if name == "auto":
-        return AUTO_CUDA if device.type == "cuda" else "fused"
+        if device.type != "cuda":
+            return "fused"
+        return "einsum" if torch.compiler.is_compiling() else "sdpa"
     if name == "flex" and device.type != "cuda":
         raise XLNetError("model.attn_impl=flex needs a CUDA device (FlexAttention has no CPU backward); use auto")
     return name
-
-
-AUTO_CUDA = "sdpa"
 
 
 def activation(name: str):
@@ -119,11 +120,38 @@ def _position_scores(q, kr, r_r):
     return torch.matmul(qr, kr.transpose(-1, -2)[:, None]).view(B, H, N, -1)
 
 
+class _RelShift(torch.autograd.Function):
+    """The rel-shift: out[..., i, j] = bd[..., i, shift_i + j] for j < K (each row reads a window of K consecutive
+    relative positions, shift_i = L - pos_i). Backward is the inverse window read, grad_bd[..., i, c] =
+    grad[..., i, c - shift_i] inside the window and 0 outside: a gather too, so no scatter and no atomic adds
+    (deterministic on GPUs, and fused into one kernel under torch.compile)."""
+
+    @staticmethod
+    def forward(ctx, bd, shift, K: int):
+        B, H, N, R = bd.shape
+        ctx.save_for_backward(shift)
+        ctx.R = R
+        index = shift + torch.arange(K, device=bd.device)  # [B|1,1,N,K]
+        return torch.gather(bd, 3, index.expand(B, H, N, K))
+
+    @staticmethod
+    def backward(ctx, grad):
+        (shift,) = ctx.saved_tensors
+        B, H, N, K = grad.shape
+        j = torch.arange(ctx.R, device=grad.device) - shift  # [B|1,1,N,R]: which score column lands on c
+        inside = (j >= 0) & (j < K)
+        out = torch.gather(grad, 3, j.clamp(0, K - 1).expand(B, H, N, ctx.R))
+        return torch.where(inside, out, 0.0).to(grad.dtype), None, None
+
+
 def _position_segment_bias(q, kr, r_r, r_s, seg, layout: AttnLayout):
     """scale * (position term after the rel-shift + segment term): [B,H,N,K]."""
-    B, H, N, D = q.shape
+    D = q.shape[-1]
     K = layout.rel_index.shape[-1]
-    bias = torch.gather(_position_scores(q, kr, r_r), 3, layout.rel_index.expand(B, H, N, K))
+    # the window start per row, from the row positions (not layout.rel_index): under torch.compile the column is then
+    # arithmetic inside the fused kernel rather than an int64 tensor loaded for every score
+    shift = (layout.L - layout.rows)[:, None, :, None]
+    bias = _RelShift.apply(_position_scores(q, kr, r_r), shift, K)
     if seg is not None:
         ef = torch.matmul(q + r_s[:, None], seg.permute(1, 2, 0))  # [B,H,N,2]: same segment, other segment
         bias = bias + torch.where(layout.seg_same, ef[..., :1], ef[..., 1:])
@@ -289,8 +317,8 @@ class _RelAttnCore(torch.autograd.Function):
             q, k, v, kr, r_w, r_r, r_s, seg_embed = (None if t is None else t.to(ct) for t in ins)
             score = torch.matmul(q + r_w[:, None], k.transpose(-1, -2))  # [B,H,N,K] content term
             # position term: one [(B/G)*N, D] x [D, R] matmul per (half, head), then the rel-shift gather
-            qr = (q + r_r[:, None]).view(G, B // G, H, N, D).transpose(1, 2).reshape(G * H, (B // G) * N, D)
-            bd = torch.bmm(qr, kr.reshape(G * H, R, D).transpose(1, 2)).view(G, H, B // G, N, R).transpose(1, 2)
+            qr = (q + r_r[:, None]).reshape(G, B // G, H, N, D).transpose(1, 2).reshape(G * H, (B // G) * N, D)
+            bd = torch.bmm(qr, kr.reshape(G * H, R, D).transpose(1, 2)).reshape(G, H, B // G, N, R).transpose(1, 2)
             idx = _split_halves(rel_index, B, G)
             score += torch.gather(bd, 4, idx.expand(G, B // G, H, N, K)).reshape(B, H, N, K)
             del bd
@@ -333,12 +361,12 @@ class _RelAttnCore(torch.autograd.Function):
             # position term: scatter back to the R columns (distinct per row), then the two matmuls
             dbd = ds.new_zeros(G, H, B // G, N, R)
             idx = _split_halves(rel_index, B, G)
-            dbd.transpose(1, 2).scatter_(4, idx.expand(G, B // G, H, N, K), ds.view(G, B // G, H, N, K))
-            dbd = dbd.view(G * H, (B // G) * N, R)
-            qr = (q + r_r[:, None]).view(G, B // G, H, N, D).transpose(1, 2).reshape(G * H, (B // G) * N, D)
-            dkr = torch.bmm(dbd.transpose(1, 2), qr).view(G, H, R, D)
+            dbd.transpose(1, 2).scatter_(4, idx.expand(G, B // G, H, N, K), ds.reshape(G, B // G, H, N, K))
+            dbd = dbd.reshape(G * H, (B // G) * N, R)
+            qr = (q + r_r[:, None]).reshape(G, B // G, H, N, D).transpose(1, 2).reshape(G * H, (B // G) * N, D)
+            dkr = torch.bmm(dbd.transpose(1, 2), qr).reshape(G, H, R, D)
             del qr
-            dqr = torch.bmm(dbd, kr.reshape(G * H, R, D)).view(G, H, B // G, N, D).transpose(1, 2).reshape(B, H, N, D)
+            dqr = torch.bmm(dbd, kr.reshape(G * H, R, D)).reshape(G, H, B // G, N, D).transpose(1, 2).reshape(B, H, N, D)
             del dbd
             dq = dqw + dqr
             dr_w, dr_r = dqw.sum((0, 2)), dqr.sum((0, 2))

@@ -42,7 +42,13 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
 def compile_layers(model: nn.Module, **kwargs) -> None:
     """``torch.compile`` each layer in place (kwargs go to torch.compile). Static shapes: a pretraining run sees a few
     (memory length 0, reuse_len, mem_len; the last layer's query rows), each compiled once."""
+    import torch._dynamo
+
     kwargs.setdefault("dynamic", False)
+    # one graph per (memory length, stream layout, train/eval): more than dynamo's default of 8 in a long run
+    conf = torch._dynamo.config
+    name = "recompile_limit" if hasattr(conf, "recompile_limit") else "cache_size_limit"  # renamed in torch 2.6
+    setattr(conf, name, max(getattr(conf, name), 64))
     for layer in transformer_layers(model):
         layer.compile(**kwargs)
 

@@ -53,7 +53,7 @@ TRAIN_STATE = "train_state.pt"
 # log/evaluate/save, how long we train, or how the same maths is executed).
 RESUME_MUTABLE = {
     "train.max_steps", "train.eval_every", "train.eval_batches", "train.save_every", "train.keep_last",
-    "train.log_every", "train.compile", "train.activation_checkpointing", "train.distributed",
+    "train.log_every", "train.compile", "train.activation_checkpointing", "train.distributed", "train.deterministic",
 }
 
 # records meta key -> config key it must agree with
@@ -430,6 +430,7 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     tokenizer_dir = data_dir / "tokenizer"
 
     # ---- model, optimizer ----------------------------------------------------------------------------------
+    dist.set_deterministic(t.deterministic)
     seed_everything(t.seed)
     model = build_lm_model(cfg).to(dev)
     n_params, n_nonemb = _count_params(model)
@@ -506,7 +507,8 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     threads = f", {torch.get_num_threads()} threads" if dev.type == "cpu" else ""
     say(f"  device     {dev}{threads} ({env.backend or 'single process'}"
         f"{', ' + t.distributed if env.distributed else ''}), precision {precision}, fused AdamW {fused}, "
-        f"compile {t.compile}, activation checkpointing {t.activation_checkpointing}")
+        f"compile {t.compile}, activation checkpointing {t.activation_checkpointing}, "
+        f"deterministic {t.deterministic}")
     spp = meta.get("splits", {}).get("train", {}).get("steps_per_pass")
     if spp:
         passes = meta.get("passes", 1)
