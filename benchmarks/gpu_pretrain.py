@@ -209,7 +209,7 @@ def run_row(row: str, args, dev, peak_tflops, results: list, done_hf: set) -> No
             else:
                 model, loss_fn = build_hf(m, dev)
             prev = torch.are_deterministic_algorithms_enabled()
-            torch.use_deterministic_algorithms("det" in opts, warn_only=True)
+            torch.use_deterministic_algorithms("det" in opts and engine == "ours", warn_only=True)
             try:
                 with sdpa_backend("cudnn" in opts):
                     r = time_steps(model, loss_fn, batch, dev, args.warmup, args.steps,

@@ -1,4 +1,4 @@
-"""Online factorisation order (original _local_perm) and the PretrainStream (REFERENCE §5)."""
+"""Online factorisation order (original _local_perm) and the PretrainStream (docs/xlnet.md §5)."""
 
 from __future__ import annotations
 

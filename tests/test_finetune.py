@@ -76,7 +76,7 @@ def _no_progress(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Input formats (REFERENCE §9)
+# Input formats (docs/xlnet.md §9)
 
 
 def test_pair_format_left_padding_and_truncation(tok):

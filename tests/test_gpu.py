@@ -18,6 +18,7 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 from test_model_parity import plm_batch, tiny_cfg  # noqa: E402
+from test_parallel import twins  # noqa: E402  (two identical models in train mode)
 from xlnetcli.model import XLNetLMHeadModel  # noqa: E402
 
 CUDA = torch.device("cuda")
@@ -109,17 +110,18 @@ def test_activation_checkpointing_changes_nothing(impl):
 
     cfg = gpu_cfg(bi_data=True, dropout=0.1, dropatt=0.0 if impl == "flex" else 0.1, attn_impl=impl)
     b = batch()
-    torch.manual_seed(0)
-    plain = XLNetLMHeadModel(cfg).to(CUDA).train()
-    ac = XLNetLMHeadModel(cfg).to(CUDA).train()
-    ac.load_state_dict(plain.state_dict())
+    plain, ac = (m.to(CUDA) for m in twins(cfg))
     apply_activation_checkpointing(ac)
     assert ac.state_dict().keys() == plain.state_dict().keys()
     torch.manual_seed(1)
     l0, _, _, g0 = run(plain, b, need_hidden=False)
     torch.manual_seed(1)
     l1, _, _, g1 = run(ac, b, need_hidden=False)
-    assert torch.equal(l0, l1) and all(torch.equal(g0[k], g1[k]) for k in g0)
+    assert torch.equal(l0, l1)
+    if impl == "flex":  # FlexAttention's backward sums the segment term's gradient with atomic adds: rounding only
+        assert max(maxdiff(g1[k], g0[k]) for k in g0) <= 1e-6
+    else:
+        assert all(torch.equal(g0[k], g1[k]) for k in g0)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -129,10 +131,7 @@ def test_compiled_layers_match_eager(impl):
 
     cfg = gpu_cfg(bi_data=True, dropout=0.0, dropatt=0.0, attn_impl=impl)
     b = batch()
-    torch.manual_seed(0)
-    eager = XLNetLMHeadModel(cfg).to(CUDA).train()
-    comp = XLNetLMHeadModel(cfg).to(CUDA).train()
-    comp.load_state_dict(eager.state_dict())
+    eager, comp = (m.to(CUDA) for m in twins(cfg))
     compile_layers(comp)
     l0, lg0, _, g0 = run(eager, b, need_hidden=False)
     l1, lg1, _, g1 = run(comp, b, need_hidden=False)

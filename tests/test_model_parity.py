@@ -1,5 +1,5 @@
 """Exact parity of model.py with transformers.XLNetLMHeadModel (copied weights, float32, eval mode) and with a
-plain reference written from the formulas (REFERENCE §6) for what HF lacks (untie_r=false).
+plain reference written from the formulas (docs/xlnet.md §6) for what HF lacks (untie_r=false).
 
 Tolerance: max abs difference <= 1e-5 on logits, returned memories and every parameter gradient."""
 
@@ -46,7 +46,7 @@ def pair(cfg, seed=0):
     return ours, hf
 
 
-# ---- the factorisation order (REFERENCE §5), written independently of data.py ---------------------------------
+# ---- the factorisation order (docs/xlnet.md §5), written independently of data.py ---------------------------------
 
 
 def local_perm(tokens, is_masked, is_func, rng):
@@ -218,7 +218,7 @@ def sinusoid(pos, d):
 
 
 def plain_reference(model, ids, tt, perm, tmap, mems=None):
-    """Direct transcription of REFERENCE §6: explicit relative distances (no rel-shift), full query stream over all
+    """Direct transcription of docs/xlnet.md §6: explicit relative distances (no rel-shift), full query stream over all
     L rows then the target rows picked by target_mapping, shared or per-layer r biases."""
     cfg, tr = model.config, model.transformer
     B, L_ = ids.shape

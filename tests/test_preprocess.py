@@ -1,4 +1,4 @@
-"""xlnet preprocess: example layout, A/B split, span masking, passes, determinism, bad input (REFERENCE §2-4)."""
+"""xlnet preprocess: example layout, A/B split, span masking, passes, determinism, bad input (docs/xlnet.md §2-4)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ CORPUS = ROOT / "data" / "pydocs" / "corpus.txt"
 
 
 def train_tok(out: Path, vocab: int = 2000) -> Path:
-    """A SentencePiece tokenizer directory (ids 0-8 as REFERENCE §1)."""
+    """A SentencePiece tokenizer directory (ids 0-8 as docs/xlnet.md §1)."""
     try:
         from xlnetcli.config import TokenizerConfig
         from xlnetcli.tokenizer import train_tokenizer

@@ -1,7 +1,7 @@
 """Reading raw text corpora: path expansion, .gz, binary detection, invalid UTF-8 accounting, document chunks.
 
-Corpus format (REFERENCE §2): one sentence (or paragraph) per line; a blank (or whitespace-only) line ends a document;
-the end of a file also ends a document.
+Corpus format (docs/xlnet.md §2): one sentence (or paragraph) per line; a blank (or whitespace-only) line ends a
+document; the end of a file also ends a document.
 
 Invalid UTF-8 policy: bad bytes are replaced by U+FFFD and counted; a warning line names the file and the count. A file
 where more than 1% of the bytes are invalid is refused (it is almost certainly not UTF-8 text: re-encode it first).

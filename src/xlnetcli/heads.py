@@ -1,4 +1,4 @@
-"""Finetuning heads on top of XLNetModel (REFERENCE §9) and the model that combines them.
+"""Finetuning heads on top of XLNetModel (docs/xlnet.md §9) and the model that combines them.
 
 - classification / regression: SequenceSummary (``last`` = the <cls> position, dense+tanh projection, dropout) then a
   linear layer to the labels (1 output for regression, MSE loss);

@@ -1,4 +1,4 @@
-"""Hugging Face interop: state-dict and config adapters, `export_hf` and `import_hf` (REFERENCE §7).
+"""Hugging Face interop: state-dict and config adapters, `export_hf` and `import_hf` (docs/xlnet.md §7).
 
 Our names are HF's names except: ``transformer.mask_emb`` is [d] (HF [1,1,d]); the LM bias is ``lm_bias`` (HF
 ``lm_loss.bias``; ``lm_loss.weight`` is tied to the embedding and not stored); with ``untie_r=false`` the shared

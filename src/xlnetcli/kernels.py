@@ -359,10 +359,12 @@ class _RelAttnCore(torch.autograd.Function):
             dk = torch.matmul(ds.transpose(-1, -2), qw)
             del qw
             # position term: scatter back to the R columns (distinct per row), then the two matmuls
-            dbd = ds.new_zeros(G, H, B // G, N, R)
+            # (the zeros are allocated [G,H,B/G,N,R] so that the bmm below reads them without a copy; the scatter
+            # writes through the [G,B/G,H,N,R] view, whose result is used, not the base: torch.compile needs that)
             idx = _split_halves(rel_index, B, G)
-            dbd.transpose(1, 2).scatter_(4, idx.expand(G, B // G, H, N, K), ds.reshape(G, B // G, H, N, K))
-            dbd = dbd.reshape(G * H, (B // G) * N, R)
+            dbd = ds.new_zeros(G, H, B // G, N, R).transpose(1, 2).scatter_(4, idx.expand(G, B // G, H, N, K),
+                                                                             ds.reshape(G, B // G, H, N, K))
+            dbd = dbd.transpose(1, 2).reshape(G * H, (B // G) * N, R)
             qr = (q + r_r[:, None]).reshape(G, B // G, H, N, D).transpose(1, 2).reshape(G * H, (B // G) * N, D)
             dkr = torch.bmm(dbd.transpose(1, 2), qr).reshape(G, H, R, D)
             del qr

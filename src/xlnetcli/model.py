@@ -30,7 +30,7 @@ from .kernels import (NEG_INF, AttnLayout, _FeedForwardCore, _LMHeadLoss, activa
 
 XLNetConfig = ModelConfig
 
-# Named sizes (REFERENCE §8). Everything not listed keeps ModelConfig's default.
+# Named sizes (docs/xlnet.md §8). Everything not listed keeps ModelConfig's default.
 SIZES: dict[str, dict] = {
     "tiny": dict(vocab_size=8000, d_model=128, n_layer=4, n_head=4, d_head=32, d_inner=512, mem_len=96, reuse_len=64),
     "base": dict(vocab_size=32000, d_model=768, n_layer=12, n_head=12, d_head=64, d_inner=3072),

@@ -1,4 +1,4 @@
-"""Optimizer and learning-rate schedule shared by pretraining and finetuning (REFERENCE §8).
+"""Optimizer and learning-rate schedule shared by pretraining and finetuning (docs/xlnet.md §8).
 
 AdamW with decoupled weight decay that skips LayerNorm weights and all biases; optional layer-wise lr decay
 (layer l of n gets lr * rate^(n-1-l); embeddings get rate^n, heads rate^0) as per-parameter-group learning rates.

@@ -1,4 +1,4 @@
-"""`xlnet preprocess`: shards -> permutation-LM records, built as the original data_utils did (REFERENCE §2-4).
+"""`xlnet preprocess`: shards -> permutation-LM records, built as the original data_utils did (docs/xlnet.md §2-4).
 
     preprocess("shards/", "records/", cfg, passes=2)       # what `xlnet preprocess` calls
 
@@ -128,7 +128,7 @@ def _read_shard_manifest(shard_dir: Path) -> dict:
 
 
 def word_start_table(tokenizer_dir: Path) -> np.ndarray:
-    """bool [vocab]: the piece starts a word (REFERENCE §4). Uses tokenizer.py when present."""
+    """bool [vocab]: the piece starts a word (docs/xlnet.md §4). Uses tokenizer.py when present."""
     if (tokenizer_dir / "tokenizer.json").is_file():
         try:
             from .tokenizer import Tokenizer  # type: ignore[attr-defined]
@@ -373,7 +373,7 @@ def masks_from_draws(
 ) -> np.ndarray:
     """``sample_masks`` on segments in reading order with pre-drawn uniforms ``draws`` [N, mask_draw_width(goal)].
 
-    The original's loop (REFERENCE §4) runs for all segments at once: iteration k uses each segment's k-th draws
+    The original's loop (docs/xlnet.md §4) runs for all segments at once: iteration k uses each segment's k-th draws
     (span length n ~ 1/n, left context l), so the loop is a few array operations per iteration over the segments
     still active. Word starts are kept as one sorted array of flat positions (a sentinel word start at the end of
     every segment): "advance to the next word start" and "end after n words" are ``searchsorted``/index steps.

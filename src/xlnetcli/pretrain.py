@@ -106,7 +106,7 @@ def read_records_meta(data_dir: str | Path) -> dict:
 
 
 def check_records(cfg: Config, meta: dict, data_dir: str | Path) -> None:
-    """The records must have been made with the settings this config trains with (REFERENCE §10)."""
+    """The records must have been made with the settings this config trains with (docs/xlnet.md §10)."""
     want = config_to_dict(cfg)
     want["data"]["perm_size"] = cfg.perm_size
     for rkey, ckey in RECORD_KEYS.items():

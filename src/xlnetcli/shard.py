@@ -1,4 +1,4 @@
-"""Corpus sharding: text files -> N balanced, memory-mappable shards of token ids + sentence ids (REFERENCE §2).
+"""Corpus sharding: text files -> N balanced, memory-mappable shards of token ids + sentence ids (docs/xlnet.md §2).
 
 Pipeline (streaming, memory bounded by a few chunks whatever the corpus size):
   parent: read files in order -> decode UTF-8 (replace-and-count) -> cut ~256 KiB chunks at blank lines

@@ -1,4 +1,4 @@
-"""XLNet's fixed special-token ids (the released spiece.model; REFERENCE §1)."""
+"""XLNet's fixed special-token ids (the released spiece.model; docs/xlnet.md §1)."""
 
 UNK_ID = 0  # <unk>
 BOS_ID = 1  # <s>

@@ -1,4 +1,4 @@
-"""Finetuning data: reading labelled files and building model inputs exactly as the original XLNet (REFERENCE §9).
+"""Finetuning data: reading labelled files and building model inputs exactly as the original XLNet (docs/xlnet.md §9).
 
 Readers
 - ``read_table``: TSV / CSV / JSONL with named columns (text_a, optional text_b, label). Defaults find the columns

@@ -1,4 +1,4 @@
-"""SentencePiece unigram tokenizer with XLNet's fixed ids and the original text normalisation (REFERENCE §1).
+"""SentencePiece unigram tokenizer with XLNet's fixed ids and the original text normalisation (docs/xlnet.md §1).
 
 A tokenizer directory holds ``spiece.model`` and ``tokenizer.json``. The JSON stores the normalisation options
 (uncased, keep_accents, digit-comma fix) with the sha256 of ``spiece.model`` and a hash of the options themselves, so
@@ -36,7 +36,7 @@ NORMALIZER = "xlnet-preprocess-text-v1"
 SPIECE_UNDERLINE = "\u2581"
 MODEL_FILE = "spiece.model"
 META_FILE = "tokenizer.json"
-# The original recipe (REFERENCE §1). unk/bos/eos take ids 0-2, control symbols 3-7, user-defined symbols from 8.
+# The original recipe (docs/xlnet.md §1). unk/bos/eos take ids 0-2, control symbols 3-7, user-defined symbols from 8.
 CONTROL_SYMBOLS = ("<cls>", "<sep>", "<pad>", "<mask>", "<eod>")
 USER_DEFINED_SYMBOLS = ("<eop>", ".", "(", ")", '"', "-", "\u2013", "\u00a3", "\u20ac")
 MAX_SENTENCE_BYTES = 1 << 15  # lines longer than this are skipped by the SentencePiece trainer (default 4192)
@@ -350,7 +350,7 @@ class Tokenizer:
         return self.sp.piece_to_id(piece)
 
     def word_start_mask(self) -> np.ndarray:
-        """bool [vocab_size]: True for pieces that start a word (REFERENCE §4): a piece starting with '▁', a
+        """bool [vocab_size]: True for pieces that start a word (docs/xlnet.md §4): a piece starting with '▁', a
         control/special/unknown piece, or a lone ASCII punctuation piece."""
         punct = set(string.punctuation)
         mask = np.zeros(self.vocab_size, dtype=bool)
