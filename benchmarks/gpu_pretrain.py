@@ -4,12 +4,13 @@
     python benchmarks/gpu_pretrain.py --rows base:16:sdpa,base:16:flex:compile --hf   # chosen rows
     python benchmarks/gpu_pretrain.py --smoke               # CPU smoke run (tiny sizes, 2 steps): checks the script
 
-A row is SIZE:MICRO:IMPL[:compile][:ac][:dropatt0][:det][:cudnn]: size base or large (configs/*.yaml: seq 512, mem_len 384,
-reuse_len 256, 85 targets, bi_data on, dropout 0.1, dropatt 0.1), micro-batch, attention kernel (kernels.py), then
-per-layer torch.compile, activation checkpointing, attention dropout off, and deterministic algorithms
-(torch.use_deterministic_algorithms, as train.deterministic), SDPA restricted to cuDNN's kernel. --hf adds transformers' model for each
-(size, micro) pair, same config (copied by hf.to_hf_config), same batch (perm_mask, target_mapping, segments),
-same memory length (both carry memories across steps), same loss, the same fused AdamW and clipping.
+A row is SIZE:MICRO:IMPL[:compile][:ac][:dropatt0][:det][:cudnn]: size base or large (configs/*.yaml: seq 512,
+mem_len 384, reuse_len 256, 85 targets, bi_data on, dropout 0.1, dropatt 0.1), micro-batch, attention kernel
+(kernels.py), then per-layer torch.compile, activation checkpointing, attention dropout off, deterministic algorithms
+(torch.use_deterministic_algorithms, as train.deterministic), SDPA restricted to cuDNN's kernel. --hf adds
+transformers' model for each (size, micro) pair: the same config (hf.to_hf_config with the pretraining layout), the
+same batch (perm_mask, target_mapping, segments), the same memory length (both carry memories across steps), the same
+loss, the same fused AdamW and clipping.
 
 A step is forward + loss + backward + clip + AdamW in bf16 autocast (fp32 weights), as `xlnet pretrain` runs it.
 Times are CUDA-event medians over --steps steps after --warmup steps (memories reach full length in the warm-up).
@@ -89,7 +90,7 @@ def build_hf(m, dev):
 
     from xlnetcli.hf import to_hf_config
 
-    hc = to_hf_config(m)
+    hc = to_hf_config(m, pretraining_layout=True)
     hc.pop("architectures", None), hc.pop("model_type", None)
     torch.manual_seed(0)
     model = transformers.XLNetLMHeadModel(transformers.XLNetConfig(**hc)).to(dev).train()

@@ -16,7 +16,7 @@ from xlnetcli.checkpoint import load_lm_model, load_model_dir, resolve_checkpoin
 from xlnetcli.cli import main
 from xlnetcli.config import ModelConfig, config_from_dict
 from xlnetcli.errors import CheckpointError
-from xlnetcli.hf import mems_from_hf, mems_to_hf
+from xlnetcli.hf import mems_to_hf
 from xlnetcli.model import XLNetLMHeadModel
 
 transformers = pytest.importorskip("transformers")
@@ -95,11 +95,14 @@ def test_export_loads_in_transformers_with_identical_outputs(ckpt, tmp_path):
         h = hf(ids, token_type_ids=tt, perm_mask=perm, target_mapping=tmap, use_mems=True)
         o = ours(ids, tt, None, perm, target_mapping=tmap)
         assert torch.allclose(o.logits, h.logits, atol=1e-5, rtol=0)
-        h2 = hf(ids, token_type_ids=tt, perm_mask=perm, target_mapping=tmap, mems=h.mems, use_mems=True)
+        # memory: the export's config has none of its own (inference settings); ours, passed in, gives the same
+        h2 = hf(ids, token_type_ids=tt, perm_mask=perm, target_mapping=tmap, mems=mems_to_hf(o.mems), use_mems=True)
         o2 = ours(ids, tt, None, perm, target_mapping=tmap, mems=o.mems)
         assert torch.allclose(o2.logits, h2.logits, atol=1e-5, rtol=0)
-        for a, b in zip(o2.mems, mems_from_hf(h2.mems)):
-            assert torch.allclose(a, b, atol=1e-5, rtol=0)
+    hc = json.loads((out / "config.json").read_text())
+    assert hc["mem_len"] is None and hc["reuse_len"] is None and hc["bi_data"] is False
+    saved = json.loads((out / "xlnet_pretraining.json").read_text())
+    assert saved["model"]["mem_len"] == 12 and saved["model"]["reuse_len"] == 8
 
     # the tokenizer loads unmodified and splits text as ours does
     from xlnetcli.tokenizer import Tokenizer
@@ -110,6 +113,46 @@ def test_export_loads_in_transformers_with_identical_outputs(ckpt, tmp_path):
     enc = hf_tok(text)["input_ids"]
     assert enc[-2:] == [4, 3]  # <sep> <cls> appended, as XLNet expects
     assert enc[:-2] == ours_tok.encode_ids(text)
+
+
+def test_export_of_a_real_pretraining_run_gives_our_logits_in_transformers(tmp_path):
+    """configs/tiny.yaml as shipped (bi_data on, memory 96, reuse 64; a 1000-piece vocabulary for the small test
+    corpus), pretrained for 3 steps, exported: transformers gives our logits for batches of 1, 2 and 3, with and
+    without an attention mask (left padding, as XLNet pads)."""
+    from test_pretrain import SAMPLE, TINY, _make_records
+    from xlnetcli.config import load_config
+    from xlnetcli.pretrain import pretrain
+
+    over = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "train.max_steps=3", "train.eval_every=0",
+            "train.save_every=0", "train.warmup_steps=1"]
+    cfg = load_config(TINY, over)
+    assert cfg.model.bi_data and cfg.model.mem_len == 96 and cfg.model.reuse_len == 64
+    rec = _make_records(tmp_path, SAMPLE, over)
+    pretrain(cfg, rec, tmp_path / "run", quiet=True)
+    assert cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")) == 0
+    hf = transformers.XLNetLMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    ours = api.load(tmp_path / "run")
+    g = torch.Generator().manual_seed(0)
+    for B in (1, 2, 3):
+        ids = torch.randint(9, 1000, (B, 24), generator=g)
+        ids[:, -2:] = torch.tensor([4, 3])  # <sep> <cls>
+        am = torch.ones(B, 24, dtype=torch.long)
+        am[B - 1, :5] = 0  # the last row is left-padded
+        ids[B - 1, :5] = 5
+        for mask in (None, am):
+            o = ours(ids, attention_mask=mask)
+            with torch.no_grad():
+                h = hf(ids, attention_mask=mask)
+            assert h.logits.shape == o.logits.shape == (B, 24, 1000)
+            assert torch.allclose(o.logits, h.logits, atol=1e-4, rtol=0), (B, mask is not None)
+    # identical rows give identical logits (bi_data would have split the batch)
+    with torch.no_grad():
+        twice = hf(ids[:1].repeat(2, 1)).logits
+    assert torch.allclose(twice[0], twice[1], atol=1e-6)
+    # the pretraining layout travels beside config.json and comes back with `xlnet import`
+    assert cli("import", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")) == 0
+    back, _, _ = load_model_dir(tmp_path / "back")
+    assert (back.model.bi_data, back.model.mem_len, back.model.reuse_len) == (True, 96, 64)
 
 
 def test_round_trips_are_bit_exact(ckpt, tmp_path):

@@ -38,7 +38,7 @@ def pair(cfg, seed=0):
         for name, p in ours.named_parameters():
             if "layer_norm" in name or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.1)
-    hc = to_hf_config(cfg)
+    hc = to_hf_config(cfg, pretraining_layout=True)
     hc.pop("architectures"), hc.pop("model_type")
     hf = transformers.XLNetLMHeadModel(transformers.XLNetConfig(**hc)).eval()
     missing, unexpected = hf.load_state_dict(to_hf_state(ours.state_dict(), cfg), strict=False)

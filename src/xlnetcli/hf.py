@@ -5,6 +5,11 @@ Our names are HF's names except: ``transformer.mask_emb`` is [d] (HF [1,1,d]); t
 ``transformer.r_{w,r,s}_bias`` become per-layer copies in HF (HF has no shared biases), so such a model imports back
 as ``untie_r=true`` with identical values. Tensors are copied unchanged: the round trip is bit-exact.
 HF memories are time-major [M,B,d]; ours are batch-first [B,M,d] (`mems_to_hf`, `mems_from_hf`).
+
+An export's config.json carries what released XLNet configs carry for inference: no memory length, no reuse length,
+no bi_data (in transformers those are properties of a pretraining batch, and with bi_data on a model splits every
+batch into forward and backward halves, which is wrong for inference). The values the model was pretrained with sit
+beside it in ``xlnet_pretraining.json`` (PRETRAINING_FILE), which transformers ignores and `xlnet import` restores.
 """
 
 from __future__ import annotations
@@ -72,7 +77,15 @@ def mems_from_hf(mems):
 # ---- configs ------------------------------------------------------------------------------------------------
 
 
-def to_hf_config(mcfg: ModelConfig) -> dict[str, Any]:
+PRETRAINING_FILE = "xlnet_pretraining.json"
+# model keys that describe how a model was pretrained (batch layout, memory), not what it computes on one input
+PRETRAINING_KEYS = ("mem_len", "reuse_len", "bi_data", "dropatt", "clamp_len", "same_length")
+
+
+def to_hf_config(mcfg: ModelConfig, pretraining_layout: bool = False) -> dict[str, Any]:
+    """transformers' XLNetConfig values for our model config. Default: inference-safe (as released configs: no
+    memory or reuse length, bi_data off); ``pretraining_layout=True`` copies mem_len, reuse_len and bi_data (for
+    running transformers' model on our pretraining batches, as the parity tests and benchmarks do)."""
     if mcfg.n_head * mcfg.d_head != mcfg.d_model:
         raise CheckpointError(
             f"HF XLNet needs n_head*d_head == d_model, got {mcfg.n_head}*{mcfg.d_head} != {mcfg.d_model}"
@@ -94,9 +107,9 @@ def to_hf_config(mcfg: ModelConfig) -> dict[str, Any]:
         "initializer_range": mcfg.initializer_range,
         "layer_norm_eps": mcfg.layer_norm_eps,
         "dropout": mcfg.dropout,  # HF uses it for attention probabilities too (no dropatt)
-        "mem_len": mcfg.mem_len or None,
-        "reuse_len": mcfg.reuse_len or None,
-        "bi_data": mcfg.bi_data,
+        "mem_len": (mcfg.mem_len or None) if pretraining_layout else None,
+        "reuse_len": (mcfg.reuse_len or None) if pretraining_layout else None,
+        "bi_data": mcfg.bi_data if pretraining_layout else False,
         "clamp_len": mcfg.clamp_len,
         "same_length": mcfg.same_length,
         "summary_type": "last",
@@ -141,6 +154,20 @@ def from_hf_config(hc: dict[str, Any]) -> ModelConfig:
         raise CheckpointError(f"HF config.json has an invalid value ({e})") from None
 
 
+def _with_pretraining_values(mcfg: ModelConfig, path: Path) -> ModelConfig:
+    """The pretraining layout written by our export (memory, reuse, bi_data, dropatt), when the folder has it."""
+    import dataclasses
+
+    if not path.is_file():
+        return mcfg
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))["model"]
+        return dataclasses.replace(mcfg, **{k: saved[k] for k in PRETRAINING_KEYS if k in saved})
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path}: not a valid pretraining record ({type(e).__name__}); remove it to import "
+                              "with inference settings") from None
+
+
 def _full_config(mcfg: ModelConfig, tok: dict[str, Any] | None = None) -> Config:
     import dataclasses
 
@@ -168,6 +195,7 @@ def load_hf_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict
     if hc.get("model_type", "xlnet") != "xlnet":
         raise CheckpointError(f"{p} is a {hc.get('model_type')!r} model, not XLNet")
     mcfg = from_hf_config(hc)
+    mcfg = _with_pretraining_values(mcfg, p / PRETRAINING_FILE)
     if (p / "model.safetensors").is_file():
         from safetensors.torch import load_file
 
@@ -207,8 +235,15 @@ def export_hf(ckpt: str | Path, out: str | Path, overwrite: bool = False) -> Pat
     spm = src / "tokenizer" / "spiece.model"
     if not spm.is_file():
         spm = src / "spiece.model"
+    pretraining = {
+        "comment": "How this model was pretrained with xlnet (transformers ignores this file; `xlnet import` "
+                   "restores it). config.json holds inference settings: no memory, no bi_data.",
+        "model": {k: getattr(cfg.model, k) for k in PRETRAINING_KEYS},
+        "data": {"seq_len": cfg.data.seq_len, "num_predict": cfg.data.num_predict, "perm_size": cfg.data.perm_size},
+    }
     with atomic_output_dir(out, overwrite=overwrite, what="an exported model") as tmp:
         atomic_write_json(tmp / "config.json", hc)
+        atomic_write_json(tmp / PRETRAINING_FILE, pretraining)
         save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if spm.is_file():
             shutil.copyfile(spm, tmp / "spiece.model")
