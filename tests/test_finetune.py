@@ -227,7 +227,7 @@ def test_classification_end_to_end(work, tmp_path, capsys):
     assert lines[0] == "index\tprediction" and len(lines) == 3 and lines[1].split("\t")[1] in LABELS
 
 
-def test_regression_end_to_end(work, tmp_path):
+def test_regression_end_to_end(work, tmp_path, capsys):
     from xlnetcli.evaluate import evaluate_task
     from xlnetcli.finetune import finetune
 
@@ -238,8 +238,13 @@ def test_regression_end_to_end(work, tmp_path):
         files[split].write_text("\n".join(lines) + "\n")
     out = tmp_path / "reg"
     res = finetune(ft_cfg("finetune.eval_every=30", "finetune.early_stopping_patience=3"),
-                   "regression", files["train"], files["valid"], work / "init", out, quiet=True)
+                   "regression", files["train"], files["valid"], work / "init", out)
     assert res["metric"] == "pearson" and {"pearson", "spearman", "mse"} <= set(res["valid"])
+    # not a terminal: a plain line per log interval and one per evaluation, unwrapped
+    err = capsys.readouterr().err.splitlines()
+    assert any(ln.startswith("step ") and " loss " in ln and " lr " in ln for ln in err)
+    evals = [ln for ln in err if ln.strip().startswith("step ") and ": pearson " in ln]
+    assert evals and "(best so far, saved)" in evals[0]
     assert res["value"] > 0.5, (res["valid"], res["final_train_loss"])  # the target is read off the text (its length)
     assert evaluate_task(out, files["valid"])["metrics"]["pearson"] == pytest.approx(res["value"], abs=1e-5)
 

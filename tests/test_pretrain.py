@@ -91,7 +91,7 @@ def test_run_layout_eval_and_rotation(records, tmp_path):
     for name in ("model.safetensors", "config.yaml", "meta.json", "train_state.pt", "tokenizer/spiece.model"):
         assert (step / name).is_file(), name
     assert json.loads((step / "meta.json").read_text())["kind"] == "pretrain"
-    state = torch.load(step / "train_state.pt", weights_only=False)
+    state = torch.load(step / "train_state.pt", weights_only=True)
     assert state["step"] == 6 and state["world_size"] == 1 and state["accumulation"] == 2
     r0 = state["ranks"][0]
     assert set(r0["rng"]) >= {"python", "numpy", "torch"} and r0["data"]["step"] == 6
@@ -149,8 +149,8 @@ def test_resume_after_sigkill_is_exact(records, tmp_path):
     assert ea == eb
     wa, wb = _weights(tmp_path / "a" / f"step_{n:07d}"), _weights(tmp_path / "b" / f"step_{n:07d}")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-    sa = torch.load(tmp_path / "a" / f"step_{n:07d}" / "train_state.pt", weights_only=False)
-    sb = torch.load(tmp_path / "b" / f"step_{n:07d}" / "train_state.pt", weights_only=False)
+    sa = torch.load(tmp_path / "a" / f"step_{n:07d}" / "train_state.pt", weights_only=True)
+    sb = torch.load(tmp_path / "b" / f"step_{n:07d}" / "train_state.pt", weights_only=True)
     for k, v in sa["optimizer"]["state"].items():
         assert torch.equal(v["exp_avg_sq"], sb["optimizer"]["state"][k]["exp_avg_sq"])
 
@@ -189,7 +189,7 @@ def test_torchrun_two_processes_match_one(records, tmp_path):
     assert e2 == pytest.approx(e1, rel=1e-5)
     w1, w2 = _weights(tmp_path / "one" / "step_0000006"), _weights(tmp_path / "two" / "step_0000006")
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-5
-    st = torch.load(tmp_path / "two" / "step_0000006" / "train_state.pt", weights_only=False)
+    st = torch.load(tmp_path / "two" / "step_0000006" / "train_state.pt", weights_only=True)
     assert st["world_size"] == 2 and len(st["ranks"]) == 2 and sorted(st["ranks"][1]["mems"]) == [1]
 
 
@@ -313,3 +313,49 @@ def test_cli_errors_are_one_line(records, tmp_path):
                          env=_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "mask_alpha=6" in out.stderr and "data.mask_alpha=5" in out.stderr
+
+
+def test_redirected_log_has_one_plain_line_per_interval(records, tmp_path):
+    """stderr to a file (nohup, SLURM): a line per log_every with loss, lr, tokens/s, peak memory and ETA, each on one
+    line however long; evaluations too; metrics.jsonl records the peak memory."""
+    cfg_file = _write_config(tmp_path / "cfg.yaml", SMALL + ["train.max_steps=6", "train.log_every=2",
+                                                             "train.eval_every=3", "train.save_every=0"])
+    log = tmp_path / "log.txt"
+    with open(log, "w") as f:
+        proc = subprocess.run([str(BIN / "xlnet"), "pretrain", "--config", str(cfg_file), "--data", str(records),
+                               "--out", str(tmp_path / "run")], env=_env(), stdout=f, stderr=subprocess.STDOUT,
+                              timeout=300)
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    lines = text.splitlines()
+    steps = [ln for ln in lines if ln.startswith("step ")]
+    assert [ln.split()[1] for ln in steps] == ["2/6", "4/6", "6/6"], text
+    for ln in steps:
+        assert all(k in ln for k in ("loss ", "lr ", "tokens/s", "peak ", "GiB", "ETA ")), ln
+    assert any("step 3: eval loss" in ln for ln in lines) and any("step 6: eval loss" in ln for ln in lines)
+    assert max(len(ln) for ln in lines) > 80  # long messages are not wrapped at 80 columns
+    rows = [r for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
+    assert rows and all(r["peak_mem_gib"] > 0 for r in rows)
+
+
+class _Payload:
+    """Unpickling this runs code: it creates the file named in ``marker``."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_train_state_with_a_pickle_payload_is_refused_and_does_not_run(records, tmp_path):
+    cfg = _cfg("train.max_steps=4", "train.save_every=2", "train.eval_every=0")
+    pretrain(cfg, records, tmp_path / "run", quiet=True, stop_after=2)
+    state_file = tmp_path / "run" / "step_0000002" / "train_state.pt"
+    state = torch.load(state_file, weights_only=True)  # what we write loads without pickle's code paths
+    marker = tmp_path / "pwned"
+    state["evil"] = _Payload(str(marker))
+    torch.save(state, state_file)
+    with pytest.raises(XLNetError, match="refusing to unpickle it"):
+        pretrain(cfg, records, tmp_path / "run", resume="latest", quiet=True)
+    assert not marker.exists()

@@ -98,6 +98,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model
     activation_checkpointing: bool = False  # recompute each layer in backward to save memory
     deterministic: bool = True  # deterministic GPU kernels: bit-identical runs and resumes (cost: BENCHMARKS.md)
+    peak_tflops: float = 0.0  # the device's bf16 peak for the logged MFU; 0 = from the GPU's name (flops.py)
     distributed: Literal["ddp", "fsdp"] = "ddp"  # strategy under torchrun (fsdp = FSDP2 fully_shard)
     eval_every: int = 10_000  # steps between evaluations on held-out records (0 = never)
     eval_batches: int = 50  # batches per evaluation
@@ -115,6 +116,8 @@ class TrainConfig:
             )
         if self.lr <= 0:
             raise ConfigError(f"train.lr must be > 0, got {self.lr}")
+        if self.peak_tflops < 0:
+            raise ConfigError(f"train.peak_tflops must be >= 0 (0 = from the GPU's name), got {self.peak_tflops}")
         if self.warmup_steps < 0 or self.warmup_steps > self.max_steps:
             raise ConfigError(f"train.warmup_steps must be in [0, max_steps={self.max_steps}], got {self.warmup_steps}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:

@@ -198,6 +198,15 @@ def is_fsdp(model: torch.nn.Module) -> bool:
     return isinstance(unwrap(model), FSDPModule)
 
 
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak memory of this process so far: CUDA allocations on a GPU, resident set size on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
 def set_deterministic(enabled: bool) -> None:
     """Bit-identical runs on GPUs: deterministic kernels (torch.use_deterministic_algorithms; an op without one warns
     rather than fails) and cuBLAS's fixed workspace. CPU kernels are deterministic either way."""

@@ -34,7 +34,7 @@ from .config import Config, config_from_dict, config_to_dict, save_config
 from .dist import autocast_ctx
 from .errors import CheckpointError, ConfigError, DataError, XLNetError
 from .io import atomic_write_json, check_output_dir
-from .log import console, step_progress
+from .log import console, progress_is_live, step_progress
 from .metrics import PRIMARY_METRIC, classification_metrics, regression_metrics, squad_evaluate
 from .optim import build_optimizer, lr_factor, set_lr
 from .runlog import MetricsLogger, NullLogger
@@ -392,6 +392,7 @@ def _finetune(cfg, task, train, valid, init, out, columns, header, overwrite, en
     losses: list[float] = []
     stopped_early = False
     progress = step_progress(quiet=quiet or not main)
+    live = progress_is_live(quiet or not main)
     with progress:
         ptask = progress.add_task(f"finetune {task}", total=total, info="")
         for step in range(total):
@@ -437,6 +438,8 @@ def _finetune(cfg, task, train, valid, init, out, columns, header, overwrite, en
             if done % log_every == 0 or done == total:
                 mean_loss = float(np.mean(losses[-log_every:]))
                 logger.log(done, "train", loss=mean_loss, lr=lr, epoch=round(done / steps_per_epoch, 3))
+                if not live:  # a log file: one plain line per interval (the terminal has the progress bar)
+                    say(f"step {done}/{total} loss {mean_loss:.4f} lr {lr:.2e} epoch {done / steps_per_epoch:.2f}")
                 progress.update(ptask, completed=done, info=f"loss {mean_loss:.4f} lr {lr:.2e}")
             else:
                 progress.update(ptask, completed=done)
@@ -444,7 +447,7 @@ def _finetune(cfg, task, train, valid, init, out, columns, header, overwrite, en
                 stop = False
                 if main:
                     res = _eval_and_keep(model, valid_data, label_list, run_cfg, dev, done, out, tok_dir, meta_base,
-                                         best, logger)
+                                         best, logger, say)
                     if res is not None:
                         improved = res
                         bad_evals = 0 if improved else bad_evals + 1
@@ -484,7 +487,7 @@ def _finetune(cfg, task, train, valid, init, out, columns, header, overwrite, en
 
 
 def _eval_and_keep(model, valid_data, label_list, run_cfg, dev, step, out, tok_dir, meta_base, best,
-                   logger) -> bool | None:
+                   logger, say) -> bool | None:
     """Evaluate on the validation data; save a checkpoint when the task metric improved. None without validation."""
     if valid_data is None:
         return None
@@ -505,4 +508,6 @@ def _eval_and_keep(model, valid_data, label_list, run_cfg, dev, step, out, tok_d
         if best["path"] and Path(best["path"]) != path:
             shutil.rmtree(best["path"], ignore_errors=True)
         best.update(step=step, value=value, metric=name, metrics=metrics, path=str(path))
+    say(f"  step {step}: {name} {value:.4f}" + (" (best so far, saved)" if improved else
+                                                f" (best {best['value']:.4f} at step {best['step']})"))
     return improved

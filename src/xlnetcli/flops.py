@@ -66,3 +66,15 @@ def forward_flops(m: ModelConfig, batch: int, seq_len: int, mem_len: int, num_pr
 def train_flops(m: ModelConfig, batch: int, seq_len: int, mem_len: int, num_predict: int) -> float:
     """Model FLOPs of one forward + backward of a micro-batch (3x the forward)."""
     return 3.0 * forward_flops(m, batch, seq_len, mem_len, num_predict)
+
+
+def device_peak_tflops(device, configured: float = 0.0) -> float | None:
+    """The bf16 peak used for MFU: ``configured`` (train.peak_tflops) when set, else the data sheet's for a known GPU;
+    None on CPU or an unknown device (no MFU is logged then)."""
+    if configured > 0:
+        return configured
+    if getattr(device, "type", "cpu") != "cuda":
+        return None
+    import torch
+
+    return peak_tflops(torch.cuda.get_device_name(device))

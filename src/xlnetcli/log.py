@@ -18,7 +18,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-console = Console(stderr=True, highlight=False)
+# soft_wrap: a message is one line however long (a redirected log must stay grep-able; rich would wrap at 80 columns)
+console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def rank() -> int:
@@ -56,6 +57,20 @@ class NullProgress:
 
 def _enabled(quiet: bool) -> bool:
     return is_rank0() and not quiet and os.environ.get("XLNET_NO_PROGRESS") != "1"
+
+
+def progress_is_live(quiet: bool = False) -> bool:
+    """True when a progress bar is drawn (rank 0, not quiet, stderr a terminal). When it is not (nohup, SLURM, a
+    pipe), training prints one plain line per log interval instead."""
+    return _enabled(quiet) and console.is_terminal
+
+
+def duration(seconds: float) -> str:
+    """3725 -> '1h02m', 95 -> '1m35s', 7 -> '7s'."""
+    s = int(max(0.0, seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 def byte_progress(quiet: bool = False) -> Progress | NullProgress:

@@ -42,7 +42,8 @@ from .config import Config, config_to_dict, load_config, save_config
 from .dist import autocast_ctx
 from .errors import CheckpointError, ConfigError, DataError, XLNetError
 from .io import atomic_write_text
-from .log import console, step_progress
+from .flops import device_peak_tflops, train_flops
+from .log import console, duration, progress_is_live, step_progress
 from .optim import build_optimizer, lr_factor, set_lr
 from .parallel import parallelize
 from .runlog import MetricsLogger, NullLogger, read_metrics
@@ -54,6 +55,7 @@ TRAIN_STATE = "train_state.pt"
 RESUME_MUTABLE = {
     "train.max_steps", "train.eval_every", "train.eval_batches", "train.save_every", "train.keep_last",
     "train.log_every", "train.compile", "train.activation_checkpointing", "train.distributed", "train.deterministic",
+    "train.peak_tflops",
 }
 
 # records meta key -> config key it must agree with
@@ -211,9 +213,12 @@ def check_run_dir(cfg: Config, out_dir: Path, resume: str | None) -> tuple[int, 
 
 
 def rng_state() -> dict:
+    """Every RNG's state as tensors and plain values only (the train state is loaded with weights_only=True)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -223,11 +228,27 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         with contextlib.suppress(Exception):
             torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load_train_state(path: Path) -> dict:
+    """The train state, unpickled with weights_only=True: tensors, numbers, strings and containers only, so a
+    checkpoint from someone else cannot run code on resume; anything else is refused."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path} holds objects other than tensors and plain values; refusing to unpickle it "
+                              "(it was not written by this version of xlnet, and could run code)") from None
+    except Exception as e:  # noqa: BLE001 - any other unpickling failure means a corrupt file
+        raise CheckpointError(f"{path} is corrupt ({type(e).__name__}); resume from an earlier step") from None
 
 
 def seed_everything(seed: int) -> None:
@@ -442,11 +463,7 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
 
         _, sd, _ = load_model_dir(start[1])
         load_state(model, sd, where=f"checkpoint {start[1]}")
-        try:
-            state = torch.load(start[1] / TRAIN_STATE, map_location="cpu", weights_only=False)
-        except Exception as e:  # noqa: BLE001 - any unpickling failure means a corrupt file
-            raise CheckpointError(f"{start[1] / TRAIN_STATE} is corrupt ({type(e).__name__}); "
-                                  "resume from an earlier step") from None
+        state = load_train_state(start[1] / TRAIN_STATE)
         if state.get("world_size") != env.world_size:
             raise CheckpointError(
                 f"checkpoint {start[1].name} was written by {state.get('world_size')} process(es); resume with the "
@@ -496,6 +513,12 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     logger = MetricsLogger(out_dir) if main else NullLogger()
 
     tokens_per_step = t.global_batch_size * cfg.data.seq_len
+    # model FLOPs per token at full memory (flops.py) and the device's peak, for the logged MFU
+    L = cfg.data.seq_len
+    flops_per_token = train_flops(cfg.model, t.micro_batch_size, L, cfg.model.mem_len, cfg.data.num_predict) / (
+        t.micro_batch_size * L)
+    peak = device_peak_tflops(dev, t.peak_tflops)
+    live = progress_is_live(quiet or not main)
     precision = t.precision + (" + grad scaler" if scaler is not None else "")
     say(f"[bold]xlnet pretrain[/bold] {'resuming at step ' + str(step) if step else 'from scratch'} -> {out_dir}")
     say(f"  model      {n_params / 1e6:.2f}M parameters ({n_nonemb / 1e6:.2f}M without embeddings), "
@@ -647,8 +670,16 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
             now = time.perf_counter()
             if step % t.log_every == 0 or step == t.max_steps:
                 tps = tokens_per_step * steps_since_log / max(now - t_log, 1e-9)
+                mfu = tps * flops_per_token / (env.world_size * peak * 1e12) if peak else None
+                mem = dist.peak_memory_gib(dev)
                 logger.log(step, "train", loss=loss_v, lr=lr, grad_norm=gnorm_v, tokens_per_s=round(tps, 1),
-                           tokens=tokens_seen)
+                           tokens=tokens_seen, peak_mem_gib=round(mem, 3),
+                           **({"mfu": round(mfu, 4)} if mfu is not None else {}))
+                if not live:  # a log file: one plain line per interval (the terminal has the progress bar)
+                    eta = (t.max_steps - step) * (now - t0 - t_excluded) / max(steps_this_call, 1)
+                    say(f"step {step}/{t.max_steps} loss {loss_v:.4f} lr {lr:.2e} grad_norm {gnorm_v:.3f} "
+                        f"{tps:,.0f} tokens/s" + (f" MFU {100 * mfu:.1f}%" if mfu is not None else "")
+                        + f" peak {mem:.2f} GiB ETA {duration(eta)}")
                 progress.update(task, completed=step,
                                 info=f"loss {loss_v:.4f} lr {lr:.2e} {tps:,.0f} tok/s")
                 t_log, steps_since_log = now, 0
