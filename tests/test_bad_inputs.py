@@ -7,6 +7,7 @@ leave no output behind (not the output path, nor a temporary sibling of it).
 from __future__ import annotations
 
 import gzip
+import json
 import shutil
 from pathlib import Path
 
@@ -211,6 +212,12 @@ def _nan_checkpoint(w: Path, bad: Path) -> Path:
         tensors[key] = tensors[key].copy()
         tensors[key][3, :] = np.nan
         save_file(tensors, step / "model.safetensors")
+        # as a diverged run would have saved it: the checksum in meta.json matches the NaN weights
+        from xlnetcli.io import sha256_file
+
+        meta = json.loads((step / "meta.json").read_text())
+        meta["sha256"]["model.safetensors"] = sha256_file(step / "model.safetensors")
+        (step / "meta.json").write_text(json.dumps(meta))
     return run
 
 

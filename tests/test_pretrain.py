@@ -356,6 +356,15 @@ def test_train_state_with_a_pickle_payload_is_refused_and_does_not_run(records, 
     marker = tmp_path / "pwned"
     state["evil"] = _Payload(str(marker))
     torch.save(state, state_file)
+    with pytest.raises(XLNetError, match="does not match the checksum"):
+        pretrain(cfg, records, tmp_path / "run", resume="latest", quiet=True)
+    # whoever crafted the file can fix the checksum too: the unpickler must still refuse
+    from xlnetcli.io import sha256_file
+
+    meta_file = state_file.parent / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    meta["sha256"]["train_state.pt"] = sha256_file(state_file)
+    meta_file.write_text(json.dumps(meta))
     with pytest.raises(XLNetError, match="refusing to unpickle it"):
         pretrain(cfg, records, tmp_path / "run", resume="latest", quiet=True)
     assert not marker.exists()

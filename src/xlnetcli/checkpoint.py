@@ -4,11 +4,15 @@
         model.safetensors   our state-dict names (model.py), tied LM weight stored once
         config.yaml         the full resolved Config
         tokenizer/          spiece.model + tokenizer.json (copied)
-        meta.json           {"kind": "pretrain"|"finetune"|"import", "step": int, ...}
+        meta.json           {"kind": "pretrain"|"finetune"|"import", "step": int, ..., "sha256": {file: digest}}
         train_state.pt      (pretraining only, via extra_files) optimizer, scheduler, data cursor, RNG
 
 `resolve_checkpoint` accepts a run directory (-> its latest step folder), a step folder, or a Hugging Face XLNet
 directory (config.json + model.safetensors / pytorch_model.bin), which `load_model_dir` converts on the fly.
+
+Integrity: meta.json records the sha256 of every other file of the folder; `verify_files` checks them when weights
+or a train state are loaded, so a flipped bit is refused with the file's name instead of being trained on. The
+files are byte-reproducible (safetensors' header metadata is one fixed key), so two checkpoints compare by hash.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +29,7 @@ import torch
 
 from .config import Config, ModelConfig, config_from_dict, save_config
 from .errors import CheckpointError, ConfigError
-from .io import atomic_output_dir, atomic_write_json
+from .io import atomic_output_dir, atomic_write_json, sha256_file
 
 STEP_RE = re.compile(r"^step_(\d{7,})$")
 MODEL_FILE = "model.safetensors"
@@ -63,8 +68,9 @@ def save_model_dir(
     model = getattr(model, "_orig_mod", model)  # torch.compile
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     out = Path(out)
-    with atomic_output_dir(out, overwrite=overwrite, what="a checkpoint") as tmp:
-        save_file(state, str(tmp / MODEL_FILE), metadata={"format": "pt", "xlnetcli": "1"})
+    # the run folder's owner holds its lock; one key of metadata keeps the header's bytes stable across processes
+    with atomic_output_dir(out, overwrite=overwrite, what="a checkpoint", lock=False) as tmp:
+        save_file(state, str(tmp / MODEL_FILE), metadata={"format": "pt"})
         save_config(cfg, tmp)
         if tokenizer_dir is not None:
             src = Path(tokenizer_dir)
@@ -73,7 +79,6 @@ def save_model_dir(
             if not (src / "spiece.model").is_file():
                 raise CheckpointError(f"tokenizer directory {src} has no spiece.model")
             shutil.copytree(src, tmp / "tokenizer")
-        atomic_write_json(tmp / "meta.json", dict(meta or {}))
         for name, content in (extra_files or {}).items():
             target = tmp / name
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +88,38 @@ def save_model_dir(
                 shutil.copyfile(content, target)
             else:
                 content(target)
+        digests = {f.relative_to(tmp).as_posix(): sha256_file(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
+        atomic_write_json(tmp / "meta.json", {**dict(meta or {}), "sha256": digests})
     return out
+
+
+def verify_files(folder: str | Path, names: typing.Iterable[str], meta: dict[str, Any] | None = None) -> None:
+    """Check files of a checkpoint folder against the sha256 recorded in its meta.json (folders written before
+    checksums were recorded pass unchecked)."""
+    folder = Path(folder)
+    if meta is None:
+        meta = read_meta(folder)
+    digests = meta.get("sha256") or {}
+    for name in names:
+        want = digests.get(name)
+        if want is None or not (folder / name).is_file():
+            continue
+        if sha256_file(folder / name) != want:
+            raise CheckpointError(f"{folder / name} does not match the checksum in meta.json (corrupted on disk or "
+                                  "edited); use another step folder")
+
+
+def read_meta(folder: str | Path) -> dict[str, Any]:
+    path = Path(folder) / "meta.json"
+    if not path.is_file():
+        return {}
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise CheckpointError(f"{path}: not valid JSON") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: not a JSON object")
+    return meta
 
 
 def is_hf_dir(path: Path) -> bool:
@@ -128,17 +164,13 @@ def load_model_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], d
         raise CheckpointError(f"{p / 'config.yaml'}: unreadable ({e.__class__.__name__})") from None
     except ConfigError as e:
         raise CheckpointError(f"{p / 'config.yaml'}: {e}") from None
+    meta = read_meta(p)
+    verify_files(p, [MODEL_FILE], meta)
     try:
         state = load_file(str(p / MODEL_FILE))
     except (OSError, SafetensorError, ValueError) as e:
         raise CheckpointError(f"{p / MODEL_FILE}: corrupt or unreadable ({str(e).splitlines()[0][:120]})") from None
     check_finite(state, p / MODEL_FILE)
-    meta: dict[str, Any] = {}
-    if (p / "meta.json").is_file():
-        try:
-            meta = json.loads((p / "meta.json").read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            raise CheckpointError(f"{p / 'meta.json'}: not valid JSON") from None
     meta.setdefault("path", str(p))
     return cfg, state, meta
 

@@ -241,7 +241,7 @@ def export_hf(ckpt: str | Path, out: str | Path, overwrite: bool = False) -> Pat
         "model": {k: getattr(cfg.model, k) for k in PRETRAINING_KEYS},
         "data": {"seq_len": cfg.data.seq_len, "num_predict": cfg.data.num_predict, "perm_size": cfg.data.perm_size},
     }
-    with atomic_output_dir(out, overwrite=overwrite, what="an exported model") as tmp:
+    with atomic_output_dir(out, overwrite=overwrite, what="an exported model", inputs=[src]) as tmp:
         atomic_write_json(tmp / "config.json", hc)
         atomic_write_json(tmp / PRETRAINING_FILE, pretraining)
         save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -261,6 +261,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False) -> P
     import tempfile
 
     from .checkpoint import save_model_dir
+    from .io import check_output_not_input, output_lock
     from .model import XLNetLMHeadModel
 
     p = Path(hf_dir)
@@ -279,5 +280,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False) -> P
             tok_dir.mkdir()
             shutil.copyfile(p / "spiece.model", tok_dir / "spiece.model")
             # only spiece.model: Tokenizer.load uses the HF defaults (cased, accents stripped) without tokenizer.json
-        save_model_dir(out, model, cfg, tokenizer_dir=tok_dir, meta=meta, overwrite=overwrite)
+        check_output_not_input(out, [p])
+        with output_lock(out):
+            save_model_dir(out, model, cfg, tokenizer_dir=tok_dir, meta=meta, overwrite=overwrite)
     return Path(out)

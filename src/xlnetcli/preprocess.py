@@ -44,7 +44,7 @@ import numpy as np
 
 from .config import Config, save_config
 from .errors import ConfigError, DataError
-from .io import atomic_output_dir, atomic_write_json, sha256_file
+from .io import atomic_output_dir, atomic_write_json, check_output_not_input, sha256_file
 from .log import print0, step_progress
 from .special import CLS_ID, SEP_ID
 
@@ -753,6 +753,7 @@ def preprocess(
 ) -> dict:
     """Build records from a shard directory; returns meta.json's content."""
     shards = Path(shards)
+    check_output_not_input(out, [shards])
     passes = cfg.data.passes if passes is None else passes
     mode = cfg.data.mask_mode if mask_mode is None else mask_mode
     if mode not in ("word", "original"):
@@ -870,6 +871,9 @@ def preprocess(
                     for n in ex.map(_run_job, jobs):
                         bar.advance(task, n)
         ws_path.unlink()
+        # a checksum per records file: pretraining refuses a file damaged on disk instead of training on it
+        meta["sha256"] = {f.relative_to(tmp).as_posix(): sha256_file(f)
+                          for f in sorted(tmp.glob("*/pass_*.npy"))}
         shutil.copytree(tok_dir, tmp / "tokenizer")
         save_config(cfg, tmp)
         atomic_write_json(tmp / "meta.json", meta)
@@ -904,17 +908,31 @@ class PassRecords:
         return np.unpackbits(self.masked[rows, step], axis=-1, count=seq_len, bitorder="little").view(bool)
 
 
-def open_records(records_dir: str | Path, split: str = "train") -> tuple[dict, list[PassRecords]]:
-    """(meta, one PassRecords of memmaps per pass) for a split."""
+_VERIFIED: set[tuple[str, int, int, str]] = set()
+
+
+def open_records(records_dir: str | Path, split: str = "train", verify: bool = True) -> tuple[dict, list[PassRecords]]:
+    """(meta, one PassRecords of memmaps per pass) for a split; ``verify`` checks each file against the sha256 in
+    meta.json (records written before checksums were recorded pass unchecked)."""
     records_dir = Path(records_dir)
     meta = read_meta(records_dir)
     if split not in meta["splits"]:
         raise DataError(f"{records_dir} has no {split!r} split (has: {', '.join(meta['splits']) or 'none'})")
+    digests = meta.get("sha256") or {}
     out = []
     for prefix in meta["splits"][split]["files"]:
         arrays = []
         for name in ("tokens", "alen", "label", "masked"):
             p = records_dir / f"{prefix}.{name}.npy"
+            want = digests.get(f"{prefix}.{name}.npy")
+            if verify and want is not None and p.is_file():
+                st = p.stat()
+                key = (str(p.resolve()), st.st_size, st.st_mtime_ns, want)
+                if key not in _VERIFIED:  # once per process (evaluation reopens the valid split)
+                    if sha256_file(p) != want:
+                        raise DataError(f"records file {p} does not match the checksum in meta.json (damaged on "
+                                        "disk); rerun `xlnet preprocess`")
+                    _VERIFIED.add(key)
             try:
                 arrays.append(np.load(p, mmap_mode="r"))
             except (OSError, ValueError) as e:

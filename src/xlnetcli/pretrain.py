@@ -41,7 +41,7 @@ from .checkpoint import step_dir_name, step_folders
 from .config import Config, config_to_dict, load_config, save_config
 from .dist import autocast_ctx
 from .errors import CheckpointError, ConfigError, DataError, XLNetError
-from .io import atomic_write_text
+from .io import atomic_write_text, check_output_not_input, output_lock
 from .flops import device_peak_tflops, train_flops
 from .log import console, duration, progress_is_live, step_progress
 from .optim import build_optimizer, lr_factor, set_lr
@@ -192,6 +192,11 @@ def check_run_dir(cfg: Config, out_dir: Path, resume: str | None) -> tuple[int, 
             "resume with the run's config (omit --config) or choose another --out"
         )
     if not ckpts:
+        weights_only = step_folders(out_dir)
+        if weights_only:
+            raise CheckpointError(
+                f"{weights_only[-1][1]} has weights but no {TRAIN_STATE}, so the run cannot continue exactly "
+                "(restore the file, or use those weights for finetune/eval/export and pretrain in another --out)")
         if resume == "latest":
             return None  # killed before the first checkpoint: start again in the same folder
         raise CheckpointError(f"no checkpoint step {resume} in {out_dir}: it holds no checkpoint yet")
@@ -242,6 +247,9 @@ def load_train_state(path: Path) -> dict:
     checkpoint from someone else cannot run code on resume; anything else is refused."""
     import pickle
 
+    from .checkpoint import verify_files
+
+    verify_files(path.parent, [path.name])
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
@@ -425,7 +433,10 @@ def pretrain(cfg: Config, data_dir: str | Path, out_dir: str | Path, resume: str
     env = dist.init_distributed(device)
     created_group = env.distributed
     try:
-        return _pretrain(cfg, data_dir, out_dir, resume, env, quiet, stop_after)
+        check_output_not_input(out_dir, [data_dir])
+        # one writer per run folder (rank 0 holds the lock for all ranks of a torchrun job)
+        with output_lock(out_dir) if env.rank == 0 else contextlib.nullcontext():
+            return _pretrain(cfg, data_dir, out_dir, resume, env, quiet, stop_after)
     finally:
         if created_group:
             dist.cleanup()

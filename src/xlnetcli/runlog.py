@@ -7,6 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .errors import DataError
+from .log import console
+
 
 class MetricsLogger:
     """Appends one JSON object per line to ``metrics.jsonl``; mirrors scalars to TensorBoard if available."""
@@ -47,8 +50,26 @@ class NullLogger:
         return None
 
 
-def read_metrics(run_dir: str | Path) -> list[dict]:
+def read_metrics(run_dir: str | Path, warn: bool = True) -> list[dict]:
+    """The rows of ``metrics.jsonl``. A torn last line (a process killed while appending) is skipped and reported;
+    a bad line before the last one means the file was damaged otherwise, and is an error naming the line."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            if i == len(lines):
+                if warn:
+                    console.print(f"[yellow]{path}: skipped a torn last line (a run was killed while logging)[/]")
+                break
+            raise DataError(f"{path} line {i} is not a JSON object; the file is damaged") from None
+        rows.append(row)
+    return rows

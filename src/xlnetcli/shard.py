@@ -34,7 +34,8 @@ import numpy as np
 
 from .corpus import FileStats, ReadStats, expand_inputs, iter_chunks, total_size
 from .errors import DataError, XLNetError
-from .io import atomic_output_dir, atomic_write_json, check_output_dir, is_disk_full, sha256_file
+from .io import (atomic_output_dir, atomic_write_json, check_output_dir, check_output_not_input, is_disk_full,
+                 sha256_file)
 from .log import byte_progress, console
 from .special import EOD_ID
 from .tokenizer import Tokenizer, normalize_block
@@ -295,8 +296,11 @@ def shard_corpus(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.Pat
         raise XLNetError(f"--valid-fraction must be in [0, 1), got {valid_fraction}")
     check_output_dir(out_dir, overwrite, "shards")
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tokenizer)
+    valid_inputs = list(valid_inputs)
     train_files = expand_inputs(inputs)
-    valid_files = expand_inputs(valid_inputs) if list(valid_inputs) else []
+    valid_files = expand_inputs(valid_inputs) if valid_inputs else []
+    tok_path = None if isinstance(tokenizer, Tokenizer) else tokenizer
+    check_output_not_input(out_dir, [*train_files, *valid_files, tok_path])
     valid_set = {p.resolve() for p in valid_files}
     overlap = [p for p in train_files if p.resolve() in valid_set]
     if overlap:

@@ -382,11 +382,12 @@ def train_tokenizer(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.
     import sentencepiece as spm
 
     from .corpus import ReadStats, expand_inputs, iter_lines, total_size
-    from .io import atomic_output_dir, check_output_dir
+    from .io import atomic_output_dir, check_output_dir, check_output_not_input
     from .log import byte_progress, console
 
     check_output_dir(out_dir, overwrite, "a tokenizer")
     files = expand_inputs(inputs)
+    check_output_not_input(out_dir, files)
     if tcfg.vocab_size <= len(SPECIAL_PIECES) + len(USER_DEFINED_SYMBOLS):
         raise ConfigError(f"tokenizer.vocab_size must be > {len(SPECIAL_PIECES) + len(USER_DEFINED_SYMBOLS)}, "
                           f"got {tcfg.vocab_size}")
