@@ -199,7 +199,8 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_on_load_and_resume(pipeline, t
     run = tmp_path / "run"
     shutil.copytree(pipeline["run"], run)
     meta = json.loads((run / "step_0000004" / "meta.json").read_text())
-    assert set(meta["sha256"]) >= {"model.safetensors", "train_state.pt", "config.yaml", "tokenizer/spiece.model"}
+    assert set(meta["sha256"]) >= {"model.safetensors", "train_state.safetensors", "config.yaml",
+                                   "tokenizer/spiece.model"}
     load_model_dir(run)  # intact: loads
     _flip_byte(run / "step_0000004" / "model.safetensors")
     with pytest.raises(CheckpointError, match="model.safetensors does not match the checksum"):
@@ -207,9 +208,9 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_on_load_and_resume(pipeline, t
     proc = _xlnet("export", run, "--out", tmp_path / "hf")
     _one_line_error(proc, "does not match the checksum")
     assert not (tmp_path / "hf").exists()
-    _flip_byte(run / "step_0000002" / "train_state.pt", 50)
+    _flip_byte(run / "step_0000002" / "train_state.safetensors", 50)
     proc = _xlnet("pretrain", "--data", pipeline["rec"], "--out", run, "--resume", "2")
-    _one_line_error(proc, "train_state.pt does not match the checksum")
+    _one_line_error(proc, "train_state.safetensors does not match the checksum")
 
 
 def test_a_flipped_bit_in_the_records_is_refused_when_pretraining_opens_them(pipeline, tmp_path):
@@ -278,10 +279,10 @@ def test_a_step_folder_without_its_train_state_is_not_silently_restarted(pipelin
     run = tmp_path / "run"
     shutil.copytree(pipeline["run"], run)
     shutil.rmtree(run / "step_0000002")
-    (run / "step_0000004" / "train_state.pt").unlink()
+    (run / "step_0000004" / "train_state.safetensors").unlink()
     metrics = (run / "metrics.jsonl").read_bytes()
     proc = _xlnet("pretrain", "--data", pipeline["rec"], "--out", run, "--resume")
-    _one_line_error(proc, "step_0000004", "no train_state.pt")
+    _one_line_error(proc, "step_0000004", "no train_state")
     assert (run / "metrics.jsonl").read_bytes() == metrics
     assert (run / "step_0000004" / "model.safetensors").is_file()
 

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from xlnetcli.config import load_config
 from xlnetcli.errors import ConfigError, DataError, XLNetError
+from xlnetcli.checkpoint import load_train_state
 from xlnetcli.pretrain import batch_maths, evaluate_plm, list_checkpoints, pretrain
 from xlnetcli.runlog import read_metrics
 
@@ -88,10 +89,11 @@ def test_run_layout_eval_and_rotation(records, tmp_path):
     run = tmp_path / "run"
     assert [s for s, _ in list_checkpoints(run)] == [4, 6]  # keep_last = 2
     step = run / "step_0000006"
-    for name in ("model.safetensors", "config.yaml", "meta.json", "train_state.pt", "tokenizer/spiece.model"):
+    for name in ("model.safetensors", "config.yaml", "meta.json", "train_state.safetensors",
+                 "tokenizer/spiece.model"):
         assert (step / name).is_file(), name
     assert json.loads((step / "meta.json").read_text())["kind"] == "pretrain"
-    state = torch.load(step / "train_state.pt", weights_only=True)
+    state = load_train_state(step)
     assert state["step"] == 6 and state["world_size"] == 1 and state["accumulation"] == 2
     r0 = state["ranks"][0]
     assert set(r0["rng"]) >= {"python", "numpy", "torch"} and r0["data"]["step"] == 6
@@ -126,7 +128,7 @@ def test_resume_after_sigkill_is_exact(records, tmp_path):
     cmd = [str(BIN / "xlnet"), "pretrain", "--config", str(cfg_file), "--data", str(records), "--out",
            str(tmp_path / "b"), "--quiet"]
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    first = tmp_path / "b" / f"step_{save:07d}" / "train_state.pt"
+    first = tmp_path / "b" / f"step_{save:07d}" / "train_state.safetensors"
     deadline = time.time() + 120
     while not first.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
@@ -149,8 +151,8 @@ def test_resume_after_sigkill_is_exact(records, tmp_path):
     assert ea == eb
     wa, wb = _weights(tmp_path / "a" / f"step_{n:07d}"), _weights(tmp_path / "b" / f"step_{n:07d}")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-    sa = torch.load(tmp_path / "a" / f"step_{n:07d}" / "train_state.pt", weights_only=True)
-    sb = torch.load(tmp_path / "b" / f"step_{n:07d}" / "train_state.pt", weights_only=True)
+    sa = load_train_state(tmp_path / "a" / f"step_{n:07d}")
+    sb = load_train_state(tmp_path / "b" / f"step_{n:07d}")
     for k, v in sa["optimizer"]["state"].items():
         assert torch.equal(v["exp_avg_sq"], sb["optimizer"]["state"][k]["exp_avg_sq"])
 
@@ -189,7 +191,7 @@ def test_torchrun_two_processes_match_one(records, tmp_path):
     assert e2 == pytest.approx(e1, rel=1e-5)
     w1, w2 = _weights(tmp_path / "one" / "step_0000006"), _weights(tmp_path / "two" / "step_0000006")
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-5
-    st = torch.load(tmp_path / "two" / "step_0000006" / "train_state.pt", weights_only=True)
+    st = load_train_state(tmp_path / "two" / "step_0000006")
     assert st["world_size"] == 2 and len(st["ranks"]) == 2 and sorted(st["ranks"][1]["mems"]) == [1]
 
 
@@ -348,23 +350,19 @@ class _Payload:
         return (Path.touch, (Path(self.marker),))
 
 
-def test_train_state_with_a_pickle_payload_is_refused_and_does_not_run(records, tmp_path):
+def test_train_state_is_stored_without_pickle_and_a_pickle_payload_is_refused(records, tmp_path):
     cfg = _cfg("train.max_steps=4", "train.save_every=2", "train.eval_every=0")
     pretrain(cfg, records, tmp_path / "run", quiet=True, stop_after=2)
-    state_file = tmp_path / "run" / "step_0000002" / "train_state.pt"
-    state = torch.load(state_file, weights_only=True)  # what we write loads without pickle's code paths
+    folder = tmp_path / "run" / "step_0000002"
+    with open(folder / "train_state.safetensors", "rb") as f:  # a safetensors header: JSON, then raw tensor bytes
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    assert "tree" in header["__metadata__"]
+    state = load_train_state(folder)
+    # a train_state.pt from elsewhere (the format earlier versions wrote with torch.save) carrying a payload
     marker = tmp_path / "pwned"
     state["evil"] = _Payload(str(marker))
-    torch.save(state, state_file)
-    with pytest.raises(XLNetError, match="does not match the checksum"):
-        pretrain(cfg, records, tmp_path / "run", resume="latest", quiet=True)
-    # whoever crafted the file can fix the checksum too: the unpickler must still refuse
-    from xlnetcli.io import sha256_file
-
-    meta_file = state_file.parent / "meta.json"
-    meta = json.loads(meta_file.read_text())
-    meta["sha256"]["train_state.pt"] = sha256_file(state_file)
-    meta_file.write_text(json.dumps(meta))
+    (folder / "train_state.safetensors").unlink()
+    torch.save(state, folder / "train_state.pt")
     with pytest.raises(XLNetError, match="refusing to unpickle it"):
         pretrain(cfg, records, tmp_path / "run", resume="latest", quiet=True)
     assert not marker.exists()

@@ -5,7 +5,7 @@
         config.yaml         the full resolved Config
         tokenizer/          spiece.model + tokenizer.json (copied)
         meta.json           {"kind": "pretrain"|"finetune"|"import", "step": int, ..., "sha256": {file: digest}}
-        train_state.pt      (pretraining only, via extra_files) optimizer, scheduler, data cursor, RNG
+        train_state.safetensors  (via extra_files, `save_tree`) optimizer, scheduler, data cursor, RNG, memories
 
 `resolve_checkpoint` accepts a run directory (-> its latest step folder), a step folder, or a Hugging Face XLNet
 directory (config.json + model.safetensors / pytorch_model.bin), which `load_model_dir` converts on the fly.
@@ -61,7 +61,7 @@ def save_model_dir(
     overwrite: bool = True,
 ) -> Path:
     """Write a step folder atomically. ``extra_files`` maps a file name to bytes, a source path to copy, or a
-    callable that writes the given path (e.g. ``lambda p: torch.save(state, p)``)."""
+    callable that writes the given path (e.g. ``lambda p: save_tree(state, p)``)."""
     from safetensors.torch import save_file
 
     model = getattr(model, "module", model)  # DDP
@@ -120,6 +120,92 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path}: not a JSON object")
     return meta
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Training state without pickle: tensors in a safetensors file, the structure around them as JSON in its header.
+# Loading runs no code (unlike torch.load of a pickle), and the bytes depend only on the values (torch.save writes a
+# random serialization id), so an interrupted-and-resumed run's state hashes like an uninterrupted one's.
+
+
+def _encode(x: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(x, torch.Tensor):
+        key = f"t{len(tensors):06d}"
+        tensors[key] = x.detach().to("cpu").contiguous().clone()
+        return {"tensor": key}
+    if isinstance(x, dict):
+        return {"dict": [[_encode(k, tensors), _encode(v, tensors)] for k, v in x.items()]}
+    if isinstance(x, tuple):
+        return {"tuple": [_encode(v, tensors) for v in x]}
+    if isinstance(x, list):
+        return [_encode(v, tensors) for v in x]
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    raise TypeError(f"cannot store a {type(x).__name__} in a training state")
+
+
+def _decode(x: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(x, list):
+        return [_decode(v, tensors) for v in x]
+    if isinstance(x, dict):
+        if "tensor" in x:
+            return tensors[x["tensor"]]
+        if "tuple" in x:
+            return tuple(_decode(v, tensors) for v in x["tuple"])
+        return {_decode(k, tensors): _decode(v, tensors) for k, v in x["dict"]}
+    return x
+
+
+def save_tree(obj: Any, path: str | Path) -> None:
+    """Nested dicts/lists/tuples of tensors, numbers, strings and None -> one safetensors file."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    tree = json.dumps(_encode(obj, tensors), separators=(",", ":"))
+    save_file(tensors, str(path), metadata={"tree": tree})
+
+
+def load_tree(path: str | Path) -> Any:
+    """The object ``save_tree`` wrote; CheckpointError if the file is not one."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            tree = json.loads((f.metadata() or {})["tree"])
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no items()
+        return _decode(tree, tensors)
+    except (OSError, SafetensorError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path} is not a readable training state ({type(e).__name__}); resume from an "
+                              "earlier step") from None
+
+
+TRAIN_STATE = "train_state.safetensors"
+LEGACY_TRAIN_STATE = "train_state.pt"  # written by earlier versions with torch.save
+
+
+def has_train_state(folder: Path) -> bool:
+    return (folder / TRAIN_STATE).is_file() or (folder / LEGACY_TRAIN_STATE).is_file()
+
+
+def load_train_state(folder: str | Path) -> dict:
+    """A step folder's training state, checked against meta.json's checksum. A legacy ``train_state.pt`` is read
+    with ``weights_only=True`` (tensors, numbers, strings and containers only): a pickle that would run code is
+    refused."""
+    import pickle
+
+    folder = Path(folder)
+    if (folder / TRAIN_STATE).is_file():
+        verify_files(folder, [TRAIN_STATE])
+        return load_tree(folder / TRAIN_STATE)
+    path = folder / LEGACY_TRAIN_STATE
+    verify_files(folder, [LEGACY_TRAIN_STATE])
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path} holds objects other than tensors and plain values; refusing to unpickle it "
+                              "(it was not written by xlnet, and could run code)") from None
+    except Exception as e:  # noqa: BLE001 - any other unpickling failure means a corrupt file
+        raise CheckpointError(f"{path} is corrupt ({type(e).__name__}); resume from an earlier step") from None
 
 
 def is_hf_dir(path: Path) -> bool:

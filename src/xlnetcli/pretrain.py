@@ -16,7 +16,7 @@ Run folder::
       metrics.jsonl          one JSON object per log line (split train / eval); TensorBoard in tensorboard/ if installed
       step_0000200/          a checkpoint (written to a temporary folder, fsynced, renamed; the last K are kept)
         model.safetensors config.yaml tokenizer/ meta.json
-        train_state.pt       optimizer, grad scaler, step, RNG states, data cursors and memories of every rank
+        train_state.safetensors  optimizer, grad scaler, step, RNG states, data cursors and memories of every rank
 
 ``resume="latest"`` (or a step number) continues exactly: same data, same dropout masks, same memories.
 """
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from . import dist
-from .checkpoint import step_dir_name, step_folders
+from .checkpoint import TRAIN_STATE, has_train_state, load_train_state, save_tree, step_dir_name, step_folders
 from .config import Config, config_to_dict, load_config, save_config
 from .dist import autocast_ctx
 from .errors import CheckpointError, ConfigError, DataError, XLNetError
@@ -48,7 +48,6 @@ from .optim import build_optimizer, lr_factor, set_lr
 from .parallel import parallelize
 from .runlog import MetricsLogger, NullLogger, read_metrics
 
-TRAIN_STATE = "train_state.pt"
 
 # train.* keys that may change when resuming a run (they do not change what is computed, only how often we
 # log/evaluate/save, how long we train, or how the same maths is executed).
@@ -74,8 +73,8 @@ RECORD_KEYS = {
 
 
 def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
-    """Resumable step folders of a run (with train_state.pt), oldest first."""
-    return step_folders(out_dir, TRAIN_STATE)
+    """Resumable step folders of a run (with a train state), oldest first."""
+    return [(s, p) for s, p in step_folders(out_dir) if has_train_state(p)]
 
 
 def _get(cfg_dict: dict, dotted: str) -> Any:
@@ -240,23 +239,6 @@ def set_rng_state(state: dict) -> None:
     if "cuda" in state and torch.cuda.is_available():
         with contextlib.suppress(Exception):
             torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def load_train_state(path: Path) -> dict:
-    """The train state, unpickled with weights_only=True: tensors, numbers, strings and containers only, so a
-    checkpoint from someone else cannot run code on resume; anything else is refused."""
-    import pickle
-
-    from .checkpoint import verify_files
-
-    verify_files(path.parent, [path.name])
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise CheckpointError(f"{path} holds objects other than tensors and plain values; refusing to unpickle it "
-                              "(it was not written by this version of xlnet, and could run code)") from None
-    except Exception as e:  # noqa: BLE001 - any other unpickling failure means a corrupt file
-        raise CheckpointError(f"{path} is corrupt ({type(e).__name__}); resume from an earlier step") from None
 
 
 def seed_everything(seed: int) -> None:
@@ -474,7 +456,7 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
 
         _, sd, _ = load_model_dir(start[1])
         load_state(model, sd, where=f"checkpoint {start[1]}")
-        state = load_train_state(start[1] / TRAIN_STATE)
+        state = load_train_state(start[1])
         if state.get("world_size") != env.world_size:
             raise CheckpointError(
                 f"checkpoint {start[1].name} was written by {state.get('world_size')} process(es); resume with the "
@@ -753,4 +735,4 @@ def _write_checkpoint(path: Path, model: torch.nn.Module, model_sd: dict | None,
     save_model_dir(path, model if model_sd is None else _Full(), cfg,
                    tokenizer_dir=tokenizer_dir if (tokenizer_dir / "spiece.model").is_file() else None,
                    meta={"kind": "pretrain", "step": step, "tokens_seen": train_state["tokens_seen"]},
-                   extra_files={TRAIN_STATE: lambda p: torch.save(train_state, p)})
+                   extra_files={TRAIN_STATE: lambda p: save_tree(train_state, p)})

@@ -1,0 +1,118 @@
+"""Fault injection: SIGKILL a pretraining run at many random moments (a third of them while a checkpoint is being
+written); every `--resume` continues, and the final checkpoint is byte-identical to an uninterrupted run's."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from xlnetcli.config import dump_config, load_config
+from xlnetcli.io import sha256_file
+from xlnetcli.runlog import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.yaml"
+SAMPLE = ROOT / "tests" / "data" / "sample.txt"
+BIN = Path(sys.executable).parent
+KILLS = int(os.environ.get("XLNET_FAULT_KILLS", "20"))
+STEPS = 30
+SMALL = [
+    "tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
+    "model.d_head=16", "model.d_inner=64", "data.seq_len=32", "model.reuse_len=16", "model.mem_len=16",
+    "data.num_predict=6", "train.global_batch_size=4", "train.micro_batch_size=2", "data.valid_fraction=0.05",
+    "train.warmup_steps=2", "train.log_every=1", "train.eval_batches=1", "train.eval_every=5", "train.save_every=1",
+    "train.keep_last=2", f"train.max_steps={STEPS}",
+]
+
+
+def _env() -> dict:
+    env = dict(os.environ, XLNET_NO_PROGRESS="1", OMP_NUM_THREADS="1")
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> tuple[Path, Path]:
+    from xlnetcli.preprocess import preprocess
+    from xlnetcli.shard import shard_corpus
+    from xlnetcli.tokenizer import train_tokenizer
+
+    tmp = tmp_path_factory.mktemp("faults")
+    cfg = load_config(TINY, SMALL)
+    train_tokenizer([SAMPLE], tmp / "tok", cfg.tokenizer, quiet=True)
+    shard_corpus([SAMPLE], tmp / "shards", tmp / "tok", valid_fraction=0.05, seed=cfg.data.seed, quiet=True)
+    preprocess(tmp / "shards", tmp / "rec", cfg, quiet=True)
+    (tmp / "cfg.yaml").write_text(dump_config(cfg))
+    return tmp / "rec", tmp / "cfg.yaml"
+
+
+def _start(records: Path, cfg: Path, out: Path) -> subprocess.Popen:
+    cmd = [str(BIN / "xlnet"), "pretrain", "--config", str(cfg), "--data", str(records), "--out", str(out),
+           "--resume", "--quiet"]
+    return subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _wait_for_progress(proc: subprocess.Popen, run: Path, timeout: float = 120) -> bool:
+    """Until the run has logged a new metric line (it is past start-up), or has exited."""
+    def lines() -> int:
+        p = run / "metrics.jsonl"
+        return p.read_bytes().count(b"\n") if p.exists() else 0
+
+    start, deadline = lines(), time.time() + timeout
+    while proc.poll() is None and time.time() < deadline:
+        if lines() > start:
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def _wait_for_save(proc: subprocess.Popen, run: Path, timeout: float = 120) -> bool:
+    """Until a checkpoint is being written (its hidden temp folder exists), or the process exited."""
+    deadline = time.time() + timeout
+    while proc.poll() is None and time.time() < deadline:
+        if run.is_dir() and any(p.name.startswith(".step_") for p in run.iterdir()):
+            return True
+        time.sleep(0.001)
+    return False
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_checkpoint(setup, tmp_path):
+    records, cfg = setup
+    ref = subprocess.run([str(BIN / "xlnet"), "pretrain", "--config", str(cfg), "--data", str(records), "--out",
+                          str(tmp_path / "ref"), "--quiet"], env=_env(), capture_output=True, text=True, timeout=600)
+    assert ref.returncode == 0, ref.stderr
+    rng = random.Random(20261123)
+    run = tmp_path / "faulty"
+    kills, during_save, finished = 0, 0, False
+    while not finished:
+        proc = _start(records, cfg, run)
+        if kills < KILLS:
+            if kills % 3 == 2:  # a third of the kills land while a checkpoint is being written
+                hit = _wait_for_save(proc, run)
+                during_save += hit
+            elif _wait_for_progress(proc, run):
+                time.sleep(rng.uniform(0.0, 0.4))
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                kills += 1
+                continue
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err.decode()
+        finished = True
+    assert kills == KILLS and during_save >= KILLS // 3 - 1, (kills, during_save)
+    final = f"step_{STEPS:07d}"
+    for name in ("model.safetensors", "train_state.safetensors", "config.yaml", "meta.json"):
+        assert sha256_file(run / final / name) == sha256_file(tmp_path / "ref" / final / name), name
+    train = [(r["step"], r["loss"]) for r in read_metrics(run) if r["split"] == "train"]
+    assert train == [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "ref") if r["split"] == "train"]
+    assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no temp folder left behind
