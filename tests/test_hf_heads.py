@@ -330,3 +330,16 @@ def test_transformers_heads_import(work, tmp_path, capsys):  # noqa: F811
     transformers.XLNetForQuestionAnsweringSimple(hc).save_pretrained(simple)
     code, _, err = run_main(capsys, "import", "--from-hf", simple, "--out", tmp_path / "ck2")
     assert code == 0 and "the transformer only; head dropped (XLNetForQuestionAnsweringSimple: " in err
+
+
+def test_readme_transformers_example_runs(cls_run, tmp_path, monkeypatch, capsys):
+    """The README's transformers block, run against a real export of a finetuned classifier."""
+    from test_readme import code_blocks
+
+    assert run_main(capsys, "export", cls_run / "run", "--out", tmp_path / "runs" / "pydocs-cls-hf")[0] == 0
+    monkeypatch.chdir(tmp_path)
+    block = next(b for b in code_blocks("python") if "AutoModelForSequenceClassification" in b)
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    assert scope["probs"].shape == (2, 4)
+    assert capsys.readouterr().out.strip().strip("[]").replace("'", "").split(", ")[0] in LABELS

@@ -315,7 +315,8 @@ def _columns(text_a: str | None, text_b: str | None, label: str | None):
 @click.option("--valid", "valid_file", default=None, type=click.Path(path_type=Path),
               help="Validation file: evaluated every epoch (or finetune.eval_every steps); the best checkpoint is kept.")
 @click.option("--init", "init", required=True, type=click.Path(path_type=Path),
-              help="Pretrained checkpoint: a run folder, a step folder, or a Hugging Face XLNet directory.")
+              help="Pretrained checkpoint: a run folder, a step folder, or a Hugging Face XLNet directory (a "
+                   "finetuned one keeps its head when task and labels match).")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Run folder.")
 @column_options
 @click.option("--from-scratch", is_flag=True,

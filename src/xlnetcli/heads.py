@@ -7,7 +7,11 @@
   start in training, top-k starts at inference); answerability from [softmax(start)·H ; h_cls] -> dense(tanh) ->
   dense(1, no bias); loss = 0.5 * (start + end) + 0.5 * cls.
 
-State-dict names: ``transformer.*`` (exactly the pretrained XLNetModel's) and ``head.*``.
+State-dict names: ``transformer.*`` (exactly the pretrained XLNetModel's) and ``head.*``. Each head is a transformers
+class's head parameter for parameter (hf.py maps the names): ClassificationHead with summary last/first =
+XLNetForSequenceClassification / XLNetForMultipleChoice, SquadHead = XLNetForQuestionAnswering (the same inference
+beam; transformers' training loss feeds the gold start, not softmax(start), to the answerability head).
+`carry_head` keeps a finetuned --init checkpoint's head when it fits the new run.
 """
 
 from __future__ import annotations
@@ -165,6 +169,8 @@ def carry_head(model: FinetuneModel, state: dict[str, torch.Tensor], init_ft: Fi
     fits this run: same task, same labels (rows reordered when only the order differs), same head settings.
     Returns a line for the log (None when ``--init`` has no head: a pretrained model)."""
     head = {k[len("head."):]: v for k, v in state.items() if k.startswith("head.")}
+    if init_meta.get("dropped_head"):  # an HF directory whose head has no xlnet equivalent
+        return f"new {task} head (random init): the head of {where} does not carry over ({init_meta['dropped_head']})"
     if init_meta.get("kind") != "finetune" or not head:
         return None
     init_task, init_labels = init_meta.get("task"), init_meta.get("labels")

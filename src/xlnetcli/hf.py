@@ -196,6 +196,7 @@ def _full_config(mcfg: ModelConfig, tok: dict[str, Any] | None = None,
 
 
 FINETUNE_FILE = "xlnet_finetune.json"
+_RECORD_META = ("step", "metric", "value", "null_odds_threshold", "squad_v2")  # meta.json keys the record keeps
 HEAD_CLASS = {"classification": "XLNetForSequenceClassification", "regression": "XLNetForSequenceClassification",
               "multiple-choice": "XLNetForMultipleChoice", "squad": "XLNetForQuestionAnswering"}
 # our head parameter -> transformers' (everything else is ``transformer.*`` on both sides). ClassificationHead:
@@ -288,10 +289,10 @@ def model_for_hf(cfg: Config, state: dict[str, torch.Tensor], meta: dict[str, An
     elif task == "regression":
         hc.update(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}, problem_type="regression")
     record = {
-        "comment": "The xlnet finetuning run this model comes from (transformers ignores this file; `xlnet import` "
-                   "and `xlnet finetune --init` read it).",
+        "comment": "The xlnet finetuning run this model comes from (transformers ignores this file; `xlnet eval`, "
+                   "`import` and `finetune --init` read it).",
         "task": task, "labels": labels, "finetune": config_to_dict(cfg)["finetune"],
-        **{k: meta[k] for k in ("step", "metric", "value", "null_odds_threshold", "squad_v2") if meta.get(k) is not None},
+        **{k: meta[k] for k in _RECORD_META if meta.get(k) is not None},
     }
     return hc, tensors, record
 
@@ -368,7 +369,7 @@ def _with_head(p: Path, hc: dict[str, Any], hf: dict[str, torch.Tensor], state: 
     keys = head_keys(head.task, head.finetune.get("summary_use_proj", True))
     state.update({ours: hf[theirs].detach().clone().contiguous() for ours, theirs in keys.items()})
     meta = {"kind": "finetune", "task": head.task, "labels": head.labels, "path": str(p), "hf_class": head.arch,
-            **{k: record[k] for k in ("step", "metric", "value", "null_odds_threshold", "squad_v2") if k in record}}
+            **{k: record[k] for k in _RECORD_META if k in record}}
     return state, meta, {**record.get("finetune", {}), **head.finetune}
 
 
