@@ -64,6 +64,7 @@ def main() -> None:
         run("eval", f"demo/{name}", "--file", TASK_VALID, "--output", f"demo/eval_{name}.json",
             "--predict", f"demo/predictions_{name}.tsv", capture=True)
     run("export", "demo/pretrain", "--format", "hf", "--out", "demo/hf")
+    run("export", "demo/finetune", "--format", "hf", "--out", "demo/hf-finetune")  # XLNetForSequenceClassification
     run("plot", "demo/finetune")
 
     evals = eval_rows(DEMO / "pretrain")
@@ -88,7 +89,8 @@ def main() -> None:
     console = Console()
     console.print()
     console.print(table)
-    console.print("curves: demo/pretrain/curves.png, demo/finetune/curves.png; HF export: demo/hf")
+    console.print("curves: demo/pretrain/curves.png, demo/finetune/curves.png; HF exports: demo/hf (pretrained), "
+                  "demo/hf-finetune (the classifier with its head)")
     if ft["metrics"]["accuracy"] <= scratch["metrics"]["accuracy"]:
         console.print(
             "note: a few minutes of CPU pretraining teach the tiny model surface statistics (see the PLM accuracy); "

@@ -315,6 +315,9 @@ def load_lm_model(path: str | Path, device: str | torch.device = "cpu", expect: 
             raise CheckpointError(f"cannot override architecture key model.{bad[0]} when loading a checkpoint")
         cfg = replace(cfg, model=dict(overrides))
     model = XLNetLMHeadModel(dataclasses.replace(cfg.model))
+    if meta.get("kind") == "finetune":  # a finetuned encoder under the tied LM head, bias zero (as transformers does)
+        state = {k: v for k, v in state.items() if k.startswith("transformer.")}
+        state["lm_bias"] = torch.zeros(cfg.model.vocab_size)
     load_state(model, state, where=f"checkpoint {meta.get('path', path)}")
     model.to(device).eval()
     return model, cfg, meta

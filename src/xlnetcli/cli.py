@@ -137,16 +137,20 @@ def pretrain_cmd(config_path: Path | None, overrides: tuple[str, ...], data_dir:
 @cli.command("export")
 @click.argument("ckpt", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(["hf"]), default="hf", show_default=True,
-              help="Output format (hf: transformers XLNetLMHeadModel + XLNetTokenizer directory).")
+              help="Output format (hf: a transformers directory: XLNetLMHeadModel for a pretrained checkpoint, "
+                   "XLNetForSequenceClassification / ForMultipleChoice / ForQuestionAnswering with its head for a "
+                   "finetuned one, + XLNetTokenizer).")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output directory.")
+@click.option("--backbone-only", is_flag=True,
+              help="Export the transformer alone (XLNetModel), without the LM or task head.")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
-def export_cmd(ckpt: Path, fmt: str, out: Path, overwrite: bool) -> None:
-    """Export a checkpoint (run dir or step folder) as a Hugging Face directory."""
-    from .hf import export_hf
+def export_cmd(ckpt: Path, fmt: str, out: Path, backbone_only: bool, overwrite: bool) -> None:
+    """Export a checkpoint (run dir or step folder, pretrained or finetuned) as a Hugging Face directory."""
+    from .hf import describe_export, export_hf
     from .log import console
 
-    export_hf(ckpt, out, overwrite=overwrite)
-    console.print(f"exported {ckpt} -> {out} (config.json, model.safetensors, spiece.model)")
+    export_hf(ckpt, out, overwrite=overwrite, backbone_only=backbone_only)
+    console.print(f"exported {ckpt} -> {out} as {describe_export(out)} (config.json, model.safetensors, spiece.model)")
 
 
 @cli.command("import")
@@ -155,12 +159,12 @@ def export_cmd(ckpt: Path, fmt: str, out: Path, overwrite: bool) -> None:
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output checkpoint folder.")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
 def import_cmd(hf_dir: Path, out: Path, overwrite: bool) -> None:
-    """Turn a Hugging Face XLNet directory into an xlnet checkpoint folder."""
-    from .hf import import_hf
+    """Turn a Hugging Face XLNet directory into an xlnet checkpoint folder (with its task head when it has one)."""
+    from .hf import import_hf, import_summary
     from .log import console
 
     import_hf(hf_dir, out, overwrite=overwrite)
-    console.print(f"imported {hf_dir} -> {out}")
+    console.print(f"imported {hf_dir} -> {out}: {import_summary(out)}")
 
 
 # ---- tokenizer ----
@@ -311,7 +315,8 @@ def _columns(text_a: str | None, text_b: str | None, label: str | None):
 @click.option("--valid", "valid_file", default=None, type=click.Path(path_type=Path),
               help="Validation file: evaluated every epoch (or finetune.eval_every steps); the best checkpoint is kept.")
 @click.option("--init", "init", required=True, type=click.Path(path_type=Path),
-              help="Pretrained checkpoint: a run folder, a step folder, or a Hugging Face XLNet directory.")
+              help="Pretrained checkpoint: a run folder, a step folder, or a Hugging Face XLNet directory (a "
+                   "finetuned one keeps its head when task and labels match).")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Run folder.")
 @column_options
 @click.option("--from-scratch", is_flag=True,

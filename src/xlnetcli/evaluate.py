@@ -28,7 +28,11 @@ def _is_finetuned(path: Path) -> bool:
     from .checkpoint import is_hf_dir, resolve_checkpoint
 
     p = resolve_checkpoint(path)
-    if is_hf_dir(p) or not (p / "meta.json").is_file():
+    if is_hf_dir(p):  # an export with a task head (XLNetForSequenceClassification, ...)
+        from .hf import hf_dir_task
+
+        return hf_dir_task(p) is not None
+    if not (p / "meta.json").is_file():
         return False
     try:
         return json.loads((p / "meta.json").read_text(encoding="utf-8")).get("kind") == "finetune"

@@ -344,7 +344,12 @@ def _finetune(cfg, task, train, valid, init, out, columns, header, overwrite, en
     if from_scratch:
         say(f"  init       random weights (architecture and tokenizer of {ckpt}; --from-scratch baseline)")
     else:
+        from .heads import carry_head
+
         load_pretrained_into(model, state, f"checkpoint {ckpt}")
+        head_note = carry_head(model, state, init_cfg.finetune, init_meta, task, label_list, run_cfg.finetune, ckpt)
+        if head_note:
+            say(f"  head       {head_note}")
     del state
     # the query stream is not used in finetuning: freeze its start vector (DDP rejects parameters without gradients)
     model.transformer.mask_emb.requires_grad_(False)

@@ -7,7 +7,11 @@
   start in training, top-k starts at inference); answerability from [softmax(start)·H ; h_cls] -> dense(tanh) ->
   dense(1, no bias); loss = 0.5 * (start + end) + 0.5 * cls.
 
-State-dict names: ``transformer.*`` (exactly the pretrained XLNetModel's) and ``head.*``.
+State-dict names: ``transformer.*`` (exactly the pretrained XLNetModel's) and ``head.*``. Each head is a transformers
+class's head parameter for parameter (hf.py maps the names): ClassificationHead with summary last/first =
+XLNetForSequenceClassification / XLNetForMultipleChoice, SquadHead = XLNetForQuestionAnswering (the same inference
+beam; transformers' training loss feeds the gold start, not softmax(start), to the answerability head).
+`carry_head` keeps a finetuned --init checkpoint's head when it fits the new run.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from torch import nn
 from .config import FinetuneConfig, ModelConfig
 
 NEG = -1e30
+SQUAD_TOP_K = 5  # start and end candidates kept at inference (the original's start_n_top = end_n_top = 5)
 
 
 class ClassificationHead(nn.Module):
@@ -45,7 +50,7 @@ def _summarize(summary: nn.Module, hidden: torch.Tensor, attention_mask: torch.T
 
 
 class SquadHead(nn.Module):
-    def __init__(self, d_model: int, dropout: float, layer_norm_eps: float = 1e-12, top_k: int = 5) -> None:
+    def __init__(self, d_model: int, dropout: float, layer_norm_eps: float = 1e-12, top_k: int = SQUAD_TOP_K) -> None:
         super().__init__()
         self.top_k = top_k
         self.start = nn.Linear(d_model, 1)
@@ -156,3 +161,39 @@ class FinetuneModel(nn.Module):
             elif bool((labels >= 0).all()):
                 out["loss"] = F.cross_entropy(logits, labels)
         return out
+
+
+def carry_head(model: FinetuneModel, state: dict[str, torch.Tensor], init_ft: FinetuneConfig, init_meta: dict,
+               task: str, labels: list[str] | None, ft: FinetuneConfig, where: Any) -> str | None:
+    """Load the task head of a finetuned ``--init`` checkpoint (ours or an HF export) into ``model.head`` when it
+    fits this run: same task, same labels (rows reordered when only the order differs), same head settings.
+    Returns a line for the log (None when ``--init`` has no head: a pretrained model)."""
+    head = {k[len("head."):]: v for k, v in state.items() if k.startswith("head.")}
+    if init_meta.get("dropped_head"):  # an HF directory whose head has no xlnet equivalent
+        return f"new {task} head (random init): the head of {where} does not carry over ({init_meta['dropped_head']})"
+    if init_meta.get("kind") != "finetune" or not head:
+        return None
+    init_task, init_labels = init_meta.get("task"), init_meta.get("labels")
+    why = None
+    if init_task != task:
+        why = f"it was trained for {init_task}, this run is {task}"
+    elif task == "classification" and init_labels != labels:
+        if init_labels and labels and sorted(init_labels) == sorted(labels) and len(set(labels)) == len(labels):
+            order = torch.tensor([init_labels.index(lab) for lab in labels])  # the same classes in our order
+            head["out.weight"], head["out.bias"] = head["out.weight"][order], head["out.bias"][order]
+        else:
+            why = (f"its labels ({', '.join(map(str, init_labels or []))}) differ from the training file's "
+                   f"({', '.join(labels or [])})")
+    if why is None and task != "squad":
+        for key in ("summary_type", "summary_use_proj"):
+            if getattr(init_ft, key) != getattr(ft, key):
+                why = (f"it uses finetune.{key}={getattr(init_ft, key)!r}, this run {getattr(ft, key)!r} "
+                       f"(--set finetune.{key}={getattr(init_ft, key)} keeps it)")
+                break
+    own = model.head.state_dict()
+    if why is None and (own.keys() != head.keys() or any(own[k].shape != v.shape for k, v in head.items())):
+        why = "its parameters do not match this run's head"
+    if why is not None:
+        return f"new {task} head (random init): the head of {where} does not fit: {why}"
+    model.head.load_state_dict(head, strict=True)
+    return f"{task} head kept from {where}" + (f" (labels {', '.join(labels)})" if labels else "")

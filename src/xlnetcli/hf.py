@@ -10,18 +10,25 @@ An export's config.json carries what released XLNet configs carry for inference:
 no bi_data (in transformers those are properties of a pretraining batch, and with bi_data on a model splits every
 batch into forward and backward halves, which is wrong for inference). The values the model was pretrained with sit
 beside it in ``xlnet_pretraining.json`` (PRETRAINING_FILE), which transformers ignores and `xlnet import` restores.
+
+A finetuned checkpoint exports as the transformers class of its task with its head (HEAD_CLASS, `model_for_hf`):
+classification and regression -> XLNetForSequenceClassification (id2label from our label list, problem_type),
+multiple choice -> XLNetForMultipleChoice, SQuAD -> XLNetForQuestionAnswering; the parameter names are in
+``_SUMMARY_KEYS`` / ``_SQUAD_KEYS``, the run's task, labels and finetune settings in ``xlnet_finetune.json``
+(FINETUNE_FILE). `load_hf_dir` reads such a head back (`read_hf_head`), from our exports or from transformers.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .config import Config, ModelConfig, config_from_dict
+from .config import Config, FinetuneConfig, ModelConfig, config_from_dict, config_to_dict
 from .errors import CheckpointError
 
 BIASES = ("r_w_bias", "r_r_bias", "r_s_bias")
@@ -168,7 +175,8 @@ def _with_pretraining_values(mcfg: ModelConfig, path: Path) -> ModelConfig:
                               "with inference settings") from None
 
 
-def _full_config(mcfg: ModelConfig, tok: dict[str, Any] | None = None) -> Config:
+def _full_config(mcfg: ModelConfig, tok: dict[str, Any] | None = None,
+                 finetune: dict[str, Any] | None = None) -> Config:
     import dataclasses
 
     raw = {
@@ -179,7 +187,269 @@ def _full_config(mcfg: ModelConfig, tok: dict[str, Any] | None = None) -> Config
     }
     if tok:
         raw["tokenizer"].update(tok)
+    if finetune:
+        raw["finetune"] = dict(finetune)
     return config_from_dict(raw)
+
+
+# ---- finetuning heads (heads.py <-> transformers' XLNetFor* classes) -----------------------------------------------
+
+
+FINETUNE_FILE = "xlnet_finetune.json"
+_RECORD_META = ("step", "metric", "value", "null_odds_threshold", "squad_v2")  # meta.json keys the record keeps
+HEAD_CLASS = {"classification": "XLNetForSequenceClassification", "regression": "XLNetForSequenceClassification",
+              "multiple-choice": "XLNetForMultipleChoice", "squad": "XLNetForQuestionAnswering"}
+# our head parameter -> transformers' (everything else is ``transformer.*`` on both sides). ClassificationHead:
+# SequenceSummary(last|first, dense + tanh, dropout) then a linear layer = XLNetSequenceSummary + logits_proj.
+_SUMMARY_KEYS = {
+    "head.summary.proj.weight": "sequence_summary.summary.weight",
+    "head.summary.proj.bias": "sequence_summary.summary.bias",
+    "head.out.weight": "logits_proj.weight",
+    "head.out.bias": "logits_proj.bias",
+}
+# SquadHead = XLNetPoolerStartLogits + XLNetPoolerEndLogits + XLNetPoolerAnswerClass (the original's layout)
+_SQUAD_KEYS = {
+    "head.start.weight": "start_logits.dense.weight",
+    "head.start.bias": "start_logits.dense.bias",
+    "head.end_dense.weight": "end_logits.dense_0.weight",
+    "head.end_dense.bias": "end_logits.dense_0.bias",
+    "head.end_ln.weight": "end_logits.LayerNorm.weight",
+    "head.end_ln.bias": "end_logits.LayerNorm.bias",
+    "head.end_out.weight": "end_logits.dense_1.weight",
+    "head.end_out.bias": "end_logits.dense_1.bias",
+    "head.cls_dense.weight": "answer_class.dense_0.weight",
+    "head.cls_dense.bias": "answer_class.dense_0.bias",
+    "head.cls_out.weight": "answer_class.dense_1.weight",
+}
+
+
+def head_keys(task: str, summary_use_proj: bool = True) -> dict[str, str]:
+    """Our head parameter names -> transformers' for ``task``."""
+    if task == "squad":
+        return dict(_SQUAD_KEYS)
+    return {k: v for k, v in _SUMMARY_KEYS.items() if summary_use_proj or ".proj." not in k}
+
+
+def head_mismatch(task: str, ft: FinetuneConfig) -> str | None:
+    """Why our head for ``task`` has no transformers class computing the same (None when one does)."""
+    if task == "squad":
+        return None
+    if ft.summary_type == "attn":
+        return ("finetune.summary_type 'attn' (a learned query over the tokens) has no transformers equivalent "
+                "(XLNetSequenceSummary does not implement attn)")
+    if ft.summary_type == "mean":
+        return ("finetune.summary_type 'mean' averages the real tokens; transformers' XLNetSequenceSummary averages "
+                "the padding too, so padded inputs would score differently")
+    return None
+
+
+def model_for_hf(cfg: Config, state: dict[str, torch.Tensor], meta: dict[str, Any], backbone_only: bool = False,
+                 where: str = "checkpoint") -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any] | None]:
+    """(config.json, transformers-named tensors, finetuning record or None) of a checkpoint: a pretrained model ->
+    XLNetLMHeadModel; a finetuned one -> the class of its task (HEAD_CLASS) with its head; ``backbone_only`` ->
+    XLNetModel (the transformer alone, keys without the ``transformer.`` prefix, as XLNetModel saves them)."""
+    hc = to_hf_config(cfg.model)
+    body = {k: v for k, v in state.items() if k.startswith("transformer.")}
+    if backbone_only:
+        hc["architectures"] = ["XLNetModel"]
+        return hc, {k[len("transformer."):]: v for k, v in to_hf_state(body, cfg.model).items()}, None
+    if meta.get("kind") != "finetune":
+        return hc, to_hf_state(state, cfg.model), None
+    task = meta.get("task")
+    if task not in HEAD_CLASS:
+        raise CheckpointError(f"{where}: meta.json names an unknown finetuning task {task!r}")
+    why = head_mismatch(task, cfg.finetune)
+    if why:
+        raise CheckpointError(f"{where}: {why}; the transformer carries over, the {task} head does not: pass "
+                              "--backbone-only to export the transformer alone (XLNetModel)")
+    ft = cfg.finetune
+    keys = head_keys(task, ft.summary_use_proj)
+    own = {k: v for k, v in state.items() if k.startswith("head.")}
+    if set(own) != set(keys):
+        odd = sorted(set(own) ^ set(keys))[0]
+        raise CheckpointError(f"{where}: the {task} head does not have the expected parameters ({odd}); the "
+                              "checkpoint does not match its config.yaml")
+    tensors = to_hf_state(body, cfg.model)
+    tensors.update({keys[k]: v.detach().clone().contiguous() for k, v in own.items()})
+    hc["architectures"] = [HEAD_CLASS[task]]
+    if task == "squad":
+        from .heads import SQUAD_TOP_K
+
+        hc.update(start_n_top=SQUAD_TOP_K, end_n_top=SQUAD_TOP_K)
+    else:
+        hc.update(summary_type=ft.summary_type, summary_use_proj=ft.summary_use_proj,
+                  summary_activation="tanh" if ft.summary_use_proj else "linear", summary_proj_to_labels=False,
+                  summary_last_dropout=ft.dropout)
+    labels = meta.get("labels")
+    if task == "classification":
+        if not labels or len(set(labels)) != len(labels) or own["head.out.weight"].shape[0] != len(labels):
+            raise CheckpointError(f"{where}: meta.json labels {labels!r} do not match the classification head")
+        hc.update(id2label={str(i): str(lab) for i, lab in enumerate(labels)},
+                  label2id={str(lab): i for i, lab in enumerate(labels)}, problem_type="single_label_classification")
+    elif task == "regression":
+        hc.update(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}, problem_type="regression")
+    record = {
+        "comment": "The xlnet finetuning run this model comes from (transformers ignores this file; `xlnet eval`, "
+                   "`import` and `finetune --init` read it).",
+        "task": task, "labels": labels, "finetune": config_to_dict(cfg)["finetune"],
+        **{k: meta[k] for k in _RECORD_META if meta.get(k) is not None},
+    }
+    return hc, tensors, record
+
+
+@dataclass
+class HFHead:
+    """The task head of an HF directory: ``task`` is None when it has no xlnet equivalent (``note`` says why)."""
+
+    arch: str
+    task: str | None = None
+    labels: list[str] | None = None
+    finetune: dict[str, Any] = field(default_factory=dict)  # the head's settings in cfg.finetune
+    note: str = ""
+
+
+def read_hf_head(hc: dict[str, Any], keys: set[str]) -> HFHead | None:
+    """The head of an HF XLNet directory from its config.json and parameter names; None for an LM or bare model."""
+    arch = (hc.get("architectures") or [None])[0]
+    if arch in (None, "XLNetLMHeadModel", "XLNetModel"):
+        return None
+    id2label = hc.get("id2label") or {}
+    try:
+        names = [str(id2label[k]) for k in sorted(id2label, key=int)] if id2label else \
+            [f"LABEL_{i}" for i in range(int(hc.get("num_labels", 2)))]
+    except (TypeError, ValueError):
+        return HFHead(arch, note="config.json has an invalid id2label")
+    problem = hc.get("problem_type")
+    if arch == "XLNetForQuestionAnswering":
+        task = "squad"
+    elif arch == "XLNetForMultipleChoice":
+        task = "multiple-choice"
+    elif arch == "XLNetForSequenceClassification":
+        if problem == "multi_label_classification":
+            return HFHead(arch, note="multi-label classification (a sigmoid per label) has no xlnet task")
+        task = "regression" if problem == "regression" or (problem is None and len(names) == 1) else "classification"
+        if task == "regression" and len(names) != 1:
+            return HFHead(arch, note=f"regression with {len(names)} outputs has no xlnet task (one output)")
+        if task == "classification" and (len(names) < 2 or len(set(names)) != len(names)):
+            return HFHead(arch, note=f"id2label {names} is not a list of 2 or more distinct labels")
+    else:
+        return HFHead(arch, note=f"{arch} has no xlnet task (classification, regression, multiple-choice, squad)")
+    ft: dict[str, Any] = {}
+    if task != "squad":
+        summary = hc.get("summary_type", "last")
+        summary = "last" if summary == "cls_index" else summary  # these classes pass no cls_index: the last token
+        proj = bool(hc.get("summary_use_proj", True))
+        act = hc.get("summary_activation", "tanh")
+        if summary not in ("last", "first"):
+            return HFHead(arch, note=f"summary_type {summary!r} differs from ours (we average real tokens only)")
+        if proj and hc.get("summary_proj_to_labels"):
+            return HFHead(arch, note="summary_proj_to_labels projects to the labels; ours projects to d_model")
+        if (proj and act != "tanh") or (not proj and act not in (None, "", "linear")):
+            return HFHead(arch, note=f"summary_activation {act!r} with summary_use_proj={proj} differs from ours "
+                                     "(tanh after the projection, none without)")
+        ft = {"summary_type": summary, "summary_use_proj": proj}
+    missing = [v for v in head_keys(task, ft.get("summary_use_proj", True)).values() if v not in keys]
+    if missing:
+        return HFHead(arch, note=f"the weights lack {missing[0]}")
+    return HFHead(arch, task, names if task == "classification" else None, ft)
+
+
+def _with_head(p: Path, hc: dict[str, Any], hf: dict[str, torch.Tensor], state: dict[str, torch.Tensor]
+               ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any] | None]:
+    """(state, meta, finetune section) of an HF directory: with its head in our names when it carries over."""
+    meta: dict[str, Any] = {"kind": "hf", "path": str(p)}
+    head = read_hf_head(hc, set(hf))
+    if head is None:
+        return state, meta, None
+    if head.task is None:
+        meta["dropped_head"] = f"{head.arch}: {head.note}"
+        return state, meta, None
+    record = _finetune_record(p / FINETUNE_FILE, head)
+    state = {k: v for k, v in state.items() if k.startswith("transformer.")}
+    keys = head_keys(head.task, head.finetune.get("summary_use_proj", True))
+    state.update({ours: hf[theirs].detach().clone().contiguous() for ours, theirs in keys.items()})
+    meta = {"kind": "finetune", "task": head.task, "labels": head.labels, "path": str(p), "hf_class": head.arch,
+            **{k: record[k] for k in _RECORD_META if k in record}}
+    return state, meta, {**record.get("finetune", {}), **head.finetune}
+
+
+def _finetune_record(path: Path, head: HFHead) -> dict[str, Any]:
+    """Our export's finetuning record when it belongs to this head (same task and labels), else {}."""
+    if not path.is_file():
+        return {}
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+        FinetuneConfig(**rec.get("finetune", {}))
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{path}: not a valid finetuning record ({type(e).__name__}); remove it to use the "
+                              "head with default finetune settings") from None
+    return rec if rec.get("task") == head.task and rec.get("labels") == head.labels else {}
+
+
+def hf_dir_task(path: str | Path) -> str | None:
+    """The xlnet task of an HF directory's head (None: a pretrained model, or a head that does not carry over)."""
+    p = Path(path)
+    try:
+        hc = json.loads((p / "config.json").read_text(encoding="utf-8"))
+        if (p / "model.safetensors").is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(p / "model.safetensors"), framework="pt") as f:
+                keys = set(f.keys())
+        else:
+            keys = set(torch.load(p / "pytorch_model.bin", map_location="meta", weights_only=True))
+    except Exception:  # noqa: BLE001 - unreadable: load_hf_dir reports it properly
+        return None
+    head = read_hf_head(hc, keys) if isinstance(hc, dict) else None
+    return head.task if head else None
+
+
+def describe_export(path: str | Path) -> str:
+    """One line about an export: its class, and its labels for a classifier."""
+    hc = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    arch = (hc.get("architectures") or ["XLNetLMHeadModel"])[0]
+    if hc.get("problem_type") == "single_label_classification":
+        labels = [hc["id2label"][k] for k in sorted(hc["id2label"], key=int)]
+        return f"{arch}, {len(labels)} labels: {', '.join(labels)}"
+    if hc.get("problem_type") == "regression":
+        return f"{arch}, regression (1 output)"
+    return arch
+
+
+def _model_for_import(cfg: Config, state: dict[str, torch.Tensor], hf_meta: dict[str, Any], p: Path
+                      ) -> tuple[torch.nn.Module, dict[str, Any]]:
+    from .checkpoint import load_state
+
+    src = str(p.resolve())
+    if hf_meta.get("kind") == "finetune":
+        from .heads import FinetuneModel
+
+        task, labels = hf_meta["task"], hf_meta.get("labels")
+        model: torch.nn.Module = FinetuneModel(cfg.model, cfg.finetune, task, len(labels or []) or 1)
+        meta = {"kind": "finetune", "task": task, "labels": labels, "step": hf_meta.get("step", 0), "source": src,
+                **{k: hf_meta[k] for k in ("hf_class", "metric", "value", "null_odds_threshold", "squad_v2")
+                   if k in hf_meta}}
+    else:
+        from .model import XLNetLMHeadModel
+
+        model = XLNetLMHeadModel(cfg.model)
+        meta = {"kind": "import", "step": 0, "source": src}
+        if "dropped_head" in hf_meta:
+            meta["dropped_head"] = hf_meta["dropped_head"]
+    load_state(model, state, where=f"HF model {p}")
+    return model, meta
+
+
+def import_summary(out: str | Path) -> str:
+    """One line about an imported checkpoint: the task head it kept, or the head it dropped."""
+    meta = json.loads((Path(out) / "meta.json").read_text(encoding="utf-8"))
+    if meta.get("kind") == "finetune":
+        labels = meta.get("labels")
+        return (f"a finetuned {meta['task']} checkpoint with its {meta.get('hf_class', 'task')} head"
+                + (f" ({len(labels)} labels: {', '.join(labels)})" if labels else ""))
+    if meta.get("dropped_head"):
+        return f"the transformer only; head dropped ({meta['dropped_head']})"
+    return "a pretrained checkpoint"
 
 
 # ---- directories ------------------------------------------------------------------------------------------------
@@ -218,20 +488,22 @@ def load_hf_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict
             tok = {"uncased": bool(t.get("do_lower_case", False)), "keep_accents": bool(t.get("keep_accents", False))}
         except (OSError, json.JSONDecodeError):
             pass
-    return _full_config(mcfg, tok), from_hf_state(hf, mcfg), {"kind": "hf", "path": str(p)}
+    state, meta, finetune = _with_head(p, hc, hf, from_hf_state(hf, mcfg))
+    return _full_config(mcfg, tok, finetune), state, meta
 
 
-def export_hf(ckpt: str | Path, out: str | Path, overwrite: bool = False) -> Path:
-    """Write config.json, model.safetensors, spiece.model (+ tokenizer_config.json) loadable by transformers."""
+def export_hf(ckpt: str | Path, out: str | Path, overwrite: bool = False, backbone_only: bool = False) -> Path:
+    """Write config.json, model.safetensors, spiece.model (+ tokenizer_config.json) loadable by transformers: a
+    pretrained checkpoint as XLNetLMHeadModel, a finetuned one as its task's class with its head (`model_for_hf`),
+    either as XLNetModel (the transformer alone) with ``backbone_only``."""
     from safetensors.torch import save_file
 
     from .checkpoint import load_model_dir, resolve_checkpoint
     from .io import atomic_output_dir, atomic_write_json
 
     src = resolve_checkpoint(ckpt)
-    cfg, state, _meta = load_model_dir(src)
-    hc = to_hf_config(cfg.model)
-    hf_state = to_hf_state(state, cfg.model)
+    cfg, state, meta = load_model_dir(src)
+    hc, hf_state, finetune_record = model_for_hf(cfg, state, meta, backbone_only, where=str(src))
     spm = src / "tokenizer" / "spiece.model"
     if not spm.is_file():
         spm = src / "spiece.model"
@@ -244,6 +516,8 @@ def export_hf(ckpt: str | Path, out: str | Path, overwrite: bool = False) -> Pat
     with atomic_output_dir(out, overwrite=overwrite, what="an exported model", inputs=[src]) as tmp:
         atomic_write_json(tmp / "config.json", hc)
         atomic_write_json(tmp / PRETRAINING_FILE, pretraining)
+        if finetune_record is not None:
+            atomic_write_json(tmp / FINETUNE_FILE, finetune_record)
         save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if spm.is_file():
             shutil.copyfile(spm, tmp / "spiece.model")
@@ -257,22 +531,19 @@ def export_hf(ckpt: str | Path, out: str | Path, overwrite: bool = False) -> Pat
 
 
 def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False) -> Path:
-    """An HF XLNet directory -> our checkpoint folder (model.safetensors, config.yaml, tokenizer/, meta.json)."""
+    """An HF XLNet directory -> our checkpoint folder (model.safetensors, config.yaml, tokenizer/, meta.json): a
+    finetuned checkpoint (task, labels, head) when its head carries over (`read_hf_head`), else the pretrained model
+    (a head that does not carry over is dropped: `import_summary` says which)."""
     import tempfile
 
     from .checkpoint import save_model_dir
     from .io import check_output_not_input, output_lock
-    from .model import XLNetLMHeadModel
 
     p = Path(hf_dir)
     if not (p / "config.json").is_file():
         raise CheckpointError(f"{p} is not an HF model directory (no config.json)")
-    cfg, state, _ = load_hf_dir(p)
-    model = XLNetLMHeadModel(cfg.model)
-    from .checkpoint import load_state
-
-    load_state(model, state, where=f"HF model {p}")
-    meta = {"kind": "import", "step": 0, "source": str(p.resolve())}
+    cfg, state, hf_meta = load_hf_dir(p)
+    model, meta = _model_for_import(cfg, state, hf_meta, p)
     with tempfile.TemporaryDirectory() as td:
         tok_dir = None
         if (p / "spiece.model").is_file():
