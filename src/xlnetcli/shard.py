@@ -273,11 +273,11 @@ class ShardSummary:
 
 
 def _chunk_stream(files: list[tuple[Path, bool]], stats: ReadStats, chunk_chars: int,
-                  on_bytes) -> Iterator[tuple[str, bool]]:
+                  on_bytes, text_field: str = "text") -> Iterator[tuple[str, bool]]:
     for path, is_valid in files:
         fs = FileStats(path)
         stats.files.append(fs)
-        for text in iter_chunks(path, fs, chunk_chars, on_bytes=on_bytes):
+        for text in iter_chunks(path, fs, chunk_chars, on_bytes=on_bytes, text_field=text_field):
             yield text, is_valid
 
 
@@ -285,8 +285,10 @@ def shard_corpus(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.Pat
                  tokenizer: str | os.PathLike[str] | Tokenizer, *, shards: int = 1, workers: int = 1,
                  valid_fraction: float = 0.0, valid_inputs: Iterable[str | os.PathLike[str]] = (), seed: int = 42,
                  overwrite: bool = False, cfg: Any = None, quiet: bool = False,
-                 chunk_chars: int = CHUNK_CHARS) -> ShardSummary:
-    """Tokenise ``inputs`` into ``shards`` train shards (+ a valid shard) under ``out_dir``; see the module doc."""
+                 chunk_chars: int = CHUNK_CHARS, text_field: str = "text") -> ShardSummary:
+    """Tokenise ``inputs`` into ``shards`` train shards (+ a valid shard) under ``out_dir``; see the module doc.
+
+    Inputs may be text, JSONL, Parquet or datasets folders (corpus.py); ``text_field`` names their text field."""
     if shards < 1:
         raise XLNetError(f"--shards must be >= 1, got {shards}")
     if workers < 1:
@@ -326,7 +328,7 @@ def shard_corpus(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.Pat
                 n_tok += res.tokens.size
                 prog.update(task, info=f"{n_tok / 1e6:.2f}M tokens")
 
-            chunks = _chunk_stream(all_files, stats, chunk_chars, lambda n: prog.advance(task, n))
+            chunks = _chunk_stream(all_files, stats, chunk_chars, lambda n: prog.advance(task, n), text_field)
             if workers == 1:
                 tok.fix_mask  # noqa: B018
                 for text, is_valid in chunks:

@@ -373,11 +373,13 @@ def _default_meta(sha: str) -> dict[str, Any]:
 
 
 def train_tokenizer(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.PathLike[str], tcfg: Any,
-                    overwrite: bool = False, quiet: bool = False, cfg: Any = None) -> Tokenizer:
+                    overwrite: bool = False, quiet: bool = False, cfg: Any = None,
+                    text_field: str = "text") -> Tokenizer:
     """Train a SentencePiece unigram model on normalised lines of ``inputs`` into ``out_dir`` (atomic).
 
     ``tcfg`` is a TokenizerConfig (vocab_size, character_coverage, input_sentence_size, uncased, keep_accents,
-    threads). If ``cfg`` (the full Config) is given, it is written next to the model as config.yaml.
+    threads). If ``cfg`` (the full Config) is given, it is written next to the model as config.yaml. Inputs may be
+    text, JSONL, Parquet or datasets folders (corpus.py); ``text_field`` names their text field.
     """
     import sentencepiece as spm
 
@@ -414,7 +416,7 @@ def train_tokenizer(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.
                         n_bytes += len(text)
                     batch.clear()
 
-                for line in iter_lines(files, stats, on_bytes=lambda n: prog.advance(task, n)):
+                for line in iter_lines(files, stats, on_bytes=lambda n: prog.advance(task, n), text_field=text_field):
                     batch.append(line)
                     if len(batch) >= 10000:
                         flush()
