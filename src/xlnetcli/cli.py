@@ -13,7 +13,7 @@ import click
 
 from . import __version__
 from .config import Config, load_config
-from .errors import XLNetError
+from .errors import Terminated, XLNetError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 BUNDLED_CORPUS = Path(__file__).resolve().parents[2] / "data" / "pydocs" / "corpus.txt"
@@ -79,7 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors become one line on stderr and exit code 2."""
     try:
         cli.main(args=argv, prog_name="xlnet", standalone_mode=False)
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, Terminated) as e:  # click turns KeyboardInterrupt (and Terminated) into Abort
+        if isinstance(e, Terminated) or isinstance(e.__cause__, Terminated):
+            click.echo("xlnet: terminated (SIGTERM); partial output removed", err=True)
+            sys.exit(128 + 15)
         click.echo("xlnet: interrupted", err=True)
         sys.exit(130)
     except click.exceptions.ClickException as e:
@@ -395,15 +398,17 @@ def eval_cmd(ckpt: Path, file: Path | None, data_dir: Path | None, split: str, b
 @click.option("--mask-mode", type=click.Choice(["word", "original"]), default=None,
               help="word: spans of whole words (default data.mask_mode); original: the original's subword spans.")
 @click.option("--workers", type=int, default=1, show_default=True, help="Worker processes (output is identical).")
+@click.option("--no-verify", is_flag=True, help="Skip checking the shards' sha256 against manifest.json.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing records directory.")
 def preprocess_cmd(shards: Path, out: Path, config_path: Path | None, overrides: tuple[str, ...], passes: int | None,
-                   mask_mode: str | None, workers: int, overwrite: bool) -> None:
+                   mask_mode: str | None, workers: int, no_verify: bool, overwrite: bool) -> None:
     """Build permutation-LM records (examples, segment ids, prediction targets) from shards."""
     from .log import print0
     from .preprocess import preprocess
 
     cfg = resolve_config(config_path, overrides)
-    meta = preprocess(shards, out, cfg, passes=passes, mask_mode=mask_mode, overwrite=overwrite, workers=workers)
+    meta = preprocess(shards, out, cfg, passes=passes, mask_mode=mask_mode, overwrite=overwrite, workers=workers,
+                      verify=not no_verify)
     tr = meta["splits"]["train"]
     print0(f"wrote {out}: {tr['examples']} training examples ({tr['passes']} pass(es) x {tr['steps_per_pass']} steps "
            f"x {meta['global_batch_size']} rows), seq_len {meta['seq_len']}, mask mode {meta['mask_mode']}")

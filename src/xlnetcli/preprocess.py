@@ -750,8 +750,12 @@ def preprocess(
     overwrite: bool = False,
     workers: int = 1,
     quiet: bool = False,
+    verify: bool = True,
 ) -> dict:
-    """Build records from a shard directory; returns meta.json's content."""
+    """Build records from a shard directory; returns meta.json's content.
+
+    ``verify`` checks every shard file's sha256 against manifest.json first (a flipped byte is refused, naming the
+    file, instead of being trained on)."""
     shards = Path(shards)
     passes = cfg.data.passes if passes is None else passes
     mode = cfg.data.mask_mode if mask_mode is None else mask_mode
@@ -780,6 +784,10 @@ def preprocess(
     ws_table = word_start_table(tok_dir)
     if len(ws_table) < vocab:
         raise DataError(f"{tok_dir}: tokenizer has {len(ws_table)} pieces, the manifest says {vocab}")
+    if verify:
+        from .shard import verify_shards
+
+        verify_shards(shards, manifest, workers=workers)
 
     L, R = cfg.data.seq_len, cfg.model.reuse_len
     G, mb, bi = cfg.train.global_batch_size, cfg.train.micro_batch_size, cfg.model.bi_data

@@ -384,7 +384,7 @@ def train_tokenizer(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.
     import sentencepiece as spm
 
     from .corpus import ReadStats, expand_inputs, iter_lines, total_size
-    from .io import atomic_output_dir, check_output_dir
+    from .io import atomic_output_dir, check_output_dir, sigterm_as_interrupt
     from .log import byte_progress, console
 
     check_output_dir(out_dir, overwrite, "a tokenizer")
@@ -396,7 +396,7 @@ def train_tokenizer(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.
         raise ConfigError(f"tokenizer.character_coverage must be in (0, 1], got {tcfg.character_coverage}")
     threads = tcfg.threads or (os.cpu_count() or 1)
     stats = ReadStats()
-    with atomic_output_dir(out_dir, overwrite, "a tokenizer") as tmp:
+    with sigterm_as_interrupt(), atomic_output_dir(out_dir, overwrite, "a tokenizer") as tmp:
         # Pass 1: normalise every line into a temporary text file (the trainer reads it; errors surface here).
         fd, norm_path = tempfile.mkstemp(prefix=".normalized.", suffix=".txt", dir=tmp)
         n_lines = 0
