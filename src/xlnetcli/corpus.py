@@ -44,6 +44,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 PARQUET_MAGIC = b"PAR1"
 RECORD_BATCH = 1024  # rows per Parquet / datasets batch
+ZSTD_FEED = 1 << 14  # compressed bytes per zstd decompress call
 MAX_BAD_FRACTION = 0.01  # refuse a file when more than this share of its bytes is invalid UTF-8
 BINARY_PROBE = 1 << 16  # bytes inspected for NUL
 READ_BLOCK = 1 << 20
@@ -281,20 +282,22 @@ def _raw_blocks(path: Path, raw: BinaryIO, compression: str | None, block: int) 
     if compression == "zstd":
         new = _zstd_module()
         dec = None  # one decompressor per frame: multi-frame files (pzstd, concatenations) read whole
-        while data := raw.read(block):
-            while data:
-                if dec is None:
-                    dec = new()
-                try:
-                    out = dec.decompress(data)
-                except Exception as e:  # zstandard.ZstdError / compression.zstd.ZstdError
-                    raise DataError(f"{path} is a corrupt zstd file ({e})") from None
-                if out:
-                    yield out
-                if dec.eof:
-                    data, dec = dec.unused_data, None
-                else:
-                    data = b""
+        while buf := raw.read(block):
+            for i in range(0, len(buf), ZSTD_FEED):  # small feeds bound each output (~ compression ratio x feed)
+                data = buf[i:i + ZSTD_FEED]
+                while data:
+                    if dec is None:
+                        dec = new()
+                    try:
+                        out = dec.decompress(data)
+                    except Exception as e:  # zstandard.ZstdError / compression.zstd.ZstdError
+                        raise DataError(f"{path} is a corrupt zstd file ({e})") from None
+                    if out:
+                        yield out
+                    if dec.eof:
+                        data, dec = dec.unused_data, None
+                    else:
+                        data = b""
         if dec is not None:
             raise DataError(f"{path} is a corrupt or truncated zstd file (the last frame does not end)")
         return
