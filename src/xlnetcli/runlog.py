@@ -204,10 +204,12 @@ class MetricsLogger:
         self._trackers: list[Any] = []
         try:
             for name in names:
-                if name in ("tensorboard", "auto"):
+                if name == "tensorboard":
+                    self._trackers.append(_TensorBoard(run_dir, required=True))
+                elif name == "auto":
                     try:
-                        self._trackers.append(_TensorBoard(run_dir, required=name == "tensorboard"))
-                    except ImportError:  # auto: TensorBoard is optional
+                        self._trackers.append(_TensorBoard(run_dir, required=False))
+                    except Exception:  # auto: TensorBoard only when it is installed and works
                         pass
                 elif name == "wandb":
                     self._trackers.append(_WandB(run_dir, config, previous.get("wandb")))
