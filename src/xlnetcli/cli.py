@@ -13,7 +13,7 @@ import click
 
 from . import __version__
 from .config import Config, load_config
-from .errors import XLNetError
+from .errors import Terminated, XLNetError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 BUNDLED_CORPUS = Path(__file__).resolve().parents[2] / "data" / "pydocs" / "corpus.txt"
@@ -40,6 +40,12 @@ def config_options(f):
         help="YAML config (configs/tiny.yaml, base.yaml, large.yaml).",
     )(f)
     return f
+
+
+def text_field_option(f):
+    """--text-field for JSONL, Parquet and datasets inputs."""
+    return click.option("--text-field", default="text", show_default=True, metavar="NAME",
+                        help="Field (JSONL) or column (Parquet, datasets folder) holding each document's text.")(f)
 
 
 def resolve_config(config_path: Path | None, overrides: tuple[str, ...]) -> Config:
@@ -73,7 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors become one line on stderr and exit code 2."""
     try:
         cli.main(args=argv, prog_name="xlnet", standalone_mode=False)
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, Terminated) as e:  # click turns KeyboardInterrupt (and Terminated) into Abort
+        if isinstance(e, Terminated) or isinstance(e.__cause__, Terminated):
+            click.echo("xlnet: terminated (SIGTERM); partial output removed", err=True)
+            sys.exit(128 + 15)
         click.echo("xlnet: interrupted", err=True)
         sys.exit(130)
     except click.exceptions.ClickException as e:
@@ -185,15 +194,16 @@ def tokenize_group() -> None:
 @click.option("--threads", type=int, default=None, help="Trainer threads (0 = all cores).")
 @click.option("--uncased/--cased", default=None, help="Lowercase before encoding (default tokenizer.uncased).")
 @click.option("--keep-accents/--strip-accents", default=None, help="Keep accents (default: strip, as the original).")
+@text_field_option
 @click.option("--overwrite", is_flag=True, help="Replace an existing tokenizer directory.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def tokenize_train_cmd(config_path: Path | None, overrides: tuple[str, ...], inputs: tuple[str, ...], out_dir: Path,
                        vocab_size: int | None, character_coverage: float | None, input_sentence_size: int | None,
-                       threads: int | None, uncased: bool | None, keep_accents: bool | None, overwrite: bool,
-                       quiet: bool) -> None:
-    """Train a SentencePiece unigram tokenizer on text files, directories or globs (.gz too).
+                       threads: int | None, uncased: bool | None, keep_accents: bool | None, text_field: str,
+                       overwrite: bool, quiet: bool) -> None:
+    """Train a SentencePiece unigram tokenizer on text, JSONL or Parquet files, datasets folders, directories or globs.
 
-    Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
+    Files may be .gz or .zst compressed. Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
     from .config import replace
     from .log import console
     from .tokenizer import train_tokenizer
@@ -204,7 +214,7 @@ def tokenize_train_cmd(config_path: Path | None, overrides: tuple[str, ...], inp
     model = {"vocab_size": vocab_size} if vocab_size is not None else {}  # the model must match the vocabulary
     cfg = replace(cfg, tokenizer={k: v for k, v in opts.items() if v is not None}, model=model)
     tok = train_tokenizer(inputs_or_bundled(inputs), out_dir, cfg.tokenizer, overwrite=overwrite, quiet=quiet,
-                          cfg=cfg)
+                          cfg=cfg, text_field=text_field)
     console.print(f"wrote {out_dir}/spiece.model + tokenizer.json (vocab {tok.vocab_size}, "
                   f"uncased={tok.uncased}, keep_accents={tok.keep_accents}, sha256 {tok.sha256[:12]})")
 
@@ -256,14 +266,15 @@ def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_
 @click.option("--valid", "valid_inputs", multiple=True, metavar="FILE",
               help="Validation file(s) instead of a random fraction (repeatable).")
 @click.option("--seed", type=int, default=None, help="Seed of the validation split (default data.seed).")
+@text_field_option
 @click.option("--overwrite", is_flag=True, help="Replace an existing shard directory.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 def shard_cmd(config_path: Path | None, overrides: tuple[str, ...], inputs: tuple[str, ...], tok_path: Path,
               out_dir: Path, shards: int, workers: int, valid_fraction: float | None, valid_inputs: tuple[str, ...],
-              seed: int | None, overwrite: bool, quiet: bool) -> None:
-    """Tokenise text files, directories or globs (.gz too) into N balanced shards + a validation split.
+              seed: int | None, text_field: str, overwrite: bool, quiet: bool) -> None:
+    """Tokenise text, JSONL or Parquet files, datasets folders, directories or globs into N balanced shards + valid.
 
-    Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
+    Files may be .gz or .zst compressed. Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
     from .config import replace
     from .errors import XLNetError as _Err
     from .log import console
@@ -277,7 +288,7 @@ def shard_cmd(config_path: Path | None, overrides: tuple[str, ...], inputs: tupl
     cfg = replace(cfg, data={"valid_fraction": vf, "seed": seed})
     s = shard_corpus(inputs_or_bundled(inputs), out_dir, tok_path, shards=shards, workers=workers,
                      valid_fraction=vf, valid_inputs=valid_inputs, seed=seed, overwrite=overwrite, cfg=cfg,
-                     quiet=quiet)
+                     quiet=quiet, text_field=text_field)
     if not quiet:
         console.print(f"wrote {shards} train shard(s) ({s.tokens['train']:,} tokens, {s.documents['train']:,} docs) "
                       f"+ valid ({s.tokens['valid']:,} tokens, {s.documents['valid']:,} docs) to {out_dir} in "
@@ -392,15 +403,17 @@ def eval_cmd(ckpt: Path, file: Path | None, data_dir: Path | None, split: str, b
 @click.option("--mask-mode", type=click.Choice(["word", "original"]), default=None,
               help="word: spans of whole words (default data.mask_mode); original: the original's subword spans.")
 @click.option("--workers", type=int, default=1, show_default=True, help="Worker processes (output is identical).")
+@click.option("--no-verify", is_flag=True, help="Skip checking the shards' sha256 against manifest.json.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing records directory.")
 def preprocess_cmd(shards: Path, out: Path, config_path: Path | None, overrides: tuple[str, ...], passes: int | None,
-                   mask_mode: str | None, workers: int, overwrite: bool) -> None:
+                   mask_mode: str | None, workers: int, no_verify: bool, overwrite: bool) -> None:
     """Build permutation-LM records (examples, segment ids, prediction targets) from shards."""
     from .log import print0
     from .preprocess import preprocess
 
     cfg = resolve_config(config_path, overrides)
-    meta = preprocess(shards, out, cfg, passes=passes, mask_mode=mask_mode, overwrite=overwrite, workers=workers)
+    meta = preprocess(shards, out, cfg, passes=passes, mask_mode=mask_mode, overwrite=overwrite, workers=workers,
+                      verify=not no_verify)
     tr = meta["splits"]["train"]
     print0(f"wrote {out}: {tr['examples']} training examples ({tr['passes']} pass(es) x {tr['steps_per_pass']} steps "
            f"x {meta['global_batch_size']} rows), seq_len {meta['seq_len']}, mask mode {meta['mask_mode']}")

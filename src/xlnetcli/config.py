@@ -106,8 +106,12 @@ class TrainConfig:
     keep_last: int = 3  # checkpoints kept
     log_every: int = 10  # steps between metric lines
     seed: int = 1234  # model init, dropout and factorisation-order seed
+    # trackers besides metrics.jsonl, a list or comma string of tensorboard, wandb, mlflow; none; auto = TensorBoard
+    # when installed (extras: pip install 'xlnetcli[wandb]', 'xlnetcli[mlflow]')
+    report_to: str | list[str] = "auto"
 
     def __post_init__(self) -> None:
+        _report_to(self)
         _positive(self, "global_batch_size", "micro_batch_size", "max_steps", "keep_last", "log_every")
         if self.global_batch_size % self.micro_batch_size:
             raise ConfigError(
@@ -148,8 +152,10 @@ class FinetuneConfig:
     max_query_length: int = 64  # SQuAD: question tokens kept
     max_answer_length: int = 64  # SQuAD: longest predicted answer in tokens
     seed: int = 1234
+    report_to: str | list[str] = "auto"  # as train.report_to, for finetuning runs
 
     def __post_init__(self) -> None:
+        _report_to(self)
         _positive(self, "max_seq_length", "batch_size", "micro_batch_size", "lr", "doc_stride")
         _fraction(self, "dropout", "dropatt", "warmup_ratio")
         if self.batch_size % self.micro_batch_size:
@@ -224,6 +230,22 @@ def _fraction(obj: Any, *names: str) -> None:
             raise ConfigError(f"{section}.{name} must be in [0, 1), got {value}")
 
 
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+
+
+def _report_to(obj: Any) -> None:
+    """report_to as a canonical comma string: 'auto', 'none' or tracker names in the order given."""
+    value = obj.report_to
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = list(dict.fromkeys(s.strip().lower() for s in items if s.strip()))
+    allowed = (*TRACKERS, "auto", "none")
+    bad = [n for n in names if n not in allowed]
+    if not names or bad or (len(names) > 1 and ({"auto", "none"} & set(names))):
+        raise ConfigError(f"{_section_name(obj)}.report_to: expected 'auto', 'none' or a list of "
+                          f"{', '.join(TRACKERS)}, got {value!r}")
+    obj.report_to = ",".join(names)
+
+
 def _section_name(obj: Any) -> str:
     return {v: k for k, v in _SECTION_CLASSES.items()}.get(type(obj), type(obj).__name__)
 
@@ -260,6 +282,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0] if errors else f"{key}: invalid value {value!r}")
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v, typing.get_args(tp)[0], f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):

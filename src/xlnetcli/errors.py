@@ -19,3 +19,7 @@ class DataError(XLNetError):
 
 class CheckpointError(XLNetError):
     """A checkpoint is missing, corrupt, or disagrees with the requested config."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: unwinds like Ctrl-C, so temporary outputs are removed (see io.sigterm_as_interrupt)."""

@@ -37,7 +37,7 @@ from .io import atomic_write_json, check_output_dir
 from .log import console, progress_is_live, step_progress
 from .metrics import PRIMARY_METRIC, classification_metrics, regression_metrics, squad_evaluate
 from .optim import build_optimizer, lr_factor, set_lr
-from .runlog import MetricsLogger, NullLogger
+from .runlog import MetricsLogger, NullLogger, require_trackers
 
 # ---------------------------------------------------------------------------------------------------------------
 # Data
@@ -305,6 +305,7 @@ def _finetune(cfg, task, train, valid, init, out, columns, header, overwrite, en
 
     if main:
         check_output_dir(out, overwrite, "a finetuning run")
+    require_trackers(ft.report_to)
     ckpt = resolve_checkpoint(init)
     init_cfg, state, init_meta = load_model_dir(ckpt)
     run_cfg = run_config(init_cfg, cfg)
@@ -378,7 +379,7 @@ def _finetune(cfg, task, train, valid, init, out, columns, header, overwrite, en
         out.mkdir(parents=True, exist_ok=True)
         save_config(run_cfg, out)
     dist.barrier()
-    logger = MetricsLogger(out) if main else NullLogger()
+    logger = MetricsLogger(out, ft.report_to, run_cfg) if main else NullLogger()
 
     keys = _TRAIN_KEYS[task]
     rng = np.random.default_rng(ft.seed)

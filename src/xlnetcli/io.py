@@ -4,19 +4,30 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import time
 import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import XLNetError
+from .errors import Terminated, XLNetError
+
+# Temporary output folders are named .<out>.xlnet-<host>-<pid>-<random>.tmp, so that a later run can tell the ones
+# whose writer is dead (killed: SIGKILL, OOM, power) from those of a live one, and remove only the former.
+TEMP_TAG = "xlnet"
+_TEMP_RE = re.compile(rf"\.{TEMP_TAG}-(?P<host>.+)-(?P<pid>\d+)-[a-z0-9_]+\.tmp$")
+_LEGACY_TEMP_RE = re.compile(r"\.[a-z0-9_]{8}\.tmp$")  # mkdtemp's default suffix, before the pid was recorded
+LEGACY_TEMP_AGE = 24 * 3600  # such folders are removed once this old (no pid to check)
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -103,7 +114,9 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OSError:
         return True
     return True
 
@@ -111,6 +124,53 @@ def _pid_alive(pid: int) -> bool:
 def lock_path(out: str | Path) -> Path:
     out = Path(out)
     return out.parent / f".{out.name}.lock"
+def remove_stale_temps(out: str | Path) -> list[Path]:
+    """Remove temporary folders of ``out`` left by killed writers on this host; returns those removed.
+
+    Only our own naming is touched: .<out>.xlnet-<host>-<pid>-<random>.tmp whose host is this one and whose pid is not
+    running (a live writer's folder is kept), and the older .<out>.<random>.tmp once a day old.
+    """
+    out = Path(out)
+    host = socket.gethostname()
+    removed = []
+    if not out.parent.is_dir():
+        return removed
+    for p in out.parent.glob(glob.escape(f".{out.name}.") + "*.tmp"):
+        rest = p.name[len(out.name) + 1:]
+        stale = False
+        m = _TEMP_RE.fullmatch(rest)
+        if m is not None:
+            stale = m["host"] == host and not _pid_alive(int(m["pid"]))
+        elif _LEGACY_TEMP_RE.fullmatch(rest):
+            with contextlib.suppress(OSError):
+                stale = time.time() - p.stat().st_mtime > LEGACY_TEMP_AGE
+        else:
+            stale = False
+        if stale and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises Terminated (a KeyboardInterrupt): cleanup runs as it does on Ctrl-C.
+
+    A second SIGTERM during that cleanup is ignored. Outside the main thread (signals cannot be set) it does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 @contextlib.contextmanager
@@ -167,7 +227,8 @@ def atomic_output_dir(out: str | Path, overwrite: bool = False, what: str = "res
 
     On any error (including KeyboardInterrupt and a full disk) the temporary directory is removed and ``out`` is left
     as it was: a previous result is replaced only once the new one is complete. ``lock`` holds ``output_lock(out)``
-    for the duration (a caller that already holds it passes False)."""
+    for the duration (a caller that already holds it passes False). Temporary folders of ``out`` left by killed runs
+    are removed first (remove_stale_temps)."""
     with output_lock(out) if lock else contextlib.nullcontext():
         with _atomic_output_dir(out, overwrite, what, tuple(inputs)) as tmp:
             yield tmp
@@ -177,7 +238,9 @@ def atomic_output_dir(out: str | Path, overwrite: bool = False, what: str = "res
 def _atomic_output_dir(out: str | Path, overwrite: bool, what: str, inputs: tuple) -> Iterator[Path]:
     out = check_output_dir(out, overwrite, what, inputs)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    remove_stale_temps(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{TEMP_TAG}-{socket.gethostname()}-{os.getpid()}-",
+                                suffix=".tmp", dir=out.parent))
     try:
         yield tmp
         for p in tmp.rglob("*"):

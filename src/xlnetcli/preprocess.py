@@ -750,8 +750,12 @@ def preprocess(
     overwrite: bool = False,
     workers: int = 1,
     quiet: bool = False,
+    verify: bool = True,
 ) -> dict:
-    """Build records from a shard directory; returns meta.json's content."""
+    """Build records from a shard directory; returns meta.json's content.
+
+    ``verify`` checks every shard file's sha256 against manifest.json first (a flipped byte is refused, naming the
+    file, instead of being trained on)."""
     shards = Path(shards)
     check_output_not_input(out, [shards])
     passes = cfg.data.passes if passes is None else passes
@@ -781,6 +785,10 @@ def preprocess(
     ws_table = word_start_table(tok_dir)
     if len(ws_table) < vocab:
         raise DataError(f"{tok_dir}: tokenizer has {len(ws_table)} pieces, the manifest says {vocab}")
+    if verify:
+        from .shard import verify_shards
+
+        verify_shards(shards, manifest, workers=workers)
 
     L, R = cfg.data.seq_len, cfg.model.reuse_len
     G, mb, bi = cfg.train.global_batch_size, cfg.train.micro_batch_size, cfg.model.bi_data

@@ -46,7 +46,7 @@ from .flops import device_peak_tflops, train_flops
 from .log import console, duration, progress_is_live, step_progress
 from .optim import build_optimizer, lr_factor, set_lr
 from .parallel import parallelize
-from .runlog import MetricsLogger, NullLogger, read_metrics
+from .runlog import MetricsLogger, NullLogger, read_metrics, require_trackers
 
 
 # train.* keys that may change when resuming a run (they do not change what is computed, only how often we
@@ -54,7 +54,7 @@ from .runlog import MetricsLogger, NullLogger, read_metrics
 RESUME_MUTABLE = {
     "train.max_steps", "train.eval_every", "train.eval_batches", "train.save_every", "train.keep_last",
     "train.log_every", "train.compile", "train.activation_checkpointing", "train.distributed", "train.deterministic",
-    "train.peak_tflops",
+    "train.peak_tflops", "train.report_to",
 }
 
 # records meta key -> config key it must agree with
@@ -440,6 +440,7 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     if t.precision == "fp16" and dev.type == "cpu":
         raise ConfigError("train.precision=fp16 needs a CUDA device (use bf16 or fp32 on CPU)")
     start = check_run_dir(cfg, out_dir, resume)
+    require_trackers(t.report_to)
     start = dist.broadcast_object(start)
     tokenizer_dir = data_dir / "tokenizer"
 
@@ -503,7 +504,7 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
             truncate_metrics(out_dir, step)
         save_config(cfg, out_dir)
     dist.barrier()
-    logger = MetricsLogger(out_dir) if main else NullLogger()
+    logger = MetricsLogger(out_dir, t.report_to, cfg) if main else NullLogger()
 
     tokens_per_step = t.global_batch_size * cfg.data.seq_len
     # model FLOPs per token at full memory (flops.py) and the device's peak, for the logged MFU

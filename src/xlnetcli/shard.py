@@ -35,7 +35,7 @@ import numpy as np
 from .corpus import FileStats, ReadStats, expand_inputs, iter_chunks, total_size
 from .errors import DataError, XLNetError
 from .io import (atomic_output_dir, atomic_write_json, check_output_dir, check_output_not_input, is_disk_full,
-                 sha256_file)
+                 sha256_file, sigterm_as_interrupt)
 from .log import byte_progress, console
 from .special import EOD_ID
 from .tokenizer import Tokenizer, normalize_block
@@ -90,7 +90,38 @@ def encode_chunk(tok: Tokenizer, text: str, dtype: np.dtype) -> ChunkResult:
 _WORKER: tuple[Tokenizer, np.dtype] | None = None
 
 
-def _init_worker(model_bytes: bytes, meta: dict[str, Any], dtype: str) -> None:
+def _die_with_parent(parent: int) -> None:
+    """End this worker as soon as its parent dies (SIGKILL, OOM), quietly: no BrokenPipeError traceback later."""
+    import signal
+
+    try:  # Linux: the kernel sends SIGTERM (default action: exit) when the parent dies
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) != 0:
+            raise OSError
+    except (OSError, AttributeError):  # elsewhere: a watcher thread
+        import threading
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(0.2)
+            os._exit(0)
+
+        threading.Thread(target=watch, daemon=True).start()
+    if os.getppid() != parent:  # died before the above took effect
+        os._exit(0)
+
+
+def _init_worker(model_bytes: bytes, meta: dict[str, Any], dtype: str, parent: int | None = None) -> None:
+    import signal
+
+    # The parent handles Ctrl-C / SIGTERM (cleanup) and terminates the pool: workers just stop, without a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if parent is not None:
+        _die_with_parent(parent)
     global _WORKER
     _WORKER = (Tokenizer(model_bytes, meta), np.dtype(dtype))
     _WORKER[0].fix_mask  # noqa: B018 - build the lookup once per worker
@@ -274,11 +305,11 @@ class ShardSummary:
 
 
 def _chunk_stream(files: list[tuple[Path, bool]], stats: ReadStats, chunk_chars: int,
-                  on_bytes) -> Iterator[tuple[str, bool]]:
+                  on_bytes, text_field: str = "text") -> Iterator[tuple[str, bool]]:
     for path, is_valid in files:
         fs = FileStats(path)
         stats.files.append(fs)
-        for text in iter_chunks(path, fs, chunk_chars, on_bytes=on_bytes):
+        for text in iter_chunks(path, fs, chunk_chars, on_bytes=on_bytes, text_field=text_field):
             yield text, is_valid
 
 
@@ -286,8 +317,10 @@ def shard_corpus(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.Pat
                  tokenizer: str | os.PathLike[str] | Tokenizer, *, shards: int = 1, workers: int = 1,
                  valid_fraction: float = 0.0, valid_inputs: Iterable[str | os.PathLike[str]] = (), seed: int = 42,
                  overwrite: bool = False, cfg: Any = None, quiet: bool = False,
-                 chunk_chars: int = CHUNK_CHARS) -> ShardSummary:
-    """Tokenise ``inputs`` into ``shards`` train shards (+ a valid shard) under ``out_dir``; see the module doc."""
+                 chunk_chars: int = CHUNK_CHARS, text_field: str = "text") -> ShardSummary:
+    """Tokenise ``inputs`` into ``shards`` train shards (+ a valid shard) under ``out_dir``; see the module doc.
+
+    Inputs may be text, JSONL, Parquet or datasets folders (corpus.py); ``text_field`` names their text field."""
     if shards < 1:
         raise XLNetError(f"--shards must be >= 1, got {shards}")
     if workers < 1:
@@ -315,7 +348,7 @@ def shard_corpus(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.Pat
     out = Path(out_dir)
     pool = None
     try:
-        with atomic_output_dir(out, overwrite, "shards") as tmp, byte_progress(quiet) as prog:
+        with sigterm_as_interrupt(), atomic_output_dir(out, overwrite, "shards") as tmp, byte_progress(quiet) as prog:
             (tmp / "train").mkdir()
             (tmp / "valid").mkdir()
             train = [_Shard(tmp, "train", i, dtype) for i in range(shards)]
@@ -330,7 +363,7 @@ def shard_corpus(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.Pat
                 n_tok += res.tokens.size
                 prog.update(task, info=f"{n_tok / 1e6:.2f}M tokens")
 
-            chunks = _chunk_stream(all_files, stats, chunk_chars, lambda n: prog.advance(task, n))
+            chunks = _chunk_stream(all_files, stats, chunk_chars, lambda n: prog.advance(task, n), text_field)
             if workers == 1:
                 tok.fix_mask  # noqa: B018
                 for text, is_valid in chunks:
@@ -347,7 +380,8 @@ def shard_corpus(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.Pat
                 # already hold enough work, so N workers = N busy processes (not N helpers + a mostly idle parent
                 # competing for the same cores), and its own serial work (read, assign, write) fills the gaps.
                 helpers = workers - 1
-                pool = ctx.Pool(helpers, initializer=_init_worker, initargs=(tok.model_bytes, tok.meta, dtype.str))
+                pool = ctx.Pool(helpers, initializer=_init_worker,
+                                initargs=(tok.model_bytes, tok.meta, dtype.str, os.getpid()))
                 tok.fix_mask  # noqa: B018
                 pending: collections.deque = collections.deque()  # (AsyncResult | ChunkResult, is_valid), in order
                 in_flight: collections.deque = collections.deque()  # AsyncResults not yet consumed
@@ -490,19 +524,42 @@ def open_shards(shard_dir: str | os.PathLike[str], split: str = "train") -> Iter
         yield tokens, sentid
 
 
-def verify_shards(shard_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Check the sha256 of every shard file against the manifest; returns the manifest (DataError on mismatch)."""
+def verify_shards(shard_dir: str | os.PathLike[str], manifest: dict[str, Any] | None = None,
+                  workers: int = 1) -> dict[str, Any]:
+    """Check the sha256 of every shard file against the manifest; returns the manifest (DataError on mismatch).
+
+    Files are streamed in 1 MiB blocks; with ``workers`` > 1 several files are hashed at once (hashlib releases the
+    GIL). The first corrupted file in manifest order is named.
+    """
     d = Path(shard_dir)
-    m = read_manifest(d)
-    for split, entries in m["splits"].items():
+    m = read_manifest(d) if manifest is None else manifest
+    files: list[tuple[Path, str]] = []
+    for entries in m["splits"].values():
         for e in entries:
             for key, kind in (("tokens_file", "tokens"), ("sentid_file", "sentid")):
                 p = d / e[key]
+                want = e.get("sha256", {}).get(kind) if isinstance(e.get("sha256"), dict) else None
+                if not isinstance(want, str):
+                    raise DataError(f"{d}/manifest.json records no sha256 for {e[key]}; rerun `xlnet shard` "
+                                    "(or pass --no-verify)")
                 if not p.is_file():
                     raise DataError(f"shard file {p} is missing; rerun `xlnet shard`")
-                if sha256_file(p) != e["sha256"][kind]:
-                    raise DataError(f"{p} does not match manifest.json (sha256 differs): corrupted; "
-                                    "rerun `xlnet shard`")
+                files.append((p, want))
+
+    def check(item: tuple[Path, str]) -> None:
+        p, want = item
+        if sha256_file(p) != want:
+            raise DataError(f"{p} does not match manifest.json (sha256 differs): corrupted; rerun `xlnet shard`")
+
+    if workers > 1 and len(files) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(workers, len(files))) as ex:
+            for _ in ex.map(check, files):
+                pass
+    else:
+        for item in files:
+            check(item)
     return m
 
 

@@ -373,16 +373,18 @@ def _default_meta(sha: str) -> dict[str, Any]:
 
 
 def train_tokenizer(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.PathLike[str], tcfg: Any,
-                    overwrite: bool = False, quiet: bool = False, cfg: Any = None) -> Tokenizer:
+                    overwrite: bool = False, quiet: bool = False, cfg: Any = None,
+                    text_field: str = "text") -> Tokenizer:
     """Train a SentencePiece unigram model on normalised lines of ``inputs`` into ``out_dir`` (atomic).
 
     ``tcfg`` is a TokenizerConfig (vocab_size, character_coverage, input_sentence_size, uncased, keep_accents,
-    threads). If ``cfg`` (the full Config) is given, it is written next to the model as config.yaml.
+    threads). If ``cfg`` (the full Config) is given, it is written next to the model as config.yaml. Inputs may be
+    text, JSONL, Parquet or datasets folders (corpus.py); ``text_field`` names their text field.
     """
     import sentencepiece as spm
 
     from .corpus import ReadStats, expand_inputs, iter_lines, total_size
-    from .io import atomic_output_dir, check_output_dir, check_output_not_input
+    from .io import atomic_output_dir, check_output_dir, check_output_not_input, sigterm_as_interrupt
     from .log import byte_progress, console
 
     check_output_dir(out_dir, overwrite, "a tokenizer")
@@ -395,7 +397,7 @@ def train_tokenizer(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.
         raise ConfigError(f"tokenizer.character_coverage must be in (0, 1], got {tcfg.character_coverage}")
     threads = tcfg.threads or (os.cpu_count() or 1)
     stats = ReadStats()
-    with atomic_output_dir(out_dir, overwrite, "a tokenizer") as tmp:
+    with sigterm_as_interrupt(), atomic_output_dir(out_dir, overwrite, "a tokenizer") as tmp:
         # Pass 1: normalise every line into a temporary text file (the trainer reads it; errors surface here).
         fd, norm_path = tempfile.mkstemp(prefix=".normalized.", suffix=".txt", dir=tmp)
         n_lines = 0
@@ -415,7 +417,7 @@ def train_tokenizer(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.
                         n_bytes += len(text)
                     batch.clear()
 
-                for line in iter_lines(files, stats, on_bytes=lambda n: prog.advance(task, n)):
+                for line in iter_lines(files, stats, on_bytes=lambda n: prog.advance(task, n), text_field=text_field):
                     batch.append(line)
                     if len(batch) >= 10000:
                         flush()

@@ -1,0 +1,235 @@
+"""Shards are checked and runs leave nothing behind: preprocess verifies the manifest's sha256 (a flipped byte is
+refused, naming the file); a killed `shard` / `tokenize train` leaves a temporary folder that the next run removes;
+SIGTERM cleans up as Ctrl-C does; a `shard` worker whose parent died exits quietly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from clitools import assert_one_line_error, run_main
+
+from xlnetcli.config import load_config
+from xlnetcli.errors import DataError, Terminated
+from xlnetcli.io import atomic_output_dir, remove_stale_temps, sigterm_as_interrupt
+from xlnetcli.preprocess import preprocess
+from xlnetcli.shard import shard_corpus, verify_shards
+from xlnetcli.tokenizer import train_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.yaml"
+SAMPLE = ROOT / "tests" / "data" / "sample.txt"
+CORPUS = ROOT / "data" / "pydocs" / "corpus.txt"
+SETS = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "data.seq_len=32", "model.reuse_len=16",
+        "data.num_predict=6", "train.global_batch_size=4", "train.micro_batch_size=2", "data.valid_fraction=0.05"]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("safety")
+    cfg = load_config(TINY, SETS)
+    train_tokenizer([SAMPLE], tmp / "tok", cfg.tokenizer, quiet=True)
+    shard_corpus([SAMPLE], tmp / "shards", tmp / "tok", shards=2, valid_fraction=0.05, quiet=True)
+    return tmp / "shards"
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _flip_token(path: Path, at: int, vocab: int) -> None:
+    """Change one token id in place to another id inside the vocabulary (the data still looks plausible)."""
+    arr = np.load(path, mmap_mode="r+")
+    v = int(arr[at])
+    arr[at] = v ^ 1 if (v ^ 1) < vocab else v - 1
+    arr.flush()
+    del arr
+
+
+# ---- manifest sha256 ------------------------------------------------------------------------------------------
+
+
+def test_preprocess_refuses_a_flipped_byte_naming_the_shard(shards, tmp_path, capsys):
+    bad = _copy(shards, tmp_path / "shards")
+    target = bad / "train" / "shard_00001.tokens.npy"
+    _flip_token(target, 200, 1000)
+    args = ["preprocess", "--shards", bad, "--config", TINY, *sum((["--set", s] for s in SETS), [])]
+    code, _, err = run_main(capsys, *args, "--out", tmp_path / "rec")
+    assert_one_line_error(code, err, str(target), "sha256", "rerun `xlnet shard`")
+    assert not (tmp_path / "rec").exists() and not list(tmp_path.glob(".rec.*"))
+    code, _, err = run_main(capsys, *args, "--out", tmp_path / "rec", "--workers", "2")  # hashed in parallel
+    assert_one_line_error(code, err, str(target))
+    # --no-verify: the user takes the data as it is
+    code, out, err = run_main(capsys, *args, "--out", tmp_path / "rec", "--no-verify")
+    assert code == 0, err
+    assert json.loads((tmp_path / "rec" / "meta.json").read_text())["splits"]["train"]["tokens"] > 0
+
+
+def test_verify_names_the_sentence_id_file_and_old_manifests(shards, tmp_path):
+    bad = _copy(shards, tmp_path / "shards")
+    sid = bad / "valid" / "shard_00000.sentid.npy"
+    raw = bytearray(sid.read_bytes())
+    raw[-1] ^= 1
+    sid.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match="shard_00000.sentid.npy does not match manifest.json"):
+        verify_shards(bad)
+    with pytest.raises(DataError, match="valid/shard_00000.sentid.npy"):
+        preprocess(bad, tmp_path / "rec", load_config(TINY, SETS), quiet=True)
+    m = json.loads((bad / "manifest.json").read_text())
+    del m["splits"]["train"][0]["sha256"]
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DataError, match="records no sha256.*--no-verify"):
+        verify_shards(bad)
+    assert verify_shards(shards)["splits"]["train"]  # the untouched shards pass
+
+
+# ---- stale temporary folders ------------------------------------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_remove_stale_temps_only_touches_dead_writers_of_this_host(tmp_path):
+    out = tmp_path / "shards"
+    host = socket.gethostname()
+    dead = tmp_path / f".shards.xlnet-{host}-{_dead_pid()}-abc123_z.tmp"
+    live = tmp_path / f".shards.xlnet-{host}-{os.getpid()}-k2j4h5g6.tmp"
+    other_host = tmp_path / f".shards.xlnet-{host}x-{_dead_pid()}-q1w2e3r4.tmp"
+    other_out = tmp_path / f".shards2.xlnet-{host}-{_dead_pid()}-abcdefgh.tmp"
+    legacy_old, legacy_new = tmp_path / ".shards.h8sk2la0.tmp", tmp_path / ".shards.p0o9i8u7.tmp"
+    not_ours = tmp_path / ".shards.backup.tmp"
+    for d in (dead, live, other_host, other_out, legacy_old, legacy_new, not_ours):
+        (d / "train").mkdir(parents=True)
+        (d / "train" / "x.npy").write_bytes(b"x" * 100)
+    old = time.time() - 2 * 24 * 3600
+    os.utime(legacy_old, (old, old))
+    assert sorted(remove_stale_temps(out)) == sorted([dead, legacy_old])
+    assert not dead.exists() and not legacy_old.exists()
+    for d in (live, other_host, other_out, legacy_new, not_ours):
+        assert d.is_dir(), d
+    with atomic_output_dir(out) as tmp:  # our own name: host and pid inside
+        assert tmp.name.startswith(f".shards.xlnet-{host}-{os.getpid()}-") and tmp.name.endswith(".tmp")
+        (tmp / "f").write_text("x")
+    assert (out / "f").is_file()
+
+
+def _big_corpus(path: Path, copies: int = 15) -> Path:
+    text = CORPUS.read_bytes()
+    with open(path, "wb") as f:
+        for _ in range(copies):
+            f.write(text + b"\n")
+    return path
+
+
+def _env() -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1", XLNET_NO_PROGRESS="1", PYTHONUNBUFFERED="1")
+
+
+def _start(args: list, err_path: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "xlnetcli", *map(str, args)], env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=open(err_path, "wb"))  # noqa: SIM115
+
+
+def _temps(out: Path) -> list[Path]:
+    return list(out.parent.glob(f".{out.name}.*.tmp"))
+
+
+def _wait_for_temp(p: subprocess.Popen, out: Path, after: float = 0.7) -> None:
+    deadline = time.time() + 120
+    while not _temps(out):
+        assert p.poll() is None, "finished before it could be interrupted"
+        assert time.time() < deadline
+        time.sleep(0.05)
+    time.sleep(after)  # well into the work
+    assert p.poll() is None, "finished before it could be interrupted"
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("big")
+    cfg = load_config(TINY, SETS)
+    train_tokenizer([SAMPLE], tmp / "tok", cfg.tokenizer, quiet=True)
+    return _big_corpus(tmp / "big.txt"), tmp / "tok"
+
+
+def _command(kind: str, big: tuple[Path, Path], out: Path) -> list:
+    corpus, tok = big
+    if kind == "shard":
+        return ["shard", corpus, "--tokenizer", tok, "--out", out, "--workers", "2", "--quiet"]
+    return ["tokenize", "train", corpus, "--out", out, "--vocab-size", "1000", "--threads", "1", "--quiet"]
+
+
+@pytest.mark.parametrize("kind", ["shard", "tokenize"])
+def test_sigkill_leaves_a_temp_that_the_next_run_removes(kind, big, tmp_path):
+    out = tmp_path / "out"
+    p = _start(_command(kind, big, out), tmp_path / "err1")
+    _wait_for_temp(p, out)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    time.sleep(0.5)  # a shard worker ends with its parent
+    left = _temps(out)
+    assert len(left) == 1 and not out.exists()  # what the issue saw: a hidden temp folder, no output
+    corpus = big[0]
+    small = tmp_path / "small.txt"
+    small.write_bytes(CORPUS.read_bytes()[:400_000])
+    args = [a if a != corpus else small for a in _command(kind, big, out)]
+    r = subprocess.run([sys.executable, "-m", "xlnetcli", *map(str, args)], env=_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert _temps(out) == [] and out.is_dir()
+
+
+@pytest.mark.parametrize("kind", ["shard", "tokenize"])
+def test_sigterm_cleans_up_like_ctrl_c(kind, big, tmp_path):
+    out = tmp_path / "out"
+    p = _start(_command(kind, big, out), tmp_path / "err")
+    _wait_for_temp(p, out)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=60) == 128 + signal.SIGTERM
+    err = (tmp_path / "err").read_text()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines == ["xlnet: terminated (SIGTERM); partial output removed"], err
+    assert _temps(out) == [] and not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_shard_worker_whose_parent_died_exits_quietly(big, tmp_path):
+    out = tmp_path / "out"
+    p = _start(_command("shard", big, out), tmp_path / "err")
+    _wait_for_temp(p, out, after=1.0)
+    children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
+    kids = [int(k) for k in children.read_text().split()] if children.exists() else []
+    p.send_signal(signal.SIGKILL)  # the parent only: its workers are orphaned mid-chunk
+    p.wait()
+    deadline = time.time() + 20
+    while any(Path(f"/proc/{k}").exists() and "Z" not in Path(f"/proc/{k}/stat").read_text().split()[2]
+              for k in kids if Path(f"/proc/{k}/stat").exists()):
+        assert time.time() < deadline, "a worker outlived its parent"
+        time.sleep(0.1)
+    time.sleep(0.3)
+    err = (tmp_path / "err").read_text()
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_sigterm_as_interrupt_in_process(tmp_path):
+    out = tmp_path / "o"
+    with pytest.raises(Terminated), sigterm_as_interrupt(), atomic_output_dir(out) as tmp:
+        (tmp / "part").write_text("x")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+    assert not out.exists() and not list(tmp_path.iterdir())
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # restored
