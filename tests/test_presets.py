@@ -65,6 +65,10 @@ def test_wheel_ships_the_presets_and_runs_them_without_a_checkout(tmp_path):
                              capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         assert yaml.safe_load(out.stdout) == config_to_dict(load_config(name))
+    # without a checkout there is no bundled corpus: tokenize train without inputs says what to pass, in one line
+    out = subprocess.run([sys.executable, "-m", "xlnetcli", "tokenize", "train", "--out", "tok", "--config", "tiny"],
+                         cwd=empty, env=run_env, capture_output=True, text=True)
+    assert_one_line_error(out.returncode, out.stderr, "no input files given", "source checkout")
     assert list(empty.iterdir()) == []
 
 
