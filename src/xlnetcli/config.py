@@ -25,10 +25,6 @@ import yaml
 
 from .errors import ConfigError
 
-INT32_MAX = 2**31 - 1  # SentencePiece keeps sizes in int32 fields
-SEED_MAX = 2**32 - 1  # numpy's seed range (torch accepts it too)
-
-
 @dataclass(frozen=True)
 class Range:
     """An interval of allowed values, written as in maths: "[0, 1)", "(0, inf)", "[1, inf)". NaN is never inside."""
@@ -61,7 +57,9 @@ def _num(x: float, integer: bool) -> str:
 
 
 def ranged(default: Any, spec: str) -> Any:
-    """A numeric field with its allowed range: ``lr: float = ranged(4e-4, "(0, inf)")`` (tuples: every element)."""
+    """A numeric field with its allowed range: ``lr: float = ranged(4e-4, "(0, inf)")`` (tuples: every element).
+    Bounds used below: 2147483647 = 2**31 - 1 (SentencePiece keeps sizes in int32), 4294967295 = 2**32 - 1 (the
+    seed range numpy accepts)."""
     return field(default=default, metadata={"range": Range.parse(spec)})
 
 
@@ -295,7 +293,7 @@ def check_value(f: dataclasses.Field, value: Any, key: str) -> None:
     if rng is None or value is None:
         return
     for i, v in enumerate(value) if isinstance(value, tuple) else [(None, value)]:
-        if v not in rng:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v not in rng:
             name = key if i is None else f"{key}[{i}]"
             raise ConfigError(f"{name} must be {rng.describe(isinstance(v, int))}, got {short(v)}")
 
