@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "demo"
 CORPUS = "data/pydocs/corpus.txt"
 TASK_TRAIN, TASK_VALID = "data/pydocs/task_train.tsv", "data/pydocs/task_valid.tsv"
-CONFIG = "configs/tiny.yaml"
+CONFIG = "tiny"  # the packaged preset (src/xlnetcli/presets/tiny.yaml)
 XLNET = str(Path(sys.executable).with_name("xlnet"))
 
 

@@ -152,8 +152,132 @@ def _case(work, name):
         "export-missing": (["export", bad / "nockpt", "--out", out], "nockpt"),
         "import-not-hf": (["import", "--from-hf", w / "tok", "--out", out], "config.json"),
     }
+    cases.update(_value_and_usage_cases(w, bad, out, text))
     args, expect = cases[name]
     return args, out, expect
+
+
+# "billion laughs": 9 levels of 9 aliases, a few hundred bytes that expand to 9**9 values
+BOMB = "tokenizer:\n  threads: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+    f"  k{i}: &b{i} [{', '.join([f'*{prev}'] * 9)}]\n" for i, prev in enumerate(["a"] + [f"b{j}" for j in range(7)]))
+
+
+def _value_and_usage_cases(w: Path, bad: Path, out: Path, text) -> dict:
+    """Bad config values (every section, from --set and from files), --set keys a command does not read, and click
+    usage errors: each must be one `xlnet: error:` line naming the key or option and what is allowed."""
+    cfg = w / "small.yaml"
+    rec, pre, ft = w / "records", w / "pre", w / "ft"
+    pretrain = ["pretrain", "--config", cfg, "--data", rec, "--out", out]
+    tok = ["tokenize", "train", SAMPLE, "--out", out]
+    shard = ["shard", SAMPLE, "--tokenizer", w / "tok", "--out", out]
+    prep = ["preprocess", "--shards", w / "shards", "--out", out, "--config", cfg]
+    fine = ["finetune", "--task", "classification", "--train", w / "train.tsv", "--init", pre, "--out", out,
+            "--config", cfg]
+    return {
+        # --- config values, via --set (each names the key and the allowed range)
+        "pre-lr-nan": ([*pretrain, "--set", "train.lr=.nan"], "train.lr must be a finite number > 0, got nan"),
+        "pre-lr-inf": ([*pretrain, "--set", "train.lr=inf"], "train.lr must be a finite number > 0, got inf"),
+        "pre-adam-betas": ([*pretrain, "--set", "train.adam_betas=[0.9, 1.0]"], "train.adam_betas[1] must be in [0, 1)"),
+        "pre-adam-eps-negative": ([*pretrain, "--set", "train.adam_eps=-1e-6"], "train.adam_eps must be"),
+        "pre-layer-norm-eps": ([*pretrain, "--set", "model.layer_norm_eps=-1e-12"], "model.layer_norm_eps must be in"),
+        "pre-seed-negative": ([*pretrain, "--set", "train.seed=-1"], "train.seed must be in [0, 4294967295]"),
+        "pre-weight-decay": ([*pretrain, "--set", "train.weight_decay=-0.01"], "train.weight_decay must be"),
+        "pre-save-every": ([*pretrain, "--set", "train.save_every=-1"], "train.save_every must be >= 0"),
+        "pre-clip-norm-inf": ([*pretrain, "--set", "train.clip_norm=inf"], "train.clip_norm must be a finite"),
+        "pre-min-lr-ratio": ([*pretrain, "--set", "train.min_lr_ratio=2"], "train.min_lr_ratio must be in [0, 1]"),
+        "pre-warmup-over-max": ([*pretrain, "--set", "train.warmup_steps=10"], "train.warmup_steps"),
+        "pre-keep-last-zero": ([*pretrain, "--set", "train.keep_last=0"], "train.keep_last must be >= 1"),
+        "pre-eval-batches": ([*pretrain, "--set", "train.eval_batches=0"], "train.eval_batches must be >= 1"),
+        "pre-log-every": ([*pretrain, "--set", "train.log_every=0"], "train.log_every must be >= 1"),
+        "pre-peak-tflops": ([*pretrain, "--set", "train.peak_tflops=-1"], "train.peak_tflops must be"),
+        "pre-init-range-nan": ([*pretrain, "--set", "model.initializer_range=.nan"], "model.initializer_range"),
+        "pre-mem-len": ([*pretrain, "--set", "model.mem_len=-1"], "model.mem_len must be >= 0"),
+        "pre-clamp-len": ([*pretrain, "--set", "model.clamp_len=-2"], "model.clamp_len must be >= -1"),
+        "pre-dropout-one": ([*pretrain, "--set", "model.dropout=1"], "model.dropout must be in [0, 1)"),
+        "pre-n-head-zero": ([*pretrain, "--set", "model.n_head=0"], "model.n_head must be >= 1"),
+        "pre-max-steps-zero": ([*pretrain, "--set", "train.max_steps=0"], "train.max_steps must be >= 1"),
+        "pre-set-finetune": ([*pretrain, "--set", "finetune.lr=1e-5"], "xlnet pretrain reads tokenizer.*"),
+        "pre-resume-word": (["pretrain", "--data", rec, "--out", pre, "--resume", "first"], "--resume takes"),
+        "pre-config-folder": (["pretrain", "--config", w / "tok", "--data", rec, "--out", out], "is a folder"),
+        "pre-config-unknown": (["pretrain", "--config", "tinyy", "--data", rec, "--out", out],
+                               "tiny, base, large, glue, squad, race"),
+        "pre-missing-data-option": (["pretrain", "--config", cfg, "--out", out], "Missing option '--data'"),
+        # --- tokenizer values (SentencePiece's own limits, checked before it runs)
+        "tok-threads-negative": ([*tok, "--threads", "-1"], "tokenizer.threads must be in [0, 1024]"),
+        "tok-threads-too-many": ([*tok, "--threads", "5000"], "tokenizer.threads must be in [0, 1024]"),
+        "tok-vocab-int-range": ([*tok, "--vocab-size", "3000000000"], "tokenizer.vocab_size must be in [9, 2147483647]"),
+        "tok-input-sentence-size": ([*tok, "--input-sentence-size", "-1"], "tokenizer.input_sentence_size"),
+        "tok-character-coverage": ([*tok, "--character-coverage", "0.5"], "character_coverage must be in [0.98, 1]"),
+        "tok-set-other-section": ([*tok, "--set", "train.lr=1"], "xlnet tokenize train reads tokenizer.*"),
+        "tok-vocab-abc": ([*tok, "--vocab-size", "abc"], "Invalid value for '--vocab-size'"),
+        "tok-missing-out": (["tokenize", "train", SAMPLE], "Missing option '--out'"),
+        "tok-set-no-section": ([*tok, "--set", "lr=1"], "expected section.key=value"),
+        "tok-set-huge-value": ([*tok, "--set", "tokenizer.uncased=" + "x" * 100_000], "tokenizer.uncased"),
+        # --- config files
+        "config-alias-bomb": ([*tok, "--config", text("bomb.yaml", BOMB)], "aliases"),
+        "config-alias-in-set": ([*tok, "--set", "tokenizer.threads=[&a 1, *a]"], "aliases"),
+        "config-not-a-mapping": ([*tok, "--config", text("list.yaml", "- 1\n- 2\n")], "mapping"),
+        "config-unknown-section": ([*tok, "--config", text("sec.yaml", "tokeniser:\n  threads: 1\n")],
+                                   "unknown section 'tokeniser'"),
+        "config-file-value": ([*tok, "--config", text("v.yaml", "tokenizer:\n  threads: -1\n")],
+                              "v.yaml: tokenizer.threads must be in [0, 1024]"),
+        "config-binary-file": ([*tok, "--config", text("b.yaml", b"\xff\xfe\x00garbage")], "not valid YAML"),
+        "config-show-unknown": (["config", "show", "nope"], "nor a preset name"),
+        "config-show-bad-set": (["config", "show", "tiny", "--set", "train.lr=-1"], "--set train.lr=-1"),
+        "config-show-folder": (["config", "show", bad], "is a folder"),
+        "config-show-bomb": (["config", "show", text("bomb2.yaml", BOMB)], "aliases"),
+        # --- tokenize encode
+        "encode-neither": (["tokenize", "encode", "--tokenizer", w / "tok"], "pass either --text"),
+        "encode-missing-tokenizer-option": (["tokenize", "encode", "--text", "hi"], "Missing option '--tokenizer'"),
+        # --- shard
+        "shard-shards-abc": ([*shard, "--shards", "abc"], "'abc' is not a valid integer"),
+        "shard-shards-zero": ([*shard, "--shards", "0"], "--shards"),
+        "shard-too-many-shards": ([*shard, "--shards", str(_beyond_open_file_limit())], "open files"),
+        "shard-workers-zero": ([*shard, "--workers", "0"], "--workers"),
+        "shard-valid-fraction": ([*shard, "--valid-fraction", "1.5"], "--valid-fraction"),
+        "shard-seed-negative": ([*shard, "--seed", "-1"], "--seed"),
+        "shard-missing-tokenizer": (["shard", SAMPLE, "--out", out], "Missing option '--tokenizer'"),
+        "shard-set-model": ([*shard, "--set", "model.d_model=64"], "xlnet shard reads data.*"),
+        "shard-unknown-option": ([*shard, "--foo"], "No such option"),
+        "shard-valid-and-fraction": ([*shard, "--valid", SAMPLE, "--valid-fraction", "0.1"], "not both"),
+        "shard-data-seed": ([*shard, "--set", "data.seed=-5"], "data.seed must be in [0, 4294967295]"),
+        # --- preprocess
+        "prep-passes-zero": ([*prep, "--passes", "0"], "--passes"),
+        "prep-workers-abc": ([*prep, "--workers", "abc"], "--workers"),
+        "prep-mask-mode": ([*prep, "--mask-mode", "nope"], "'nope' is not one of"),
+        "prep-set-finetune": ([*prep, "--set", "finetune.lr=1"], "xlnet preprocess reads"),
+        "prep-perm-size-zero": ([*prep, "--set", "data.perm_size=0"], "data.perm_size must be >= 1"),
+        "prep-mask-beta-zero": ([*prep, "--set", "data.mask_beta=0"], "data.mask_beta must be >= 1"),
+        "prep-valid-fraction": ([*prep, "--set", "data.valid_fraction=1"], "data.valid_fraction must be in [0, 1)"),
+        # --- finetune
+        "ft-set-train-lr": ([*fine, "--set", "train.lr=1e-3"], "did you mean finetune.lr?"),
+        "ft-max-steps-negative": ([*fine, "--set", "finetune.max_steps=-1"], "finetune.max_steps must be >= 0"),
+        "ft-layer-decay-zero": ([*fine, "--set", "finetune.layer_decay=0"], "finetune.layer_decay must be in (0, 1]"),
+        "ft-epochs-zero": ([*fine, "--set", "finetune.epochs=0"], "finetune.epochs must be"),
+        "ft-lr-nan": ([*fine, "--set", "finetune.lr=nan"], "finetune.lr must be a finite number > 0"),
+        "ft-doc-stride-zero": ([*fine, "--set", "finetune.doc_stride=0"], "finetune.doc_stride must be >= 1"),
+        "ft-warmup-ratio": ([*fine, "--set", "finetune.warmup_ratio=1"], "finetune.warmup_ratio must be in [0, 1)"),
+        "ft-task-unknown": (["finetune", "--task", "nope", "--train", w / "train.tsv", "--init", pre, "--out", out],
+                            "'nope' is not one of"),
+        "ft-missing-init": (["finetune", "--task", "classification", "--train", w / "train.tsv", "--out", out],
+                            "Missing option '--init'"),
+        "ft-preset-unknown": ([*fine[:-1], "gluee"], "nor a preset name"),
+        # --- eval / export / import / plot / the command itself
+        "eval-batches-zero": (["eval", pre, "--data", rec, "--batches", "0"], "--batches"),
+        "eval-batch-size-abc": (["eval", ft, "--file", w / "train.tsv", "--batch-size", "abc"], "--batch-size"),
+        "eval-missing-checkpoint": (["eval"], "Missing argument"),
+        "export-format": (["export", pre, "--format", "onnx", "--out", out], "--format"),
+        "import-missing-out": (["import", "--from-hf", pre], "Missing option '--out'"),
+        "plot-missing-run": (["plot", bad / "norun"], "norun"),
+        "usage-unknown-command": (["pretrian", "--data", rec], "No such command 'pretrian'"),
+    }
+
+
+def _beyond_open_file_limit() -> int:
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return 10**9 if hard == resource.RLIM_INFINITY else hard  # 2 files a shard: always over the hard limit
 
 
 def _corrupt_tokenizer(w: Path, bad: Path) -> Path:
@@ -231,6 +355,29 @@ CASES = [
     "ft-missing-column", "ft-empty-train", "ft-unseen-label", "ft-not-a-checkpoint", "ft-nan-weights",
     "eval-nothing-to-score", "eval-missing-file", "eval-nan-weights", "export-missing", "import-not-hf",
 ]
+VALUE_AND_USAGE_CASES = [
+    "pre-lr-nan", "pre-lr-inf", "pre-adam-betas", "pre-adam-eps-negative", "pre-layer-norm-eps", "pre-seed-negative",
+    "pre-weight-decay", "pre-save-every", "pre-clip-norm-inf", "pre-min-lr-ratio", "pre-warmup-over-max",
+    "pre-keep-last-zero", "pre-eval-batches", "pre-log-every", "pre-peak-tflops", "pre-init-range-nan", "pre-mem-len",
+    "pre-clamp-len", "pre-dropout-one", "pre-n-head-zero", "pre-max-steps-zero", "pre-set-finetune",
+    "pre-resume-word", "pre-config-folder", "pre-config-unknown", "pre-missing-data-option",
+    "tok-threads-negative", "tok-threads-too-many", "tok-vocab-int-range", "tok-input-sentence-size",
+    "tok-character-coverage", "tok-set-other-section", "tok-vocab-abc", "tok-missing-out", "tok-set-no-section",
+    "tok-set-huge-value",
+    "config-alias-bomb", "config-alias-in-set", "config-not-a-mapping", "config-unknown-section", "config-file-value",
+    "config-binary-file", "config-show-unknown", "config-show-bad-set", "config-show-folder", "config-show-bomb",
+    "encode-neither", "encode-missing-tokenizer-option",
+    "shard-shards-abc", "shard-shards-zero", "shard-too-many-shards", "shard-workers-zero", "shard-valid-fraction",
+    "shard-seed-negative", "shard-missing-tokenizer", "shard-set-model", "shard-unknown-option",
+    "shard-valid-and-fraction", "shard-data-seed",
+    "prep-passes-zero", "prep-workers-abc", "prep-mask-mode", "prep-set-finetune", "prep-perm-size-zero",
+    "prep-mask-beta-zero", "prep-valid-fraction",
+    "ft-set-train-lr", "ft-max-steps-negative", "ft-layer-decay-zero", "ft-epochs-zero", "ft-lr-nan",
+    "ft-doc-stride-zero", "ft-warmup-ratio", "ft-task-unknown", "ft-missing-init", "ft-preset-unknown",
+    "eval-batches-zero", "eval-batch-size-abc", "eval-missing-checkpoint", "export-format", "import-missing-out",
+    "plot-missing-run", "usage-unknown-command",
+]
+CASES += VALUE_AND_USAGE_CASES
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -244,12 +391,13 @@ def test_bad_input_is_one_line_and_leaves_nothing(work, name, capsys):
     errors = [ln for ln in lines if ln.startswith("xlnet: error:")]
     assert len(errors) == 1, f"{name}: expected one error line, got:\n{err}"
     assert expect.lower() in errors[0].lower(), f"{name}: {errors[0]!r} does not mention {expect!r}"
+    assert code == 2 and len(errors[0]) < 600, f"{name}: exit {code}, {len(errors[0])} characters"
     after = _snapshot(out.parent)
     assert after == before, f"{name}: left output behind: {sorted(after - before)}"
 
 
 def test_sweep_is_wide():
-    assert len(CASES) >= 25
+    assert len(CASES) >= 100 and len(set(CASES)) == len(CASES)
     commands = {c.split("-")[0] for c in CASES}
     assert {"tok", "encode", "shard", "prep", "pre", "ft", "eval", "export", "import", "config"} <= commands
 
@@ -260,3 +408,19 @@ def test_gzip_input_works(work, tmp_path, capsys):
     gz.write_bytes(gzip.compress(SAMPLE.read_bytes()))
     code, _, err = run_cli(["shard", gz, "--tokenizer", work / "tok", "--out", tmp_path / "s", "--quiet"], capsys)
     assert code == 0, err
+
+
+def test_resume_without_the_run_config_uses_the_latest_checkpoints(work, tmp_path, capsys):
+    """Every step folder carries the run's config: a deleted run-level config.yaml does not block --resume."""
+    run = tmp_path / "run"
+    shutil.copytree(work / "pre", run)
+    (run / "config.yaml").unlink()
+    code, _, err = run_cli(["pretrain", "--data", work / "records", "--out", run], capsys)  # not a fresh start
+    assert code == 2 and "already holds a pretraining run" in err and "--resume" in err
+    code, _, err = run_cli(["pretrain", "--data", work / "records", "--out", run, "--resume", "--set",
+                            "train.max_steps=3", "--quiet"], capsys)
+    assert code == 0, err
+    assert (run / "step_0000003" / "model.safetensors").is_file()
+    restored = yaml.safe_load((run / "config.yaml").read_text())  # the run's config is back, as it was
+    assert restored == yaml.safe_load((run / "step_0000003" / "config.yaml").read_text())
+    assert {k: restored["model"][k] for k in SMALL["model"]} == SMALL["model"] and restored["train"]["max_steps"] == 3

@@ -1,18 +1,42 @@
+import dataclasses
+import time
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
 
-from xlnetcli.config import Config, config_to_dict, load_config, save_config
+from xlnetcli.config import (
+    COMMAND_SECTIONS,
+    PRESETS,
+    SECTIONS,
+    Config,
+    check_override_sections,
+    config_to_dict,
+    load_config,
+    preset_path,
+    save_config,
+)
 from xlnetcli.errors import ConfigError
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))
+ROOT = Path(__file__).resolve().parents[1]
+PRESET_DIR = ROOT / "src" / "xlnetcli" / "presets"
+SHIPPED = sorted(PRESET_DIR.rglob("*.yaml"))
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
-def test_every_shipped_yaml_loads_and_round_trips(path, tmp_path):
-    cfg = load_config(path)
-    assert isinstance(cfg, Config)
+def test_every_shipped_yaml_is_a_named_preset():
+    assert {p.relative_to(PRESET_DIR).as_posix() for p in SHIPPED} == set(PRESETS.values())
+    for name in PRESETS:
+        assert preset_path(name).resolve() in {p.resolve() for p in SHIPPED}
+    # configs/ in the repository is the same folder (a link), not a second copy that could drift
+    assert (ROOT / "configs").resolve() == PRESET_DIR.resolve()
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_shipped_yaml_loads_and_round_trips(name, tmp_path):
+    path = preset_path(name)
+    cfg = load_config(name)
+    assert isinstance(cfg, Config) and cfg == load_config(path) == load_config(ROOT / "configs" / PRESETS[name])
     saved = save_config(cfg, tmp_path)
     assert load_config(saved) == cfg
     # every key written in the file is taken literally (no silent defaults hide a typo)
@@ -25,12 +49,13 @@ def test_every_shipped_yaml_loads_and_round_trips(path, tmp_path):
 
 
 def test_paper_sizes():
-    base, large = load_config(CONFIGS[0].parent / "base.yaml"), load_config(CONFIGS[0].parent / "large.yaml")
+    base, large = load_config("base"), load_config("large")
     assert (base.model.n_layer, base.model.d_model, base.model.n_head, base.model.d_inner) == (12, 768, 12, 3072)
     assert (large.model.n_layer, large.model.d_model, large.model.n_head, large.model.d_inner) == (24, 1024, 16, 4096)
     for c in (base, large):
         assert (c.data.seq_len, c.model.reuse_len, c.model.mem_len, c.data.num_predict) == (512, 256, 384, 85)
         assert c.train.lr == 4e-4 and c.train.adam_eps == 1e-6 and c.train.warmup_steps == 40_000
+    assert load_config("squad").finetune.layer_decay == 0.75
 
 
 def test_overrides_are_typed():
@@ -38,6 +63,83 @@ def test_overrides_are_typed():
                              "data.perm_size=128", "model.reuse_len=256"])
     assert cfg.train.lr == 1e-3 and cfg.model.bi_data is False and cfg.train.adam_betas == (0.9, 0.98)
     assert cfg.perm_size == 128
+
+
+def test_one_vocabulary_override_sets_both():
+    assert load_config("tiny", ["tokenizer.vocab_size=1000"]).model.vocab_size == 1000
+    assert load_config("tiny", ["model.vocab_size=900"]).tokenizer.vocab_size == 900
+    with pytest.raises(ConfigError, match=r"must equal model.vocab_size"):
+        load_config("tiny", ["tokenizer.vocab_size=1000", "model.vocab_size=900"])
+
+
+# ---- every number has a declared range --------------------------------------------------------------------------
+
+
+def _numeric_fields():
+    for section, cls in SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            tp = hints[f.name]
+            args = typing.get_args(tp)
+            if tp in (int, float) or int in args or float in args:
+                yield section, f
+
+
+@pytest.mark.parametrize("section, f", list(_numeric_fields()), ids=lambda x: getattr(x, "name", x))
+def test_every_numeric_field_declares_a_range_that_holds_its_default(section, f):
+    rng = f.metadata.get("range")
+    assert rng is not None, f"{section}.{f.name} has no declared range"
+    default = f.default
+    for v in default if isinstance(default, tuple) else [default]:
+        assert v is None or v in rng, f"{section}.{f.name}: default {v} outside {rng}"
+    # the range is enforced at load, with the key and the range in the message
+    bad = rng.lo - 1 if rng.lo_closed else rng.lo
+    tp = typing.get_type_hints(SECTIONS[section])[f.name]
+    text = str(int(bad)) if int in (tp, *typing.get_args(tp)) else repr(float(bad))
+    text = f"[{text}, {text}]" if isinstance(default, tuple) else text
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"{section}.{f.name}={text}"])
+    assert f"{section}.{f.name}" in str(e.value) and "must be" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.lr=.nan", "train.lr must be a finite number > 0, got nan"),
+        ("train.lr=inf", "train.lr must be a finite number > 0, got inf"),
+        ("train.lr=-1e-4", "train.lr must be a finite number > 0"),
+        ("train.adam_betas=[0.9, 1.0]", "train.adam_betas[1] must be in [0, 1), got 1.0"),
+        ("train.adam_betas=[-0.1, 0.99]", "train.adam_betas[0] must be in [0, 1)"),
+        ("train.adam_eps=-1e-8", "train.adam_eps must be a finite number > 0"),
+        ("model.layer_norm_eps=-1e-12", "model.layer_norm_eps must be in (0, 1)"),
+        ("train.seed=-1", "train.seed must be in [0, 4294967295], got -1"),
+        ("data.seed=4294967296", "data.seed must be in [0, 4294967295]"),
+        ("finetune.seed=-3", "finetune.seed must be in [0, 4294967295]"),
+        ("tokenizer.vocab_size=3000000000", "tokenizer.vocab_size must be in [9, 2147483647]"),
+        ("tokenizer.input_sentence_size=-1", "tokenizer.input_sentence_size must be in [0, 2147483647]"),
+        ("tokenizer.threads=-1", "tokenizer.threads must be in [0, 1024]"),
+        ("tokenizer.character_coverage=0.5", "tokenizer.character_coverage must be in [0.98, 1]"),
+        ("finetune.max_steps=-1", "finetune.max_steps must be >= 0"),
+        ("train.weight_decay=-0.01", "train.weight_decay must be a finite number >= 0"),
+        ("finetune.weight_decay=-0.01", "finetune.weight_decay must be a finite number >= 0"),
+        ("train.save_every=-1", "train.save_every must be >= 0"),
+        ("train.eval_every=-5", "train.eval_every must be >= 0"),
+        ("train.clip_norm=.inf", "train.clip_norm must be a finite number >= 0"),
+        ("model.clamp_len=-2", "model.clamp_len must be >= -1"),
+        ("model.initializer_range=0", "model.initializer_range must be a finite number > 0"),
+        ("finetune.layer_decay=0", "finetune.layer_decay must be in (0, 1]"),
+        ("finetune.epochs=0", "finetune.epochs must be a finite number > 0"),
+        ("finetune.warmup_ratio=1", "finetune.warmup_ratio must be in [0, 1)"),
+        ("train.min_lr_ratio=1.5", "train.min_lr_ratio must be in [0, 1]"),
+        ("data.valid_fraction=-0.1", "data.valid_fraction must be in [0, 1)"),
+        ("train.peak_tflops=-1", "train.peak_tflops must be a finite number >= 0"),
+        ("model.dropout=1.5", "model.dropout must be in [0, 1)"),
+    ],
+)
+def test_out_of_range_values_name_the_key_and_the_range(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert str(e.value) == f"--set {override}: {message}" or str(e.value).startswith(f"--set {override}: {message}")
 
 
 @pytest.mark.parametrize(
@@ -56,23 +158,106 @@ def test_overrides_are_typed():
         (["lr=1"], "expected section.key=value"),
     ],
 )
-def test_bad_values_name_the_key_and_file(overrides, message, tmp_path):
+def test_a_bad_override_is_reported_as_the_override(overrides, message, tmp_path):
+    """The file is fine: the message blames the --set item (never the file), and names the file it was applied to."""
     path = tmp_path / "my.yaml"
     path.write_text("model:\n  d_model: 768\n")
     with pytest.raises(ConfigError) as e:
         load_config(path, overrides)
-    assert message in str(e.value)
-    assert "\n" not in str(e.value)
-    if overrides[0] != "lr=1":
-        assert str(path) in str(e.value)
+    msg = str(e.value)
+    assert message in msg and "\n" not in msg
+    assert msg.startswith("--set "), msg
+    assert any(o in msg.split(":")[0] for o in overrides), msg
+    assert not msg.startswith(str(path))
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("train:\n  lr: .nan\n", "train.lr must be a finite number > 0"),
+        ("train:\n  adam_betas: [0.9, 1.5]\n", "train.adam_betas[1] must be in [0, 1)"),
+        ("model:\n  reuse_len: 1000\n", "model.reuse_len (1000) must be <= data.seq_len"),
+        ("model:\n  nope: 1\n", "unknown key model.nope"),
+        ("- 1\n- 2\n", "mapping"),
+    ],
+)
+def test_a_bad_file_value_is_reported_against_the_file(content, message, tmp_path):
+    path = tmp_path / "my.yaml"
+    path.write_text(content)
+    with pytest.raises(ConfigError) as e:
+        load_config(path, ["train.lr=1e-3"])  # a valid override does not take the blame
+    assert str(e.value).startswith(f"{path}: ") and message in str(e.value)
 
 
 def test_bad_yaml_files(tmp_path):
     (tmp_path / "a.yaml").write_text("model: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(tmp_path / "a.yaml")
-    with pytest.raises(ConfigError, match="config file not found"):
+    with pytest.raises(ConfigError, match="config file not found") as e:
         load_config(tmp_path / "missing.yaml")
+    assert all(name in str(e.value) for name in PRESETS)  # the names it could have been
+    with pytest.raises(ConfigError, match="is a folder") as e:
+        load_config(tmp_path)
+    assert "tiny" in str(e.value)
     (tmp_path / "b.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(tmp_path / "b.yaml")
+
+
+# ---- hostile YAML -------------------------------------------------------------------------------------------------
+
+BOMB = """train:
+  lr: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+  b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+  c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+  d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+  e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+  f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+  g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+  h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+  i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
+  seed: [*i,*i,*i,*i,*i,*i,*i,*i,*i]
+"""
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BOMB)
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert time.perf_counter() - t0 < 1.0
+    assert "aliases" in str(e.value) and "line 2" in str(e.value) and len(str(e.value)) < 300
+    with pytest.raises(ConfigError, match="aliases"):
+        load_config(None, ["train.adam_betas=[&x 0.9, *x]"])
+
+
+def test_unbounded_values_are_cut_in_messages():
+    nested: list = ["lol"] * 9
+    for _ in range(8):  # 9**9 leaves if printed in full
+        nested = [nested] * 9
+    from xlnetcli.config import config_from_dict
+
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"train": {"seed": nested}})
+    assert time.perf_counter() - t0 < 1.0 and len(str(e.value)) < 200
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["train.lr=" + "x" * 100_000])
+    assert len(str(e.value)) < 300
+
+
+# ---- --set keys a command does not read --------------------------------------------------------------------------
+
+
+def test_override_of_an_unused_section_is_refused_with_a_hint():
+    with pytest.raises(ConfigError) as e:
+        check_override_sections(["finetune.lr=1e-5", "train.lr=1e-3"], "finetune")
+    assert str(e.value) == ("--set train.lr=1e-3: xlnet finetune reads finetune.*; train.lr is not used; "
+                            "did you mean finetune.lr?")
+    with pytest.raises(ConfigError, match=r"xlnet shard reads data\.\*; model\.d_model is not used$"):
+        check_override_sections(["model.d_model=64"], "shard")
+    with pytest.raises(ConfigError, match=r"tokenize train reads tokenizer\.\*; train\.seed is not used$"):
+        check_override_sections(["train.seed=1"], "tokenize train")
+    check_override_sections(["model.d_model=64", "train.lr=1", "data.seed=1", "tokenizer.threads=1"], "pretrain")
+    assert set(COMMAND_SECTIONS["config show"]) == set(SECTIONS)

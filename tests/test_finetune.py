@@ -386,7 +386,7 @@ def test_eval_pretrained_checkpoint_on_records(work, tmp_path, capsys):
     sets = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", "tokenizer.vocab_size=2000",
             "--set", "model.vocab_size=2000", "--set", "data.valid_fraction=0.05"]
     for argv in (["shard", str(SAMPLE), "--tokenizer", str(work / "tok"), "--out", str(tmp_path / "shards"),
-                  "--quiet", *sets],
+                  "--quiet", "--set", "data.valid_fraction=0.05"],
                  ["preprocess", "--shards", str(tmp_path / "shards"), "--out", str(tmp_path / "rec"), *sets]):
         with pytest.raises(SystemExit) as e:
             main(argv)

@@ -132,8 +132,7 @@ def test_outputs_that_are_or_hold_an_input_are_refused_and_the_input_survives(pi
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     shutil.copy(SAMPLE, corpus / "a.txt")
-    proc = _xlnet("tokenize", "train", corpus, "--out", corpus, "--overwrite", "--set", "tokenizer.vocab_size=500",
-                  "--set", "model.vocab_size=500")
+    proc = _xlnet("tokenize", "train", corpus, "--out", corpus, "--overwrite", "--set", "tokenizer.vocab_size=500")
     _one_line_error(proc, "holds the input")
     assert (corpus / "a.txt").read_bytes() == SAMPLE.read_bytes()
     shards = tmp_path / "shards"

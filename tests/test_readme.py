@@ -50,7 +50,8 @@ COMMANDS = readme_commands()
 
 
 def test_readme_covers_every_command():
-    used = {c[0] for c in COMMANDS} | {" ".join(c[:2]) for c in COMMANDS if c[0] == "tokenize"}
+    used = {c[0] for c in COMMANDS} | {" ".join(c[:2]) for c in COMMANDS if isinstance(cli.commands.get(c[0]),
+                                                                                   click.Group)}
     for name, cmd in cli.commands.items():
         if isinstance(cmd, click.Group):
             for sub in cmd.commands:

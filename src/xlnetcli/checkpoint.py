@@ -243,8 +243,10 @@ def load_model_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], d
 
     import yaml
 
+    from .config import yaml_load
+
     try:
-        raw = yaml.safe_load((p / "config.yaml").read_text(encoding="utf-8"))
+        raw = yaml_load((p / "config.yaml").read_text(encoding="utf-8"))  # no aliases: a bomb cannot expand
         cfg = config_from_dict(raw)
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{p / 'config.yaml'}: unreadable ({e.__class__.__name__})") from None

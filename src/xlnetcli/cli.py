@@ -1,7 +1,8 @@
 """The `xlnet` command line. Thin: parse arguments, load the config, call a plain function.
 
 Each command's work lives in a module (tokenizer.py, shard.py, ...) whose functions tests call directly.
-Errors meant for the user (XLNetError) are printed on one line and exit non-zero, without a traceback.
+Errors meant for the user (XLNetError, and click's usage errors) are printed on one line, `xlnet: error: ...`, and
+exit with code 2, without a traceback.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .config import Config, load_config
+from .config import PRESETS, Config, check_override_sections, clip, load_config
 from .errors import Terminated, XLNetError
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
+DEFAULT_CONFIG = "tiny"  # the preset pretrain uses when neither --config, the run nor the records carry a config
 BUNDLED_CORPUS = Path(__file__).resolve().parents[2] / "data" / "pydocs" / "corpus.txt"
 
 
@@ -24,20 +25,21 @@ def inputs_or_bundled(inputs: tuple[str, ...]) -> tuple[str, ...]:
     if inputs:
         return inputs
     if not BUNDLED_CORPUS.is_file():
-        raise XLNetError("no input files given (and the bundled corpus data/pydocs/corpus.txt is not here)")
+        raise XLNetError("no input files given: pass text files, folders or globs (the bundled demo corpus, "
+                         "data/pydocs/corpus.txt, comes with a source checkout)")
     click.echo(f"no inputs given: using the bundled corpus {BUNDLED_CORPUS}", err=True)
     return (str(BUNDLED_CORPUS),)
 
 
 def config_options(f):
-    """--config FILE and repeated --set section.key=value."""
+    """--config NAME|FILE and repeated --set section.key=value."""
     f = click.option(
         "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
         help="Override one config key (repeatable), e.g. --set train.lr=1e-4.",
     )(f)
     f = click.option(
-        "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-        help="YAML config (configs/tiny.yaml, base.yaml, large.yaml).",
+        "--config", "config_path", default=None, metavar="NAME|FILE",
+        help=f"A preset ({', '.join(PRESETS)}) or a YAML file; `xlnet config show NAME` prints one.",
     )(f)
     return f
 
@@ -48,7 +50,9 @@ def text_field_option(f):
                         help="Field (JSONL) or column (Parquet, datasets folder) holding each document's text.")(f)
 
 
-def resolve_config(config_path: Path | None, overrides: tuple[str, ...]) -> Config:
+def resolve_config(config_path: str | Path | None, overrides: tuple[str, ...], command: str) -> Config:
+    """Load --config (a preset name or a file) with --set overrides, refusing keys that ``command`` does not read."""
+    check_override_sections(overrides, command)
     return load_config(config_path, overrides)
 
 
@@ -85,9 +89,16 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(128 + 15)
         click.echo("xlnet: interrupted", err=True)
         sys.exit(130)
-    except click.exceptions.ClickException as e:
+    except click.exceptions.NoArgsIsHelpError as e:  # `xlnet` or `xlnet tokenize` alone: the help text
         e.show()
         sys.exit(e.exit_code)
+    except click.exceptions.UsageError as e:  # bad or missing option, unknown command: one line, with a pointer
+        where = e.ctx.command_path if e.ctx is not None else "xlnet"
+        click.echo(f"xlnet: error: {_one_line(e.format_message())} (see '{where} --help')", err=True)
+        sys.exit(2)
+    except click.exceptions.ClickException as e:
+        click.echo(f"xlnet: error: {_one_line(e.format_message())}", err=True)
+        sys.exit(2)
     except XLNetError as e:
         click.echo(f"xlnet: error: {e}", err=True)
         sys.exit(e.exit_code)
@@ -105,6 +116,29 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     sys.exit(0)
+
+
+def _one_line(message: str) -> str:
+    return clip(" ".join(message.split()).rstrip("."), 300)
+
+
+# ---- config ----
+@cli.group("config", cls=_Group)
+def config_group() -> None:
+    """Print presets and resolved configs (presets ship in the package: tiny, base, large, glue, squad, race)."""
+
+
+@config_group.command("show")
+@click.argument("name", required=False, metavar="[NAME|FILE]")
+@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
+              help="Override one config key (repeatable), e.g. --set train.lr=1e-4.")
+def config_show_cmd(name: str | None, overrides: tuple[str, ...]) -> None:
+    """Print the resolved YAML of a preset or file (the defaults without NAME) after --set overrides.
+
+    Save it to start your own config: xlnet config show base --set train.lr=2e-4 > my.yaml"""
+    from .config import dump_config
+
+    click.echo(dump_config(resolve_config(name, overrides, "config show")), nl=False)
 
 
 # ---- plot ----
@@ -127,7 +161,7 @@ def plot_cmd(run_dir: Path, out: Path | None) -> None:
               help="Continue the run in --out exactly, from its latest checkpoint or a given step.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
-def pretrain_cmd(config_path: Path | None, overrides: tuple[str, ...], data_dir: Path, out_dir: Path,
+def pretrain_cmd(config_path: str | None, overrides: tuple[str, ...], data_dir: Path, out_dir: Path,
                  resume: str | None, device: str, quiet: bool) -> None:
     """Pretrain with permutation LM on preprocessed records (torchrun --nproc-per-node N for several processes).
 
@@ -136,7 +170,7 @@ def pretrain_cmd(config_path: Path | None, overrides: tuple[str, ...], data_dir:
     from .pretrain import pretrain, pretrain_config_path
 
     path = pretrain_config_path(config_path, data_dir, out_dir, resume) or DEFAULT_CONFIG
-    cfg = resolve_config(path, overrides)
+    cfg = resolve_config(path, overrides, "pretrain")
     pretrain(cfg, data_dir, out_dir, resume=resume, device=device, quiet=quiet)
 
 
@@ -197,7 +231,7 @@ def tokenize_group() -> None:
 @text_field_option
 @click.option("--overwrite", is_flag=True, help="Replace an existing tokenizer directory.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def tokenize_train_cmd(config_path: Path | None, overrides: tuple[str, ...], inputs: tuple[str, ...], out_dir: Path,
+def tokenize_train_cmd(config_path: str | None, overrides: tuple[str, ...], inputs: tuple[str, ...], out_dir: Path,
                        vocab_size: int | None, character_coverage: float | None, input_sentence_size: int | None,
                        threads: int | None, uncased: bool | None, keep_accents: bool | None, text_field: str,
                        overwrite: bool, quiet: bool) -> None:
@@ -208,7 +242,7 @@ def tokenize_train_cmd(config_path: Path | None, overrides: tuple[str, ...], inp
     from .log import console
     from .tokenizer import train_tokenizer
 
-    cfg = resolve_config(config_path, overrides)
+    cfg = resolve_config(config_path, overrides, "tokenize train")
     opts = {"vocab_size": vocab_size, "character_coverage": character_coverage, "threads": threads,
             "input_sentence_size": input_sentence_size, "uncased": uncased, "keep_accents": keep_accents}
     model = {"vocab_size": vocab_size} if vocab_size is not None else {}  # the model must match the vocabulary
@@ -259,17 +293,19 @@ def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_
 @click.option("--tokenizer", "tok_path", required=True, type=click.Path(path_type=Path),
               help="Tokenizer directory (xlnet tokenize train).")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Shard directory to create.")
-@click.option("--shards", type=int, default=1, show_default=True, help="Number of train shards (balanced by tokens).")
-@click.option("--workers", type=int, default=1, show_default=True, help="Tokenisation processes.")
-@click.option("--valid-fraction", type=float, default=None,
+@click.option("--shards", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Number of train shards (balanced by tokens).")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Tokenisation processes.")
+@click.option("--valid-fraction", type=click.FloatRange(0, 1, max_open=True), default=None,
               help="Share of documents held out for validation (default data.valid_fraction).")
 @click.option("--valid", "valid_inputs", multiple=True, metavar="FILE",
               help="Validation file(s) instead of a random fraction (repeatable).")
-@click.option("--seed", type=int, default=None, help="Seed of the validation split (default data.seed).")
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=None,
+              help="Seed of the validation split (default data.seed).")
 @text_field_option
 @click.option("--overwrite", is_flag=True, help="Replace an existing shard directory.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
-def shard_cmd(config_path: Path | None, overrides: tuple[str, ...], inputs: tuple[str, ...], tok_path: Path,
+def shard_cmd(config_path: str | None, overrides: tuple[str, ...], inputs: tuple[str, ...], tok_path: Path,
               out_dir: Path, shards: int, workers: int, valid_fraction: float | None, valid_inputs: tuple[str, ...],
               seed: int | None, text_field: str, overwrite: bool, quiet: bool) -> None:
     """Tokenise text, JSONL or Parquet files, datasets folders, directories or globs into N balanced shards + valid.
@@ -280,7 +316,7 @@ def shard_cmd(config_path: Path | None, overrides: tuple[str, ...], inputs: tupl
     from .log import console
     from .shard import shard_corpus
 
-    cfg = resolve_config(config_path, overrides)
+    cfg = resolve_config(config_path, overrides, "shard")
     if valid_inputs and valid_fraction is not None:
         raise _Err("pass either --valid-fraction or --valid FILE, not both")
     vf = 0.0 if valid_inputs else (cfg.data.valid_fraction if valid_fraction is None else valid_fraction)
@@ -335,17 +371,18 @@ def _columns(text_a: str | None, text_b: str | None, label: str | None):
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty output folder.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
-def finetune_cmd(config_path: Path | None, overrides: tuple[str, ...], task: str, train_file: Path,
+def finetune_cmd(config_path: str | None, overrides: tuple[str, ...], task: str, train_file: Path,
                  valid_file: Path | None, init: Path, out_dir: Path, text_a_column: str | None,
                  text_b_column: str | None, label_column: str | None, no_header: bool, from_scratch: bool,
                  overwrite: bool, device: str, quiet: bool) -> None:
     """Finetune a pretrained XLNet on a labelled file (torchrun --nproc-per-node N for several processes).
 
-    The architecture and tokenizer come from --init; finetuning settings from --config (configs/finetune/*.yaml),
+    The architecture and tokenizer come from --init; finetuning settings from --config (presets glue, squad, race),
     else the checkpoint's own config, then --set finetune.KEY=VALUE.
     """
     from .finetune import finetune, finetune_config
 
+    check_override_sections(overrides, "finetune")
     cfg = finetune_config(config_path, init, overrides)
     finetune(cfg, task, train_file, valid_file, init, out_dir, columns=_columns(text_a_column, text_b_column,
              label_column), header=not no_header, overwrite=overwrite, device=device, quiet=quiet,
@@ -359,12 +396,12 @@ def finetune_cmd(config_path: Path | None, overrides: tuple[str, ...], task: str
 @click.option("--data", "data_dir", default=None, type=click.Path(path_type=Path),
               help="Pretrained checkpoint: preprocessed records (xlnet preprocess) -> PLM loss, perplexity, accuracy.")
 @click.option("--split", default="valid", show_default=True, help="Records split to evaluate (with --data).")
-@click.option("--batches", type=int, default=None, help="With --data: at most this many micro-batches (default all).")
+@click.option("--batches", type=click.IntRange(min=1), default=None, help="With --data: at most this many micro-batches (default all).")
 @click.option("--predict", "predict_file", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Write one prediction per example (.jsonl, or .tsv with index/id and prediction).")
 @click.option("--output", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the results as JSON to this file.")
-@click.option("--batch-size", type=int, default=None, help="Examples per forward pass.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per forward pass.")
 @click.option("--null-odds-threshold", type=float, default=None,
               help="SQuAD 2.0: predict no answer above this null odds (default: the one found on validation).")
 @column_options
@@ -398,20 +435,21 @@ def eval_cmd(ckpt: Path, file: Path | None, data_dir: Path | None, split: str, b
 @click.option("--shards", "shards", required=True, type=click.Path(path_type=Path), help="Shard directory (xlnet shard).")
 @click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Records directory to create.")
 @config_options
-@click.option("--passes", type=int, default=None, help="Passes over the corpus, each with its own file order and masks "
+@click.option("--passes", type=click.IntRange(min=1), default=None, help="Passes over the corpus, each with its own file order and masks "
               "(default data.passes).")
 @click.option("--mask-mode", type=click.Choice(["word", "original"]), default=None,
               help="word: spans of whole words (default data.mask_mode); original: the original's subword spans.")
-@click.option("--workers", type=int, default=1, show_default=True, help="Worker processes (output is identical).")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Worker processes (output is identical).")
 @click.option("--no-verify", is_flag=True, help="Skip checking the shards' sha256 against manifest.json.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing records directory.")
-def preprocess_cmd(shards: Path, out: Path, config_path: Path | None, overrides: tuple[str, ...], passes: int | None,
+def preprocess_cmd(shards: Path, out: Path, config_path: str | None, overrides: tuple[str, ...], passes: int | None,
                    mask_mode: str | None, workers: int, no_verify: bool, overwrite: bool) -> None:
     """Build permutation-LM records (examples, segment ids, prediction targets) from shards."""
     from .log import print0
     from .preprocess import preprocess
 
-    cfg = resolve_config(config_path, overrides)
+    cfg = resolve_config(config_path, overrides, "preprocess")
     meta = preprocess(shards, out, cfg, passes=passes, mask_mode=mask_mode, overwrite=overwrite, workers=workers,
                       verify=not no_verify)
     tr = meta["splits"]["train"]

@@ -1,15 +1,20 @@
 """Typed configuration. The dataclasses below are the single source of truth; YAML is their serialised form.
 
-    cfg = load_config("configs/tiny.yaml", ["train.lr=1e-3", "model.dropout=0.0"])
+    cfg = load_config("tiny", ["train.lr=1e-3", "model.dropout=0.0"])   # a preset name or a YAML path
     save_config(cfg, out_dir)        # written next to every output as config.yaml
 
-Every key is type-checked; unknown keys, wrong types and impossible values raise ConfigError naming the key and the
-file. Values are the paper's (arXiv 1906.08237, Tables 7-8) unless a comment says otherwise.
+Every key is type-checked and every number range-checked against the range declared on its field (``ranged``);
+unknown keys, wrong types and values out of range raise ConfigError naming the key, the allowed range and where the
+value came from (the file, or the ``--set`` item). Values are the paper's (arXiv 1906.08237, Tables 7-8) unless a
+comment says otherwise. The presets (tiny, base, large; finetune: glue, squad, race) ship in the package
+(``xlnetcli/presets/``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,151 +25,191 @@ import yaml
 
 from .errors import ConfigError
 
+@dataclass(frozen=True)
+class Range:
+    """An interval of allowed values, written as in maths: "[0, 1)", "(0, inf)", "[1, inf)". NaN is never inside."""
+
+    lo: float
+    hi: float
+    lo_closed: bool
+    hi_closed: bool
+
+    @classmethod
+    def parse(cls, spec: str) -> Range:
+        lo, hi = (float(x) for x in spec[1:-1].split(","))
+        return cls(lo, hi, spec[0] == "[", spec[-1] == "]")
+
+    def __contains__(self, v: float) -> bool:
+        if isinstance(v, float) and math.isnan(v):
+            return False
+        return (v >= self.lo if self.lo_closed else v > self.lo) and (v <= self.hi if self.hi_closed else v < self.hi)
+
+    def describe(self, integer: bool) -> str:
+        lo = _num(self.lo, integer)
+        if math.isinf(self.hi):
+            rel = f"{'>=' if self.lo_closed else '>'} {lo}"
+            return rel if integer else f"a finite number {rel}"
+        return f"in {'[' if self.lo_closed else '('}{lo}, {_num(self.hi, integer)}{']' if self.hi_closed else ')'}"
+
+
+def _num(x: float, integer: bool) -> str:
+    return str(int(x)) if integer or x == int(x) else repr(x)
+
+
+def ranged(default: Any, spec: str) -> Any:
+    """A numeric field with its allowed range: ``lr: float = ranged(4e-4, "(0, inf)")`` (tuples: every element).
+    Bounds used below: 2147483647 = 2**31 - 1 (SentencePiece keeps sizes in int32), 4294967295 = 2**32 - 1 (the
+    seed range numpy accepts)."""
+    return field(default=default, metadata={"range": Range.parse(spec)})
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 4, 40, 40
+
+
+def short(value: Any, limit: int = 60) -> str:
+    """A bounded repr for messages: a huge or deeply nested value (an alias bomb) never reaches the terminal."""
+    return clip(_REPR.repr(value), limit)
+
+
+def clip(text: Any, limit: int = 60) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
 
 @dataclass
 class TokenizerConfig:
-    vocab_size: int = 32000  # SentencePiece unigram vocabulary, ids 0-8 fixed (see tokenizer.py)
-    character_coverage: float = 0.99995  # fraction of characters covered by the vocabulary (original recipe)
-    input_sentence_size: int = 10_000_000  # sentences sampled (shuffled) for training the tokenizer
+    vocab_size: int = ranged(32000, "[9, 2147483647]")  # SentencePiece unigram vocabulary, ids 0-8 fixed (tokenizer.py)
+    character_coverage: float = ranged(0.99995, "[0.98, 1]")  # characters covered by the vocabulary (SentencePiece)
+    input_sentence_size: int = ranged(10_000_000, "[0, 2147483647]")  # sentences sampled for training (0 = all)
     uncased: bool = False  # lowercase before encoding (the released xlnet-*-cased models keep case)
     keep_accents: bool = False  # False: NFKD + drop combining marks, as the original preprocess_text
-    threads: int = 0  # SentencePiece trainer threads; 0 = all cores
+    threads: int = ranged(0, "[0, 1024]")  # SentencePiece trainer threads (at most 1024); 0 = all cores
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 32000  # must equal the tokenizer's vocabulary
-    d_model: int = 768  # hidden size
-    n_layer: int = 12  # transformer layers
-    n_head: int = 12  # attention heads
-    d_head: int = 64  # size of each head (n_head * d_head need not equal d_model)
-    d_inner: int = 3072  # feed-forward inner size
+    vocab_size: int = ranged(32000, "[9, 2147483647]")  # must equal the tokenizer's vocabulary
+    d_model: int = ranged(768, "[2, inf)")  # hidden size
+    n_layer: int = ranged(12, "[1, inf)")  # transformer layers
+    n_head: int = ranged(12, "[1, inf)")  # attention heads
+    d_head: int = ranged(64, "[1, inf)")  # size of each head (n_head * d_head need not equal d_model)
+    d_inner: int = ranged(3072, "[1, inf)")  # feed-forward inner size
     ff_activation: Literal["gelu", "gelu_new", "relu"] = "gelu"  # gelu = exact erf; gelu_new = tanh approximation
     untie_r: bool = True  # per-layer r_w/r_r/r_s biases (released models); False shares them across layers
-    dropout: float = 0.1  # dropout on embeddings, attention output and FFN
-    dropatt: float = 0.1  # dropout on attention probabilities
-    layer_norm_eps: float = 1e-12  # post-LayerNorm epsilon
-    initializer_range: float = 0.02  # N(0, std) init for embeddings and projections
-    mem_len: int = 384  # Transformer-XL memory length (0 = no memory)
-    reuse_len: int = 256  # leading tokens of each window cached as memory for the next one
+    dropout: float = ranged(0.1, "[0, 1)")  # dropout on embeddings, attention output and FFN
+    dropatt: float = ranged(0.1, "[0, 1)")  # dropout on attention probabilities
+    layer_norm_eps: float = ranged(1e-12, "(0, 1)")  # post-LayerNorm epsilon
+    initializer_range: float = ranged(0.02, "(0, inf)")  # N(0, std) init for embeddings and projections
+    mem_len: int = ranged(384, "[0, inf)")  # Transformer-XL memory length (0 = no memory)
+    reuse_len: int = ranged(256, "[0, inf)")  # leading tokens of each window cached as memory for the next one
     bi_data: bool = True  # per device: first half of the batch forward, second half backward (negated positions)
-    clamp_len: int = -1  # clip relative positions to +-clamp_len (-1 = no clipping)
+    clamp_len: int = ranged(-1, "[-1, inf)")  # clip relative positions to +-clamp_len (-1 = no clipping)
     # Kept for HF config round trips: like the original and HF, it only affects attn_type "uni", and XLNet is "bi".
     same_length: bool = False
     # attention kernel (kernels.py); auto = fused on CPU, sdpa on CUDA (einsum inside torch.compile)
     attn_impl: Literal["auto", "fused", "einsum", "sdpa", "flex"] = "auto"
 
     def __post_init__(self) -> None:
-        _positive(self, "vocab_size", "d_model", "n_layer", "n_head", "d_head", "d_inner")
-        _fraction(self, "dropout", "dropatt")
-        if self.mem_len < 0 or self.reuse_len < 0:
-            raise ConfigError("model.mem_len and model.reuse_len must be >= 0")
+        check_ranges(self)
         if self.d_model % 2:
             raise ConfigError(f"model.d_model must be even (sinusoidal positions), got {self.d_model}")
 
 
 @dataclass
 class DataConfig:
-    seq_len: int = 512  # tokens per example: [reuse part | A <sep> B <sep> <cls>]
-    perm_size: int | None = None  # factorisation-order block size; None = reuse_len (the original)
-    num_predict: int = 85  # targets per example (about seq_len/6: K = 6 in the paper)
-    mask_alpha: int = 6  # span context: each span of n units sits in about n*alpha/beta tokens
-    mask_beta: int = 1
+    seq_len: int = ranged(512, "[5, inf)")  # tokens per example: [reuse part | A <sep> B <sep> <cls>]
+    perm_size: int | None = ranged(None, "[1, inf)")  # factorisation-order block size; None = reuse_len (original)
+    num_predict: int = ranged(85, "[1, inf)")  # targets per example (about seq_len/6: K = 6 in the paper)
+    mask_alpha: int = ranged(6, "[1, inf)")  # span context: each span of n units sits in about n*alpha/beta tokens
+    mask_beta: int = ranged(1, "[1, inf)")
     mask_mode: Literal["word", "original"] = "word"  # word: spans of whole words; original: subword spans (bug #220)
-    passes: int = 1  # passes over the corpus, each with its own file order and masks
-    valid_fraction: float = 0.01  # held-out share of the corpus (shard) used for evaluation records
-    seed: int = 42  # seed for preprocessing and the online factorisation order
+    passes: int = ranged(1, "[1, inf)")  # passes over the corpus, each with its own file order and masks
+    valid_fraction: float = ranged(0.01, "[0, 1)")  # held-out share of the corpus (shard) used for evaluation records
+    seed: int = ranged(42, "[0, 4294967295]")  # seed for preprocessing and the online factorisation order
 
     def __post_init__(self) -> None:
-        _positive(self, "seq_len", "num_predict", "mask_alpha", "mask_beta", "passes")
-        if not 0.0 <= self.valid_fraction < 1.0:
-            raise ConfigError(f"data.valid_fraction must be in [0, 1), got {self.valid_fraction}")
+        check_ranges(self)
 
 
 @dataclass
 class TrainConfig:
-    global_batch_size: int = 2048  # sequences per optimizer step over all ranks (paper v2: 8192; v1: 2048)
-    micro_batch_size: int = 16  # sequences per rank per forward/backward; accumulation = global / (micro * world)
-    max_steps: int = 500_000  # optimizer steps
-    lr: float = 4e-4  # peak learning rate
-    warmup_steps: int = 40_000  # linear warmup from 0
+    global_batch_size: int = ranged(2048, "[1, inf)")  # sequences per optimizer step over all ranks (v2: 8192)
+    micro_batch_size: int = ranged(16, "[1, inf)")  # sequences per rank per forward/backward; accumulation follows
+    max_steps: int = ranged(500_000, "[1, inf)")  # optimizer steps
+    lr: float = ranged(4e-4, "(0, inf)")  # peak learning rate
+    warmup_steps: int = ranged(40_000, "[0, inf)")  # linear warmup from 0 (at most max_steps)
     schedule: Literal["linear", "cosine", "constant"] = "linear"  # decay after warmup
-    min_lr_ratio: float = 0.0  # decay ends at lr * min_lr_ratio
-    weight_decay: float = 0.01  # decoupled (AdamW); not applied to LayerNorm weights or biases
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-6
-    clip_norm: float = 1.0  # global gradient-norm clip (0 = off)
+    min_lr_ratio: float = ranged(0.0, "[0, 1]")  # decay ends at lr * min_lr_ratio
+    weight_decay: float = ranged(0.01, "[0, inf)")  # decoupled (AdamW); not applied to LayerNorm weights or biases
+    adam_betas: tuple[float, float] = ranged((0.9, 0.999), "[0, 1)")
+    adam_eps: float = ranged(1e-6, "(0, inf)")
+    clip_norm: float = ranged(1.0, "[0, inf)")  # global gradient-norm clip (0 = off)
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"  # autocast dtype; fp16 uses a grad scaler
     compile: bool = False  # torch.compile the model
     activation_checkpointing: bool = False  # recompute each layer in backward to save memory
     deterministic: bool = True  # deterministic GPU kernels: bit-identical runs and resumes (cost: BENCHMARKS.md)
-    peak_tflops: float = 0.0  # the device's bf16 peak for the logged MFU; 0 = from the GPU's name (flops.py)
+    peak_tflops: float = ranged(0.0, "[0, inf)")  # device bf16 peak for the logged MFU; 0 = from the GPU's name
     distributed: Literal["ddp", "fsdp"] = "ddp"  # strategy under torchrun (fsdp = FSDP2 fully_shard)
-    eval_every: int = 10_000  # steps between evaluations on held-out records (0 = never)
-    eval_batches: int = 50  # batches per evaluation
-    save_every: int = 10_000  # steps between checkpoints (0 = only at the end)
-    keep_last: int = 3  # checkpoints kept
-    log_every: int = 10  # steps between metric lines
-    seed: int = 1234  # model init, dropout and factorisation-order seed
+    eval_every: int = ranged(10_000, "[0, inf)")  # steps between evaluations on held-out records (0 = never)
+    eval_batches: int = ranged(50, "[1, inf)")  # batches per evaluation
+    save_every: int = ranged(10_000, "[0, inf)")  # steps between checkpoints (0 = only at the end)
+    keep_last: int = ranged(3, "[1, inf)")  # checkpoints kept
+    log_every: int = ranged(10, "[1, inf)")  # steps between metric lines
+    seed: int = ranged(1234, "[0, 4294967295]")  # model init, dropout and factorisation-order seed
     # trackers besides metrics.jsonl, a list or comma string of tensorboard, wandb, mlflow; none; auto = TensorBoard
     # when installed (extras: pip install 'xlnetcli[wandb]', 'xlnetcli[mlflow]')
     report_to: str | list[str] = "auto"
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         _report_to(self)
-        _positive(self, "global_batch_size", "micro_batch_size", "max_steps", "keep_last", "log_every")
         if self.global_batch_size % self.micro_batch_size:
             raise ConfigError(
                 f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
                 f"train.micro_batch_size ({self.micro_batch_size})"
             )
-        if self.lr <= 0:
-            raise ConfigError(f"train.lr must be > 0, got {self.lr}")
-        if self.peak_tflops < 0:
-            raise ConfigError(f"train.peak_tflops must be >= 0 (0 = from the GPU's name), got {self.peak_tflops}")
-        if self.warmup_steps < 0 or self.warmup_steps > self.max_steps:
+        if self.warmup_steps > self.max_steps:
             raise ConfigError(f"train.warmup_steps must be in [0, max_steps={self.max_steps}], got {self.warmup_steps}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
 
 
 @dataclass
 class FinetuneConfig:
-    max_seq_length: int = 128  # [A <sep> B <sep> <cls>], left padded (SQuAD: right padded)
-    batch_size: int = 32  # sequences per optimizer step over all ranks
-    micro_batch_size: int = 32  # per rank per forward/backward
-    lr: float = 2e-5
-    epochs: float = 3.0  # used when max_steps = 0
-    max_steps: int = 0  # optimizer steps (0 = derive from epochs)
-    warmup_ratio: float = 0.1  # share of steps spent in linear warmup
-    layer_decay: float = 1.0  # layer-wise lr decay: layer l gets lr * rate^(n_layer-1-l) (SQuAD: 0.75)
-    weight_decay: float = 0.01
-    adam_eps: float = 1e-6
-    clip_norm: float = 1.0
-    dropout: float = 0.1
-    dropatt: float = 0.1
+    max_seq_length: int = ranged(128, "[5, inf)")  # [A <sep> B <sep> <cls>], left padded (SQuAD: right padded)
+    batch_size: int = ranged(32, "[1, inf)")  # sequences per optimizer step over all ranks
+    micro_batch_size: int = ranged(32, "[1, inf)")  # per rank per forward/backward
+    lr: float = ranged(2e-5, "(0, inf)")
+    epochs: float = ranged(3.0, "(0, inf)")  # used when max_steps = 0
+    max_steps: int = ranged(0, "[0, inf)")  # optimizer steps (0 = derive from epochs)
+    warmup_ratio: float = ranged(0.1, "[0, 1)")  # share of steps spent in linear warmup
+    layer_decay: float = ranged(1.0, "(0, 1]")  # layer-wise lr decay: layer l gets lr * rate^(n_layer-1-l); SQuAD 0.75
+    weight_decay: float = ranged(0.01, "[0, inf)")
+    adam_eps: float = ranged(1e-6, "(0, inf)")
+    clip_norm: float = ranged(1.0, "[0, inf)")  # global gradient-norm clip (0 = off)
+    dropout: float = ranged(0.1, "[0, 1)")
+    dropatt: float = ranged(0.1, "[0, 1)")
     summary_type: Literal["last", "first", "mean", "attn"] = "last"  # sequence summary for classification heads
     summary_use_proj: bool = True  # dense(d, tanh) projection on the summary
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    eval_every: int = 0  # steps between evaluations (0 = every epoch)
-    early_stopping_patience: int = 0  # stop after this many evaluations without improvement (0 = off)
-    doc_stride: int = 128  # SQuAD: stride between windows of a long paragraph
-    max_query_length: int = 64  # SQuAD: question tokens kept
-    max_answer_length: int = 64  # SQuAD: longest predicted answer in tokens
-    seed: int = 1234
+    eval_every: int = ranged(0, "[0, inf)")  # steps between evaluations (0 = every epoch)
+    early_stopping_patience: int = ranged(0, "[0, inf)")  # stop after this many evaluations without gain (0 = off)
+    doc_stride: int = ranged(128, "[1, inf)")  # SQuAD: stride between windows of a long paragraph
+    max_query_length: int = ranged(64, "[1, inf)")  # SQuAD: question tokens kept
+    max_answer_length: int = ranged(64, "[1, inf)")  # SQuAD: longest predicted answer in tokens
+    seed: int = ranged(1234, "[0, 4294967295]")
     report_to: str | list[str] = "auto"  # as train.report_to, for finetuning runs
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         _report_to(self)
-        _positive(self, "max_seq_length", "batch_size", "micro_batch_size", "lr", "doc_stride")
-        _fraction(self, "dropout", "dropatt", "warmup_ratio")
         if self.batch_size % self.micro_batch_size:
             raise ConfigError(
                 f"finetune.batch_size ({self.batch_size}) must be a multiple of "
                 f"finetune.micro_batch_size ({self.micro_batch_size})"
             )
-        if not 0.0 < self.layer_decay <= 1.0:
-            raise ConfigError(f"finetune.layer_decay must be in (0, 1], got {self.layer_decay}")
 
 
 @dataclass
@@ -207,29 +252,6 @@ class Config:
         return self.data.perm_size if self.data.perm_size is not None else self.model.reuse_len
 
 
-SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Loading, overriding, saving
-
-
-def _positive(obj: Any, *names: str) -> None:
-    section = _section_name(obj)
-    for name in names:
-        value = getattr(obj, name)
-        if value <= 0:
-            raise ConfigError(f"{section}.{name} must be > 0, got {value}")
-
-
-def _fraction(obj: Any, *names: str) -> None:
-    section = _section_name(obj)
-    for name in names:
-        value = getattr(obj, name)
-        if not 0.0 <= value < 1.0:
-            raise ConfigError(f"{section}.{name} must be in [0, 1), got {value}")
-
-
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 
 
@@ -241,22 +263,66 @@ def _report_to(obj: Any) -> None:
     allowed = (*TRACKERS, "auto", "none")
     bad = [n for n in names if n not in allowed]
     if not names or bad or (len(names) > 1 and ({"auto", "none"} & set(names))):
-        raise ConfigError(f"{_section_name(obj)}.report_to: expected 'auto', 'none' or a list of "
-                          f"{', '.join(TRACKERS)}, got {value!r}")
+        section = {v: k for k, v in _SECTION_CLASSES.items()}.get(type(obj), type(obj).__name__)
+        raise ConfigError(f"{section}.report_to: expected 'auto', 'none' or a list of "
+                          f"{', '.join(TRACKERS)}, got {short(value)}")
     obj.report_to = ",".join(names)
 
 
-def _section_name(obj: Any) -> str:
-    return {v: k for k, v in _SECTION_CLASSES.items()}.get(type(obj), type(obj).__name__)
-
-
-_SECTION_CLASSES = {
+SECTIONS = {
     "tokenizer": TokenizerConfig,
     "model": ModelConfig,
     "data": DataConfig,
     "train": TrainConfig,
     "finetune": FinetuneConfig,
 }
+_SECTION_CLASSES = SECTIONS
+
+# The sections each command reads: a --set key of another section would be silently ignored, so it is refused.
+# preprocess and pretrain write the resolved config next to their outputs, where the next command picks it up.
+COMMAND_SECTIONS = {
+    "tokenize train": ("tokenizer",),
+    "shard": ("data",),
+    "preprocess": ("tokenizer", "model", "data", "train"),
+    "pretrain": ("tokenizer", "model", "data", "train"),
+    "finetune": ("finetune",),
+    "config show": tuple(_SECTION_CLASSES),
+}
+
+# Presets shipped in the package (xlnetcli/presets/), accepted by name wherever a config file is.
+PRESETS = {
+    "tiny": "tiny.yaml",
+    "base": "base.yaml",
+    "large": "large.yaml",
+    "glue": "finetune/glue.yaml",
+    "squad": "finetune/squad.yaml",
+    "race": "finetune/race.yaml",
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Ranges
+
+
+def check_ranges(obj: Any) -> None:
+    """Check every field of a section against its declared range (the one place numeric values are validated)."""
+    section = {v: k for k, v in _SECTION_CLASSES.items()}.get(type(obj), type(obj).__name__)
+    for f in dataclasses.fields(obj):
+        check_value(f, getattr(obj, f.name), f"{section}.{f.name}")
+
+
+def check_value(f: dataclasses.Field, value: Any, key: str) -> None:
+    rng = f.metadata.get("range")
+    if rng is None or value is None:
+        return
+    for i, v in enumerate(value) if isinstance(value, tuple) else [(None, value)]:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v not in rng:
+            name = key if i is None else f"{key}[{i}]"
+            raise ConfigError(f"{name} must be {rng.describe(isinstance(v, int))}, got {short(v)}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading, overriding, saving
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -267,7 +333,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is Literal:
         if value not in typing.get_args(tp):
             choices = ", ".join(repr(a) for a in typing.get_args(tp))
-            raise ConfigError(f"{key}: expected one of {choices}, got {value!r}")
+            raise ConfigError(f"{key}: expected one of {choices}, got {short(value)}")
         return value
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -281,23 +347,23 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, arg, key)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{key}: invalid value {value!r}")
+        raise ConfigError(errors[0] if errors else f"{key}: invalid value {short(value)}")
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
+            raise ConfigError(f"{key}: expected a list, got {short(value)}")
         return [_coerce(v, typing.get_args(tp)[0], f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise ConfigError(f"{key}: expected a list of {len(args)} values, got {value!r}")
+            raise ConfigError(f"{key}: expected a list of {len(args)} values, got {short(value)}")
         return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+            raise ConfigError(f"{key}: expected true or false, got {short(value)}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+            raise ConfigError(f"{key}: expected an integer, got {short(value)}")
         return value
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
@@ -306,88 +372,195 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
+            raise ConfigError(f"{key}: expected a number, got {short(value)}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
+            raise ConfigError(f"{key}: expected a string, got {short(value)}")
         return value
     raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover - a programming error
 
 
-def _build_section(cls: type, values: dict[str, Any], section: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in values.items():
-        if key not in known:
-            raise ConfigError(f"unknown key {section}.{key} (known: {', '.join(sorted(known))})")
-        kwargs[key] = _coerce(value, hints[key], f"{section}.{key}")
-    return cls(**kwargs)
+def check_key(section: str, key: str, value: Any) -> Any:
+    """One ``section.key: value``: the section and key must exist, the value have the field's type and lie in its
+    range. Returns the converted value."""
+    cls = _SECTION_CLASSES.get(section)
+    if cls is None:
+        raise ConfigError(f"unknown section {short(section)} (known: {', '.join(_SECTION_CLASSES)})")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if key not in fields:
+        raise ConfigError(f"unknown key {section}.{clip(key)} (known: {', '.join(sorted(fields))})")
+    name = f"{section}.{key}"
+    value = _coerce(value, typing.get_type_hints(cls)[key], name)
+    check_value(fields[key], value, name)
+    return value
+
+
+def _check_raw(raw: Any) -> dict[str, dict[str, Any]]:
+    """Validate every key of nested dicts (sections of keys) on its own; returns them converted."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"the config must be a mapping of sections, got {type(raw).__name__}")
+    out: dict[str, dict[str, Any]] = {}
+    for name, values in raw.items():
+        if name not in _SECTION_CLASSES:
+            raise ConfigError(f"unknown section {short(name)} (known: {', '.join(_SECTION_CLASSES)})")
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"section {name!r} must be a mapping, got {short(values)}")
+        out[name] = {key: check_key(name, key, value) for key, value in values.items()}
+    return out
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
     """Build a validated Config from nested dicts (missing keys take their defaults)."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"the config must be a mapping of sections, got {type(raw).__name__}")
-    sections = {}
-    for name, values in raw.items():
-        if name not in _SECTION_CLASSES:
-            raise ConfigError(f"unknown section {name!r} (known: {', '.join(_SECTION_CLASSES)})")
-        if values is None:
-            values = {}
-        if not isinstance(values, dict):
-            raise ConfigError(f"section {name!r} must be a mapping, got {values!r}")
-        sections[name] = _build_section(_SECTION_CLASSES[name], values, name)
-    return Config(**sections)
+    checked = _check_raw(raw)
+    return Config(**{name: _SECTION_CLASSES[name](**values) for name, values in checked.items()})
 
 
 def parse_override(item: str) -> tuple[str, str, Any]:
     """'section.key=value' -> (section, key, parsed value). The value is parsed as YAML (1e-4, true, [1, 2])."""
     if "=" not in item:
-        raise ConfigError(f"--set {item!r}: expected section.key=value")
+        raise ConfigError(f"--set {clip(item)}: expected section.key=value, e.g. train.lr=1e-4")
     path, text = item.split("=", 1)
     parts = path.strip().split(".")
     if len(parts) != 2 or not all(parts):
-        raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. train.lr=1e-4")
+        raise ConfigError(f"--set {clip(item)}: expected section.key=value, e.g. train.lr=1e-4")
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        value = yaml_load(text) if text.strip() else ""
+    except YAMLAliasError:
+        raise ConfigError(f"--set {clip(item)}: YAML aliases and anchors (*name, &name) are not allowed") from None
     except yaml.YAMLError:
         value = text
     return parts[0], parts[1], value
 
 
-def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
-    """Load a YAML config (or the defaults when ``path`` is None) and apply ``section.key=value`` overrides."""
-    raw: dict[str, Any] = {}
-    where = "defaults"
-    if path is not None:
-        p = Path(path)
-        where = str(p)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        try:
-            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            line = getattr(getattr(e, "problem_mark", None), "line", None)
-            at = f" (line {line + 1})" if line is not None else ""
-            raise ConfigError(f"{p}: not valid YAML{at}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{p}: the config must be a mapping of sections")
-    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+def check_override_sections(overrides: typing.Sequence[str], command: str) -> None:
+    """Refuse ``--set`` keys of sections ``xlnet COMMAND`` does not read (they would be silently ignored)."""
+    sections = COMMAND_SECTIONS[command]
     for item in overrides:
-        section, key, value = parse_override(item)
-        if section not in _SECTION_CLASSES:
-            raise ConfigError(
-                f"{where}: --set {item}: unknown section {section!r} (known: {', '.join(_SECTION_CLASSES)})"
-            )
-        if not isinstance(raw.get(section), dict):
-            raw[section] = {}
-        raw[section][key] = value
+        section, key, _ = parse_override(item)
+        if section in _SECTION_CLASSES and section not in sections:
+            reads = ", ".join(f"{s}.*" for s in sections)
+            alt = next((s for s in sections if key in {f.name for f in dataclasses.fields(_SECTION_CLASSES[s])}),
+                       None)
+            hint = f"; did you mean {alt}.{key}?" if alt else ""
+            raise ConfigError(f"--set {clip(item)}: xlnet {command} reads {reads}; {section}.{clip(key)} is "
+                              f"not used{hint}")
+
+
+# ---- YAML without aliases -------------------------------------------------------------------------------------
+
+
+class YAMLAliasError(yaml.YAMLError):
+    """An alias or anchor in a config: refused, since a few hundred bytes of aliases expand to gigabytes."""
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """SafeLoader that refuses anchors and aliases (the 'billion laughs' expansion); configs never need them."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise YAMLAliasError(f"line {event.start_mark.line + 1}")
+        return super().compose_node(parent, index)
+
+
+def yaml_load(text: str) -> Any:
+    """Parse one YAML document with safe types and no anchors or aliases (raises YAMLAliasError on one)."""
+    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+# ---- presets and files ----------------------------------------------------------------------------------------
+
+
+def preset_path(name: str) -> Path:
+    """The packaged YAML of a preset name (tiny, base, large, glue, squad, race)."""
+    from importlib.resources import files
+
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {short(name)} (presets: {', '.join(PRESETS)})")
+    return Path(str(files(__package__).joinpath("presets", *PRESETS[name].split("/"))))
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """A config argument -> the YAML file it names: an existing file, else a preset name; a one-line error
+    otherwise (a folder, or neither a file nor a preset)."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if str(path) in PRESETS:
+        return preset_path(str(path))
+    names = ", ".join(PRESETS)
+    if p.is_dir():
+        inner = f" (e.g. {p / 'config.yaml'})" if (p / "config.yaml").is_file() else ""
+        raise ConfigError(f"config {p} is a folder; pass a YAML file{inner} or a preset name: {names}")
+    raise ConfigError(f"config file not found: {clip(p, 200)} (nor a preset name: {names})")
+
+
+def _read_yaml(path: str | Path) -> tuple[dict[str, Any], str]:
+    """The sections of a config file (or preset) and how to name it in messages."""
+    p = resolve_config_path(path)
+    where = f"preset {path}" if str(path) in PRESETS and not Path(path).is_file() else str(p)
     try:
-        return config_from_dict(raw)
+        raw = yaml_load(p.read_text(encoding="utf-8")) or {}
+    except YAMLAliasError as e:
+        raise ConfigError(f"{where}: YAML aliases and anchors (*name, &name) are not allowed in configs ({e})") \
+            from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        line = getattr(getattr(e, "problem_mark", None), "line", None)
+        at = f" (line {line + 1})" if line is not None else ""
+        raise ConfigError(f"{where}: not valid YAML{at}") from None
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read it ({e.strerror or e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: the config must be a mapping of sections, got {type(raw).__name__}")
+    return raw, where
+
+
+def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
+    """Load a YAML config or preset name (the defaults when ``path`` is None) and apply ``section.key=value``
+    overrides. A problem is reported against its source: the file for its own keys, the ``--set`` item for an
+    override (and for a combination that an override made impossible)."""
+    raw: dict[str, Any] = {}
+    where = "the defaults"
+    if path is not None:
+        raw, where = _read_yaml(path)
+    try:
+        file_values = _check_raw(raw)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
+    values = {name: dict(v) for name, v in file_values.items()}
+    applied: list[tuple[str, str]] = []
+    for item in overrides:
+        section, key, value = parse_override(item)
+        try:
+            value = check_key(section, key, value)
+        except ConfigError as e:
+            raise ConfigError(f"--set {clip(item)}: {e}") from None
+        values.setdefault(section, {})[key] = value
+        applied.append((item, f"{section}.{key}"))
+    # the two vocabulary sizes must agree: overriding one alone sets the other
+    keys = {k for _, k in applied}
+    for a, b in (("tokenizer", "model"), ("model", "tokenizer")):
+        if f"{a}.vocab_size" in keys and f"{b}.vocab_size" not in keys:
+            values.setdefault(b, {})["vocab_size"] = values[a]["vocab_size"]
+    try:
+        return Config(**{name: _SECTION_CLASSES[name](**v) for name, v in values.items()})
+    except ConfigError as e:
+        if applied and _builds(file_values):
+            blamed = [item for item, k in applied if k in str(e)] or [item for item, _ in applied]
+            src = "" if path is None else f" (with {where})"
+            raise ConfigError(f"--set {clip(' '.join(blamed), 120)}: {e}{src}") from None
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _builds(values: dict[str, dict[str, Any]]) -> bool:
+    try:
+        Config(**{name: _SECTION_CLASSES[name](**v) for name, v in values.items()})
+    except ConfigError:
+        return False
+    return True
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

@@ -1,4 +1,8 @@
-"""Safe file output: nothing half-written. Write to a temporary sibling, fsync, then rename into place."""
+"""Safe file output: nothing half-written. Write to a temporary sibling, fsync, then rename into place.
+
+Temporary files and folders are created private (tempfile's 0600/0700) and given the umask's usual modes (0666 and
+0777 without the umask's bits) before they are renamed into place, so outputs are shared as any other tool's.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -47,6 +52,64 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def umask() -> int:
+    """The process umask, read without changing it where Linux exposes it (threads may create files meanwhile)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def mkstemp_shared(**kwargs: Any) -> tuple[int, str]:
+    """tempfile.mkstemp, with the mode an ordinary open() would give (0666 & ~umask) instead of 0600."""
+    fd, name = tempfile.mkstemp(**kwargs)
+    os.fchmod(fd, 0o666 & ~umask())
+    return fd, name
+
+
+def mkdtemp_shared(**kwargs: Any) -> str:
+    """tempfile.mkdtemp, with the mode an ordinary mkdir would give (0777 & ~umask) instead of 0700."""
+    name = tempfile.mkdtemp(**kwargs)
+    os.chmod(name, 0o777 & ~umask())
+    return name
+
+
+def share_modes(root: Path) -> None:
+    """Give every file and folder under ``root`` the mode open()/mkdir would under the umask: some writers (tempfile,
+    safetensors) create 0600 files, which would keep a run from the rest of a team."""
+    mask = umask()
+    for p in [root, *root.rglob("*")]:
+        st = p.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            continue
+        mode = stat.S_IMODE(st.st_mode)
+        want = (0o777 if stat.S_ISDIR(st.st_mode) or mode & 0o111 else 0o666) & ~mask
+        if mode != want:
+            os.chmod(p, want)
+
+
+def ensure_open_files(needed: int, what: str) -> None:
+    """Make room for ``needed`` open files: raise the soft limit up to the hard one (as torchrun users would with
+    `ulimit -n`), or refuse in one line before any work."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return
+    if hard == resource.RLIM_INFINITY or needed <= hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else hard, hard))
+            return
+    raise XLNetError(f"{what} needs {needed} open files at once but the limit is {soft} (hard {hard}, see "
+                     "`ulimit -n`); use fewer or raise the limit")
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Replace a regular file in one rename. A symlink is followed (the link stays, its target is replaced); a
     device, fifo or socket is written through (``--output /dev/stdout``), never replaced by a file."""
@@ -60,7 +123,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             f.write(data)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = mkstemp_shared(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -239,10 +302,11 @@ def _atomic_output_dir(out: str | Path, overwrite: bool, what: str, inputs: tupl
     out = check_output_dir(out, overwrite, what, inputs)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{TEMP_TAG}-{socket.gethostname()}-{os.getpid()}-",
-                                suffix=".tmp", dir=out.parent))
+    tmp = Path(mkdtemp_shared(prefix=f".{out.name}.{TEMP_TAG}-{socket.gethostname()}-{os.getpid()}-",
+                              suffix=".tmp", dir=out.parent))
     try:
         yield tmp
+        share_modes(tmp)
         for p in tmp.rglob("*"):
             if p.is_file():
                 with open(p, "rb") as f:

@@ -91,11 +91,20 @@ def pretrain_config_path(config_path: str | Path | None, data_dir: str | Path, o
     """Which YAML to load when the user gave no --config: the run's own config when resuming, else the records'."""
     if config_path is not None:
         return Path(config_path)
-    if resume is not None and (Path(out_dir) / "config.yaml").is_file():
-        return Path(out_dir) / "config.yaml"
+    if resume is not None and (run_cfg := run_config_file(out_dir)) is not None:
+        return run_cfg
     if (Path(data_dir) / "config.yaml").is_file():
         return Path(data_dir) / "config.yaml"
     return None
+
+
+def run_config_file(out_dir: str | Path) -> Path | None:
+    """The run's config.yaml or, when it was removed, the latest checkpoint's copy (every step folder has one)."""
+    run_cfg = Path(out_dir) / "config.yaml"
+    if run_cfg.is_file():
+        return run_cfg
+    ckpts = list_checkpoints(out_dir)
+    return next((p / "config.yaml" for _, p in reversed(ckpts) if (p / "config.yaml").is_file()), None)
 
 
 def read_records_meta(data_dir: str | Path) -> dict:
@@ -163,9 +172,9 @@ def check_run_dir(cfg: Config, out_dir: Path, resume: str | None) -> tuple[int, 
     """Refuse to mix runs; return the checkpoint to resume from (step, folder) or None for a fresh start."""
     if out_dir.exists() and not out_dir.is_dir():
         raise XLNetError(f"output path {out_dir} exists and is not a folder")
-    run_cfg = out_dir / "config.yaml"
+    run_cfg = run_config_file(out_dir)
     ckpts = list_checkpoints(out_dir)
-    if not run_cfg.is_file():
+    if run_cfg is None:
         junk = [p for p in out_dir.iterdir() if not p.name.startswith(".")] if out_dir.is_dir() else []
         if junk:
             raise XLNetError(f"output folder {out_dir} is not empty and holds no pretraining run; choose another --out")

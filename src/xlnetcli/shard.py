@@ -34,8 +34,8 @@ import numpy as np
 
 from .corpus import FileStats, ReadStats, expand_inputs, iter_chunks, total_size
 from .errors import DataError, XLNetError
-from .io import (atomic_output_dir, atomic_write_json, check_output_dir, check_output_not_input, is_disk_full,
-                 sha256_file, sigterm_as_interrupt)
+from .io import (atomic_output_dir, atomic_write_json, check_output_dir, check_output_not_input, ensure_open_files,
+                 is_disk_full, sha256_file, sigterm_as_interrupt)
 from .log import byte_progress, console
 from .special import EOD_ID
 from .tokenizer import Tokenizer, normalize_block
@@ -325,6 +325,7 @@ def shard_corpus(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.Pat
         raise XLNetError(f"--shards must be >= 1, got {shards}")
     if workers < 1:
         raise XLNetError(f"--workers must be >= 1, got {workers}")
+    ensure_open_files(2 * (shards + 1) + 4 * workers + 64, f"--shards {shards}")  # each shard: 2 files open
     if not 0.0 <= valid_fraction < 1.0:
         raise XLNetError(f"--valid-fraction must be in [0, 1), got {valid_fraction}")
     check_output_dir(out_dir, overwrite, "shards")

@@ -1,0 +1,158 @@
+"""Presets ship in the package and are accepted by name from any folder; `xlnet config show`; outputs honour the
+umask like any other tool's."""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.resources
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+from clitools import assert_one_line_error, run_main
+
+from xlnetcli.config import PRESETS, config_to_dict, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "tests" / "data" / "sample.txt"
+
+
+def test_presets_are_package_data():
+    """Every preset is a resource of the installed package and pyproject ships it in wheels and sdists."""
+    root = importlib.resources.files("xlnetcli") / "presets"
+    for rel in PRESETS.values():
+        res = root.joinpath(*rel.split("/"))
+        assert res.is_file(), rel
+        assert yaml.safe_load(res.read_text(encoding="utf-8"))["model"]
+    tomllib = pytest.importorskip("tomllib")
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["xlnetcli"]
+    for rel in PRESETS.values():
+        assert any(fnmatch.fnmatch(f"presets/{rel}", pat) for pat in patterns), f"presets/{rel} is not package data"
+
+
+def test_wheel_ships_the_presets_and_runs_them_without_a_checkout(tmp_path):
+    """Build a wheel from the sources alone, install it into a fresh folder, and run the presets from an empty
+    folder: what a `pip install` without a clone gets."""
+    pytest.importorskip("setuptools")
+    src = tmp_path / "src"
+    for name in ("pyproject.toml", "README.md"):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes((ROOT / name).read_bytes())
+    shutil.copytree(ROOT / "src" / "xlnetcli", src / "src" / "xlnetcli", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(src),
+                    "-w", str(tmp_path / "dist")], check=True, env=env, capture_output=True)
+    wheel = next((tmp_path / "dist").glob("xlnetcli-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"xlnetcli/presets/{rel}" for rel in PRESETS.values()} <= names
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+                   check=True, env=env, capture_output=True)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run_env = {**env, "PYTHONPATH": str(site)}
+    where = subprocess.run([sys.executable, "-c", "import xlnetcli; print(xlnetcli.__file__)"], cwd=empty,
+                           env=run_env, capture_output=True, text=True, check=True).stdout
+    assert where.startswith(str(site)), where  # the installed copy, not the checkout
+    for name in PRESETS:
+        out = subprocess.run([sys.executable, "-m", "xlnetcli", "config", "show", name], cwd=empty, env=run_env,
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert yaml.safe_load(out.stdout) == config_to_dict(load_config(name))
+    # without a checkout there is no bundled corpus: tokenize train without inputs says what to pass, in one line
+    out = subprocess.run([sys.executable, "-m", "xlnetcli", "tokenize", "train", "--out", "tok", "--config", "tiny"],
+                         cwd=empty, env=run_env, capture_output=True, text=True)
+    assert_one_line_error(out.returncode, out.stderr, "no input files given", "source checkout")
+    assert list(empty.iterdir()) == []
+
+
+def test_config_by_name_from_an_empty_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_main(capsys, "tokenize", "train", SAMPLE, "--out", "tok", "--config", "tiny",
+                            "--vocab-size", "1000", "--quiet")
+    assert code == 0, err
+    saved = yaml.safe_load((tmp_path / "tok" / "config.yaml").read_text())
+    want = config_to_dict(load_config("tiny", ["tokenizer.vocab_size=1000"]))
+    assert saved == want  # the tiny preset (character_coverage 0.9999, ...), with the vocabulary asked for
+    assert saved["tokenizer"]["character_coverage"] == 0.9999
+    # a path still works, and wins over a name only when it is a real file
+    (tmp_path / "tiny").mkdir()
+    code, out, err = run_main(capsys, "config", "show", "tiny")
+    assert code == 0 and yaml.safe_load(out) == config_to_dict(load_config("tiny"))
+    (tmp_path / "mine.yaml").write_text("train:\n  lr: 3.0e-4\n")
+    code, out, _ = run_main(capsys, "config", "show", "mine.yaml")
+    assert code == 0 and yaml.safe_load(out)["train"]["lr"] == 3e-4
+
+
+def test_config_show(capsys):
+    code, out, err = run_main(capsys, "config", "show", "tiny")
+    assert code == 0 and err == ""
+    assert yaml.safe_load(out) == config_to_dict(load_config("tiny"))
+    code, out, _ = run_main(capsys, "config", "show")
+    assert code == 0 and yaml.safe_load(out) == config_to_dict(load_config(None))
+    code, out, _ = run_main(capsys, "config", "show", "glue", "--set", "finetune.lr=5e-5", "--set",
+                            "tokenizer.vocab_size=1000")
+    shown = yaml.safe_load(out)
+    assert code == 0 and shown["finetune"]["lr"] == 5e-5 and shown["model"]["vocab_size"] == 1000
+    assert load_config(None, []) != load_config("glue")
+    code, _, err = run_main(capsys, "config", "show", "tinyy")
+    assert_one_line_error(code, err, "tinyy", *PRESETS)
+    code, _, err = run_main(capsys, "config", "show", "tiny", "--set", "train.lr=-1")
+    assert_one_line_error(code, err, "--set train.lr=-1", "train.lr must be a finite number > 0")
+
+
+def test_set_of_a_section_finetune_does_not_read_is_refused(tmp_path, capsys):
+    code, _, err = run_main(capsys, "finetune", "--task", "classification", "--train", tmp_path / "t.tsv", "--init",
+                            tmp_path / "nothing", "--out", tmp_path / "out", "--set", "train.lr=1e-3")
+    assert_one_line_error(code, err, "xlnet finetune reads finetune.*", "train.lr is not used",
+                          "did you mean finetune.lr?")
+    assert not (tmp_path / "out").exists()
+
+
+# ---- file modes ---------------------------------------------------------------------------------------------------
+
+SMALL = ["--set", "model.vocab_size=1000", "--set", "model.d_model=32", "--set", "model.n_layer=1",
+         "--set", "model.n_head=2", "--set", "model.d_head=16", "--set", "model.d_inner=64",
+         "--set", "model.mem_len=16", "--set", "model.reuse_len=16", "--set", "data.seq_len=32",
+         "--set", "data.num_predict=5", "--set", "train.global_batch_size=4", "--set", "train.micro_batch_size=2",
+         "--set", "train.max_steps=2", "--set", "train.warmup_steps=1", "--set", "train.eval_every=0",
+         "--set", "train.save_every=1", "--set", "train.precision=fp32"]
+
+
+def _modes(root: Path) -> tuple[set[int], set[int]]:
+    files, dirs = set(), set()
+    for p in [root, *root.rglob("*")]:
+        (dirs if p.is_dir() else files).add(stat.S_IMODE(p.stat().st_mode))
+    return files, dirs
+
+
+@pytest.mark.parametrize("mask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)])
+def test_outputs_honour_the_umask(tmp_path, capsys, mask, file_mode, dir_mode):
+    """tokenize, shard, preprocess and pretrain outputs (written through temp files and folders, then renamed) get
+    the modes of an ordinary open()/mkdir under the umask, not tempfile's private 0600/0700."""
+    old = os.umask(mask)
+    try:
+        w = tmp_path
+        steps = [["tokenize", "train", SAMPLE, "--out", w / "tok", "--vocab-size", "1000", "--quiet"],
+                 ["shard", SAMPLE, "--tokenizer", w / "tok", "--out", w / "shards", "--quiet",
+                  "--valid-fraction", "0.05"],
+                 ["preprocess", "--shards", w / "shards", "--out", w / "records", "--config", "tiny", *SMALL],
+                 ["pretrain", "--data", w / "records", "--out", w / "run", "--quiet"]]
+        for args in (steps if mask == 0o022 else steps[:2]):
+            code, _, err = run_main(capsys, *args)
+            assert code == 0, err
+    finally:
+        os.umask(old)
+    outputs = ["tok", "shards", "records", "run"] if mask == 0o022 else ["tok", "shards"]
+    for name in outputs:
+        files, dirs = _modes(w / name)
+        assert files == {file_mode}, (name, sorted(oct(m) for m in files))
+        assert dirs == {dir_mode}, (name, sorted(oct(m) for m in dirs))
+    if mask == 0o022:
+        assert (w / "run" / "step_0000002" / "model.safetensors").is_file()
