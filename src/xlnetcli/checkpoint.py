@@ -5,7 +5,7 @@
         config.yaml         the full resolved Config
         tokenizer/          spiece.model + tokenizer.json (copied)
         meta.json           {"kind": "pretrain"|"finetune"|"import", "step": int, ...}
-        train_state.pt      (pretraining only, via extra_files) optimizer, scheduler, data cursor, RNG
+        train_state.pt      (resumable step folders, via extra_files) optimizer, step, data cursor, RNG (engine.py)
 
 `resolve_checkpoint` accepts a run directory (-> its latest step folder), a step folder, or a Hugging Face XLNet
 directory (config.json + model.safetensors / pytorch_model.bin), which `load_model_dir` converts on the fly.
@@ -28,12 +28,27 @@ from .io import atomic_output_dir, atomic_write_json
 
 STEP_RE = re.compile(r"^step_(\d{7,})$")
 MODEL_FILE = "model.safetensors"
+TRAIN_STATE = "train_state.pt"  # optimizer, scaler, step, RNG states, data cursors (pretrain and finetune)
 # Keys that define the architecture (a checkpoint cannot be loaded into a model that disagrees on these).
 ARCH_KEYS = ("vocab_size", "d_model", "n_layer", "n_head", "d_head", "d_inner", "untie_r", "ff_activation")
 
 
 def step_dir_name(step: int) -> str:
     return f"step_{step:07d}"
+
+
+def load_train_state(path: Path) -> dict:
+    """A step folder's train_state.pt, unpickled with weights_only=True: tensors, numbers, strings and containers
+    only, so a checkpoint from someone else cannot run code on resume; anything else is refused."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path} holds objects other than tensors and plain values; refusing to unpickle it "
+                              "(it was not written by this version of xlnet, and could run code)") from None
+    except Exception as e:  # noqa: BLE001 - any other unpickling failure means a corrupt file
+        raise CheckpointError(f"{path} is corrupt ({type(e).__name__}); resume from an earlier step") from None
 
 
 def step_folders(run_dir: str | Path, marker: str = MODEL_FILE) -> list[tuple[int, Path]]:

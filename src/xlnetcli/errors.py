@@ -19,3 +19,10 @@ class DataError(XLNetError):
 
 class CheckpointError(XLNetError):
     """A checkpoint is missing, corrupt, or disagrees with the requested config."""
+
+
+class Preempted(XLNetError):
+    """Training stopped on SIGTERM after writing a checkpoint; ``--resume`` continues exactly. Exit code 75
+    (EX_TEMPFAIL in sysexits.h: a temporary failure, retry later), so a job script can tell it from an error (2)."""
+
+    exit_code = 75
