@@ -144,6 +144,7 @@ class FinetuneConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     eval_every: int = 0  # steps between evaluations (0 = every epoch)
     early_stopping_patience: int = 0  # stop after this many evaluations without improvement (0 = off)
+    save_every: int = 0  # steps between resumable checkpoints (0 = at every evaluation); the latest is kept
     doc_stride: int = 128  # SQuAD: stride between windows of a long paragraph
     max_query_length: int = 64  # SQuAD: question tokens kept
     max_answer_length: int = 64  # SQuAD: longest predicted answer in tokens
@@ -159,6 +160,8 @@ class FinetuneConfig:
             )
         if not 0.0 < self.layer_decay <= 1.0:
             raise ConfigError(f"finetune.layer_decay must be in (0, 1], got {self.layer_decay}")
+        if self.save_every < 0:
+            raise ConfigError(f"finetune.save_every must be >= 0 (0 = at every evaluation), got {self.save_every}")
 
 
 @dataclass

@@ -80,7 +80,7 @@ class TrainPlan:
     seq_len: int
     tokens_per_step: int
     log_every: int
-    save_every: int  # steps between resumable checkpoints (0: only at the end)
+    save_every: int  # steps between resumable checkpoints (0: only at the end, or at evaluations with save_on_eval)
     weight_decay: float
     adam_eps: float
     adam_betas: tuple[float, float] = (0.9, 0.999)
@@ -90,6 +90,7 @@ class TrainPlan:
     n_layer: int | None = None
     micro_multiple: int = 1  # micro-batch sizes must be multiples of this (2 with bi_data)
     activation_checkpointing: bool | None = None  # None: the section has no such key
+    save_on_eval: bool = False  # also write a resumable checkpoint at every evaluation step
     compile: bool = False
     distributed: str = "ddp"
     flops_per_token: float | None = None  # model FLOPs of a training step per token (flops.py), for MFU
@@ -576,11 +577,13 @@ class Engine:
                     else:
                         progress.update(bar, completed=step)
                     t_pause = time.perf_counter()
-                    ev = self.validate(step) if task.eval_due(step) else None
+                    due = task.eval_due(step)
+                    ev = self.validate(step) if due else None
                     stop = bool(ev and ev.stop)
                     preempt = guard.requested(dev)
                     final = step >= plan.max_steps or stop
-                    with_state = bool(plan.save_every and step % plan.save_every == 0) or final or preempt
+                    with_state = (bool(plan.save_every and step % plan.save_every == 0) or final or preempt
+                                  or (plan.save_on_eval and due))
                     if with_state or (ev is not None and ev.keep_model):
                         self.save(step, with_state)
                     paused = time.perf_counter() - t_pause

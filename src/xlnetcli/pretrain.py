@@ -299,6 +299,11 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     engine = Engine(model, task, plan, env, out_dir, cfg, data_dir / "tokenizer", quiet,
                     resume_from=start[1] if start is not None else None).setup()
     step = engine.step
+    if step >= t.max_steps:
+        result = engine.fit()  # nothing to train: the run's last logged figures
+        say(f"run {out_dir} is already complete: step {step} of {t.max_steps}, final checkpoint "
+            f"{result['checkpoint']}; nothing to resume (raise train.max_steps to train further)")
+        return result
 
     say(f"[bold]xlnet pretrain[/bold] {'resuming at step ' + str(step) if step else 'from scratch'} -> {out_dir}")
     say(f"  model      {n_params / 1e6:.2f}M parameters ({n_nonemb / 1e6:.2f}M without embeddings), "
@@ -318,10 +323,6 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
         f"wd {t.weight_decay:g}, clip {t.clip_norm:g}; eval every {t.eval_every}, save every {t.save_every}")
 
     result = engine.fit(stop_after)
-    if result["already_complete"]:
-        say(f"run {out_dir} is already complete: step {result['step']} of {t.max_steps}, final checkpoint "
-            f"{result['checkpoint']}; nothing to resume (raise train.max_steps to train further)")
-        return result
     if main and result["complete"]:
         from .plot import maybe_plot
 
