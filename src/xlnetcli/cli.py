@@ -79,8 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
-    except Preempted as e:  # SIGTERM: a checkpoint was written; not an error of the user's
-        click.echo(f"xlnet: {e}", err=True)
+    except Preempted as e:  # SIGTERM: a checkpoint was written; not an error of the user's (said once, by rank 0)
+        from .log import is_rank0
+
+        if is_rank0():
+            click.echo(f"xlnet: {e}", err=True)
         sys.exit(e.exit_code)
     except XLNetError as e:
         click.echo(f"xlnet: error: {e}", err=True)
