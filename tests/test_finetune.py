@@ -437,7 +437,7 @@ def _comparable(out: Path) -> tuple:
     return ({k: res[k] for k in ("steps", "best_step", "metric", "value", "valid", "final_train_loss")}, strip)
 
 
-def test_resume_after_sigkill_is_exact(work, tmp_path):
+def test_resume_after_sigkill_is_exact(work, tmp_path, capsys):
     """`xlnet finetune` killed with SIGKILL after a checkpoint, then `--resume`: the same final metrics, metric rows
     and best weights as an uninterrupted run, bit for bit. --out does not exist until the run completes."""
     import os
@@ -468,8 +468,10 @@ def test_resume_after_sigkill_is_exact(work, tmp_path):
     proc.wait()
     assert still_running, proc.stderr.read().decode()
     assert not b.exists() and partial.is_dir()  # a killed run leaves no half-written --out
-    again = subprocess.run(cmd(b), env=env, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 2 and "pass --resume to continue it or --overwrite" in again.stderr
+    from clitools import run_main
+
+    code, _, err = run_main(capsys, *cmd(b)[1:])
+    assert code == 2 and "pass --resume to continue it or --overwrite" in err
     resumed = subprocess.run(cmd(b, "--resume", "--quiet"), env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert not partial.exists() and len(list(b.glob("step_*"))) == 1
@@ -478,9 +480,9 @@ def test_resume_after_sigkill_is_exact(work, tmp_path):
     wa, wb = _best_weights(tmp_path / "a"), _best_weights(b)
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     # resuming a finished run says so and changes nothing
-    finished = subprocess.run(cmd(b, "--resume"), env=env, capture_output=True, text=True, timeout=300)
-    assert finished.returncode == 0 and "is complete: 40 steps, best accuracy" in finished.stderr, finished.stderr
-    assert "nan" not in finished.stderr and _comparable(b) == _comparable(tmp_path / "a")
+    code, _, err = run_main(capsys, *cmd(b, "--resume")[1:])
+    assert code == 0 and "is complete: 40 steps, best accuracy" in err and "nan" not in err, err
+    assert _comparable(b) == _comparable(tmp_path / "a")
 
 
 def test_sigterm_keeps_the_previous_result_until_the_new_one_completes(work, tmp_path, monkeypatch, capsys):
