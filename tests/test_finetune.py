@@ -524,3 +524,30 @@ def test_sigterm_keeps_the_previous_result_until_the_new_one_completes(work, tmp
     code, _, err = run_main(capsys, *argv, "--resume", "--overwrite")
     assert code == 0, err
     assert _comparable(out) == before and not partial_dir(out).exists()
+
+
+def test_out_of_memory_and_divergence_are_diagnosed(work, tmp_path, monkeypatch, capsys):
+    """The engine's diagnosis serves finetuning too: out of memory names smaller finetune.* settings, a non-finite
+    loss stops before the update; both one line, and before the first checkpoint nothing is left behind."""
+    from clitools import assert_one_line_error, run_main
+
+    from xlnetcli.finetune import FinetuneTask
+
+    train, valid, cfg = _resume_files(tmp_path)
+    argv = ["finetune", "--task", "classification", "--train", train, "--valid", valid, "--init", work / "init",
+            "--out", tmp_path / "out", "--config", cfg, "--quiet"]
+
+    def oom(self, model, batch, micro):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(FinetuneTask, "loss", oom)
+    code, _, err = run_main(capsys, *argv)
+    assert_one_line_error(code, err, "out of memory on cpu during training step 1 with micro-batch 8 x seq 48",
+                          "--set finetune.micro_batch_size=4 (accumulation becomes 4, same global batch)",
+                          "finetune.max_seq_length (48)")
+    monkeypatch.undo()
+    code, _, err = run_main(capsys, *argv, "--set", "finetune.lr=1e30", "--set", "finetune.clip_norm=0",
+                            "--set", "finetune.warmup_ratio=0")
+    assert_one_line_error(code, err, "training diverged at step", "the update was not applied",
+                          "no checkpoint saved yet", "finetune.lr (now 1e+30)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ft.yaml", "train.tsv", "valid.tsv"]
