@@ -19,6 +19,7 @@ from .errors import DataError
 
 
 def read_records_meta(data_dir: str | Path) -> dict:
+    """A records folder's meta.json (how it was preprocessed), or a one-line DataError."""
     from .preprocess import read_meta
 
     if not Path(data_dir).is_dir():
