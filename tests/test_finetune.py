@@ -404,3 +404,150 @@ def test_eval_pretrained_checkpoint_on_records(work, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:  # a pretrained checkpoint without --data: one-line error
         main(["eval", str(work / "init"), "--file", str(VALID_TSV)])
     assert e.value.code == 2 and "pass --data" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Exact resume, preemption, and the output folder (built beside --out, renamed when complete)
+
+
+def _resume_files(tmp_path: Path) -> tuple[Path, Path, Path]:
+    train, valid = tmp_path / "train.tsv", tmp_path / "valid.tsv"
+    train.write_text("\n".join(["text\tlabel"] + [f"{t}\t{lab}" for t, lab in pydocs_rows(TRAIN_TSV, 240)]) + "\n")
+    valid.write_text("\n".join(["text\tlabel"] + [f"{t}\t{lab}" for t, lab in pydocs_rows(VALID_TSV, 60)]) + "\n")
+    from xlnetcli.config import dump_config
+
+    cfg = tmp_path / "ft.yaml"  # dropout on: the RNG state must resume too
+    cfg.write_text(dump_config(ft_cfg("finetune.batch_size=16", "finetune.micro_batch_size=8",
+                                      "finetune.max_steps=40", "finetune.eval_every=10", "finetune.save_every=2",
+                                      "finetune.max_seq_length=48")))
+    return train, valid, cfg
+
+
+def _best_weights(out: Path) -> dict:
+    from safetensors.torch import load_file
+
+    res = json.loads((out / "results.json").read_text())
+    return load_file(str(Path(res["checkpoint"]) / "model.safetensors"))
+
+
+def _comparable(out: Path) -> tuple:
+    res = json.loads((out / "results.json").read_text())
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    strip = [(r["step"], r["split"], r.get("loss"), r.get("metric")) for r in rows]
+    return ({k: res[k] for k in ("steps", "best_step", "metric", "value", "valid", "final_train_loss")}, strip)
+
+
+def test_resume_after_sigkill_is_exact(work, tmp_path, capsys):
+    """`xlnet finetune` killed with SIGKILL after a checkpoint, then `--resume`: the same final metrics, metric rows
+    and best weights as an uninterrupted run, bit for bit. --out does not exist until the run completes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from xlnetcli.finetune import partial_dir
+
+    train, valid, cfg = _resume_files(tmp_path)
+    xlnet = str(Path(sys.executable).parent / "xlnet")
+    env = dict(os.environ, XLNET_NO_PROGRESS="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+    def cmd(out: Path, *extra: str) -> list[str]:
+        return [xlnet, "finetune", "--task", "classification", "--train", str(train), "--valid", str(valid),
+                "--init", str(work / "init"), "--out", str(out), "--config", str(cfg), *extra]
+
+    done = subprocess.run(cmd(tmp_path / "a", "--quiet"), env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    b, partial = tmp_path / "b", partial_dir(tmp_path / "b")
+    proc = subprocess.Popen(cmd(b, "--quiet"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while proc.poll() is None and time.time() < deadline and not list(partial.glob("step_*/train_state.safetensors")):
+        time.sleep(0.005)
+    still_running = proc.poll() is None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert still_running, proc.stderr.read().decode()
+    assert not b.exists() and partial.is_dir()  # a killed run leaves no half-written --out
+    from clitools import run_main
+
+    code, _, err = run_main(capsys, *cmd(b)[1:])
+    assert code == 2 and "pass --resume to continue it or --overwrite" in err
+    resumed = subprocess.run(cmd(b, "--resume", "--quiet"), env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert not partial.exists() and len(list(b.glob("step_*"))) == 1
+    assert not (Path(json.loads((b / "results.json").read_text())["checkpoint"]) / "train_state.safetensors").exists()
+    assert _comparable(b) == _comparable(tmp_path / "a")
+    wa, wb = _best_weights(tmp_path / "a"), _best_weights(b)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    # resuming a finished run says so and changes nothing
+    code, _, err = run_main(capsys, *cmd(b, "--resume")[1:])
+    assert code == 0 and "is complete: 40 steps, best accuracy" in err and "nan" not in err, err
+    assert _comparable(b) == _comparable(tmp_path / "a")
+
+
+def test_sigterm_keeps_the_previous_result_until_the_new_one_completes(work, tmp_path, monkeypatch, capsys):
+    """--overwrite of a finished run, stopped by SIGTERM at step 5: exit 75 with one line, the old result intact, a
+    checkpoint to resume from; --resume --overwrite then replaces it with the same result (same settings)."""
+    import os
+    import signal
+
+    from clitools import run_main
+
+    from xlnetcli.finetune import FinetuneTask, partial_dir
+
+    train, valid, cfg = _resume_files(tmp_path)
+    out = tmp_path / "out"
+    argv = ["finetune", "--task", "classification", "--train", train, "--valid", valid, "--init", work / "init",
+            "--out", out, "--config", cfg, "--set", "finetune.max_steps=12", "--set", "finetune.eval_every=4",
+            "--set", "finetune.save_every=0", "--quiet"]
+    with torch.random.fork_rng():
+        code, _, err = run_main(capsys, *argv)
+    assert code == 0, err
+    before = _comparable(out)
+    real_loss = FinetuneTask.loss
+
+    def sigterm_at_step_5(self, model, batch, micro):
+        if self.step_done == 5 and micro == 0:
+            os.kill(os.getpid(), signal.SIGTERM)  # what a scheduler sends before it kills
+        return real_loss(self, model, batch, micro)
+
+    monkeypatch.setattr(FinetuneTask, "loss", sigterm_at_step_5)
+    code, _, err = run_main(capsys, *argv, "--overwrite")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 75 and len(lines) == 1 and lines[0].startswith("xlnet: stopped on SIGTERM after step 5 of 12")
+    assert "step_0000005" in lines[0] and "--resume" in lines[0]
+    assert _comparable(out) == before  # the previous result is untouched
+    assert sorted(p.name for p in partial_dir(out).glob("step_*")) == ["step_0000004", "step_0000005"]
+    monkeypatch.setattr(FinetuneTask, "loss", real_loss)
+    code, _, err = run_main(capsys, *argv, "--resume")
+    assert code == 2 and "already holds a finetuning run; pass --overwrite" in err
+    code, _, err = run_main(capsys, *argv, "--resume", "--overwrite")
+    assert code == 0, err
+    assert _comparable(out) == before and not partial_dir(out).exists()
+
+
+def test_out_of_memory_and_divergence_are_diagnosed(work, tmp_path, monkeypatch, capsys):
+    """The engine's diagnosis serves finetuning too: out of memory names smaller finetune.* settings, a non-finite
+    loss stops before the update; both one line, and before the first checkpoint nothing is left behind."""
+    from clitools import assert_one_line_error, run_main
+
+    from xlnetcli.finetune import FinetuneTask
+
+    train, valid, cfg = _resume_files(tmp_path)
+    argv = ["finetune", "--task", "classification", "--train", train, "--valid", valid, "--init", work / "init",
+            "--out", tmp_path / "out", "--config", cfg, "--quiet"]
+
+    def oom(self, model, batch, micro):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(FinetuneTask, "loss", oom)
+    code, _, err = run_main(capsys, *argv)
+    assert_one_line_error(code, err, "out of memory on cpu during training step 1 with micro-batch 8 x seq 48",
+                          "--set finetune.micro_batch_size=4 (accumulation becomes 4, same global batch)",
+                          "finetune.max_seq_length (48)")
+    monkeypatch.undo()
+    code, _, err = run_main(capsys, *argv, "--set", "finetune.lr=1e30", "--set", "finetune.clip_norm=0",
+                            "--set", "finetune.warmup_ratio=0")
+    assert_one_line_error(code, err, "training diverged at step", "the update was not applied",
+                          "no checkpoint saved yet", "finetune.lr (now 1e+30)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ft.yaml", "train.tsv", "valid.tsv"]

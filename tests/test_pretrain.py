@@ -366,3 +366,94 @@ def test_train_state_is_stored_without_pickle_and_a_pickle_payload_is_refused(re
     with pytest.raises(XLNetError, match="refusing to unpickle it"):
         pretrain(cfg, records, tmp_path / "run", resume="latest", quiet=True)
     assert not marker.exists()
+
+
+# ---- preemption, full disk, a finished run ----------------------------------------------------------------------
+
+
+def test_sigterm_writes_a_checkpoint_and_resume_is_exact(records, tmp_path):
+    """A scheduler's SIGTERM: the current step finishes, a checkpoint is written, exit code 75 with one line; --resume
+    then gives the uninterrupted run's losses, evaluations and final weights bit for bit."""
+    n = 40
+    over = [f"train.max_steps={n}", "train.save_every=0", "train.eval_every=10", "train.keep_last=3"]
+    cfg_file = _write_config(tmp_path / "cfg.yaml", SMALL + over)  # save_every=0: only SIGTERM and the end save
+    pretrain(load_config(cfg_file), records, tmp_path / "a", quiet=True)
+    run = tmp_path / "b"
+    cmd = [str(BIN / "xlnet"), "pretrain", "--config", str(cfg_file), "--data", str(records), "--out", str(run),
+           "--quiet"]
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while proc.poll() is None and time.time() < deadline and len(_train_losses(run) if
+                                                                 (run / "metrics.jsonl").exists() else []) < 3:
+        time.sleep(0.01)
+    still_running = proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    err = err.decode()
+    assert still_running, err
+    assert proc.returncode == 75, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("xlnet: stopped on SIGTERM after step "), err
+    stopped = [s for s, _ in list_checkpoints(run)]
+    assert len(stopped) == 1 and 3 <= stopped[0] < n and f"step_{stopped[0]:07d}" in lines[0] and "--resume" in lines[0]
+    assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no temporary folder left
+    out = subprocess.run([str(BIN / "xlnet"), "pretrain", "--data", str(records), "--out", str(run), "--resume",
+                          "--quiet"], env=_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    strip = lambda rows: [(r["step"], r["split"], r["loss"]) for r in rows]  # noqa: E731
+    assert strip(read_metrics(run)) == strip(read_metrics(tmp_path / "a"))
+    wa, wb = _weights(tmp_path / "a" / f"step_{n:07d}"), _weights(run / f"step_{n:07d}")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_disk_full_while_saving_names_the_last_good_checkpoint(records, tmp_path, monkeypatch, capsys):
+    """ENOSPC half-way through writing a checkpoint: one line naming the last good one, no partial step folder; after
+    freeing space, --resume finishes the run as if nothing happened."""
+    import errno
+
+    from clitools import assert_one_line_error, run_main
+
+    cfg_file = _write_config(tmp_path / "cfg.yaml", SMALL + ["train.max_steps=6", "train.save_every=2",
+                                                             "train.eval_every=0", "train.keep_last=5"])
+    pretrain(load_config(cfg_file), records, tmp_path / "a", quiet=True)
+    from xlnetcli import engine
+
+    real_save, calls = engine.save_tree, []
+
+    def disk_full_on_second(obj, f):
+        calls.append(f)
+        if len(calls) == 2:  # the step-4 train state: part of the file lands, then the disk is full
+            Path(f).write_bytes(b"\0" * 4096)
+            raise OSError(errno.ENOSPC, "No space left on device", str(f))
+        return real_save(obj, f)
+
+    monkeypatch.setattr(engine, "save_tree", disk_full_on_second)
+    run = tmp_path / "b"
+    code, _, err = run_main(capsys, "pretrain", "--config", cfg_file, "--data", records, "--out", run, "--quiet")
+    assert_one_line_error(code, err, "disk full while writing checkpoint", "step_0000004",
+                          f"last good checkpoint {run / 'step_0000002'}", "--resume")
+    assert [s for s, _ in list_checkpoints(run)] == [2]
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".") or p.name == "step_0000004"]
+    monkeypatch.setattr(engine, "save_tree", real_save)
+    code, _, err = run_main(capsys, "pretrain", "--data", records, "--out", run, "--resume", "--quiet")
+    assert code == 0, err
+    assert _train_losses(run) == _train_losses(tmp_path / "a")
+    wa, wb = _weights(tmp_path / "a" / "step_0000006"), _weights(run / "step_0000006")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_resuming_a_finished_run_says_it_is_complete(records, tmp_path, monkeypatch, capsys):
+    from clitools import run_main
+
+    monkeypatch.setenv("XLNET_NO_PROGRESS", "1")
+    cfg = _cfg("train.max_steps=3", "train.save_every=2", "train.eval_every=3")
+    first = pretrain(cfg, records, tmp_path / "run", quiet=True)
+    res = pretrain(cfg, records, tmp_path / "run", resume="latest", quiet=True)
+    assert res["already_complete"] and res["step"] == 3 and res["loss"] == first["loss"]
+    assert res["eval"]["loss"] == first["eval"]["loss"]
+    rows = read_metrics(tmp_path / "run")
+    code, _, err = run_main(capsys, "pretrain", "--data", records, "--out", tmp_path / "run", "--resume")
+    assert code == 0, err
+    assert f"is already complete: step 3 of 3, final checkpoint {tmp_path / 'run' / 'step_0000003'}" in err
+    assert "nan" not in err and "tokens/s" not in err
+    assert read_metrics(tmp_path / "run") == rows  # nothing logged again

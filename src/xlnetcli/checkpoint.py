@@ -179,7 +179,7 @@ def load_tree(path: str | Path) -> Any:
                               "earlier step") from None
 
 
-TRAIN_STATE = "train_state.safetensors"
+TRAIN_STATE = "train_state.safetensors"  # optimizer, scaler, step, RNG states, data cursors (pretrain and finetune)
 LEGACY_TRAIN_STATE = "train_state.pt"  # written by earlier versions with torch.save
 
 

@@ -14,7 +14,7 @@ import click
 
 from . import __version__
 from .config import PRESETS, Config, check_override_sections, clip, load_config
-from .errors import Terminated, XLNetError
+from .errors import Preempted, Terminated, XLNetError
 
 DEFAULT_CONFIG = "tiny"  # the preset pretrain uses when neither --config, the run nor the records carry a config
 BUNDLED_CORPUS = Path(__file__).resolve().parents[2] / "data" / "pydocs" / "corpus.txt"
@@ -80,7 +80,7 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: user errors become one line on stderr and exit code 2."""
+    """Console entry point: user errors become one line on stderr and exit code 2; a preempted run exits 75."""
     try:
         cli.main(args=argv, prog_name="xlnet", standalone_mode=False)
     except (click.exceptions.Abort, Terminated) as e:  # click turns KeyboardInterrupt (and Terminated) into Abort
@@ -91,6 +91,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except click.exceptions.NoArgsIsHelpError as e:  # `xlnet` or `xlnet tokenize` alone: the help text
         e.show()
+        sys.exit(e.exit_code)
+    except Preempted as e:  # SIGTERM: a checkpoint was written; not an error of the user's (said once, by rank 0)
+        from .log import is_rank0
+
+        if is_rank0():
+            click.echo(f"xlnet: {e}", err=True)
         sys.exit(e.exit_code)
     except click.exceptions.UsageError as e:  # bad or missing option, unknown command: one line, with a pointer
         where = e.ctx.command_path if e.ctx is not None else "xlnet"
@@ -368,13 +374,15 @@ def _columns(text_a: str | None, text_b: str | None, label: str | None):
 @column_options
 @click.option("--from-scratch", is_flag=True,
               help="Random weights with --init's architecture and tokenizer (a baseline for the pretrained model).")
-@click.option("--overwrite", is_flag=True, help="Replace a non-empty output folder.")
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty output folder (once the new run completes).")
+@click.option("--resume", is_flag=True,
+              help="Continue an interrupted run into --out exactly, from its latest checkpoint (same arguments).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 def finetune_cmd(config_path: str | None, overrides: tuple[str, ...], task: str, train_file: Path,
                  valid_file: Path | None, init: Path, out_dir: Path, text_a_column: str | None,
                  text_b_column: str | None, label_column: str | None, no_header: bool, from_scratch: bool,
-                 overwrite: bool, device: str, quiet: bool) -> None:
+                 overwrite: bool, resume: bool, device: str, quiet: bool) -> None:
     """Finetune a pretrained XLNet on a labelled file (torchrun --nproc-per-node N for several processes).
 
     The architecture and tokenizer come from --init; finetuning settings from --config (presets glue, squad, race),
@@ -386,7 +394,7 @@ def finetune_cmd(config_path: str | None, overrides: tuple[str, ...], task: str,
     cfg = finetune_config(config_path, init, overrides)
     finetune(cfg, task, train_file, valid_file, init, out_dir, columns=_columns(text_a_column, text_b_column,
              label_column), header=not no_header, overwrite=overwrite, device=device, quiet=quiet,
-             from_scratch=from_scratch)
+             from_scratch=from_scratch, resume=resume)
 
 
 @cli.command("eval")

@@ -196,6 +196,7 @@ class FinetuneConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     eval_every: int = ranged(0, "[0, inf)")  # steps between evaluations (0 = every epoch)
     early_stopping_patience: int = ranged(0, "[0, inf)")  # stop after this many evaluations without gain (0 = off)
+    save_every: int = ranged(0, "[0, inf)")  # steps between resumable checkpoints (0 = at every evaluation)
     doc_stride: int = ranged(128, "[1, inf)")  # SQuAD: stride between windows of a long paragraph
     max_query_length: int = ranged(64, "[1, inf)")  # SQuAD: question tokens kept
     max_answer_length: int = ranged(64, "[1, inf)")  # SQuAD: longest predicted answer in tokens

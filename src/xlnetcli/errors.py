@@ -23,3 +23,10 @@ class CheckpointError(XLNetError):
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM arrived: unwinds like Ctrl-C, so temporary outputs are removed (see io.sigterm_as_interrupt)."""
+
+
+class Preempted(XLNetError):
+    """Training stopped on SIGTERM after writing a checkpoint; ``--resume`` continues exactly. Exit code 75
+    (EX_TEMPFAIL in sysexits.h: a temporary failure, retry later), so a job script can tell it from an error (2)."""
+
+    exit_code = 75

@@ -66,7 +66,7 @@ def evaluate_plm_checkpoint(checkpoint: str | Path, records: str | Path, split: 
     """PLM loss / perplexity / target accuracy of a pretrained checkpoint on preprocessed records."""
     from .checkpoint import load_lm_model, resolve_checkpoint
     from .data import PretrainStream
-    from .pretrain import evaluate_plm, read_records_meta
+    from .plm import evaluate_plm, read_records_meta
 
     dev = dist.resolve_device(device)
     meta = read_records_meta(records)
@@ -87,7 +87,7 @@ def evaluate_task(checkpoint: str | Path, file: str | Path, predict: str | Path 
                   batch_size: int | None = None, precision: str | None = None,
                   null_odds_threshold: float | None = None, quiet: bool = True) -> dict[str, Any]:
     """The task metrics of a finetuned checkpoint on ``file``; with ``predict`` also write the predictions."""
-    from .finetune import load_finetuned, load_task_data, predict as run_predict, primary_metric, score, \
+    from .taskmodel import load_finetuned, load_task_data, predict as run_predict, primary_metric, score, \
         tokenizer_dir_of
 
     dev = dist.resolve_device(device)

@@ -307,21 +307,27 @@ def _atomic_output_dir(out: str | Path, overwrite: bool, what: str, inputs: tupl
     try:
         yield tmp
         share_modes(tmp)
-        for p in tmp.rglob("*"):
-            if p.is_file():
-                with open(p, "rb") as f:
-                    os.fsync(f.fileno())
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-        _fsync_dir(out.parent)
+        commit_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def commit_dir(tmp: Path, out: Path) -> None:
+    """Make the finished folder ``tmp`` (a sibling of ``out``) become ``out``: fsync its files, then rename. A previous
+    ``out`` is moved aside first and removed only once the new one is in place."""
+    for p in tmp.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+    _fsync_dir(out.parent)
 
 
 def is_disk_full(exc: BaseException) -> bool:
