@@ -49,7 +49,7 @@ def cls_run(work, tmp_path_factory):  # noqa: F811
 
 def encoded(run: Path, file: Path):
     """The rows `xlnet eval` feeds the model for ``file``: our tokenizer, our input layout."""
-    from xlnetcli.finetune import load_finetuned, load_task_data, tokenizer_dir_of
+    from xlnetcli.taskmodel import load_finetuned, load_task_data, tokenizer_dir_of
     from xlnetcli.tasks import load_tokenizer
 
     model, cfg, meta = load_finetuned(run)
