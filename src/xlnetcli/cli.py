@@ -146,7 +146,7 @@ def export_cmd(ckpt: Path, fmt: str, out: Path, overwrite: bool) -> None:
     from .log import console
 
     export_hf(ckpt, out, overwrite=overwrite)
-    console.print(f"exported {ckpt} -> {out} (config.json, model.safetensors, spiece.model)")
+    console.print(f"exported {ckpt} -> {out} (config.json, model.safetensors, spiece.model, tokenizer.json)")
 
 
 @cli.command("import")
@@ -201,7 +201,7 @@ def tokenize_train_cmd(config_path: Path | None, overrides: tuple[str, ...], inp
     cfg = replace(cfg, tokenizer={k: v for k, v in opts.items() if v is not None}, model=model)
     tok = train_tokenizer(inputs_or_bundled(inputs), out_dir, cfg.tokenizer, overwrite=overwrite, quiet=quiet,
                           cfg=cfg)
-    console.print(f"wrote {out_dir}/spiece.model + tokenizer.json (vocab {tok.vocab_size}, "
+    console.print(f"wrote {out_dir}/ spiece.model, xlnet_tokenizer.json, tokenizer.json (vocab {tok.vocab_size}, "
                   f"uncased={tok.uncased}, keep_accents={tok.keep_accents}, sha256 {tok.sha256[:12]})")
 
 
