@@ -257,3 +257,67 @@ def test_xlnet_tokenizer_loads_and_its_differences_are_pinned(tok, tok_dir, expo
             assert _difference(tok, scores, tok.encode_ids(text), theirs) in ("", "tie"), text
     assert plain >= 300
     assert xl(WORLD[0])["input_ids"][-2:] == [SEP_ID, CLS_ID]
+
+
+# ---- import ------------------------------------------------------------------------------------------------------
+
+
+def test_import_of_a_transformers_directory_keeps_its_casing(tmp_path):
+    """`xlnet import` of a transformers directory whose spiece.model comes without our metadata (as a downloaded
+    uncased model would): tokenizer_config.json's do_lower_case is kept, and written down in the checkpoint."""
+    from test_tokenizer import _xlnet_spm
+
+    hf = tmp_path / "hf"
+    model = transformers.XLNetLMHeadModel(transformers.XLNetConfig(vocab_size=600, d_model=16, n_layer=1, n_head=2,
+                                                                   d_inner=32, mem_len=None, reuse_len=None))
+    model.save_pretrained(hf)
+    (hf / "spiece.model").write_bytes(_xlnet_spm(tmp_path, "corpus.txt", lower=True))
+    (hf / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLNetTokenizer", "do_lower_case": True}))
+    with pytest.raises(SystemExit) as e:
+        main(["import", "--from-hf", str(hf), "--out", str(tmp_path / "ck")])
+    assert e.value.code == 0
+    tok_dir = tmp_path / "ck" / "tokenizer"
+    assert json.loads((tok_dir / "xlnet_tokenizer.json").read_text())["uncased"] is True
+    tok = Tokenizer.load(tok_dir)
+    assert tok.uncased and tok.encode_ids("HELLO World") == tok.encode_ids("hello world")
+    auto = transformers.AutoTokenizer.from_pretrained(tok_dir)
+    assert auto("HELLO World", add_special_tokens=False)["input_ids"] == tok.encode_ids("hello world")
+
+
+def test_readme_autotokenizer_example_runs(tok, export_dir, tmp_path, monkeypatch):
+    """The README's AutoTokenizer block, run against an export: our ids, framing and left padding."""
+    import shutil
+
+    from test_readme import code_blocks
+
+    shutil.copytree(export_dir, tmp_path / "runs" / "tiny-hf")
+    monkeypatch.chdir(tmp_path)
+    block = next(b for b in code_blocks("python") if "AutoTokenizer" in b)
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    ids, seg, _ = build_pair(tok.encode_ids("The event loop runs in one thread."),
+                             tok.encode_ids("It returns a future."), 512)
+    enc = scope["enc"]
+    assert enc["input_ids"] == [ids] and enc["token_type_ids"] == [seg] and enc["attention_mask"] == [[1] * len(ids)]
+
+
+def test_normalisation_agrees_on_every_bmp_code_point(tok, tok_dir):
+    """tokenizer.json's normalizer against ours followed by SentencePiece's, for each code point of the Basic
+    Multilingual Plane between two letters. The few that differ are letters newer than one side's Unicode tables, and
+    U+0344 in keep-accents models (NFC joins it to the letter before; SentencePiece maps it alone)."""
+    from xlnetcli.tokenizer import normalize_text
+
+    norm = tokenizers.Tokenizer.from_file(str(tok_dir / "tokenizer.json")).normalizer
+    bad = []
+    for c in range(0x10000):
+        if 0xD800 <= c < 0xE000:
+            continue
+        text = f"a{chr(c)}b"
+        want = tok.sp.normalize(normalize_text(text, tok.uncased, tok.keep_accents))
+        got = norm.normalize_str(text)
+        if want != ("\u2581" + got.replace(" ", "\u2581") if got else ""):
+            bad.append(c)
+    assert len(bad) <= 12, [hex(c) for c in bad]
+    common = [(0, 0x2FF), (0x370, 0x52F), (0x590, 0x6FF), (0x900, 0xDFF), (0x2000, 0x206F), (0x3040, 0x30FF),
+              (0x4E00, 0x9FFF), (0xAC00, 0xD7A3), (0xFF00, 0xFFEF)]
+    assert [hex(c) for c in bad if any(a <= c <= b for a, b in common)] == []

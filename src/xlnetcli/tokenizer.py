@@ -686,8 +686,8 @@ def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
             "type": "TemplateProcessing",
             "single": [seq("A", 0), special(sep, 0), special(cls, 2)],
             "pair": [seq("A", 0), special(sep, 0), seq("B", 1), special(sep, 1), special(cls, 2)],
-            "special_tokens": {p: {"id": p, "ids": [i], "tokens": [p]} for i, p in sorted([(CLS_ID, cls), (SEP_ID, sep)],
-                                                                                         key=lambda x: x[1])},
+            "special_tokens": {p: {"id": p, "ids": [i], "tokens": [p]}
+                               for p, i in sorted({cls: CLS_ID, sep: SEP_ID}.items())},
         },
         "decoder": dict(space),
         "model": {"type": "Unigram", "unk_id": tok.sp.unk_id(), "vocab": vocab, "byte_fallback": False},
