@@ -1,7 +1,7 @@
 """Our tokenizer in transformers: AutoTokenizer on a tokenizer folder and on an `xlnet export` gives our ids (the
 tokenizer.json we write), XLNetTokenizer loads both; each known difference is pinned.
 
-Sentences: lines of the bundled corpus (data/pydocs), of tests/data/sample.txt, every corpus line with a comma after a
+Sentences: lines of the bundled corpus (data/pydocs), of tests/data/sample.txt, corpus lines with a comma after a
 digit, and handcrafted ones (digits, quotes, accents, parentheses, Greek capitals, Hindi, CJK, odd whitespace).
 """
 
@@ -208,6 +208,16 @@ def test_autotokenizer_frames_sequences_as_our_pipeline(tok, tok_dir):
         assert seg[:n] == [SEG_ID_PAD] * n and batch["token_type_ids"][row][:n] == [0] * n
     assert batch["input_ids"][1][0] == PAD_ID and hf.pad_token_id == PAD_ID
     assert (hf.sep_token_id, hf.cls_token_id, hf.padding_side) == (SEP_ID, CLS_ID, "left")
+    # truncation of a pair: both trim the longer text first, but with an odd budget we give the extra token to A
+    # (the original's rule, B trimmed on ties) and transformers to the text that was longer
+    a, b = " ".join(["the"] * 15), " ".join(["the"] * 18)
+    assert len(tok.encode_ids(a)) == 15 and len(tok.encode_ids(b)) == 18
+    ids, seg, _ = build_pair(tok.encode_ids(a), tok.encode_ids(b), 24)
+    assert seg.count(0) - 1 == 11 and seg.count(1) - 1 == 10
+    enc = hf(a, b, truncation="longest_first", max_length=24)
+    assert enc["token_type_ids"].count(0) - 1 == 10 and enc["token_type_ids"].count(1) - 1 == 11
+    assert hf(a, b, truncation="longest_first", max_length=25)["input_ids"] == build_pair(
+        tok.encode_ids(a), tok.encode_ids(b), 25)[0]  # an even budget: the same
 
 
 def test_known_differences_are_pinned(tok, tok_dir):

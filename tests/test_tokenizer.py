@@ -178,7 +178,8 @@ def test_tokenizer_trained_here_without_its_metadata_is_refused(tmp_path, capsys
     model = _xlnet_spm(tmp_path, ".normalized.abc123.txt", lower=True)
     assert read_model_info(model).trained_here and read_model_info(model).options is None
     (d / "spiece.model").write_bytes(model)
-    with pytest.raises(DataError, match="has no xlnet_tokenizer.json, which holds this model's normalisation"):
+    with pytest.raises(DataError, match=r"has no xlnet_tokenizer.json \(tokenizer.json in older folders\), which "
+                                        "holds this model's normalisation"):
         Tokenizer.load(d)
     code, _, err = run_main(capsys, "tokenize", "encode", "--tokenizer", d, "--text", "HELLO")
     assert_one_line_error(code, err, "xlnet_tokenizer.json", "recopy")

@@ -351,8 +351,8 @@ class Tokenizer:
         elif info.options is not None:
             meta = _default_meta(sha, info.options)
         elif info.trained_here:
-            raise DataError(f"{model_path.parent} has no {META_FILE}, which holds this model's normalisation "
-                            "(uncased, accents); recopy the whole tokenizer directory")
+            raise DataError(f"{model_path.parent} has no {META_FILE} ({LEGACY_META_FILE} in older folders), which "
+                            "holds this model's normalisation (uncased, accents); recopy the whole tokenizer directory")
         else:
             meta = _default_meta(sha, _hf_options(model_path.parent))
         tok = cls(model_bytes, meta, model_path)
