@@ -256,11 +256,13 @@ def _xlnet_tokenizer_ids(tok: Tokenizer, text: str) -> list[int]:
 def test_xlnet_tokenizer_loads_and_its_differences_are_pinned(tok, tok_dir, export_dir, where):
     xl = transformers.XLNetTokenizer.from_pretrained(tok_dir if where == "folder" else export_dir)
     assert type(xl).__name__ == "XLNetTokenizer"
+    # transformers 4.x: the SentencePiece-based class, which runs the original normalisation and digit-comma rule
+    sentencepiece_based = int(transformers.__version__.split(".")[0]) < 5
     scores = _scores(tok)
     plain = 0
     for text in SENTENCES:
         theirs = xl(text, add_special_tokens=False)["input_ids"]
-        expected = _xlnet_tokenizer_ids(tok, text)
+        expected = tok.encode_ids(text) if sentencepiece_based else _xlnet_tokenizer_ids(tok, text)
         assert theirs == expected or _difference(tok, scores, expected, theirs) == "tie", text
         if text.isascii() and not re.search(r"\d,", text):
             plain += 1  # plain ASCII text without a comma after a digit: our ids
