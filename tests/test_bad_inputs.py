@@ -290,7 +290,7 @@ def _corrupt_tokenizer(w: Path, bad: Path) -> Path:
 def _edited_tokenizer(w: Path, bad: Path) -> Path:
     d = bad / "tok_edited"
     shutil.copytree(w / "tok", d)
-    p = d / "tokenizer.json"
+    p = d / "xlnet_tokenizer.json"
     p.write_text(p.read_text().replace('"uncased": false', '"uncased": true'))
     return d
 

@@ -23,5 +23,5 @@ def test_tokenize_without_inputs_uses_the_bundled_corpus(tmp_path, capsys):
     code, _, err = run_main(capsys, "tokenize", "train", "--out", tmp_path / "tok", "--vocab-size", "1000", "--quiet")
     assert code == 0, err
     assert "bundled corpus" in err and BUNDLED_CORPUS.is_file()
-    info = (tmp_path / "tok" / "tokenizer.json").read_text()
+    info = (tmp_path / "tok" / "xlnet_tokenizer.json").read_text()
     assert '"vocab_size": 1000' in info

@@ -22,7 +22,7 @@ TINY = ROOT / "configs" / "tiny.yaml"
 SAMPLE = ROOT / "tests" / "data" / "sample.txt"
 BIN = Path(sys.executable).parent
 KILLS = int(os.environ.get("XLNET_FAULT_KILLS", "20"))
-STEPS = 30
+STEPS = 60
 SMALL = [
     "tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
     "model.d_head=16", "model.d_inner=64", "data.seq_len=32", "model.reuse_len=16", "model.mem_len=16",
@@ -100,7 +100,7 @@ def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_checkpoin
                 hit = _wait_for_save(proc, run)
                 during_save += hit
             elif _wait_for_progress(proc, run):
-                time.sleep(rng.uniform(0.0, 0.4))
+                time.sleep(rng.uniform(0.0, 0.1))
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()

@@ -287,7 +287,7 @@ def test_missing_and_corrupt_tokenizer(tmp_path, tok_dir, capsys):
     bad = tmp_path / "badtok"
     bad.mkdir()
     (bad / "spiece.model").write_bytes((tok_dir / "spiece.model").read_bytes()[:-100])
-    (bad / "tokenizer.json").write_text((tok_dir / "tokenizer.json").read_text())
+    (bad / "xlnet_tokenizer.json").write_text((tok_dir / "xlnet_tokenizer.json").read_text())
     code, _, err = run_main(capsys, "shard", SAMPLE, "--tokenizer", bad, "--out", tmp_path / "o")
     assert_one_line_error(code, err, "sha256 differs")
     assert not (tmp_path / "o").exists()

@@ -26,6 +26,7 @@ from xlnetcli.tokenizer import (
     normalize_block,
     normalize_lines,
     normalize_text,
+    read_model_info,
     train_tokenizer,
 )
 
@@ -82,8 +83,8 @@ def test_fixed_ids_and_symbols(tok):
     assert "." in tok.encode_pieces("A (b).")
 
 
-def test_tokenizer_json_options_and_hash(tok_dir, tok):
-    meta = json.loads((tok_dir / "tokenizer.json").read_text())
+def test_metadata_options_and_hash(tok_dir, tok):
+    meta = json.loads((tok_dir / "xlnet_tokenizer.json").read_text())
     assert meta["format_version"] == 1
     assert meta["uncased"] is False and meta["keep_accents"] is False and meta["digit_comma_fix"] is True
     assert meta["vocab_size"] == VOCAB
@@ -107,12 +108,92 @@ def test_normalisation_at_encode_time(tok):
     assert tok.encode_ids("  a \n b  ") == tok.encode_ids("a b")
 
 
-def test_uncased_and_keep_accents_training(tmp_path, corpus):
+def test_uncased_and_keep_accents_training(tmp_path, corpus, capsys):
     t = train_tokenizer([corpus], tmp_path / "u", tcfg(vocab_size=1000, uncased=True, keep_accents=True), quiet=True)
     assert t.uncased and t.keep_accents
     assert Tokenizer.load(tmp_path / "u").uncased
     assert t.encode_ids("HELLO World") == t.encode_ids("hello world")
     assert t.normalize("Caf\u00e9") == "caf\u00e9"
+    # the options travel inside spiece.model: without the metadata file the folder still loads uncased, and a bare
+    # copy of the model file too (uppercase text does not become <unk>)
+    model = (tmp_path / "u" / "spiece.model").read_bytes()
+    assert read_model_info(model).options == {"normalizer": "xlnet-preprocess-text-v1", "uncased": True,
+                                              "keep_accents": True, "digit_comma_fix": True}
+    (tmp_path / "u" / "xlnet_tokenizer.json").unlink()
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "spiece.model").write_bytes(model)
+    for where in (tmp_path / "u", tmp_path / "bare", tmp_path / "bare" / "spiece.model"):
+        t2 = Tokenizer.load(where)
+        assert t2.uncased and t2.keep_accents and t2.sha256 == t.sha256
+        assert t2.encode_ids("HELLO World") == t.encode_ids("hello world") and 0 not in t2.encode_ids("HELLO World")
+    code, out, err = run_main(capsys, "tokenize", "encode", "--tokenizer", tmp_path / "bare", "--text", "HELLO World")
+    assert code == 0 and out.split() == t.encode_pieces("hello world"), err
+    # the record is an extension field SentencePiece ignores: the raw model encodes as before
+    import sentencepiece as spm
+
+    assert spm.SentencePieceProcessor(model_proto=model).encode("hello world") == t.sp.encode("hello world")
+
+
+def _xlnet_spm(tmp_path: Path, train_file: str, lower: bool = False) -> bytes:
+    """A SentencePiece model with XLNet's symbols trained directly with sentencepiece on a file named ``train_file``
+    (as Hugging Face's spiece.model was; xlnet's own trainer names its file .normalized.*.txt)."""
+    import sentencepiece as spm
+
+    from xlnetcli.tokenizer import CONTROL_SYMBOLS
+
+    src = tmp_path / train_file
+    text = SAMPLE.read_text(encoding="utf-8")
+    src.write_text(text.lower() if lower else text, encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(src), model_prefix=str(tmp_path / "m"), model_type="unigram", vocab_size=600, num_threads=1,
+        control_symbols=list(CONTROL_SYMBOLS), user_defined_symbols=list(USER_DEFINED_SYMBOLS), unk_id=0, bos_id=1,
+        eos_id=2, pad_id=-1, minloglevel=2)
+    return (tmp_path / "m.model").read_bytes()
+
+
+def test_plain_spiece_model_loads_with_transformers_defaults(tmp_path):
+    """A spiece.model from elsewhere (no metadata, no options inside): cased, accents stripped, digit-comma fix, unless
+    a tokenizer_config.json beside it says otherwise (do_lower_case, keep_accents, as transformers reads them)."""
+    d = tmp_path / "hf"
+    d.mkdir()
+    (d / "spiece.model").write_bytes(_xlnet_spm(tmp_path, "corpus.txt"))
+    t = Tokenizer.load(d / "spiece.model")
+    assert not t.uncased and not t.keep_accents and t.digit_comma_fix and t.vocab_size == 600
+    assert Tokenizer.load(d).sha256 == t.sha256  # a directory with only spiece.model (Hugging Face layout)
+    (d / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "keep_accents": True}))
+    t = Tokenizer.load(d)
+    assert t.uncased and t.keep_accents
+    # copied into a tokenizer folder (as `xlnet import` does), the options are written down
+    t.save(tmp_path / "copy")
+    assert json.loads((tmp_path / "copy" / "xlnet_tokenizer.json").read_text())["uncased"] is True
+    assert Tokenizer.load(tmp_path / "copy").uncased
+
+
+def test_tokenizer_trained_here_without_its_metadata_is_refused(tmp_path, capsys):
+    """A model trained by an earlier `xlnet tokenize train` (options only in the metadata file) whose metadata file was
+    removed: refused in one line instead of loading silently as cased. With its metadata, under the former name
+    tokenizer.json, it loads with its options."""
+    d = tmp_path / "old"
+    d.mkdir()
+    model = _xlnet_spm(tmp_path, ".normalized.abc123.txt", lower=True)
+    assert read_model_info(model).trained_here and read_model_info(model).options is None
+    (d / "spiece.model").write_bytes(model)
+    with pytest.raises(DataError, match=r"has no xlnet_tokenizer.json \(tokenizer.json in older folders\), which "
+                                        "holds this model's normalisation"):
+        Tokenizer.load(d)
+    code, _, err = run_main(capsys, "tokenize", "encode", "--tokenizer", d, "--text", "HELLO")
+    assert_one_line_error(code, err, "xlnet_tokenizer.json", "recopy")
+    import hashlib
+
+    from xlnetcli.tokenizer import _default_meta
+
+    meta = _default_meta(hashlib.sha256(model).hexdigest(), {"uncased": True})
+    (d / "tokenizer.json").write_text(json.dumps(meta))  # the metadata file's former name
+    t = Tokenizer.load(d)
+    assert t.uncased and t.encode_ids("HELLO there") == t.encode_ids("hello there")
+    # saving writes the current layout: metadata under its new name, tokenizer.json for transformers
+    t.save(d)
+    assert Tokenizer.load(d).uncased and "model" in json.loads((d / "tokenizer.json").read_text())
 
 
 def test_digit_comma_fix(tok):
@@ -165,14 +246,8 @@ def test_pickle_and_save(tok, tmp_path):
     assert t2.encode_ids("hello world") == tok.encode_ids("hello world") and t2.sha256 == tok.sha256
     tok.save(tmp_path / "copy")
     assert Tokenizer.load(tmp_path / "copy").sha256 == tok.sha256
-    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["spiece.model", "tokenizer.json"]
-
-
-def test_bare_spiece_model_loads_with_defaults(tok_dir, tmp_path):
-    (tmp_path / "spiece.model").write_bytes((tok_dir / "spiece.model").read_bytes())
-    t = Tokenizer.load(tmp_path / "spiece.model")
-    assert not t.uncased and not t.keep_accents and t.vocab_size == VOCAB
-    assert Tokenizer.load(tmp_path).sha256 == t.sha256  # a directory with only spiece.model (Hugging Face layout)
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["spiece.model", "tokenizer.json",
+                                                                     "tokenizer_config.json", "xlnet_tokenizer.json"]
 
 
 # ---- normalisation ---------------------------------------------------------------------------------------------
@@ -238,9 +313,12 @@ def test_load_corrupt_model(tok_dir, tmp_path):
     (d / "spiece.model").write_bytes(b"this is not a sentencepiece model" * 10)
     with pytest.raises(DataError, match="not a valid SentencePiece model"):
         Tokenizer.load(d)
-    # truncated model with its original tokenizer.json: the hash catches it
+    # truncated model with its original metadata (either name): the hash catches it
     (d / "spiece.model").write_bytes((tok_dir / "spiece.model").read_bytes()[:1000])
-    (d / "tokenizer.json").write_text((tok_dir / "tokenizer.json").read_text())
+    (d / "xlnet_tokenizer.json").write_text((tok_dir / "xlnet_tokenizer.json").read_text())
+    with pytest.raises(DataError, match="sha256 differs"):
+        Tokenizer.load(d)
+    (d / "xlnet_tokenizer.json").rename(d / "tokenizer.json")
     with pytest.raises(DataError, match="sha256 differs"):
         Tokenizer.load(d)
 
@@ -249,12 +327,19 @@ def test_load_edited_options_or_corrupt_json(tok_dir, tmp_path):
     d = tmp_path / "t"
     d.mkdir()
     (d / "spiece.model").write_bytes((tok_dir / "spiece.model").read_bytes())
-    meta = json.loads((tok_dir / "tokenizer.json").read_text())
+    meta = json.loads((tok_dir / "xlnet_tokenizer.json").read_text())
     meta["uncased"] = True
-    (d / "tokenizer.json").write_text(json.dumps(meta))
+    (d / "xlnet_tokenizer.json").write_text(json.dumps(meta))
     with pytest.raises(DataError, match="edited by hand"):
         Tokenizer.load(d)
-    (d / "tokenizer.json").write_text("{not json")
+    # consistent by hash but not with the options stored in the model file itself
+    from xlnetcli.tokenizer import _options_hash
+
+    meta["options_sha256"] = _options_hash(meta)
+    (d / "xlnet_tokenizer.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match="disagrees with the normalisation options stored in"):
+        Tokenizer.load(d)
+    (d / "xlnet_tokenizer.json").write_text("{not json")
     with pytest.raises(DataError, match="corrupt"):
         Tokenizer.load(d)
 
@@ -305,7 +390,8 @@ def test_cli_train_and_encode(tmp_path, corpus, capsys):
     out = tmp_path / "tok"
     r = runner.invoke(cli, ["tokenize", "train", str(corpus), "--out", str(out), "--vocab-size", "900", "--quiet"])
     assert r.exit_code == 0, r.output
-    assert (out / "spiece.model").is_file() and (out / "tokenizer.json").is_file() and (out / "config.yaml").is_file()
+    assert {"spiece.model", "xlnet_tokenizer.json", "tokenizer.json", "tokenizer_config.json", "config.yaml"} == {
+        p.name for p in out.iterdir()}
     assert "vocab_size: 900" in (out / "config.yaml").read_text()
     t = Tokenizer.load(out)
     r = runner.invoke(cli, ["tokenize", "encode", "--tokenizer", str(out), "--text", "Hello world."])

@@ -3,7 +3,7 @@
     run_dir/step_0001000/
         model.safetensors   our state-dict names (model.py), tied LM weight stored once
         config.yaml         the full resolved Config
-        tokenizer/          spiece.model + tokenizer.json (copied)
+        tokenizer/          the tokenizer folder (copied): spiece.model, xlnet_tokenizer.json, tokenizer.json, ...
         meta.json           {"kind": "pretrain"|"finetune"|"import", "step": int, ..., "sha256": {file: digest}}
         train_state.safetensors  (via extra_files, `save_tree`) optimizer, scheduler, data cursor, RNG, memories
 

@@ -199,7 +199,8 @@ def export_cmd(ckpt: Path, fmt: str, out: Path, backbone_only: bool, overwrite: 
     from .log import console
 
     export_hf(ckpt, out, overwrite=overwrite, backbone_only=backbone_only)
-    console.print(f"exported {ckpt} -> {out} as {describe_export(out)} (config.json, model.safetensors, spiece.model)")
+    console.print(f"exported {ckpt} -> {out} as {describe_export(out)} (config.json, model.safetensors, spiece.model, "
+                  "tokenizer.json)")
 
 
 @cli.command("import")
@@ -255,7 +256,7 @@ def tokenize_train_cmd(config_path: str | None, overrides: tuple[str, ...], inpu
     cfg = replace(cfg, tokenizer={k: v for k, v in opts.items() if v is not None}, model=model)
     tok = train_tokenizer(inputs_or_bundled(inputs), out_dir, cfg.tokenizer, overwrite=overwrite, quiet=quiet,
                           cfg=cfg, text_field=text_field)
-    console.print(f"wrote {out_dir}/spiece.model + tokenizer.json (vocab {tok.vocab_size}, "
+    console.print(f"wrote {out_dir}/ spiece.model, xlnet_tokenizer.json, tokenizer.json (vocab {tok.vocab_size}, "
                   f"uncased={tok.uncased}, keep_accents={tok.keep_accents}, sha256 {tok.sha256[:12]})")
 
 

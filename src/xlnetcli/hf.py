@@ -21,7 +21,6 @@ multiple choice -> XLNetForMultipleChoice, SQuAD -> XLNetForQuestionAnswering; t
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -493,20 +492,19 @@ def load_hf_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict
 
 
 def export_hf(ckpt: str | Path, out: str | Path, overwrite: bool = False, backbone_only: bool = False) -> Path:
-    """Write config.json, model.safetensors, spiece.model (+ tokenizer_config.json) loadable by transformers: a
-    pretrained checkpoint as XLNetLMHeadModel, a finetuned one as its task's class with its head (`model_for_hf`),
-    either as XLNetModel (the transformer alone) with ``backbone_only``."""
+    """Write config.json, model.safetensors and the tokenizer folder's files (spiece.model, tokenizer.json, ...)
+    loadable by transformers: a pretrained checkpoint as XLNetLMHeadModel, a finetuned one as its task's class with
+    its head (`model_for_hf`), either as XLNetModel (the transformer alone) with ``backbone_only``."""
     from safetensors.torch import save_file
 
     from .checkpoint import load_model_dir, resolve_checkpoint
     from .io import atomic_output_dir, atomic_write_json
+    from .tokenizer import copy_tokenizer
 
     src = resolve_checkpoint(ckpt)
     cfg, state, meta = load_model_dir(src)
     hc, hf_state, finetune_record = model_for_hf(cfg, state, meta, backbone_only, where=str(src))
-    spm = src / "tokenizer" / "spiece.model"
-    if not spm.is_file():
-        spm = src / "spiece.model"
+    tok_src = src / "tokenizer" if (src / "tokenizer" / "spiece.model").is_file() else src / "spiece.model"
     pretraining = {
         "comment": "How this model was pretrained with xlnet (transformers ignores this file; `xlnet import` "
                    "restores it). config.json holds inference settings: no memory, no bi_data.",
@@ -519,14 +517,8 @@ def export_hf(ckpt: str | Path, out: str | Path, overwrite: bool = False, backbo
         if finetune_record is not None:
             atomic_write_json(tmp / FINETUNE_FILE, finetune_record)
         save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        if spm.is_file():
-            shutil.copyfile(spm, tmp / "spiece.model")
-            atomic_write_json(tmp / "tokenizer_config.json", {
-                "tokenizer_class": "XLNetTokenizer",
-                "do_lower_case": cfg.tokenizer.uncased,
-                "keep_accents": cfg.tokenizer.keep_accents,
-                "padding_side": "left",
-            })
+        if tok_src.exists():  # spiece.model, xlnet_tokenizer.json, tokenizer.json, tokenizer_config.json
+            copy_tokenizer(tok_src, tmp)
     return Path(out)
 
 
@@ -538,6 +530,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False) -> P
 
     from .checkpoint import save_model_dir
     from .io import check_output_not_input, output_lock
+    from .tokenizer import copy_tokenizer
 
     p = Path(hf_dir)
     if not (p / "config.json").is_file():
@@ -546,11 +539,8 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False) -> P
     model, meta = _model_for_import(cfg, state, hf_meta, p)
     with tempfile.TemporaryDirectory() as td:
         tok_dir = None
-        if (p / "spiece.model").is_file():
-            tok_dir = Path(td) / "tokenizer"
-            tok_dir.mkdir()
-            shutil.copyfile(p / "spiece.model", tok_dir / "spiece.model")
-            # only spiece.model: Tokenizer.load uses the HF defaults (cased, accents stripped) without tokenizer.json
+        if (p / "spiece.model").is_file():  # with its options (ours, or tokenizer_config.json's; Tokenizer.load)
+            tok_dir = copy_tokenizer(p / "spiece.model", Path(td) / "tokenizer")
         check_output_not_input(out, [p])
         with output_lock(out):
             save_model_dir(out, model, cfg, tokenizer_dir=tok_dir, meta=meta, overwrite=overwrite)

@@ -129,7 +129,7 @@ def _read_shard_manifest(shard_dir: Path) -> dict:
 
 def word_start_table(tokenizer_dir: Path) -> np.ndarray:
     """bool [vocab]: the piece starts a word (docs/xlnet.md §4). Uses tokenizer.py when present."""
-    if (tokenizer_dir / "tokenizer.json").is_file():
+    if (tokenizer_dir / "xlnet_tokenizer.json").is_file() or (tokenizer_dir / "tokenizer.json").is_file():
         try:
             from .tokenizer import Tokenizer  # type: ignore[attr-defined]
         except ImportError:

@@ -1,9 +1,15 @@
 """SentencePiece unigram tokenizer with XLNet's fixed ids and the original text normalisation (docs/xlnet.md §1).
 
-A tokenizer directory holds ``spiece.model`` and ``tokenizer.json``. The JSON stores the normalisation options
-(uncased, keep_accents, digit-comma fix) with the sha256 of ``spiece.model`` and a hash of the options themselves, so
-that encoding always applies exactly the normalisation the model was trained with: a model swapped or an option edited
-by hand is refused on load.
+A tokenizer folder holds
+- ``spiece.model``: the SentencePiece model. Models trained here carry their normalisation options (uncased,
+  keep_accents, digit-comma fix) inside the model file itself, in an extension field of its normalizer spec
+  (SentencePiece reserves field numbers >= 200 for third parties; SentencePiece and transformers ignore it), so the
+  options cannot be separated from the model.
+- ``xlnet_tokenizer.json``: the same options, the sha256 of ``spiece.model``, a hash of the options and how the model
+  was trained. A model swapped or an option edited by hand is refused on load. (Folders written before used the name
+  ``tokenizer.json`` for this file; it is still read.)
+- ``tokenizer.json`` + ``tokenizer_config.json``: the same tokenizer for Hugging Face (`tokenizers` format, loaded by
+  ``AutoTokenizer.from_pretrained(folder)``), built here to give our ids (``hf_tokenizer_json``).
 
 Normalisation (the original ``preprocess_text``), applied to every line before training and before encoding:
 collapse whitespace (strip, split, join with one space); ``\u0060\u0060`` and ``''`` become ``"``; unless keep_accents:
@@ -13,14 +19,17 @@ After encoding, the digit-comma fix re-encodes a piece such as ``▁2000,`` as `
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
 import string
+import struct
 import sys
 import tempfile
 import unicodedata
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
 from pathlib import Path
@@ -29,13 +38,16 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError, DataError
-from .special import SPECIAL_PIECES
+from .special import BOS_ID, CLS_ID, EOD_ID, EOS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_PIECES, UNK_ID
 
 FORMAT_VERSION = 1
 NORMALIZER = "xlnet-preprocess-text-v1"
 SPIECE_UNDERLINE = "\u2581"
 MODEL_FILE = "spiece.model"
-META_FILE = "tokenizer.json"
+META_FILE = "xlnet_tokenizer.json"
+LEGACY_META_FILE = "tokenizer.json"  # our metadata's former name, still read; transformers reserves it (HF_FILE)
+HF_FILE = "tokenizer.json"  # the `tokenizers` library's format, read by transformers' AutoTokenizer
+HF_CONFIG_FILE = "tokenizer_config.json"
 # The original recipe (docs/xlnet.md §1). unk/bos/eos take ids 0-2, control symbols 3-7, user-defined symbols from 8.
 CONTROL_SYMBOLS = ("<cls>", "<sep>", "<pad>", "<mask>", "<eod>")
 USER_DEFINED_SYMBOLS = ("<eop>", ".", "(", ")", '"', "-", "\u2013", "\u00a3", "\u20ac")
@@ -119,6 +131,143 @@ def normalize_block(text: str, uncased: bool = False, keep_accents: bool = False
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# the model file: SentencePiece's ModelProto, read (and extended with our options) through its protobuf wire format
+
+OPTIONS_FIELD = 9601  # NormalizerSpec extension field (>= 200: left to third parties) holding our options as JSON
+OPTION_KEYS = ("normalizer", "uncased", "keep_accents", "digit_comma_fix")
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # ModelProto.SentencePiece.Type
+TRAINING_FILE_PREFIX = ".normalized."  # train_tokenizer's input file; SentencePiece records its path in the model
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i
+        shift += 7
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _fields(buf: bytes) -> list[tuple[int, int, int, Any]]:
+    """The fields of one protobuf message: (number, start, end, value); value is an int (varint), bytes
+    (length-delimited: strings and sub-messages) or the raw little-endian bytes of a fixed-width field."""
+    out: list[tuple[int, int, int, Any]] = []
+    i, n = 0, len(buf)
+    while i < n:
+        start = i
+        tag, i = _varint(buf, i)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value, i = _varint(buf, i)
+        elif wire == 2:
+            size, i = _varint(buf, i)
+            value, i = buf[i:i + size], i + size
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            value, i = buf[i:i + size], i + size
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        if i > n:
+            raise ValueError("truncated protobuf message")
+        out.append((number, start, i, value))
+    return out
+
+
+@dataclass
+class ModelInfo:
+    """The parts of a SentencePiece model that sentencepiece's Python API does not expose (sentencepiece_model.proto
+    field numbers in comments)."""
+
+    pieces: list[tuple[str, float, int]] = field(default_factory=list)  # 1: (piece, score, type) by id
+    inputs: list[str] = field(default_factory=list)  # trainer_spec.input (2.1): the files it was trained on
+    split_by_whitespace: bool = True  # trainer_spec 22
+    treat_whitespace_as_suffix: bool = False  # trainer_spec 24
+    byte_fallback: bool = False  # trainer_spec 35
+    charsmap: bytes = b""  # normalizer_spec.precompiled_charsmap (3.2): SentencePiece's NFKC rules
+    add_dummy_prefix: bool = True  # normalizer_spec 3
+    remove_extra_whitespaces: bool = True  # normalizer_spec 4
+    escape_whitespaces: bool = True  # normalizer_spec 5
+    options: dict[str, Any] | None = None  # normalizer_spec OPTIONS_FIELD: ours, for models trained here
+
+    @property
+    def trained_here(self) -> bool:
+        """True for a model made by train_tokenizer (embedded options, or the name of its training file)."""
+        return self.options is not None or any(Path(f).name.startswith(TRAINING_FILE_PREFIX) for f in self.inputs)
+
+
+def read_model_info(model_bytes: bytes, pieces: bool = True) -> ModelInfo:
+    """Parse a serialized ModelProto (ValueError if it is not one)."""
+    info = ModelInfo()
+    try:
+        for number, _, _, value in _fields(model_bytes):
+            if number == 1 and pieces:
+                piece, score, kind = "", 0.0, NORMAL
+                for n, _, _, v in _fields(value):
+                    if n == 1:
+                        piece = bytes(v).decode("utf-8")
+                    elif n == 2:
+                        score = struct.unpack("<f", v)[0]
+                    elif n == 3:
+                        kind = v
+                info.pieces.append((piece, score, kind))
+            elif number == 2:
+                for n, _, _, v in _fields(value):
+                    if n == 1:
+                        info.inputs.append(bytes(v).decode("utf-8", "replace"))
+                    elif n in (22, 24, 35):
+                        setattr(info, {22: "split_by_whitespace", 24: "treat_whitespace_as_suffix",
+                                       35: "byte_fallback"}[n], bool(v))
+            elif number == 3:
+                for n, _, _, v in _fields(value):
+                    if n == 2:
+                        info.charsmap = bytes(v)
+                    elif n in (3, 4, 5):
+                        setattr(info, {3: "add_dummy_prefix", 4: "remove_extra_whitespaces",
+                                       5: "escape_whitespaces"}[n], bool(v))
+                    elif n == OPTIONS_FIELD:
+                        opts = json.loads(bytes(v).decode("utf-8"))
+                        if not isinstance(opts, dict) or set(opts) != set(OPTION_KEYS):
+                            raise ValueError("unexpected options record")
+                        info.options = opts
+    except (IndexError, TypeError, struct.error, UnicodeDecodeError) as e:
+        raise ValueError(f"not a SentencePiece model ({type(e).__name__})") from None
+    return info
+
+
+def embed_options(model_bytes: bytes, options: dict[str, Any]) -> bytes:
+    """``model_bytes`` with the normalisation ``options`` stored in its normalizer spec (OPTIONS_FIELD), replacing an
+    earlier record. Every other byte of the model is kept as it is."""
+    payload = json.dumps({k: options[k] for k in OPTION_KEYS}, sort_keys=True).encode("utf-8")
+    record = _encode_varint(OPTIONS_FIELD << 3 | 2) + _encode_varint(len(payload)) + payload
+
+    def message(number: int, body: bytes) -> bytes:
+        return _encode_varint(number << 3 | 2) + _encode_varint(len(body)) + body
+
+    out, done = bytearray(), False
+    for number, start, end, value in _fields(model_bytes):
+        if number == 3 and not done:
+            body = b"".join(value[s:e] for n, s, e, _ in _fields(value) if n != OPTIONS_FIELD)
+            out += message(3, body + record)
+            done = True
+        else:
+            out += model_bytes[start:end]
+    if not done:
+        out += message(3, record)
+    return bytes(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # the tokenizer
 
 
@@ -167,15 +316,18 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Tokenizer:
-        """Load a tokenizer directory (spiece.model + tokenizer.json) or a bare spiece.model (e.g. Hugging Face's
-        xlnet-*-cased: options uncased False, keep_accents False). DataError if missing, corrupt or inconsistent."""
+        """Load a tokenizer folder (or its spiece.model). DataError if missing, corrupt or inconsistent.
+
+        The options come from the metadata file (xlnet_tokenizer.json, or its former name tokenizer.json), else from
+        the model file itself (models trained here carry them). A model trained here whose options are nowhere is
+        refused. Any other model (e.g. Hugging Face's xlnet-base-cased spiece.model) gets transformers' settings:
+        ``do_lower_case`` and ``keep_accents`` from a tokenizer_config.json beside it, else cased with accents
+        stripped; the digit-comma fix is on."""
         p = Path(path)
         if p.is_dir():
-            model_path, meta_path = p / MODEL_FILE, p / META_FILE
+            model_path = p / MODEL_FILE
         elif p.exists():
-            model_path, meta_path = p, p.parent / META_FILE
-            if p.name != MODEL_FILE:
-                meta_path = p.with_suffix(".json")
+            model_path = p
         else:
             raise DataError(f"tokenizer {p} does not exist; train one with `xlnet tokenize train`")
         if not model_path.is_file():
@@ -185,30 +337,32 @@ class Tokenizer:
         except OSError as e:
             raise DataError(f"cannot read {model_path}: {e.strerror or e}") from None
         sha = hashlib.sha256(model_bytes).hexdigest()
-        if meta_path.is_file():
-            try:
-                meta = json.loads(meta_path.read_text(encoding="utf-8"))
-                if not isinstance(meta, dict):
-                    raise ValueError("not an object")
-            except (ValueError, UnicodeDecodeError) as e:
-                raise DataError(f"{meta_path} is corrupt ({e}); retrain the tokenizer") from None
-            if meta.get("format_version") != FORMAT_VERSION:
-                raise DataError(f"{meta_path}: unsupported format_version {meta.get('format_version')!r}")
-            if meta.get("sha256") != sha:
-                raise DataError(f"{model_path} does not match {meta_path} (sha256 differs): the model was replaced "
-                                "or corrupted; recopy the whole tokenizer directory")
-            if meta.get("options_sha256") != _options_hash(meta):
-                raise DataError(f"{meta_path}: normalisation options were edited by hand (options hash differs); "
-                                "retrain the tokenizer to change them")
+        meta_path = _meta_path(model_path)
+        meta = _read_meta(meta_path, model_path, sha) if meta_path is not None else None
+        try:
+            info = read_model_info(model_bytes, pieces=False)
+        except ValueError:
+            raise DataError(f"{model_path} is not a valid SentencePiece model (corrupt or truncated); retrain or "
+                            "recopy it") from None
+        if meta is not None:
+            if info.options is not None and any(info.options[k] != meta.get(k) for k in OPTION_KEYS):
+                raise DataError(f"{meta_path} disagrees with the normalisation options stored in {model_path}; "
+                                "recopy the whole tokenizer directory")
+        elif info.options is not None:
+            meta = _default_meta(sha, info.options)
+        elif info.trained_here:
+            raise DataError(f"{model_path.parent} has no {META_FILE} ({LEGACY_META_FILE} in older folders), which "
+                            "holds this model's normalisation (uncased, accents); recopy the whole tokenizer directory")
         else:
-            meta = _default_meta(sha)
+            meta = _default_meta(sha, _hf_options(model_path.parent))
         tok = cls(model_bytes, meta, model_path)
         if "vocab_size" in meta and meta["vocab_size"] != tok.vocab_size:
             raise DataError(f"{meta_path}: vocab_size {meta['vocab_size']} but the model has {tok.vocab_size} pieces")
         return tok
 
     def save(self, out_dir: str | os.PathLike[str]) -> Path:
-        """Write spiece.model and tokenizer.json into out_dir (created if needed)."""
+        """Write the tokenizer folder into out_dir (created if needed): spiece.model, xlnet_tokenizer.json and, for
+        Hugging Face, tokenizer.json + tokenizer_config.json (see save_hf_files)."""
         from .io import atomic_write_bytes, atomic_write_json
 
         out = Path(out_dir)
@@ -218,6 +372,12 @@ class Tokenizer:
         meta.setdefault("vocab_size", self.vocab_size)
         meta["options_sha256"] = _options_hash(meta)
         atomic_write_json(out / META_FILE, meta)
+        try:
+            save_hf_files(self, out)
+        except DataError:  # a model transformers' tokenizers cannot express (not one of XLNet's): no HF files
+            for name in (HF_FILE, HF_CONFIG_FILE):
+                if (out / name).is_file():
+                    (out / name).unlink()
         return out
 
     def options(self) -> dict[str, Any]:
@@ -361,11 +521,206 @@ class Tokenizer:
         return mask
 
 
-def _default_meta(sha: str) -> dict[str, Any]:
+def _default_meta(sha: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"format_version": FORMAT_VERSION, "normalizer": NORMALIZER, "uncased": False,
-                            "keep_accents": False, "digit_comma_fix": True, "sha256": sha}
+                            "keep_accents": False, "digit_comma_fix": True}
+    meta.update({k: v for k, v in (options or {}).items() if k in OPTION_KEYS})
+    meta["sha256"] = sha
     meta["options_sha256"] = _options_hash(meta)
     return meta
+
+
+def _is_our_meta(obj: Any) -> bool:
+    """Our metadata (xlnet_tokenizer.json, formerly tokenizer.json), not a `tokenizers` file of the same name."""
+    return isinstance(obj, dict) and "sha256" in obj and "format_version" in obj and "model" not in obj
+
+
+def _meta_path(model_path: Path) -> Path | None:
+    """The metadata file that belongs to a model file, or None."""
+    if model_path.name != MODEL_FILE:  # a model file under another name: its metadata is NAME.json
+        cand = model_path.with_suffix(".json")
+        return cand if cand.is_file() else None
+    folder = model_path.parent
+    if (folder / META_FILE).is_file():
+        return folder / META_FILE
+    legacy = folder / LEGACY_META_FILE
+    if legacy.is_file():
+        try:
+            if _is_our_meta(json.loads(legacy.read_text(encoding="utf-8"))):
+                return legacy
+        except (OSError, ValueError, UnicodeDecodeError):
+            return legacy  # unreadable: _read_meta reports it
+    return None
+
+
+def _read_meta(meta_path: Path, model_path: Path, sha: str) -> dict[str, Any]:
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        if not isinstance(meta, dict):
+            raise ValueError("not an object")
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{meta_path} is corrupt ({e}); retrain the tokenizer") from None
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise DataError(f"{meta_path}: unsupported format_version {meta.get('format_version')!r}")
+    if meta.get("sha256") != sha:
+        raise DataError(f"{model_path} does not match {meta_path} (sha256 differs): the model was replaced "
+                        "or corrupted; recopy the whole tokenizer directory")
+    if meta.get("options_sha256") != _options_hash(meta):
+        raise DataError(f"{meta_path}: normalisation options were edited by hand (options hash differs); "
+                        "retrain the tokenizer to change them")
+    return meta
+
+
+def _hf_options(folder: Path) -> dict[str, Any]:
+    """uncased/keep_accents of a model without our metadata, as transformers' XLNetTokenizer reads them
+    (tokenizer_config.json's do_lower_case and keep_accents; both False by default)."""
+    try:
+        cfg = json.loads((folder / HF_CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    if not isinstance(cfg, dict):
+        return {}
+    return {"uncased": bool(cfg.get("do_lower_case", False)), "keep_accents": bool(cfg.get("keep_accents", False))}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Hugging Face files: the same tokenizer in the `tokenizers` library's format (written as JSON, no dependency)
+
+HF_TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # transformers loads tokenizer.json as it is (v4; v5 TokenizersBackend)
+FLT_MIN = 1.1754943508222875e-38
+
+
+@lru_cache(maxsize=1)
+def _whitespace_chars() -> tuple[int, ...]:
+    """The code points str.split() splits on (normalize_text collapses them)."""
+    return tuple(c for c in range(sys.maxunicode + 1) if chr(c).isspace())
+
+
+def _char_class(codepoints: Iterable[int]) -> str:
+    """A regex character class (Oniguruma syntax, as the tokenizers library uses) of exactly these code points."""
+    ranges: list[list[int]] = []
+    for c in sorted(codepoints):
+        if ranges and c == ranges[-1][1] + 1:
+            ranges[-1][1] = c
+        else:
+            ranges.append([c, c])
+    return "[" + "".join(f"\\x{{{a:X}}}" if a == b else f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in ranges) + "]"
+
+
+# str.lower() turns a capital sigma that ends a word into a final sigma (Unicode's Final_Sigma context: a cased letter
+# before it, possibly across case-ignorable characters, and none after); the tokenizers library lowercases character
+# by character, so the rule is applied first (up to 3 case-ignorable characters between the letter and the sigma).
+_CASED = r"[\p{Cased}&&[^\p{Case_Ignorable}]]"
+_FINAL_SIGMA = ("(?<=" + "|".join(_CASED + r"\p{Case_Ignorable}" * k for k in range(4)) + ")\u03a3"
+                + r"(?!\p{Case_Ignorable}*" + _CASED + ")")
+
+
+def _replace(pattern: str, content: str, regex: bool = True) -> dict[str, Any]:
+    return {"type": "Replace", "pattern": {"Regex" if regex else "String": pattern}, "content": content}
+
+
+def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
+    """tokenizer.json (the `tokenizers` library's format) giving ``tok``'s ids, for transformers' AutoTokenizer.
+
+    - normalizer: normalize_text's steps (whitespace, quotes, NFKD without combining marks, lowercasing with the final
+      sigma), then SentencePiece's own (its NFKC charsmap; extra spaces removed);
+    - pre_tokenizer: words with '▁' in front (SentencePiece's dummy prefix and whitespace split); with the digit-comma
+      fix, a comma after a digit on its own;
+    - model: the unigram pieces and scores; user-defined pieces get SentencePiece's bonus score, so they always win;
+    - post_processor: XLNet's layout, ``A <sep> <cls>`` and ``A <sep> B <sep> <cls>``, segment ids 0, 1, and 2 for
+      ``<cls>``; decoder: '▁' back to spaces.
+
+    Known differences from ``tok.encode_ids`` (pinned by tests/test_hf_tokenizer.py): the digit-comma fix rewrites
+    pieces after SentencePiece has chosen them, which no `tokenizers` pipeline can do, so where a comma follows a
+    digit the digits may be cut differently (never into a piece our pipeline does not produce); segmentations whose
+    scores tie exactly may break the tie the other way (SentencePiece adds float32 scores); a control symbol spelled
+    out in text (``<sep>``, ``<cls>``, ...) becomes that symbol, as in every transformers tokenizer.
+    """
+    info = read_model_info(tok.model_bytes)
+    if (info.byte_fallback or info.treat_whitespace_as_suffix or not info.escape_whitespaces
+            or any(t in (UNUSED, BYTE) for _, _, t in info.pieces)):
+        raise DataError(f"{tok.where}: this SentencePiece model uses settings the tokenizers library cannot express")
+    normal = [s for _, s, t in info.pieces if t == NORMAL]
+    # unigram_model.cc: a user-defined piece scores (length in bytes) * max(FLT_MIN, highest piece score) - 0.1
+    top = max(max(normal, default=0.0), FLT_MIN)
+    vocab = [[p, len(p.encode("utf-8")) * top - 0.1 if t == USER_DEFINED else s] for p, s, t in info.pieces]
+    norm = [_replace(_char_class(_whitespace_chars()) + "+", " "), _replace(r"\A | \z", ""),
+            _replace("``", '"', regex=False), _replace("''", '"', regex=False)]
+    if not tok.keep_accents:
+        norm += [{"type": "NFKD"}, _replace(_char_class(_combining_table()), "")]
+    if tok.uncased:
+        norm += [_replace(_FINAL_SIGMA, "\u03c2"), {"type": "Lowercase"}]
+    if info.charsmap:
+        # SentencePiece's charsmap composes sequences (Hangul jamo, Indic vowel parts) that the tokenizers library's
+        # Precompiled step, which maps short graphemes only, leaves apart: NFC composes them first
+        norm += [{"type": "NFC"},
+                 {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(info.charsmap).decode("ascii")}]
+    if info.remove_extra_whitespaces:
+        norm += [_replace(" {2,}", " "), _replace(r"\A +| +\z", "")]
+    space = {"type": "Metaspace", "replacement": SPIECE_UNDERLINE,
+             "prepend_scheme": "always" if info.add_dummy_prefix else "never", "split": info.split_by_whitespace}
+    pre: dict[str, Any] = space
+    digits = sorted({ord(tok.id_to_piece(int(i))[-2]) for i in np.flatnonzero(tok.fix_mask)})
+    if digits:
+        comma = {"type": "Split", "pattern": {"Regex": f"(?<={_char_class(digits)}),"}, "behavior": "Isolated",
+                 "invert": False}
+        pre = {"type": "Sequence", "pretokenizers": [space, comma]}
+    specials = [(i, p) for i, (p, _, t) in enumerate(info.pieces) if t in (UNKNOWN, CONTROL)]
+    sep, cls = info.pieces[SEP_ID][0], info.pieces[CLS_ID][0]
+
+    def seq(name: str, type_id: int) -> dict[str, Any]:
+        return {"Sequence": {"id": name, "type_id": type_id}}
+
+    def special(piece: str, type_id: int) -> dict[str, Any]:
+        return {"SpecialToken": {"id": piece, "type_id": type_id}}
+
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [{"id": i, "content": p, "single_word": False, "lstrip": i == MASK_ID, "rstrip": False,
+                          "normalized": False, "special": True} for i, p in specials],
+        "normalizer": {"type": "Sequence", "normalizers": norm},
+        "pre_tokenizer": pre,
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [seq("A", 0), special(sep, 0), special(cls, 2)],
+            "pair": [seq("A", 0), special(sep, 0), seq("B", 1), special(sep, 1), special(cls, 2)],
+            "special_tokens": {p: {"id": p, "ids": [i], "tokens": [p]}
+                               for p, i in sorted({cls: CLS_ID, sep: SEP_ID}.items())},
+        },
+        "decoder": dict(space),
+        "model": {"type": "Unigram", "unk_id": tok.sp.unk_id(), "vocab": vocab, "byte_fallback": False},
+    }
+
+
+def hf_tokenizer_config(tok: Tokenizer) -> dict[str, Any]:
+    """tokenizer_config.json: which class loads tokenizer.json, XLNet's special tokens, left padding (so <cls> stays
+    last), segment ids returned; do_lower_case/keep_accents for transformers' XLNetTokenizer."""
+    name = SPECIAL_PIECES
+    return {
+        "tokenizer_class": HF_TOKENIZER_CLASS,
+        "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
+        "padding_side": "left",
+        "unk_token": name[UNK_ID], "bos_token": name[BOS_ID], "eos_token": name[EOS_ID], "cls_token": name[CLS_ID],
+        "sep_token": name[SEP_ID], "pad_token": name[PAD_ID], "mask_token": name[MASK_ID],
+        "additional_special_tokens": [name[EOD_ID]],
+        "clean_up_tokenization_spaces": False,
+        "do_lower_case": tok.uncased,
+        "keep_accents": tok.keep_accents,
+        "remove_space": True,
+    }
+
+
+def save_hf_files(tok: Tokenizer, out_dir: str | os.PathLike[str]) -> None:
+    """Write tokenizer.json and tokenizer_config.json into out_dir: ``AutoTokenizer.from_pretrained(out_dir)`` then
+    gives ``tok``'s ids (hf_tokenizer_json says where it cannot). DataError for a model it cannot express."""
+    from .io import atomic_write_json, atomic_write_text
+
+    out = Path(out_dir)
+    data = hf_tokenizer_json(tok)
+    atomic_write_text(out / HF_FILE, json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+    atomic_write_json(out / HF_CONFIG_FILE, hf_tokenizer_config(tok))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -452,8 +807,11 @@ def train_tokenizer(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.
         vocab = prefix.with_suffix(".vocab")
         if vocab.exists():
             os.unlink(vocab)
-        meta = _default_meta(hashlib.sha256(model_bytes).hexdigest())
-        meta.update(uncased=bool(tcfg.uncased), keep_accents=bool(tcfg.keep_accents), vocab_size=tcfg.vocab_size)
+        options = {"normalizer": NORMALIZER, "uncased": bool(tcfg.uncased), "keep_accents": bool(tcfg.keep_accents),
+                   "digit_comma_fix": True}
+        model_bytes = embed_options(model_bytes, options)  # the model file carries its own normalisation
+        meta = _default_meta(hashlib.sha256(model_bytes).hexdigest(), options)
+        meta["vocab_size"] = tcfg.vocab_size
         meta["train"] = {
             "model_type": "unigram", "character_coverage": tcfg.character_coverage,
             "input_sentence_size": tcfg.input_sentence_size, "lines": n_lines, "bytes": n_bytes,
@@ -471,10 +829,11 @@ def train_tokenizer(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.
 
 
 def copy_tokenizer(src: Tokenizer | str | os.PathLike[str], dst_dir: str | os.PathLike[str]) -> Path:
-    """Copy a tokenizer (object or directory) into dst_dir (spiece.model + tokenizer.json)."""
+    """Copy a tokenizer (object, folder or model file) into dst_dir as a complete tokenizer folder (Tokenizer.save)."""
     tok = src if isinstance(src, Tokenizer) else Tokenizer.load(src)
     return tok.save(dst_dir)
 
 
-__all__ = ["Tokenizer", "train_tokenizer", "normalize_text", "normalize_lines", "copy_tokenizer",
+__all__ = ["Tokenizer", "train_tokenizer", "normalize_text", "normalize_lines", "copy_tokenizer", "save_hf_files",
+           "hf_tokenizer_json", "hf_tokenizer_config", "read_model_info", "embed_options",
            "CONTROL_SYMBOLS", "USER_DEFINED_SYMBOLS"]
