@@ -304,7 +304,7 @@ def test_readme_autotokenizer_example_runs(tok, export_dir, tmp_path, monkeypatc
 
     shutil.copytree(export_dir, tmp_path / "runs" / "tiny-hf")
     monkeypatch.chdir(tmp_path)
-    block = next(b for b in code_blocks("python") if "AutoTokenizer" in b)
+    block = next(b for b in code_blocks("python") if "AutoTokenizer" in b and "runs/tiny-hf" in b)
     scope: dict = {}
     exec(compile(block, "README.md", "exec"), scope)
     ids, seg, _ = build_pair(tok.encode_ids("The event loop runs in one thread."),
