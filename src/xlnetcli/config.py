@@ -31,6 +31,9 @@ class TokenizerConfig:
     threads: int = 0  # SentencePiece trainer threads; 0 = all cores
 
 
+OBJECTIVES = ("plm", "mlm", "clm")
+
+
 @dataclass
 class ModelConfig:
     vocab_size: int = 32000  # must equal the tokenizer's vocabulary
@@ -53,9 +56,15 @@ class ModelConfig:
     same_length: bool = False
     # attention kernel (kernels.py); auto = fused on CPU, sdpa on CUDA (einsum inside torch.compile)
     attn_impl: Literal["auto", "fused", "einsum", "sdpa", "flex"] = "auto"
+    # pretraining objective on the same backbone, memory and records (the paper's Table 6 ablations, data.py):
+    # plm = permutation LM (XLNet); mlm = <mask> at the targets, predicted by the content stream ("DAE +
+    # Transformer-XL"); clm = the natural left-to-right order (Transformer-XL's LM), predicted by the query stream
+    objective: Literal["plm", "mlm", "clm"] = "plm"
 
     def __post_init__(self) -> None:
         _positive(self, "vocab_size", "d_model", "n_layer", "n_head", "d_head", "d_inner")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"model.objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         _fraction(self, "dropout", "dropatt")
         if self.mem_len < 0 or self.reuse_len < 0:
             raise ConfigError("model.mem_len and model.reuse_len must be >= 0")
@@ -106,6 +115,10 @@ class TrainConfig:
     keep_last: int = 3  # checkpoints kept
     log_every: int = 10  # steps between metric lines
     seed: int = 1234  # model init, dropout and factorisation-order seed
+    # linear probe on frozen features during pretraining (probe.py): a labelled TSV/CSV/JSONL file (classification),
+    # split deterministically into probe-train / probe-valid; probe accuracy every probe_every steps (0 = off)
+    probe_file: str | None = None
+    probe_every: int = 0
 
     def __post_init__(self) -> None:
         _positive(self, "global_batch_size", "micro_batch_size", "max_steps", "keep_last", "log_every")
@@ -122,6 +135,14 @@ class TrainConfig:
             raise ConfigError(f"train.warmup_steps must be in [0, max_steps={self.max_steps}], got {self.warmup_steps}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.probe_every < 0:
+            raise ConfigError(f"train.probe_every must be >= 0 (0 = off), got {self.probe_every}")
+        if self.probe_file is not None and not self.probe_file.strip():
+            raise ConfigError("train.probe_file is empty; give a labelled file (TSV/CSV/JSONL) or leave it unset")
+        if self.probe_every > 0 and self.probe_file is None:
+            raise ConfigError(
+                f"train.probe_every={self.probe_every} needs train.probe_file (a labelled TSV/CSV/JSONL file)"
+            )
 
 
 @dataclass

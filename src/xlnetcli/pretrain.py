@@ -471,7 +471,7 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
 
     # ---- data ---------------------------------------------------------------------------------------------
     stream = PretrainStream(data_dir, "train", env.rank, env.world_size, t.micro_batch_size, cfg.data.seed,
-                            dense=False)
+                            dense=False, objective=cfg.model.objective)
     mems: list[list | None] = [None] * accum
     step = 0
     tokens_seen = 0
@@ -542,7 +542,7 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
         if "valid" not in meta.get("splits", {"valid": None}):
             return None
         vstream = PretrainStream(data_dir, "valid", env.rank, env.world_size, t.micro_batch_size, cfg.data.seed,
-                                 dense=False, loop=False)
+                                 dense=False, loop=False, objective=cfg.model.objective)
         try:
             res = evaluate_plm(model, vstream, t.eval_batches * accum, t.precision, dev)
         except torch.OutOfMemoryError:
