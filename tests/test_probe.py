@@ -178,3 +178,49 @@ def test_probe_config_keys_are_validated():
         load_config(TINY, ["train.probe_every=-1", "train.probe_file=x.tsv"])
     with pytest.raises(ConfigError, match="train.probe_every: expected an integer"):
         load_config(TINY, ["train.probe_every=often"])
+
+
+_SHARDED = """
+import json, sys, torch
+from xlnetcli import dist
+from xlnetcli.config import load_config
+from xlnetcli.model import XLNetLMHeadModel, XLNetLayer
+from xlnetcli.probe import probe_checkpoint, read_rows, split_rows
+from xlnetcli.tokenizer import Tokenizer
+
+env = dist.init_distributed("cpu")
+cfg = load_config(sys.argv[1], json.loads(sys.argv[2]))
+torch.manual_seed(0)
+model = dist.wrap_model(XLNetLMHeadModel(cfg.model), env, sys.argv[3], layer_types=(XLNetLayer,)).train()
+res = probe_checkpoint(model, Tokenizer.load(sys.argv[4]), *split_rows(read_rows(sys.argv[5])), max_seq_length=64)
+print("RESULT", env.rank, json.dumps({"features": res["features"], "training": model.training}), flush=True)
+dist.cleanup()
+"""
+
+
+def test_probe_checkpoint_on_a_sharded_model(env, tmp_path):
+    """During pretraining under torchrun every rank calls the probe on its FSDP2-sharded model (the transformer is
+    run below the root, whose embeddings must be gathered first): same result as the unsharded model, on every rank."""
+    import subprocess
+
+    from test_pretrain import BIN, _env
+    from xlnetcli.model import XLNetLMHeadModel
+    from xlnetcli.probe import probe_checkpoint, read_rows, split_rows
+    from xlnetcli.tokenizer import Tokenizer
+
+    script = tmp_path / "sharded.py"
+    script.write_text(_SHARDED)
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(script), str(TINY), json.dumps(SMALL),
+           "fsdp", str(env["tok"]), str(env["planted_train"])]
+    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = [json.loads(ln.split(" ", 2)[2]) for ln in out.stdout.splitlines() if ln.startswith("RESULT")]
+    torch.manual_seed(0)
+    ref = probe_checkpoint(XLNetLMHeadModel(env["cfg"].model), Tokenizer.load(env["tok"]),
+                           *split_rows(read_rows(env["planted_train"])), max_seq_length=64)
+    assert len(got) == 2
+    for g in got:
+        assert g["training"]
+        for kind in ("mean", "cls"):
+            assert g["features"][kind]["accuracy"] == pytest.approx(ref["features"][kind]["accuracy"], abs=1e-9)
+            assert g["features"][kind]["l2"] == ref["features"][kind]["l2"]

@@ -86,6 +86,11 @@ def extract_features(model: torch.nn.Module, enc: tasks.Encoded, batch_size: int
     transformer = getattr(net, "transformer", net)
     was_training = net.training
     net.eval()
+    # FSDP2: the transformer is called below the root, so the root's own parameters (embeddings) are gathered here;
+    # each sharded layer gathers its own when called
+    sharded = dist.is_fsdp(net) and transformer is not net
+    if sharded:
+        net.unshard()
     device = next(transformer.parameters()).device
     a = enc.arrays
     n = len(enc)
@@ -102,6 +107,8 @@ def extract_features(model: torch.nn.Module, enc: tasks.Encoded, batch_size: int
             out["mean"].append(((hidden * m).sum(1) / m.sum(1).clamp_min(1.0)).cpu().numpy())
             out["cls"].append(hidden[:, -1].cpu().numpy())  # left padding: <cls> is always last
     finally:
+        if sharded:
+            net.reshard()
         if was_training:
             net.train()
     return {k: np.concatenate(v) for k, v in out.items()}
