@@ -25,7 +25,8 @@ A, B = "thread", "socket"  # single pieces in a 1000-piece vocabulary trained on
 def _lines() -> list[str]:
     """Short real sentences of the sample text that contain neither planted word, in a fixed shuffled order."""
     lines = [ln.strip() for ln in SAMPLE.read_text(encoding="utf-8").splitlines()
-             if 4 <= len(ln.split()) <= 10 and len(ln) <= 80 and "\t" not in ln and not {A, B} & set(ln.lower().split())]
+             if 4 <= len(ln.split()) <= 10 and len(ln) <= 80 and "\t" not in ln
+             and not {A, B} & set(ln.lower().split())]
     random.Random(0).shuffle(lines)
     return lines
 

@@ -35,11 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from .config import OBJECTIVES
 from .errors import ConfigError, DataError
 from .preprocess import open_records, segment_ids
 from .special import CLS_ID, MASK_ID, SEP_ID
-
-OBJECTIVES = ("plm", "mlm", "clm")
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)

@@ -338,7 +338,8 @@ class XLNetLMHeadModel(nn.Module):
                 target_mapping=None, mems=None, return_mems=True, labels=None, label_mask=None,
                 bi_data=None, need_hidden: bool = True) -> LMOutput:
         """``need_hidden=False``: skip the content stream of the last layer (the PLM loss only needs the query
-        stream); ``hidden`` is then None, everything else is unchanged. Pretraining should pass it."""
+        stream); ``hidden`` is then None, everything else is unchanged. Pretraining should pass it (``mlm`` ignores
+        it: its targets are read from the content stream)."""
         if self.config.objective == "mlm" and (target_index is not None or target_mapping is not None):
             out = self.transformer(input_ids, token_type_ids, attention_mask, perm_mask, None, None, mems,
                                    return_mems, bi_data)

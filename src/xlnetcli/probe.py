@@ -17,7 +17,11 @@ initialisation (``train.seed`` of the checkpoint's config: for one of our runs, 
 
 ``probe_checkpoint(model, tokenizer, train_rows, valid_rows)`` is the same probe on a model object, for use during
 pretraining (``train.probe_file`` / ``train.probe_every``; ``split_rows`` makes the deterministic train/valid split of
-that one file). It leaves the model's mode, its gradients and every RNG untouched.
+that one file). It leaves the model's mode, its gradients and every RNG untouched::
+
+    train_rows, valid_rows = split_rows(read_rows(cfg.train.probe_file), seed=cfg.train.seed)   # once
+    res = probe_checkpoint(model, tokenizer, train_rows, valid_rows, cfg.finetune.max_seq_length)  # all ranks (FSDP)
+    logger.log(step, "probe", mean=res["accuracy"]["mean"], cls=res["accuracy"]["cls"])
 """
 
 from __future__ import annotations
@@ -239,11 +243,12 @@ def random_init_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 def probe(checkpoint: str | Path, train: str | Path, valid: str | Path, baseline: str | None = None,
           output: str | Path | None = None, columns: tasks.Columns | None = None, header: bool = True,
-          max_seq_length: int | None = None, batch_size: int = 64, seed: int = 0, device: str | None = "auto",
-          ) -> dict[str, Any]:
+          max_seq_length: int | None = None, batch_size: int = 64, seed: int = 0,
+          device: str | None = "auto") -> dict[str, Any]:
     """Probe a checkpoint (run folder, step folder or HF directory) with ``train``/``valid`` labelled files; with
-    ``output``, also write the result as JSON (``format_table`` renders it for a terminal). ``baseline="random"`` adds the same
-    architecture from random init. ``max_seq_length`` defaults to the checkpoint's finetune.max_seq_length."""
+    ``output``, also write the result as JSON (``format_table`` renders it for a terminal). ``baseline="random"``
+    adds the same architecture from random init. ``max_seq_length`` defaults to the checkpoint's
+    finetune.max_seq_length."""
     from . import api, dist
     from .io import atomic_write_json
 
