@@ -437,6 +437,37 @@ def eval_cmd(ckpt: Path, file: Path | None, data_dir: Path | None, split: str, b
     click.echo(json.dumps(res, indent=2))
 
 
+@cli.command("probe")
+@click.argument("ckpt", type=click.Path(path_type=Path))
+@click.option("--train", "train_file", required=True, type=click.Path(path_type=Path),
+              help="Labelled file (TSV/CSV/JSONL, as finetuning reads) the probe is trained on.")
+@click.option("--valid", "valid_file", required=True, type=click.Path(path_type=Path),
+              help="Labelled file the probe is scored on (never used to choose anything).")
+@click.option("--baseline", type=click.Choice(["random"]), default=None,
+              help="Also probe the same architecture at its random initialisation (the run's train.seed).")
+@click.option("--output", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the results as JSON to this file.")
+@column_options
+@click.option("--max-seq-length", type=int, default=None,
+              help="Tokens per example (default: the checkpoint's finetune.max_seq_length).")
+@click.option("--batch-size", type=int, default=64, show_default=True, help="Examples per forward pass.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the held-out split that picks L2.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+def probe_cmd(ckpt: Path, train_file: Path, valid_file: Path, baseline: str | None, output: Path | None,
+              text_a_column: str | None, text_b_column: str | None, label_column: str | None, no_header: bool,
+              max_seq_length: int | None, batch_size: int, seed: int, device: str) -> None:
+    """Linear probe on frozen features (mean-pooled and <cls>) of a checkpoint, optionally against random init.
+
+    Prints a table of validation accuracies on stdout; --output writes the full result (held-out scores, L2) as JSON.
+    """
+    from .probe import format_table, probe
+
+    res = probe(ckpt, train_file, valid_file, baseline=baseline, output=output,
+                columns=_columns(text_a_column, text_b_column, label_column), header=not no_header,
+                max_seq_length=max_seq_length, batch_size=batch_size, seed=seed, device=device)
+    click.echo(format_table(res))
+
+
 # ---- preprocess ----
 
 

@@ -90,6 +90,9 @@ class TokenizerConfig:
         check_ranges(self)
 
 
+OBJECTIVES = ("plm", "mlm", "clm")
+
+
 @dataclass
 class ModelConfig:
     vocab_size: int = ranged(32000, "[9, 2147483647]")  # must equal the tokenizer's vocabulary
@@ -112,9 +115,15 @@ class ModelConfig:
     same_length: bool = False
     # attention kernel (kernels.py); auto = fused on CPU, sdpa on CUDA (einsum inside torch.compile)
     attn_impl: Literal["auto", "fused", "einsum", "sdpa", "flex"] = "auto"
+    # pretraining objective on the same backbone, memory and records (the paper's Table 6 ablations, data.py):
+    # plm = permutation LM (XLNet); mlm = <mask> at the targets, predicted by the content stream ("DAE +
+    # Transformer-XL"); clm = the natural left-to-right order (Transformer-XL's LM), predicted by the query stream
+    objective: Literal["plm", "mlm", "clm"] = "plm"
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"model.objective must be one of {', '.join(OBJECTIVES)}, got {short(self.objective)}")
         if self.d_model % 2:
             raise ConfigError(f"model.d_model must be even (sinusoidal positions), got {self.d_model}")
 
@@ -163,6 +172,10 @@ class TrainConfig:
     # trackers besides metrics.jsonl, a list or comma string of tensorboard, wandb, mlflow; none; auto = TensorBoard
     # when installed (extras: pip install 'xlnetcli[wandb]', 'xlnetcli[mlflow]')
     report_to: str | list[str] = "auto"
+    # linear probe on frozen features during pretraining (probe.py): a labelled TSV/CSV/JSONL file (classification),
+    # split deterministically into probe-train / probe-valid; probe accuracy every probe_every steps (0 = off)
+    probe_file: str | None = None
+    probe_every: int = ranged(0, "[0, inf)")
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -174,6 +187,12 @@ class TrainConfig:
             )
         if self.warmup_steps > self.max_steps:
             raise ConfigError(f"train.warmup_steps must be in [0, max_steps={self.max_steps}], got {self.warmup_steps}")
+        if self.probe_file is not None and not self.probe_file.strip():
+            raise ConfigError("train.probe_file is empty; give a labelled file (TSV/CSV/JSONL) or leave it unset")
+        if self.probe_every > 0 and self.probe_file is None:
+            raise ConfigError(
+                f"train.probe_every={self.probe_every} needs train.probe_file (a labelled TSV/CSV/JSONL file)"
+            )
 
 
 @dataclass

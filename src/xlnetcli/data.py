@@ -16,6 +16,12 @@ makes the reuse part blind to the rest and lets the rest see the whole reuse par
 ``perm_size`` blocks: the part is cut in blocks of perm_size; block b's ranks are b*perm_size + sigma(k), one random
 permutation sigma per part and example shared by its blocks, as the original's transpose/shuffle/transpose.
 The order is a pure function of (seed, step, row): a splitmix64 hash, vectorised over the batch.
+
+``objective`` (model.objective) swaps the order for the paper's ablations on the same records and backbone:
+``mlm`` ("DAE + Transformer-XL", Table 6): the targets' input tokens become <mask> and attention is full within each
+part (the reuse part still blind to the rest, so memory carries nothing of the next window's text); the model predicts
+the targets from the content stream. ``clm`` (Transformer-XL's LM): every position in its natural order, so each token
+sees only earlier positions (and memory); the query stream predicts the same targets from the tokens before them.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from .config import OBJECTIVES
 from .errors import ConfigError, DataError
 from .preprocess import open_records, segment_ids
-from .special import CLS_ID, SEP_ID
+from .special import CLS_ID, MASK_ID, SEP_ID
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -128,6 +135,26 @@ def ranks_from_order(
     return q_rank, k_rank, tgt
 
 
+def natural_order_ranks(input_ids: np.ndarray, is_masked: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CLM: (q_rank, k_rank, is_target) for the left-to-right order. k_rank = position, q_rank = position for targets
+    and position + 1 otherwise: a target sees exactly the positions before it, the content stream position i sees
+    positions <= i (lower-triangular), and the reuse part never sees the rest (it comes first)."""
+    B, L = input_ids.shape
+    tgt = is_masked & ~((input_ids == SEP_ID) | (input_ids == CLS_ID))
+    k_rank = np.broadcast_to(np.arange(L, dtype=np.int64), (B, L)).copy()
+    return k_rank + ~tgt, k_rank, tgt
+
+
+def bidirectional_ranks(input_ids: np.ndarray, is_masked: np.ndarray, reuse_len: int
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """MLM: (q_rank, k_rank, is_target) with no order: every position sees its whole part, and the rest also sees the
+    reuse part (k_rank = [j >= R], q_rank = 1 + [i >= R]: only (i < R, j >= R) is masked)."""
+    B, L = input_ids.shape
+    tgt = is_masked & ~((input_ids == SEP_ID) | (input_ids == CLS_ID))
+    rest = np.broadcast_to(np.arange(L) >= reuse_len, (B, L)).astype(np.int64)
+    return rest + 1, rest.copy(), tgt
+
+
 def _offsets(seq_len: int, reuse_len: int) -> np.ndarray:
     key = (seq_len, reuse_len)
     off = _OFFSETS.get(key)
@@ -208,13 +235,23 @@ def permutation_batch(
     meta: dict,
     seed: int,
     dense: bool = True,
+    objective: str = "plm",
 ) -> dict[str, Any]:
     """Everything the engine needs for one micro-batch of records (see PretrainStream)."""
     L, R, P = meta["seq_len"], meta["reuse_len"], meta["num_predict"]
     ids = input_ids.astype(np.int64)
-    rank = sample_order(seed, step, rows, R, L, meta["perm_size"])
-    q, k, tgt = ranks_from_order(ids, is_masked, rank, R)
-    t = targets(tgt, ids, P)
+    if objective == "plm":
+        rank = sample_order(seed, step, rows, R, L, meta["perm_size"])
+        q, k, tgt = ranks_from_order(ids, is_masked, rank, R)
+    elif objective == "clm":
+        q, k, tgt = natural_order_ranks(ids, is_masked)
+    elif objective == "mlm":
+        q, k, tgt = bidirectional_ranks(ids, is_masked, R)
+    else:
+        raise ConfigError(f"unknown objective {objective!r} (choose from {', '.join(OBJECTIVES)})")
+    t = targets(tgt, ids, P)  # labels: the original tokens
+    if objective == "mlm":
+        ids = np.where(tgt, MASK_ID, ids)  # the DAE corruption: no target token is in the input
     batch: dict[str, Any] = {
         "input_ids": torch.from_numpy(ids),
         "token_type_ids": torch.from_numpy(segment_ids(alen, L, R)),
@@ -239,7 +276,8 @@ class PretrainStream:
     Steps run through pass 0, 1, ... and start again at pass 0 (with fresh factorisation orders) when done.
     ``dense=False`` leaves out perm_mask [B,L,L] and target_mapping [B,P,L] (build them on the device from
     ``perm_q_rank``/``perm_k_rank`` and ``target_index``: ``perm_mask_from_ranks``, ``target_mapping``).
-    ``loop=False`` stops after one run over all passes (evaluation).
+    ``loop=False`` stops after one run over all passes (evaluation). ``objective`` (model.objective: plm, mlm, clm)
+    chooses the order and the input corruption (see the module docstring); the records are the same for all three.
     """
 
     def __init__(
@@ -253,7 +291,11 @@ class PretrainStream:
         dense: bool = True,
         prefetch: int = 2,
         loop: bool = True,
+        objective: str = "plm",
     ):
+        if objective not in OBJECTIVES:
+            raise ConfigError(f"unknown objective {objective!r} (choose from {', '.join(OBJECTIVES)})")
+        self.objective = objective
         self.meta, self.passes = open_records(records_dir, split)
         self.records_dir, self.split, self.seed, self.dense, self.prefetch, self.loop = (
             Path(records_dir), split, seed, dense, prefetch, loop
@@ -309,7 +351,8 @@ class PretrainStream:
         g = slice(int(rows[0]), int(rows[-1]) + 1)
         ids = np.asarray(p.tokens[g, s])
         masked = p.masked_bool(g, s, self.meta["seq_len"])
-        b = permutation_batch(ids, masked, np.asarray(p.alen[g, s]), rows, step, self.meta, self.seed, self.dense)
+        b = permutation_batch(ids, masked, np.asarray(p.alen[g, s]), rows, step, self.meta, self.seed, self.dense,
+                              self.objective)
         b["micro_index"] = micro
         b["step"] = step
         return b

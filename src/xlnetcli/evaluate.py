@@ -73,7 +73,7 @@ def evaluate_plm_checkpoint(checkpoint: str | Path, records: str | Path, split: 
     model, cfg, _ = load_lm_model(checkpoint, dev, overrides={"bi_data": bool(meta.get("bi_data", False)),
                                                              "dropout": 0.0, "dropatt": 0.0})
     mb = int(meta.get("micro_batch_size", cfg.train.micro_batch_size))
-    stream = PretrainStream(records, split, 0, 1, mb, cfg.data.seed, loop=False)
+    stream = PretrainStream(records, split, 0, 1, mb, cfg.data.seed, loop=False, objective=cfg.model.objective)
     n = batches if batches is not None else 10**9
     res = evaluate_plm(model, stream, n, precision or ("bf16" if dev.type == "cuda" else "fp32"), dev)
     if res["targets"] == 0:

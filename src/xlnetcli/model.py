@@ -321,22 +321,33 @@ class XLNetModel(nn.Module):
 
 
 class XLNetLMHeadModel(nn.Module):
-    """XLNet with the tied LM head: logits = query_stream @ word_embedding^T + lm_bias."""
+    """XLNet with the tied LM head: logits = query_stream @ word_embedding^T + lm_bias.
+
+    With ``objective: mlm`` (the "DAE + Transformer-XL" ablation) the targets are read from the content stream at
+    the target positions (their inputs are <mask>, data.py) and no query stream is computed."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
         self.transformer = XLNetModel(cfg)
         self.lm_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        if cfg.objective == "mlm":  # no query stream: its start vector is unused (DDP needs every trained one used)
+            self.transformer.mask_emb.requires_grad_(False)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, perm_mask=None, target_index=None,
                 target_mapping=None, mems=None, return_mems=True, labels=None, label_mask=None,
                 bi_data=None, need_hidden: bool = True) -> LMOutput:
         """``need_hidden=False``: skip the content stream of the last layer (the PLM loss only needs the query
-        stream); ``hidden`` is then None, everything else is unchanged. Pretraining should pass it."""
-        out = self.transformer(input_ids, token_type_ids, attention_mask, perm_mask, target_index, target_mapping,
-                               mems, return_mems, bi_data, content_output=need_hidden)
-        x = out.query if out.query is not None else out.hidden
+        stream); ``hidden`` is then None, everything else is unchanged. Pretraining should pass it (``mlm`` ignores
+        it: its targets are read from the content stream)."""
+        if self.config.objective == "mlm" and (target_index is not None or target_mapping is not None):
+            out = self.transformer(input_ids, token_type_ids, attention_mask, perm_mask, None, None, mems,
+                                   return_mems, bi_data)
+            x = _content_rows(out.hidden, target_index, target_mapping)
+        else:
+            out = self.transformer(input_ids, token_type_ids, attention_mask, perm_mask, target_index,
+                                   target_mapping, mems, return_mems, bi_data, content_output=need_hidden)
+            x = out.query if out.query is not None else out.hidden
         loss = None
         if labels is not None and self.transformer.config.attn_impl not in ("einsum", "sdpa"):
             # fused head + loss: the same mean (or label_mask-weighted mean) cross entropy, less memory
@@ -359,6 +370,20 @@ class XLNetLMHeadModel(nn.Module):
                 w = label_mask.reshape(-1).to(ce.dtype)
                 loss = (ce * w).sum() / w.sum().clamp_min(1.0)
         return LMOutput(logits=logits, loss=loss, mems=out.mems, hidden=out.hidden, query=out.query)
+
+
+def _content_rows(hidden: torch.Tensor, target_index: torch.Tensor | None,
+                  target_mapping: torch.Tensor | None) -> torch.Tensor:
+    """[B,P,d] content-stream rows at the targets: gathered by index, or mapped (zero rows give zero vectors)."""
+    if target_index is not None:
+        if target_index.dim() != 2 or target_index.shape[0] != hidden.shape[0]:
+            raise XLNetError(f"target_index must be [B={hidden.shape[0]}, P], got {list(target_index.shape)}")
+        idx = target_index.to(hidden.device)[:, :, None].expand(-1, -1, hidden.shape[-1])
+        return torch.gather(hidden, 1, idx)
+    B, L = hidden.shape[:2]
+    if target_mapping.shape[0] != B or target_mapping.shape[-1] != L:
+        raise XLNetError(f"target_mapping must be [B={B}, P, L={L}], got {list(target_mapping.shape)}")
+    return torch.matmul(target_mapping.to(hidden.dtype), hidden)
 
 
 class SequenceSummary(nn.Module):

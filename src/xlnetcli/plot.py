@@ -49,6 +49,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     eval_metric = _series(rows, "eval", ("accuracy", "metric", "f1", "pearson"))
     if eval_metric:
         panels.append(("eval " + eval_metric[0], [("eval", eval_metric)]))
+    # linear-probe accuracy during pretraining (train.probe_every): when the representation starts to pay off
+    probe = [("probe", _series(rows, "probe", (key,))) for key in ("mean", "cls")]
+    if any(d for _, d in probe):
+        panels.append(("probe accuracy", probe))
     panels = [(title, [(s, d) for s, d in lines if d]) for title, lines in panels]
     panels = [p for p in panels if p[1]]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)

@@ -50,7 +50,7 @@ from .runlog import require_trackers
 RESUME_MUTABLE = {
     "train.max_steps", "train.eval_every", "train.eval_batches", "train.save_every", "train.keep_last",
     "train.log_every", "train.compile", "train.activation_checkpointing", "train.distributed", "train.deterministic",
-    "train.peak_tflops", "train.report_to",
+    "train.peak_tflops", "train.report_to", "train.probe_file", "train.probe_every",
 }
 
 # records meta key -> config key it must agree with
@@ -165,9 +165,16 @@ class PretrainTask:
         t = cfg.train
         self.cfg, self.data_dir, self.meta, self.env, self.accum, self.say = cfg, data_dir, meta, env, accum, say
         self.stream = PretrainStream(data_dir, "train", env.rank, env.world_size, t.micro_batch_size, cfg.data.seed,
-                                     dense=False)
+                                     dense=False, objective=cfg.model.objective)
         self.mems: list[list | None] = [None] * accum
         self._it: Any = None
+        self.probe_rows: tuple | None = None  # (train, valid) rows of train.probe_file, probed every probe_every
+        if t.probe_every:
+            from .probe import read_rows, split_rows
+            from .tasks import load_tokenizer
+
+            self.probe_rows = split_rows(read_rows(t.probe_file), seed=t.seed)
+            self.probe_tok = load_tokenizer(data_dir / "tokenizer")
 
     def next_batch(self, step: int, micro: int) -> dict:
         if self._it is None:
@@ -186,18 +193,38 @@ class PretrainTask:
         self.mems[micro] = [m.detach() for m in out.mems] if out.mems is not None else None
         return out.loss
 
-    def eval_due(self, step: int) -> bool:
-        every = self.cfg.train.eval_every
+    def _due(self, every: int, step: int) -> bool:
         return bool(every) and (step % every == 0 or step == self.cfg.train.max_steps)
 
+    def eval_due(self, step: int) -> bool:
+        return self._due(self.cfg.train.eval_every, step) or self._due(self.cfg.train.probe_every, step)
+
     def evaluate(self, model: torch.nn.Module, step: int, log: Any) -> Evaluation | None:
+        if self._due(self.cfg.train.probe_every, step):
+            self.probe(model, step, log)
+        return self._evaluate_plm(model, step, log) if self._due(self.cfg.train.eval_every, step) else None
+
+    def probe(self, model: torch.nn.Module, step: int, log: Any) -> None:
+        """Linear-probe accuracy of the frozen features on train.probe_file (probe.py): does the representation pay
+        off yet? Every rank takes part (FSDP gathers), rank 0 logs."""
+        from .probe import probe_checkpoint
+
+        train_rows, valid_rows = self.probe_rows
+        res = probe_checkpoint(dist.unwrap(model), self.probe_tok,
+                               train_rows, valid_rows, self.cfg.finetune.max_seq_length, seed=self.cfg.train.seed)
+        acc = res["accuracy"]
+        log(step, "probe", mean=acc["mean"], cls=acc["cls"], examples=len(valid_rows))
+        self.say(f"  step {step}: probe accuracy mean {acc['mean']:.3f} cls {acc['cls']:.3f}"
+                 + (" (initial weights)" if step == 0 else ""))
+
+    def _evaluate_plm(self, model: torch.nn.Module, step: int, log: Any) -> Evaluation | None:
         from .data import PretrainStream
 
         t = self.cfg.train
         if "valid" not in self.meta.get("splits", {"valid": None}):
             return None
         vstream = PretrainStream(self.data_dir, "valid", self.env.rank, self.env.world_size, t.micro_batch_size,
-                                 self.cfg.data.seed, dense=False, loop=False)
+                                 self.cfg.data.seed, dense=False, loop=False, objective=self.cfg.model.objective)
         res = evaluate_plm(model, vstream, t.eval_batches * self.accum, t.precision, self.env.device)
         if res["targets"] == 0:
             return None

@@ -1,0 +1,315 @@
+"""`xlnet probe`: linear probes on frozen features, a measure of what pretraining put into the representations.
+
+    res = probe("runs/tiny", "task_train.tsv", "task_valid.tsv", baseline="random", output="probe.json")
+    res["results"]["pretrained"]["mean"]["accuracy"], res["results"]["random"]["mean"]["accuracy"]
+
+Features (no finetuning, the model in eval mode): each example is encoded exactly as finetuning encodes it
+(tasks.py: ``[A <sep> B <sep> <cls>]``, left padded, so ``<cls>`` is the last position), run through the content
+stream once, and read at the last layer as
+- ``mean``: the mean over the example's real (non-pad) positions;
+- ``cls``: the ``<cls>`` position (what the finetuning summary ``last`` reads).
+
+Classifier: multinomial logistic regression on standardised features, fitted by full-batch L-BFGS (float64, on the
+CPU: deterministic). The L2 strength is picked from ``L2_GRID`` on a stratified held-out part of the training file
+(never the validation file); the probe is then refitted on the whole training file with that strength and scored
+once on the validation file. ``baseline="random"`` repeats everything for the same architecture at its random
+initialisation (``train.seed`` of the checkpoint's config: for one of our runs, exactly its step-0 weights).
+
+``probe_checkpoint(model, tokenizer, train_rows, valid_rows)`` is the same probe on a model object, for use during
+pretraining (``train.probe_file`` / ``train.probe_every``; ``split_rows`` makes the deterministic train/valid split of
+that one file). It leaves the model's mode, its gradients and every RNG untouched::
+
+    train_rows, valid_rows = split_rows(read_rows(cfg.train.probe_file), seed=cfg.train.seed)   # once
+    res = probe_checkpoint(model, tokenizer, train_rows, valid_rows, cfg.finetune.max_seq_length)  # all ranks (FSDP)
+    logger.log(step, "probe", mean=res["accuracy"]["mean"], cls=res["accuracy"]["cls"])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import tasks
+from .errors import DataError, XLNetError
+
+FEATURES = ("mean", "cls")
+L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # penalty 0.5 * l2 * ||W||^2 added to the mean cross entropy
+HELDOUT_FRACTION = 0.2  # share of the training file held out to choose the L2 strength
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rows
+
+
+def read_rows(path: str | Path, columns: tasks.Columns | None = None, header: bool = True) -> list[tasks.TextExample]:
+    """Labelled classification rows of a TSV/CSV/JSONL file (the finetuning reader and its column rules)."""
+    return tasks.read_table(path, "classification", columns, header, require_label=True)
+
+
+def split_rows(rows: Sequence[tasks.TextExample], fraction: float = 0.3, seed: int = 0
+               ) -> tuple[list[tasks.TextExample], list[tasks.TextExample]]:
+    """(train, valid) parts of one labelled file, stratified by label and a pure function of (rows, seed): the split
+    ``train.probe_file`` is probed with during pretraining."""
+    rest, held = _stratified(np.array([r.label for r in rows], dtype=object), fraction, seed)
+    return [rows[i] for i in rest], [rows[i] for i in held]
+
+
+def _stratified(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, held-out) indices, sorted: about ``fraction`` of every class with at least two examples is held out
+    (at least one of it), the order within a class drawn from ``seed``."""
+    rng = np.random.default_rng(seed)
+    held = []
+    for lab in sorted(set(labels.tolist()), key=str):
+        idx = np.flatnonzero(labels == lab)
+        if len(idx) < 2:
+            continue
+        k = min(len(idx) - 1, max(1, int(round(fraction * len(idx)))))
+        held.extend(rng.permutation(idx)[:k].tolist())
+    held_arr = np.array(sorted(held), dtype=np.int64)
+    kept = np.setdiff1d(np.arange(len(labels)), held_arr)
+    return kept, held_arr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Features
+
+
+@torch.no_grad()
+def extract_features(model: torch.nn.Module, enc: tasks.Encoded, batch_size: int = 64) -> dict[str, np.ndarray]:
+    """{"mean": [N, d], "cls": [N, d]} float64 features of encoded examples from the last layer's content stream.
+
+    ``model``: an XLNetLMHeadModel, a finetuning model or a bare XLNetModel (its ``transformer`` is used). Runs in
+    eval mode without memory and without bi_data (as finetuning does); the model's mode is restored."""
+    from . import dist
+
+    net = dist.unwrap(model)
+    transformer = getattr(net, "transformer", net)
+    was_training = net.training
+    net.eval()
+    # FSDP2: the transformer is called below the root, so the root's own parameters (embeddings) are gathered here;
+    # each sharded layer gathers its own when called
+    sharded = dist.is_fsdp(net) and transformer is not net
+    if sharded:
+        net.unshard()
+    device = next(transformer.parameters()).device
+    a = enc.arrays
+    n = len(enc)
+    out: dict[str, list[np.ndarray]] = {k: [] for k in FEATURES}
+    try:
+        for s in range(0, n, batch_size):
+            sl = slice(s, min(n, s + batch_size))
+            ids = torch.from_numpy(a["input_ids"][sl]).to(device)
+            seg = torch.from_numpy(a["token_type_ids"][sl]).to(device)
+            mask = torch.from_numpy(a["attention_mask"][sl]).to(device)
+            hidden = transformer(ids, token_type_ids=seg, attention_mask=mask, mems=None, return_mems=False,
+                                 bi_data=False).hidden.double()
+            m = mask.double()[:, :, None]
+            out["mean"].append(((hidden * m).sum(1) / m.sum(1).clamp_min(1.0)).cpu().numpy())
+            out["cls"].append(hidden[:, -1].cpu().numpy())  # left padding: <cls> is always last
+    finally:
+        if sharded:
+            net.reshard()
+        if was_training:
+            net.train()
+    return {k: np.concatenate(v) for k, v in out.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Logistic regression
+
+
+class _Standardizer:
+    def __init__(self, x: torch.Tensor) -> None:
+        self.mu = x.mean(0)
+        sd = x.std(0, unbiased=False)
+        self.sd = torch.where(sd > 1e-8 * (1.0 + self.mu.abs()), sd, torch.ones_like(sd))  # constant columns stay 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mu) / self.sd
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, n_classes: int, l2: float, max_iter: int = 200
+                 ) -> tuple[_Standardizer, torch.Tensor, torch.Tensor]:
+    """Multinomial logistic regression on standardised ``x`` [n, d]: minimises mean cross entropy +
+    0.5 * l2 * ||W||^2 (bias not penalised) with full-batch L-BFGS (strong Wolfe line search), in float64."""
+    xt = torch.as_tensor(x, dtype=torch.float64)
+    yt = torch.as_tensor(y, dtype=torch.long)
+    std = _Standardizer(xt)
+    z = std(xt)
+    w = torch.zeros(z.shape[1], n_classes, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(n_classes, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=max_iter, history_size=20, tolerance_grad=1e-9,
+                            tolerance_change=1e-12, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(z @ w + b, yt) + 0.5 * l2 * (w * w).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    return std, w.detach(), b.detach()
+
+
+def _accuracy(model: tuple[_Standardizer, torch.Tensor, torch.Tensor], x: np.ndarray, y: np.ndarray) -> float:
+    std, w, b = model
+    pred = (std(torch.as_tensor(x, dtype=torch.float64)) @ w + b).argmax(-1).numpy()
+    return float((pred == y).mean()) if len(y) else float("nan")
+
+
+def linear_probe(x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, y_valid: np.ndarray,
+                 n_classes: int, l2_grid: Sequence[float] = L2_GRID, heldout_fraction: float = HELDOUT_FRACTION,
+                 seed: int = 0) -> dict[str, Any]:
+    """Choose L2 on a stratified held-out part of the training set, refit on all of it, score the validation set.
+
+    Returns {"accuracy" (validation), "train_accuracy" (the refitted probe on its own training set), "l2" (chosen),
+    "heldout" {l2: held-out accuracy}}. The validation arrays are read once, after everything else is fixed."""
+    fit_idx, held_idx = _stratified(y_train, heldout_fraction, seed)
+    if len(held_idx) == 0 or len(fit_idx) == 0:
+        raise DataError("the probe's training file needs at least 2 examples of some label to hold out for choosing "
+                        "the L2 strength")
+    scores = {}
+    for l2 in l2_grid:
+        clf = fit_logistic(x_train[fit_idx], y_train[fit_idx], n_classes, l2)
+        scores[l2] = _accuracy(clf, x_train[held_idx], y_train[held_idx])
+    best = max(scores.values())
+    l2 = max(v for v, s in scores.items() if s == best)  # ties: the stronger penalty
+    clf = fit_logistic(x_train, y_train, n_classes, l2)
+    return {"accuracy": _accuracy(clf, x_valid, y_valid), "train_accuracy": _accuracy(clf, x_train, y_train),
+            "l2": l2, "heldout": {f"{k:g}": v for k, v in scores.items()}}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Probing a model object (pretraining) and a checkpoint (`xlnet probe`)
+
+
+def _labels(train_rows: Sequence[tasks.TextExample], valid_rows: Sequence[tasks.TextExample],
+            train_name: str, valid_name: str) -> list[str]:
+    if not train_rows:
+        raise DataError(f"{train_name}: no examples to train the probe on")
+    if not valid_rows:
+        raise DataError(f"{valid_name}: no examples to score the probe on")
+    label_list = tasks.build_label_list(train_rows)
+    if len(label_list) < 2:
+        raise DataError(f"{train_name}: the probe needs at least 2 different labels, found {len(label_list)} "
+                        f"({', '.join(label_list)})")
+    tasks.check_labels(valid_rows, label_list, valid_name, train_name)
+    return label_list
+
+
+def probe_checkpoint(model: torch.nn.Module, tokenizer: Any, train_rows: Sequence[tasks.TextExample],
+                     valid_rows: Sequence[tasks.TextExample], max_seq_length: int = 128, batch_size: int = 64,
+                     l2_grid: Sequence[float] = L2_GRID, seed: int = 0, label_list: Sequence[str] | None = None,
+                     ) -> dict[str, Any]:
+    """Linear probes (``mean`` and ``cls`` features) of ``model`` on labelled rows.
+
+    Returns {"accuracy": {"mean": a, "cls": a}, "features": {kind: linear_probe result}, "labels", "train_examples",
+    "valid_examples", "majority" (validation accuracy of always answering the training file's commonest label),
+    "truncated"}. Every process of a sharded (FSDP) model must call it together: the forward pass gathers weights."""
+    if label_list is None:
+        label_list = _labels(train_rows, valid_rows, "probe training rows", "probe validation rows")
+    tr = tasks.encode_texts(tokenizer, train_rows, max_seq_length, "classification", label_list)
+    va = tasks.encode_texts(tokenizer, valid_rows, max_seq_length, "classification", label_list)
+    y_tr, y_va = tr.arrays["labels"], va.arrays["labels"]
+    f_tr, f_va = extract_features(model, tr, batch_size), extract_features(model, va, batch_size)
+    feats = {k: linear_probe(f_tr[k], y_tr, f_va[k], y_va, len(label_list), l2_grid, seed=seed) for k in FEATURES}
+    commonest = int(np.bincount(y_tr, minlength=len(label_list)).argmax())
+    return {
+        "accuracy": {k: v["accuracy"] for k, v in feats.items()},
+        "features": feats,
+        "labels": list(label_list),
+        "train_examples": len(train_rows),
+        "valid_examples": len(valid_rows),
+        "majority": float((y_va == commonest).mean()),
+        "truncated": tr.n_truncated + va.n_truncated,
+    }
+
+
+def random_init_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """The same architecture at its random initialisation from ``seed`` (the global RNG is left as it was)."""
+    from .model import XLNetLMHeadModel
+
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        fresh = XLNetLMHeadModel(model.config)  # built on the CPU, as pretraining does, then moved
+    return fresh.to(device).eval()
+
+
+def probe(checkpoint: str | Path, train: str | Path, valid: str | Path, baseline: str | None = None,
+          output: str | Path | None = None, columns: tasks.Columns | None = None, header: bool = True,
+          max_seq_length: int | None = None, batch_size: int = 64, seed: int = 0,
+          device: str | None = "auto") -> dict[str, Any]:
+    """Probe a checkpoint (run folder, step folder or HF directory) with ``train``/``valid`` labelled files; with
+    ``output``, also write the result as JSON (``format_table`` renders it for a terminal). ``baseline="random"``
+    adds the same architecture from random init. ``max_seq_length`` defaults to the checkpoint's
+    finetune.max_seq_length."""
+    from . import api, dist
+    from .io import atomic_write_json
+
+    if baseline not in (None, "random"):
+        raise XLNetError(f"--baseline takes 'random', got {baseline!r}")
+    if batch_size < 1:
+        raise XLNetError(f"--batch-size must be >= 1, got {batch_size}")
+    train_rows = read_rows(train, columns, header)
+    valid_rows = read_rows(valid, columns, header)
+    label_list = _labels(train_rows, valid_rows, str(train), str(valid))
+    dev = dist.resolve_device(device)
+    xl = api.load(checkpoint, device=dev)
+    tok = xl.tokenizer
+    if tok is None:
+        raise XLNetError(f"{xl.path} has no tokenizer (expected tokenizer/spiece.model or spiece.model)")
+    if tok.vocab_size > xl.config.model.vocab_size:
+        raise XLNetError(f"{xl.path}: the tokenizer has {tok.vocab_size} pieces but the model only "
+                         f"{xl.config.model.vocab_size} embeddings")
+    max_len = max_seq_length or xl.config.finetune.max_seq_length
+    if max_len < 4:
+        raise XLNetError(f"--max-seq-length must be >= 4, got {max_len}")
+    models = {"pretrained": xl.model}
+    if baseline == "random":
+        models["random"] = random_init_like(xl.model, xl.config.train.seed)
+    results = {name: probe_checkpoint(m, tok, train_rows, valid_rows, max_len, batch_size, seed=seed,
+                                      label_list=label_list) for name, m in models.items()}
+    first = results["pretrained"]
+    res: dict[str, Any] = {
+        "kind": "probe",
+        "checkpoint": str(xl.path),
+        "step": xl.meta.get("step"),
+        "objective": xl.config.model.objective,
+        "train": str(train),
+        "valid": str(valid),
+        "train_examples": first["train_examples"],
+        "valid_examples": first["valid_examples"],
+        "labels": label_list,
+        "majority": first["majority"],
+        "max_seq_length": max_len,
+        "truncated": first["truncated"],
+        "seed": seed,
+        "random_init_seed": xl.config.train.seed if baseline == "random" else None,
+        "results": {name: r["features"] for name, r in results.items()},
+    }
+    if output is not None:
+        atomic_write_json(output, res)
+    return res
+
+
+def format_table(res: dict[str, Any]) -> str:
+    """The result of ``probe`` as a few plain lines: one per feature kind, one column per model."""
+    names = list(res["results"])
+    step = f" (step {res['step']})" if res.get("step") is not None else ""
+    lines = [f"linear probe of {res['checkpoint']}{step}: {res['train_examples']} training / "
+             f"{res['valid_examples']} validation examples, {len(res['labels'])} labels, majority-class accuracy "
+             f"{res['majority']:.3f}"]
+    if res["truncated"]:
+        lines.append(f"  {res['truncated']} examples truncated to {res['max_seq_length']} tokens")
+    lines.append("features  " + "".join(f"{n:>12}" for n in names) + "   (L2 chosen on held-out training rows)")
+    for kind in FEATURES:
+        cells = "".join(f"{res['results'][n][kind]['accuracy']:>12.3f}" for n in names)
+        l2s = ", ".join(f"{n} {res['results'][n][kind]['l2']:g}" for n in names)
+        lines.append(f"{kind:<10}{cells}   ({l2s})")
+    return "\n".join(lines)

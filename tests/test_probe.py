@@ -1,0 +1,227 @@
+"""`xlnet probe`: a planted feature is found, random labels give chance, the L2 choice never reads the validation
+file, the in-process probe leaves a training model as it was, bad input gives one line."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from clitools import assert_one_line_error, run_main
+from xlnetcli.config import load_config
+from xlnetcli.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.yaml"
+SAMPLE = ROOT / "tests" / "data" / "sample.txt"
+SMALL = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "model.reuse_len=32",
+         "model.mem_len=32", "data.seq_len=64", "finetune.max_seq_length=64"]
+A, B = "thread", "socket"  # single pieces in a 1000-piece vocabulary trained on the sample text
+
+
+def _lines() -> list[str]:
+    """Short real sentences of the sample text that contain neither planted word, in a fixed shuffled order."""
+    lines = [ln.strip() for ln in SAMPLE.read_text(encoding="utf-8").splitlines()
+             if 4 <= len(ln.split()) <= 10 and len(ln) <= 80 and "\t" not in ln
+             and not {A, B} & set(ln.lower().split())]
+    random.Random(0).shuffle(lines)
+    return lines
+
+
+def _write(path: Path, rows: list[tuple[str, str]]) -> Path:
+    path.write_text("text\tlabel\n" + "".join(f"{t}\t{lab}\n" for t, lab in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A tokenizer, a run folder holding the random initialisation (train.seed) and labelled files."""
+    from xlnetcli.checkpoint import save_model_dir
+    from xlnetcli.model import XLNetLMHeadModel
+    from xlnetcli.tokenizer import train_tokenizer
+
+    d = tmp_path_factory.mktemp("probe")
+    cfg = load_config(TINY, SMALL)
+    train_tokenizer([SAMPLE], d / "tok", cfg.tokenizer, quiet=True)
+    torch.manual_seed(cfg.train.seed)
+    save_model_dir(d / "run" / "step_0000001", XLNetLMHeadModel(cfg.model).eval(), cfg, tokenizer_dir=d / "tok",
+                   meta={"kind": "pretrain", "step": 1})
+    lines = _lines()
+    assert len(lines) >= 1050
+    rng = random.Random(1)
+
+    def planted(texts):  # the label is decided by which of two words was inserted somewhere in the sentence
+        rows = []
+        for t in texts:
+            words, lab = t.split(), rng.choice("ab")
+            words.insert(rng.randrange(len(words) + 1), A if lab == "a" else B)
+            rows.append((" ".join(words), lab))
+        return rows
+
+    files = {
+        "planted_train": _write(d / "planted_train.tsv", planted(lines[:300])),
+        "planted_valid": _write(d / "planted_valid.tsv", planted(lines[300:500])),
+        "random_train": _write(d / "random_train.tsv", [(t, rng.choice("ab")) for t in lines[500:800]]),
+        "random_valid": _write(d / "random_valid.tsv", [(t, rng.choice("ab")) for t in lines[800:1050]]),
+    }
+    return {"dir": d, "run": d / "run", "tok": d / "tok", "cfg": cfg, **files}
+
+
+def test_planted_word_is_found_by_both_features(env, capsys):
+    """Even random-init features carry token identity: a label decided by one planted word is read off the mean
+    (and the <cls>) features far above chance. The checkpoint here is the run's initial weights, so the random-init
+    baseline (same train.seed) must give exactly the same numbers."""
+    out = env["dir"] / "planted.json"
+    code, stdout, err = run_main(capsys, "probe", env["run"], "--train", env["planted_train"], "--valid",
+                                 env["planted_valid"], "--baseline", "random", "--output", out, "--device", "cpu")
+    assert code == 0, err
+    res = json.loads(out.read_text())
+    print(stdout)
+    assert [ln.split()[0] for ln in stdout.splitlines()[-2:]] == ["mean", "cls"]
+    assert res["train_examples"] == 300 and res["valid_examples"] == 200 and res["labels"] == ["a", "b"]
+    assert res["max_seq_length"] == 64 and res["truncated"] == 0  # the checkpoint's finetune.max_seq_length
+    pre, rnd = res["results"]["pretrained"], res["results"]["random"]
+    assert pre["mean"]["accuracy"] > 0.9, pre  # measured 0.965 (the commonest label: 0.45)
+    assert pre["cls"]["accuracy"] > 0.85, pre  # measured 0.96
+    assert rnd == pre
+    assert set(pre["mean"]["heldout"]) == {"0.0001", "0.001", "0.01", "0.1", "1", "10"}
+
+
+def test_random_labels_give_chance(env):
+    from xlnetcli.probe import probe
+
+    res = probe(env["run"], env["random_train"], env["random_valid"], device="cpu")
+    for kind, r in res["results"]["pretrained"].items():
+        # 250 validation examples: the accuracy of a guess has standard deviation 0.032; 0.1 is 3.2 of them
+        assert abs(r["accuracy"] - 0.5) < 0.1, (kind, r)  # measured 0.48 / 0.50
+        assert r["train_accuracy"] > r["accuracy"]  # it does fit its training rows (noise), which is not transferred
+
+
+def test_l2_choice_never_reads_the_validation_file(env, tmp_path):
+    """Flipping every validation label leaves the L2 choice, the held-out scores and the fitted probe unchanged;
+    only the final validation accuracy turns into 1 - accuracy."""
+    from xlnetcli.probe import probe
+
+    text = env["random_valid"].read_text().splitlines()
+    flip = {"a": "b", "b": "a"}
+    flipped = _write(tmp_path / "flipped.tsv", [(t, flip[lab]) for t, lab in (ln.split("\t") for ln in text[1:])])
+    one = probe(env["run"], env["random_train"], env["random_valid"], device="cpu")
+    two = probe(env["run"], env["random_train"], flipped, device="cpu")
+    for kind in ("mean", "cls"):
+        a, b = one["results"]["pretrained"][kind], two["results"]["pretrained"][kind]
+        assert (a["l2"], a["heldout"], a["train_accuracy"]) == (b["l2"], b["heldout"], b["train_accuracy"])
+        assert b["accuracy"] == pytest.approx(1 - a["accuracy"])
+        assert len(set(a["heldout"].values())) > 1  # the grid is a real choice on this (noisy) data
+
+
+def test_probe_checkpoint_in_process_leaves_the_model_as_it_was(env):
+    """What the training engine calls every train.probe_every steps: a model object in train mode (dropout on),
+    rows from one labelled file split deterministically. Mode, gradients and RNG states are untouched, and the
+    result is the one of the same weights probed in eval mode."""
+    from xlnetcli.model import XLNetLMHeadModel
+    from xlnetcli.probe import probe_checkpoint, read_rows, split_rows
+    from xlnetcli.tokenizer import Tokenizer
+
+    rows = read_rows(env["planted_train"])
+    tr, va = split_rows(rows, seed=3)
+    tr2, va2 = split_rows(rows, seed=3)
+    assert [r.line for r in tr] == [r.line for r in tr2] and [r.line for r in va] == [r.line for r in va2]
+    assert sorted(r.line for r in tr + va) == sorted(r.line for r in rows) and len(va) == 90
+    for lab in "ab":  # stratified: each label's share of the valid part is 30% of its count
+        n = sum(r.label == lab for r in rows)
+        assert sum(r.label == lab for r in va) == round(0.3 * n)
+    assert [r.line for r in split_rows(rows, seed=4)[1]] != [r.line for r in va]
+
+    tok = Tokenizer.load(env["tok"])
+    torch.manual_seed(0)
+    model = XLNetLMHeadModel(env["cfg"].model).train()
+    cpu_rng = torch.get_rng_state()
+    res = probe_checkpoint(model, tok, tr, va, max_seq_length=64)
+    assert model.training and all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), cpu_rng)
+    assert res["train_examples"] == 210 and res["valid_examples"] == 90
+    assert res["accuracy"]["mean"] > 0.85, res["accuracy"]  # measured 1.0 (cls 0.92) on 90 examples
+    again = probe_checkpoint(model.eval(), tok, tr, va, max_seq_length=64)
+    assert again["features"] == res["features"]
+
+
+def test_bad_inputs_are_one_line(env, tmp_path, capsys):
+    base = ["probe", env["run"], "--device", "cpu"]
+    one = _write(tmp_path / "one.tsv", [("a sentence", "x"), ("another one", "x"), ("and a third", "x")])
+    code, _, err = run_main(capsys, *base, "--train", one, "--valid", env["planted_valid"])
+    assert_one_line_error(code, err, "at least 2 different labels")
+    unseen = _write(tmp_path / "unseen.tsv", [("a sentence", "a"), ("another one", "c")])
+    code, _, err = run_main(capsys, *base, "--train", env["planted_train"], "--valid", unseen)
+    assert_one_line_error(code, err, "never seen", "'c'")
+    code, _, err = run_main(capsys, *base, "--train", tmp_path / "missing.tsv", "--valid", env["planted_valid"])
+    assert_one_line_error(code, err, "file not found")
+    code, _, err = run_main(capsys, "probe", tmp_path / "nothing", "--train", env["planted_train"], "--valid",
+                            env["planted_valid"])
+    assert_one_line_error(code, err)
+    code, _, err = run_main(capsys, *base, "--train", env["planted_train"], "--valid", env["planted_valid"],
+                            "--baseline", "bert")
+    assert code == 2 and "Traceback" not in err
+    out = tmp_path / "res.json"
+    code, _, err = run_main(capsys, *base, "--train", one, "--valid", env["planted_valid"], "--output", out)
+    assert code == 2 and not out.exists()
+
+
+def test_probe_config_keys_are_validated():
+    cfg = load_config(TINY, ["train.probe_file=data/pydocs/task_train.tsv", "train.probe_every=100"])
+    assert (cfg.train.probe_file, cfg.train.probe_every) == ("data/pydocs/task_train.tsv", 100)
+    assert load_config(TINY).train.probe_every == 0 and load_config(TINY).train.probe_file is None
+    with pytest.raises(ConfigError, match="train.probe_every=50 needs train.probe_file"):
+        load_config(TINY, ["train.probe_every=50"])
+    with pytest.raises(ConfigError, match="train.probe_every must be >= 0"):
+        load_config(TINY, ["train.probe_every=-1", "train.probe_file=x.tsv"])
+    with pytest.raises(ConfigError, match="train.probe_every: expected an integer"):
+        load_config(TINY, ["train.probe_every=often"])
+
+
+_SHARDED = """
+import json, sys, torch
+from xlnetcli import dist
+from xlnetcli.config import load_config
+from xlnetcli.model import XLNetLMHeadModel, XLNetLayer
+from xlnetcli.probe import probe_checkpoint, read_rows, split_rows
+from xlnetcli.tokenizer import Tokenizer
+
+env = dist.init_distributed("cpu")
+cfg = load_config(sys.argv[1], json.loads(sys.argv[2]))
+torch.manual_seed(0)
+model = dist.wrap_model(XLNetLMHeadModel(cfg.model), env, sys.argv[3], layer_types=(XLNetLayer,)).train()
+res = probe_checkpoint(model, Tokenizer.load(sys.argv[4]), *split_rows(read_rows(sys.argv[5])), max_seq_length=64)
+print("RESULT", env.rank, json.dumps({"features": res["features"], "training": model.training}), flush=True)
+dist.cleanup()
+"""
+
+
+def test_probe_checkpoint_on_a_sharded_model(env, tmp_path):
+    """During pretraining under torchrun every rank calls the probe on its FSDP2-sharded model (the transformer is
+    run below the root, whose embeddings must be gathered first): same result as the unsharded model, on every rank."""
+    import subprocess
+
+    from test_pretrain import BIN, _env
+    from xlnetcli.model import XLNetLMHeadModel
+    from xlnetcli.probe import probe_checkpoint, read_rows, split_rows
+    from xlnetcli.tokenizer import Tokenizer
+
+    script = tmp_path / "sharded.py"
+    script.write_text(_SHARDED)
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(script), str(TINY), json.dumps(SMALL),
+           "fsdp", str(env["tok"]), str(env["planted_train"])]
+    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = [json.loads(ln.split(" ", 2)[2]) for ln in out.stdout.splitlines() if ln.startswith("RESULT")]
+    torch.manual_seed(0)
+    ref = probe_checkpoint(XLNetLMHeadModel(env["cfg"].model), Tokenizer.load(env["tok"]),
+                           *split_rows(read_rows(env["planted_train"])), max_seq_length=64)
+    assert len(got) == 2
+    for g in got:
+        assert g["training"]
+        for kind in ("mean", "cls"):
+            assert g["features"][kind]["accuracy"] == pytest.approx(ref["features"][kind]["accuracy"], abs=1e-9)
+            assert g["features"][kind]["l2"] == ref["features"][kind]["l2"]
