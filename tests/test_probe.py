@@ -225,3 +225,42 @@ def test_probe_checkpoint_on_a_sharded_model(env, tmp_path):
         for kind in ("mean", "cls"):
             assert g["features"][kind]["accuracy"] == pytest.approx(ref["features"][kind]["accuracy"], abs=1e-9)
             assert g["features"][kind]["l2"] == ref["features"][kind]["l2"]
+
+
+def test_probe_during_pretraining_is_logged_plotted_and_leaves_training_unchanged(env, tmp_path):
+    """train.probe_every: probe rows at steps 0, 2, 4 in metrics.jsonl, a probe panel in the plot, and the training
+    itself bit-identical to the same run without the probe (the probe draws from no RNG the run uses)."""
+    from xlnetcli.preprocess import preprocess
+    from xlnetcli.pretrain import pretrain
+    from xlnetcli.runlog import read_metrics
+    from xlnetcli.shard import shard_corpus
+
+    over = SMALL + ["data.num_predict=10", "train.global_batch_size=4", "train.micro_batch_size=2",
+                    "data.valid_fraction=0.05", "train.max_steps=4", "train.warmup_steps=1", "train.log_every=1",
+                    "train.eval_every=2", "train.eval_batches=1", "train.save_every=0", "model.d_model=64",
+                    "model.n_head=2", "model.d_head=32", "model.d_inner=128"]
+    cfg = load_config(TINY, over)
+    shard_corpus([SAMPLE], tmp_path / "shards", env["tok"], valid_fraction=0.05, seed=cfg.data.seed, quiet=True)
+    preprocess(tmp_path / "shards", tmp_path / "rec", cfg, quiet=True)
+    torch.set_num_threads(1)
+    pretrain(cfg, tmp_path / "rec", tmp_path / "plain", device="cpu", quiet=True)
+    probed = load_config(TINY, over + [f"train.probe_file={env['planted_train']}", "train.probe_every=2"])
+    pretrain(probed, tmp_path / "rec", tmp_path / "probed", device="cpu", quiet=True)
+    rows = read_metrics(tmp_path / "probed")
+    probes = [r for r in rows if r["split"] == "probe"]
+    assert [r["step"] for r in probes] == [0, 2, 4]
+    assert all(0.0 <= r["mean"] <= 1.0 and 0.0 <= r["cls"] <= 1.0 and r["examples"] == 90 for r in probes)
+    assert min(r["mean"] for r in probes) > 0.7  # the planted word is visible even in the initial features
+
+    def train_rows(run):
+        return [(r["split"], r["step"], r["loss"], r.get("grad_norm")) for r in read_metrics(run)
+                if r["split"] in ("train", "eval")]
+
+    assert train_rows(tmp_path / "probed") == train_rows(tmp_path / "plain")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    from xlnetcli.plot import plot_run
+
+    assert plot_run(tmp_path / "probed").stat().st_size > 0
