@@ -1,10 +1,31 @@
-"""Shared helpers for CLI tests: run `xlnet` in-process and check the one-line error contract."""
+"""Shared helpers for tests: run `xlnet` in-process, check the one-line error contract, build small records."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from xlnetcli.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.yaml"
+SAMPLE = ROOT / "tests" / "data" / "sample.txt"
+
+
+def make_records(tmp: Path, overrides: list[str], src: Path = SAMPLE, config: Path = TINY) -> Path:
+    """tokenizer -> shards -> records of ``src`` under ``tmp`` (tok/, shards/, rec/) with ``config`` + overrides."""
+    from xlnetcli.config import load_config
+    from xlnetcli.preprocess import preprocess
+    from xlnetcli.shard import shard_corpus
+    from xlnetcli.tokenizer import train_tokenizer
+
+    cfg = load_config(config, overrides)
+    train_tokenizer([src], tmp / "tok", cfg.tokenizer, quiet=True)
+    shard_corpus([src], tmp / "shards", tmp / "tok", valid_fraction=cfg.data.valid_fraction, seed=cfg.data.seed,
+                 quiet=True)
+    preprocess(tmp / "shards", tmp / "rec", cfg, quiet=True)
+    return tmp / "rec"
 
 
 def run_main(capsys, *args) -> tuple[int, str, str]:

@@ -41,17 +41,11 @@ def _env() -> dict:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> tuple[Path, Path]:
-    from xlnetcli.preprocess import preprocess
-    from xlnetcli.shard import shard_corpus
-    from xlnetcli.tokenizer import train_tokenizer
+    from clitools import make_records
 
     tmp = tmp_path_factory.mktemp("faults")
-    cfg = load_config(TINY, SMALL)
-    train_tokenizer([SAMPLE], tmp / "tok", cfg.tokenizer, quiet=True)
-    shard_corpus([SAMPLE], tmp / "shards", tmp / "tok", valid_fraction=0.05, seed=cfg.data.seed, quiet=True)
-    preprocess(tmp / "shards", tmp / "rec", cfg, quiet=True)
-    (tmp / "cfg.yaml").write_text(dump_config(cfg))
-    return tmp / "rec", tmp / "cfg.yaml"
+    (tmp / "cfg.yaml").write_text(dump_config(load_config(TINY, SMALL)))
+    return make_records(tmp, SMALL), tmp / "cfg.yaml"
 
 
 def _start(records: Path, cfg: Path, out: Path) -> subprocess.Popen:

@@ -39,31 +39,22 @@ def _xlnet(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
                           cwd=cwd)
 
 
-def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    assert proc.returncode == 2, proc.stderr
-    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("xlnet: error:"), proc.stderr
-    assert "Traceback" not in proc.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
+def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    from clitools import assert_one_line_error
+
+    assert_one_line_error(proc.returncode, proc.stderr, *needles)
 
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory) -> dict[str, Path]:
     """tokenizer -> shards -> records -> a 4-step pretraining run with checkpoints at steps 2 and 4."""
-    from xlnetcli.preprocess import preprocess
+    from clitools import make_records
     from xlnetcli.pretrain import pretrain
-    from xlnetcli.shard import shard_corpus
-    from xlnetcli.tokenizer import train_tokenizer
 
     tmp = tmp_path_factory.mktemp("integrity")
-    cfg = load_config(TINY, SMALL)
     torch.set_num_threads(1)
-    train_tokenizer([SAMPLE], tmp / "tok", cfg.tokenizer, quiet=True)
-    shard_corpus([SAMPLE], tmp / "shards", tmp / "tok", valid_fraction=0.05, seed=cfg.data.seed, quiet=True)
-    preprocess(tmp / "shards", tmp / "rec", cfg, quiet=True)
-    pretrain(cfg, tmp / "rec", tmp / "run", device="cpu", quiet=True)
+    make_records(tmp, SMALL)
+    pretrain(load_config(TINY, SMALL), tmp / "rec", tmp / "run", device="cpu", quiet=True)
     return {"tok": tmp / "tok", "shards": tmp / "shards", "rec": tmp / "rec", "run": tmp / "run", "tmp": tmp}
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from clitools import make_records
 from xlnetcli.config import load_config
 from xlnetcli.errors import ConfigError, DataError, XLNetError
 from xlnetcli.checkpoint import load_train_state
@@ -43,16 +44,7 @@ def _env() -> dict:
 
 
 def _make_records(tmp: Path, src: Path, overrides: list[str]) -> Path:
-    from xlnetcli.preprocess import preprocess
-    from xlnetcli.shard import shard_corpus
-    from xlnetcli.tokenizer import train_tokenizer
-
-    cfg = load_config(TINY, overrides)
-    train_tokenizer([src], tmp / "tok", cfg.tokenizer, quiet=True)
-    shard_corpus([src], tmp / "shards", tmp / "tok", valid_fraction=cfg.data.valid_fraction, seed=cfg.data.seed,
-                 quiet=True)
-    preprocess(tmp / "shards", tmp / "rec", cfg, quiet=True)
-    return tmp / "rec"
+    return make_records(tmp, overrides, src)
 
 
 @pytest.fixture(scope="module")

@@ -34,17 +34,9 @@ SMALL = [
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory) -> Path:
-    from xlnetcli.preprocess import preprocess
-    from xlnetcli.shard import shard_corpus
-    from xlnetcli.tokenizer import train_tokenizer
+    from clitools import make_records
 
-    tmp = tmp_path_factory.mktemp("trackers")
-    cfg = load_config(TINY, SMALL)
-    train_tokenizer([SAMPLE], tmp / "tok", cfg.tokenizer, quiet=True)
-    shard_corpus([SAMPLE], tmp / "shards", tmp / "tok", valid_fraction=cfg.data.valid_fraction, seed=cfg.data.seed,
-                 quiet=True)
-    preprocess(tmp / "shards", tmp / "rec", cfg, quiet=True)
-    return tmp / "rec"
+    return make_records(tmp_path_factory.mktemp("trackers"), SMALL)
 
 
 @pytest.fixture(autouse=True)
