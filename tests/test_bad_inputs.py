@@ -90,6 +90,9 @@ def _case(work, name):
         "tok-invalid-utf8": (["tokenize", "train", text("latin.txt", "caf\xe9 cr\xe8me ".encode("latin-1") * 200),
                               "--out", out], "UTF-8"),
         "tok-empty": (["tokenize", "train", text("empty.txt", ""), "--out", out], "no text"),
+        "tok-lines-too-long": (["tokenize", "train", text("long.txt", ((" ".join(["alpha", "beta"] * 4000) + "\n")
+                                                                        * 3).encode()), "--out", out,
+                                "--set", "tokenizer.vocab_size=100"], "split the text into lines"),
         "tok-dir-without-text": (["tokenize", "train", (bad / "d").mkdir() or bad / "d", "--out", out], "no text"),
         "tok-existing-output": (["tokenize", "train", SAMPLE, "--out", w / "tok"], "--overwrite"),
         "tok-unknown-key": (["tokenize", "train", SAMPLE, "--out", out, "--set", "tokenizer.vocab=10"],
@@ -346,6 +349,7 @@ def _nan_checkpoint(w: Path, bad: Path) -> Path:
 
 
 CASES = [
+    "tok-lines-too-long",
     "tok-missing-input", "tok-binary", "tok-invalid-utf8", "tok-empty", "tok-dir-without-text", "tok-existing-output",
     "tok-unknown-key", "tok-wrong-type", "config-bad-yaml", "config-missing",
     "encode-missing-tokenizer", "encode-corrupt-model",

@@ -551,3 +551,59 @@ def test_out_of_memory_and_divergence_are_diagnosed(work, tmp_path, monkeypatch,
     assert_one_line_error(code, err, "training diverged at step", "the update was not applied",
                           "no checkpoint saved yet", "finetune.lr (now 1e+30)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ft.yaml", "train.tsv", "valid.tsv"]
+
+
+@pytest.mark.slow
+def test_sigkill_at_many_random_moments_then_resume_gives_the_uninterrupted_result(work, tmp_path):
+    """Fault injection for finetuning (tests/test_faults.py does it for pretraining): SIGKILL at random moments after
+    the run has made progress, `--resume` each time; the result equals an uninterrupted run's, bit for bit."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from xlnetcli.finetune import partial_dir
+
+    kills_wanted = int(os.environ.get("XLNET_FAULT_KILLS", "20"))
+    train, valid, cfg = _resume_files(tmp_path)
+    from xlnetcli.config import dump_config, load_config
+
+    cfg.write_text(dump_config(load_config(cfg, ["finetune.save_every=1", "finetune.max_steps=200",
+                                                 "finetune.eval_every=50"])))
+    xlnet = str(Path(sys.executable).parent / "xlnet")
+    env = dict(os.environ, XLNET_NO_PROGRESS="1", OMP_NUM_THREADS="1")
+
+    def cmd(out: Path, *extra: str) -> list[str]:
+        return [xlnet, "finetune", "--task", "classification", "--train", str(train), "--valid", str(valid),
+                "--init", str(work / "init"), "--out", str(out), "--config", str(cfg), "--quiet", *extra]
+
+    done = subprocess.run(cmd(tmp_path / "a"), env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    b, partial = tmp_path / "b", partial_dir(tmp_path / "b")
+    rng, kills = random.Random(7), 0
+
+    def progress() -> int:
+        p = partial / "metrics.jsonl"
+        return p.read_bytes().count(b"\n") if p.exists() else 0
+
+    while True:
+        proc = subprocess.Popen(cmd(b, "--resume"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if kills < kills_wanted:
+            start, deadline = progress(), time.time() + 120
+            while proc.poll() is None and progress() <= start and time.time() < deadline:
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0.0, 0.05))
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                kills += 1
+                continue
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err.decode()
+        break
+    assert kills == kills_wanted
+    assert _comparable(b) == _comparable(tmp_path / "a")
+    wa, wb = _best_weights(tmp_path / "a"), _best_weights(b)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

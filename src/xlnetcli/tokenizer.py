@@ -798,6 +798,10 @@ def train_tokenizer(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.
                 if "Vocabulary size is too high" in msg or "vocab_size" in msg.lower():
                     raise ConfigError(f"tokenizer.vocab_size {tcfg.vocab_size} is too large for this corpus "
                                       f"({msg.split(':')[-1].strip()}); lower --vocab-size or add text") from None
+                if "sentences_.empty()" in msg:  # every line was skipped, most often for being too long
+                    raise DataError(f"no usable line for SentencePiece: every line is empty after normalisation or "
+                                    f"longer than {MAX_SENTENCE_BYTES} bytes, which SentencePiece skips; split the "
+                                    "text into lines (sentences or paragraphs)") from None
                 raise DataError(f"SentencePiece training failed: {msg}") from None
         finally:
             if os.path.exists(norm_path):
