@@ -159,7 +159,7 @@ def test_tokenize_train_cli_datasets_folder(files, tmp_path, capsys):
                               "--vocab-size", "600", "--quiet")
     assert code == 0, err
     assert (tmp_path / "t" / "spiece.model").is_file()
-    assert json.loads((tmp_path / "t" / "tokenizer.json").read_text())["train"]["inputs"] == [str(files["datasets"])]
+    assert json.loads((tmp_path / "t" / "xlnet_tokenizer.json").read_text())["train"]["inputs"] == [str(files["datasets"])]
 
 
 def test_directory_and_glob_pick_up_every_format(files, tok_dir, tmp_path):
