@@ -195,7 +195,8 @@ def pretrain_cmd(config_path: str | None, overrides: tuple[str, ...], data_dir: 
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
 def export_cmd(ckpt: Path, fmt: str, out: Path, backbone_only: bool, overwrite: bool) -> None:
     """Export a checkpoint (run dir or step folder, pretrained or finetuned) as a Hugging Face directory."""
-    from .hf import describe_export, export_hf
+    from .handoff import export_hf
+    from .hf import describe_export
     from .log import console
 
     export_hf(ckpt, out, overwrite=overwrite, backbone_only=backbone_only)
@@ -210,7 +211,8 @@ def export_cmd(ckpt: Path, fmt: str, out: Path, backbone_only: bool, overwrite: 
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
 def import_cmd(hf_dir: Path, out: Path, overwrite: bool) -> None:
     """Turn a Hugging Face XLNet directory into an xlnet checkpoint folder (with its task head when it has one)."""
-    from .hf import import_hf, import_summary
+    from .handoff import import_hf
+    from .hf import import_summary
     from .log import console
 
     import_hf(hf_dir, out, overwrite=overwrite)
