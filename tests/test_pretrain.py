@@ -449,3 +449,13 @@ def test_resuming_a_finished_run_says_it_is_complete(records, tmp_path, monkeypa
     assert f"is already complete: step 3 of 3, final checkpoint {tmp_path / 'run' / 'step_0000003'}" in err
     assert "nan" not in err and "tokens/s" not in err
     assert read_metrics(tmp_path / "run") == rows  # nothing logged again
+
+
+def test_mem_len_zero_means_no_memory_in_pretraining(records, tmp_path):
+    """model.mem_len=0 switches Transformer-XL memory off (the paper's "- memory" ablation row), as the original's
+    _cache_mem does: nothing is carried between steps or saved in the train state (with memory on, the same run
+    saves [micro_batch, mem_len, d_model] memories: test_run_layout_eval_and_rotation)."""
+    cfg = _cfg("model.mem_len=0", "train.max_steps=3", "train.save_every=3", "train.eval_every=3")
+    pretrain(cfg, records, tmp_path / "run", quiet=True)
+    state = load_train_state(tmp_path / "run" / "step_0000003")
+    assert state["ranks"][0]["mems"] and all(m is None for m in state["ranks"][0]["mems"].values())

@@ -107,7 +107,7 @@ class ModelConfig:
     dropatt: float = ranged(0.1, "[0, 1)")  # dropout on attention probabilities
     layer_norm_eps: float = ranged(1e-12, "(0, 1)")  # post-LayerNorm epsilon
     initializer_range: float = ranged(0.02, "(0, inf)")  # N(0, std) init for embeddings and projections
-    mem_len: int = ranged(384, "[0, inf)")  # Transformer-XL memory length (0 = no memory)
+    mem_len: int = ranged(384, "[0, inf)")  # Transformer-XL memory length (0 = no memory in training/eval)
     reuse_len: int = ranged(256, "[0, inf)")  # leading tokens of each window cached as memory for the next one
     bi_data: bool = True  # per device: first half of the batch forward, second half backward (negated positions)
     clamp_len: int = ranged(-1, "[-1, inf)")  # clip relative positions to +-clamp_len (-1 = no clipping)

@@ -43,6 +43,14 @@ def model_inputs(batch: dict, device: torch.device) -> dict:
     return out
 
 
+def carried_mems(mem_len: int, out: Any) -> list | None:
+    """The memories the next segment attends to. ``mem_len`` 0 means no memory in training and evaluation, as in the
+    original's ``_cache_mem`` (the model itself then keeps every past state, as transformers does at inference)."""
+    if mem_len == 0 or out.mems is None:
+        return None
+    return [m.detach() for m in out.mems]
+
+
 def forward(model: torch.nn.Module, inputs: dict, mems: list | None) -> Any:
     # The PLM loss reads only the query stream: the last layer's content stream is skipped.
     return model(**inputs, mems=mems, need_hidden=False)
@@ -76,7 +84,7 @@ def evaluate_plm(model: torch.nn.Module, stream: Any, n_batches: int, precision:
             labels, label_mask = inputs.pop("labels"), inputs.pop("label_mask")
             with autocast_ctx(device, precision):
                 out = forward(net, inputs, mems.get(a))
-            mems[a] = out.mems
+            mems[a] = carried_mems(net.config.mem_len, out)
             logits = out.logits.float()
             nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
             w = label_mask.float()

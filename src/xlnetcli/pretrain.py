@@ -40,7 +40,7 @@ from .engine import (Engine, Evaluation, TrainPlan, printer, resumable_steps, re
 from .errors import ConfigError, DataError
 from .flops import train_flops
 from .io import check_output_not_input, output_lock
-from .plm import evaluate_plm, read_records_meta
+from .plm import carried_mems, evaluate_plm, read_records_meta
 from .plm import forward as _forward
 from .plm import model_inputs as _model_inputs
 from .runlog import require_trackers
@@ -190,7 +190,7 @@ class PretrainTask:
 
     def loss(self, model: torch.nn.Module, batch: dict, micro: int) -> torch.Tensor:
         out = _forward(model, batch, self.mems[micro])
-        self.mems[micro] = [m.detach() for m in out.mems] if out.mems is not None else None
+        self.mems[micro] = carried_mems(self.cfg.model.mem_len, out)
         return out.loss
 
     def _due(self, every: int, step: int) -> bool:
