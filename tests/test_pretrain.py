@@ -15,10 +15,10 @@ import torch
 from safetensors.torch import load_file
 
 from clitools import make_records
-from xlnetcli.config import load_config
+from xlnetcli.config import batch_plan, load_config
 from xlnetcli.errors import ConfigError, DataError, XLNetError
 from xlnetcli.checkpoint import load_train_state
-from xlnetcli.pretrain import batch_maths, evaluate_plm, list_checkpoints, pretrain
+from xlnetcli.pretrain import evaluate_plm, list_checkpoints, pretrain
 from xlnetcli.runlog import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,9 +271,14 @@ def test_out_folder_of_another_run(records, tmp_path):
 
 def test_impossible_batch_maths():
     cfg = _cfg()
-    assert batch_maths(cfg, 1) == 2 and batch_maths(cfg, 2) == 1
+    assert batch_plan(cfg, 1).accumulation == 2 and batch_plan(cfg, 2).accumulation == 1
+    plan = batch_plan(cfg, 2)  # bi_data: 2 forward rows, each also read reversed; 6 targets = 3 (reuse) + 3 (rest)
+    assert (plan.global_batch_size, plan.micro_batch_size, plan.world, plan.forward_rows) == (4, 2, 2, 2)
+    assert (plan.num_predict_reuse, plan.num_predict_rest) == (3, 3)
+    odd = batch_plan(_cfg("data.num_predict=7", "model.bi_data=false"), 1)
+    assert (odd.num_predict_reuse, odd.num_predict_rest, odd.forward_rows) == (4, 3, 4)
     with pytest.raises(ConfigError, match=r"impossible batch maths: train.global_batch_size=4 .* x 3 process"):
-        batch_maths(cfg, 3)
+        batch_plan(cfg, 3)
     with pytest.raises(ConfigError, match="must be a multiple of"):
         _cfg("train.global_batch_size=6", "train.micro_batch_size=4")
 
