@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from clitools import make_records
+from clitools import make_records, run_main
 from xlnetcli.config import batch_plan, load_config
 from xlnetcli.errors import ConfigError, DataError, XLNetError
 from xlnetcli.checkpoint import load_train_state
@@ -267,6 +267,24 @@ def test_out_folder_of_another_run(records, tmp_path):
     res = pretrain(_cfg("train.max_steps=3", "train.save_every=2", "train.eval_every=0"), records, tmp_path / "run",
                    resume="latest", quiet=True)
     assert res["step"] == 3
+
+
+def test_preprocess_flags_reach_pretrain_without_config(records, tmp_path, capsys):
+    """`xlnet preprocess --mask-mode original --passes 2`, then `xlnet pretrain` without --config (it reads the
+    records' config.yaml): the saved config holds the mask mode and passes used, so pretraining is not refused."""
+    cfg_file = _write_config(tmp_path / "cfg.yaml", SMALL + ["train.max_steps=2"])
+    rec = tmp_path / "rec"
+    code, _, err = run_main(capsys, "preprocess", "--shards", records.parent / "shards", "--out", rec, "--config",
+                            cfg_file, "--mask-mode", "original", "--passes", "2")
+    assert code == 0, err
+    saved = load_config(rec / "config.yaml")
+    assert (saved.data.mask_mode, saved.data.passes) == ("original", 2)
+    meta = json.loads((rec / "meta.json").read_text())
+    assert (meta["mask_mode"], meta["passes"], len(meta["splits"]["train"]["files"])) == ("original", 2, 2)
+    code, _, err = run_main(capsys, "pretrain", "--data", rec, "--out", tmp_path / "run", "--quiet")
+    assert code == 0, err
+    assert [s for s, _ in _train_losses(tmp_path / "run")] == [1, 2]
+    assert load_config(tmp_path / "run" / "config.yaml").data.mask_mode == "original"
 
 
 def test_impossible_batch_maths():
