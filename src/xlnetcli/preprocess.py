@@ -64,10 +64,6 @@ def _row_rng(seed: int, split: str, pass_id: int, row: int) -> np.random.Generat
     return np.random.default_rng([seed, _SPLIT_IDS[split], pass_id, row, 0x584C4E])
 
 
-def _row_rng(seed: int, split: str, pass_id: int, row: int) -> np.random.Generator:
-    return np.random.default_rng([seed, _SPLIT_IDS[split], pass_id, row, 0x584C4E])
-
-
 def build_rows(
     rows: Sequence[Row], rngs: Sequence[np.random.Generator], p: _Params, ws_table: np.ndarray, s0: int, s1: int
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:

@@ -75,7 +75,7 @@ class PassWriter:
 
 
 def checksums(records_dir: Path) -> dict[str, str]:
-    """meta.json's ``sha256``: a checksum per records file, so that a file damaged on disk is refused, not trained on."""
+    """meta.json's ``sha256``: one checksum per records file, so a file damaged on disk is refused, not trained on."""
     return {f.relative_to(records_dir).as_posix(): sha256_file(f) for f in sorted(records_dir.glob("*/pass_*.npy"))}
 
 

@@ -308,7 +308,8 @@ def check_shards(shard_dir: str | os.PathLike[str], vocab_size: int, verify: boo
     return manifest, sha
 
 
-def split_files(shard_dir: str | os.PathLike[str], manifest: dict[str, Any], split: str) -> tuple[list[tuple[str, str]], int]:
+def split_files(shard_dir: str | os.PathLike[str], manifest: dict[str, Any],
+                split: str) -> tuple[list[tuple[str, str]], int]:
     """([(tokens file, sentid file)] in manifest order, total tokens) of a split; DataError if a file is missing."""
     shards = Path(shard_dir)
     entries = manifest["splits"].get(split) or []
