@@ -204,7 +204,7 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_on_load_and_resume(pipeline, t
 
 
 def test_a_flipped_bit_in_the_records_is_refused_when_pretraining_opens_them(pipeline, tmp_path):
-    from xlnetcli.preprocess import open_records
+    from xlnetcli.records import open_records
 
     rec = tmp_path / "rec"
     shutil.copytree(pipeline["rec"], rec)

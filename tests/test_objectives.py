@@ -86,7 +86,7 @@ def test_mlm_outputs_never_depend_on_the_original_target_tokens(records):
     """Rebuild two consecutive windows with every target's original token replaced by another one: logits, content
     stream and memories of both windows are bit-identical (the original token reaches nothing but the labels).
     And a change in the rest of a window never reaches its reuse part or its memory, which the next window reads."""
-    from xlnetcli.preprocess import open_records
+    from xlnetcli.records import open_records
 
     meta, passes = open_records(records, "train")
     p = passes[0]

@@ -13,17 +13,10 @@ from hypothesis import strategies as st
 
 from xlnetcli.config import load_config
 from xlnetcli.errors import ConfigError, DataError
-from xlnetcli.preprocess import (
-    Row,
-    build_row,
-    open_records,
-    preprocess,
-    row_source,
-    sample_masks,
-    segment_ids,
-    trim_lengths,
-    _Params,
-)
+from xlnetcli.masking import sample_masks
+from xlnetcli.preprocess import _Params, build_row, preprocess, row_source
+from xlnetcli.records import open_records, segment_ids
+from xlnetcli.segments import Row, trim_lengths
 from xlnetcli.special import CLS_ID, EOD_ID, SEP_ID
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xlnetcli.preprocess import mask_draw_width, masks_from_draws, sample_masks
+from xlnetcli.masking import mask_draw_width, masks_from_draws, sample_masks
 from xlnetcli.special import CLS_ID, SEP_ID
 
 

@@ -14,11 +14,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from clitools import make_records
-from xlnetcli.config import load_config
+from clitools import make_records, run_main
+from xlnetcli.config import batch_plan, load_config
 from xlnetcli.errors import ConfigError, DataError, XLNetError
 from xlnetcli.checkpoint import load_train_state
-from xlnetcli.pretrain import batch_maths, evaluate_plm, list_checkpoints, pretrain
+from xlnetcli.pretrain import evaluate_plm, list_checkpoints, pretrain
 from xlnetcli.runlog import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -269,11 +269,34 @@ def test_out_folder_of_another_run(records, tmp_path):
     assert res["step"] == 3
 
 
+def test_preprocess_flags_reach_pretrain_without_config(records, tmp_path, capsys):
+    """`xlnet preprocess --mask-mode original --passes 2`, then `xlnet pretrain` without --config (it reads the
+    records' config.yaml): the saved config holds the mask mode and passes used, so pretraining is not refused."""
+    cfg_file = _write_config(tmp_path / "cfg.yaml", SMALL + ["train.max_steps=2"])
+    rec = tmp_path / "rec"
+    code, _, err = run_main(capsys, "preprocess", "--shards", records.parent / "shards", "--out", rec, "--config",
+                            cfg_file, "--mask-mode", "original", "--passes", "2")
+    assert code == 0, err
+    saved = load_config(rec / "config.yaml")
+    assert (saved.data.mask_mode, saved.data.passes) == ("original", 2)
+    meta = json.loads((rec / "meta.json").read_text())
+    assert (meta["mask_mode"], meta["passes"], len(meta["splits"]["train"]["files"])) == ("original", 2, 2)
+    code, _, err = run_main(capsys, "pretrain", "--data", rec, "--out", tmp_path / "run", "--quiet")
+    assert code == 0, err
+    assert [s for s, _ in _train_losses(tmp_path / "run")] == [1, 2]
+    assert load_config(tmp_path / "run" / "config.yaml").data.mask_mode == "original"
+
+
 def test_impossible_batch_maths():
     cfg = _cfg()
-    assert batch_maths(cfg, 1) == 2 and batch_maths(cfg, 2) == 1
+    assert batch_plan(cfg, 1).accumulation == 2 and batch_plan(cfg, 2).accumulation == 1
+    plan = batch_plan(cfg, 2)  # bi_data: 2 forward rows, each also read reversed; 6 targets = 3 (reuse) + 3 (rest)
+    assert (plan.global_batch_size, plan.micro_batch_size, plan.world, plan.forward_rows) == (4, 2, 2, 2)
+    assert (plan.num_predict_reuse, plan.num_predict_rest) == (3, 3)
+    odd = batch_plan(_cfg("data.num_predict=7", "model.bi_data=false"), 1)
+    assert (odd.num_predict_reuse, odd.num_predict_rest, odd.forward_rows) == (4, 3, 4)
     with pytest.raises(ConfigError, match=r"impossible batch maths: train.global_batch_size=4 .* x 3 process"):
-        batch_maths(cfg, 3)
+        batch_plan(cfg, 3)
     with pytest.raises(ConfigError, match="must be a multiple of"):
         _cfg("train.global_batch_size=6", "train.micro_batch_size=4")
 

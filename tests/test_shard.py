@@ -14,11 +14,12 @@ from clitools import assert_one_line_error, run_main
 from click.testing import CliRunner
 
 import xlnetcli.corpus as corpus_mod
-import xlnetcli.shard as shard_mod
+import xlnetcli.shardfmt as shardfmt
 from xlnetcli.cli import cli
 from xlnetcli.config import TokenizerConfig
 from xlnetcli.errors import DataError, XLNetError
-from xlnetcli.shard import NpyStreamWriter, open_shards, read_manifest, shard_corpus, verify_shards
+from xlnetcli.shard import shard_corpus
+from xlnetcli.shardfmt import NpyStreamWriter, open_shards, read_manifest, verify_shards
 from xlnetcli.special import EOD_ID
 from xlnetcli.tokenizer import Tokenizer, train_tokenizer
 
@@ -365,7 +366,7 @@ def test_npy_stream_writer_uint32(tmp_path):
     w.close()
     a = np.load(p, mmap_mode="r")
     assert a.dtype == np.uint32 and a.tolist() == [*range(10), 70000, 5]
-    assert shard_mod.NPY_HEADER == 128 and p.stat().st_size == 128 + 12 * 4
+    assert shardfmt.NPY_HEADER == 128 and p.stat().st_size == 128 + 12 * 4
 
 
 def test_manifest_is_json_with_sha256(tmp_path, tok):

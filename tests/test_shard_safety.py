@@ -21,7 +21,8 @@ from xlnetcli.config import load_config
 from xlnetcli.errors import DataError, Terminated
 from xlnetcli.io import atomic_output_dir, remove_stale_temps, sigterm_as_interrupt
 from xlnetcli.preprocess import preprocess
-from xlnetcli.shard import shard_corpus, verify_shards
+from xlnetcli.shard import shard_corpus
+from xlnetcli.shardfmt import verify_shards
 from xlnetcli.tokenizer import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -180,11 +180,6 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_ranges(self)
         _report_to(self)
-        if self.global_batch_size % self.micro_batch_size:
-            raise ConfigError(
-                f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
-                f"train.micro_batch_size ({self.micro_batch_size})"
-            )
         if self.warmup_steps > self.max_steps:
             raise ConfigError(f"train.warmup_steps must be in [0, max_steps={self.max_steps}], got {self.warmup_steps}")
         if self.probe_file is not None and not self.probe_file.strip():
@@ -261,15 +256,50 @@ class Config:
             raise ConfigError(
                 f"tokenizer.vocab_size ({self.tokenizer.vocab_size}) must equal model.vocab_size ({m.vocab_size})"
             )
-        if m.bi_data and self.train.micro_batch_size % 2:
-            raise ConfigError(
-                f"train.micro_batch_size ({self.train.micro_batch_size}) must be even with model.bi_data "
-                "(each device's batch is half forward, half backward)"
-            )
+        batch_plan(self, 1)  # the batch maths of one process (more processes: checked at launch)
 
     @property
     def perm_size(self) -> int:
         return self.data.perm_size if self.data.perm_size is not None else self.model.reuse_len
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Pretraining batch maths (docs/xlnet.md §5): what preprocess lays out and what each training process runs."""
+
+    global_batch_size: int  # rows (parallel text streams) per optimizer step, all processes together
+    micro_batch_size: int  # rows per process per forward/backward
+    world: int  # processes
+    accumulation: int  # micro-batches per process per step: global = micro x accumulation x world
+    bi_data: bool  # each micro-batch: half forward rows, then the same rows time-reversed
+    forward_rows: int  # distinct rows of text: global, or global / 2 with bi_data
+    num_predict_reuse: int  # targets in the reuse part [0, reuse_len)
+    num_predict_rest: int  # targets in the rest [reuse_len, seq_len)
+
+
+def split_num_predict(num_predict: int) -> tuple[int, int]:
+    """(targets in the reuse part, targets in the rest): the rest gets num_predict // 2 (the original data_utils)."""
+    rest = num_predict // 2
+    return num_predict - rest, rest
+
+
+def batch_plan(cfg: Config, world: int = 1) -> BatchPlan:
+    """The batch maths of ``cfg`` on ``world`` processes, or a one-line ConfigError naming a setting that works."""
+    g, mb, bi = cfg.train.global_batch_size, cfg.train.micro_batch_size, cfg.model.bi_data
+    if bi and mb % 2:
+        raise ConfigError(
+            f"train.micro_batch_size ({mb}) must be even with model.bi_data "
+            "(each device's batch is half forward, half backward)"
+        )
+    if g % (mb * world):
+        options = [m for m in range(1, mb + 1) if g % (m * world) == 0 and (not bi or m % 2 == 0)]
+        hint = f"e.g. --set train.micro_batch_size={options[-1]}" if options else "change train.global_batch_size"
+        raise ConfigError(
+            f"impossible batch maths: train.global_batch_size={g} must be a multiple of "
+            f"train.micro_batch_size={mb} x {world} process(es); {hint}"
+        )
+    reuse, rest = split_num_predict(cfg.data.num_predict)
+    return BatchPlan(g, mb, world, g // (mb * world), bi, g // 2 if bi else g, reuse, rest)
 
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")

@@ -1,4 +1,4 @@
-"""The pretraining data stream: records (preprocess.py) + the factorisation order sampled online (docs/xlnet.md §5).
+"""The pretraining data stream: records (records.py) + the factorisation order sampled online (docs/xlnet.md §5).
 
     stream = PretrainStream("records/", "train", rank=0, world=1, micro_batch_size=8, seed=1234)
     for batch in stream:            # micro-batches in (step, micro_index) order, forever (passes repeat)
@@ -37,7 +37,7 @@ import torch
 
 from .config import OBJECTIVES
 from .errors import ConfigError, DataError
-from .preprocess import open_records, segment_ids
+from .records import open_records, segment_ids
 from .special import CLS_ID, MASK_ID, SEP_ID
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)

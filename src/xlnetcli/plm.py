@@ -16,12 +16,11 @@ import torch
 from . import dist
 from .dist import autocast_ctx
 from .errors import DataError
+from .records import read_meta
 
 
 def read_records_meta(data_dir: str | Path) -> dict:
     """A records folder's meta.json (how it was preprocessed), or a one-line DataError."""
-    from .preprocess import read_meta
-
     if not Path(data_dir).is_dir():
         raise DataError(f"records folder {data_dir} does not exist; create it with xlnet preprocess")
     return read_meta(data_dir)

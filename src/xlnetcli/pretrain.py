@@ -34,7 +34,7 @@ import torch
 
 from . import dist
 from .checkpoint import TRAIN_STATE, load_train_state  # noqa: F401  (re-exported)
-from .config import Config, config_to_dict
+from .config import Config, batch_plan, config_to_dict
 from .engine import (Engine, Evaluation, TrainPlan, printer, resumable_steps, resume_point, rotate_checkpoints,
                      run_config_file, seed_everything)
 from .errors import ConfigError, DataError
@@ -115,19 +115,6 @@ def check_records(cfg: Config, meta: dict, data_dir: str | Path) -> None:
             f"records in {data_dir} use a tokenizer with vocab_size={vocab} but the config has "
             f"model.vocab_size={cfg.model.vocab_size}; pass --set model.vocab_size={vocab} --set tokenizer.vocab_size={vocab}"
         )
-
-
-def batch_maths(cfg: Config, world: int) -> int:
-    """Accumulation steps A with global = micro * A * world, or a one-line error."""
-    g, mb = cfg.train.global_batch_size, cfg.train.micro_batch_size
-    if g % (mb * world):
-        options = [m for m in range(1, mb + 1) if g % (m * world) == 0 and (not cfg.model.bi_data or m % 2 == 0)]
-        hint = f"e.g. --set train.micro_batch_size={options[-1]}" if options else "change train.global_batch_size"
-        raise ConfigError(
-            f"impossible batch maths: train.global_batch_size={g} is not a multiple of "
-            f"train.micro_batch_size={mb} x {world} process(es); {hint}"
-        )
-    return g // (mb * world)
 
 
 def check_run_dir(cfg: Config, out_dir: Path, resume: str | None) -> tuple[int, Path] | None:
@@ -313,7 +300,7 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     # ---- checks before any work ---------------------------------------------------------------------------
     meta = read_records_meta(data_dir)
     check_records(cfg, meta, data_dir)
-    accum = batch_maths(cfg, env.world_size)
+    accum = batch_plan(cfg, env.world_size).accumulation
     require_trackers(t.report_to)
     if t.precision == "fp16" and dev.type == "cpu":
         raise ConfigError("train.precision=fp16 needs a CUDA device (use bf16 or fp32 on CPU)")

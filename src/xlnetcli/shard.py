@@ -10,7 +10,8 @@ Pipeline (streaming, memory bounded by a few chunks whatever the corpus size):
 Chunk boundaries, document indices and the assignment depend only on the inputs, the tokenizer and the seed, never on
 the number of workers: the output is byte-identical for any --workers.
 
-Output directory (atomic: written to a temporary sibling, renamed into place on success):
+Output directory (the shard format, read back by shardfmt.py; atomic: written to a temporary sibling, renamed into
+place on success):
   manifest.json, config.yaml, tokenizer/, train/shard_NNNNN.{tokens,sentid}.npy, valid/shard_00000.{tokens,sentid}.npy
 Sentence ids (uint8 0/1) flip at every input line, continuing across documents within a shard; a document's <eod>
 shares the id of its last line.
@@ -20,9 +21,7 @@ from __future__ import annotations
 
 import collections
 import errno
-import json
 import os
-import struct
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -37,12 +36,11 @@ from .errors import DataError, XLNetError
 from .io import (atomic_output_dir, atomic_write_json, check_output_dir, check_output_not_input, ensure_open_files,
                  is_disk_full, sha256_file, sigterm_as_interrupt)
 from .log import byte_progress, console
+from .shardfmt import FORMAT_VERSION, NpyStreamWriter
 from .special import EOD_ID
 from .tokenizer import Tokenizer, normalize_block
 
-FORMAT_VERSION = 1
 CHUNK_CHARS = 1 << 18  # ~256 KiB of text per work item: thousands of lines per SentencePiece batch, little IPC
-NPY_HEADER = 128  # fixed .npy header size so that shards can be streamed and the header written last
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -134,36 +132,6 @@ def _work(text: str) -> ChunkResult:
 
 # ---------------------------------------------------------------------------------------------------------------------
 # output
-
-
-def _npy_header(dtype: np.dtype, n: int) -> bytes:
-    d = "{'descr': %r, 'fortran_order': False, 'shape': (%d,), }" % (np.dtype(dtype).str, n)
-    body = d.ljust(NPY_HEADER - 10 - 1) + "\n"
-    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body.encode("latin1")
-
-
-class NpyStreamWriter:
-    """Append 1-D data to a .npy file whose length is unknown until close (the header is written last)."""
-
-    def __init__(self, path: Path, dtype: np.dtype) -> None:
-        self.path = path
-        self.dtype = np.dtype(dtype)
-        self.n = 0
-        self.f = open(path, "wb", buffering=1 << 20)  # noqa: SIM115
-        self.f.write(b"\0" * NPY_HEADER)
-
-    def write(self, arr: np.ndarray) -> None:
-        arr = np.ascontiguousarray(arr, dtype=self.dtype)
-        self.f.write(memoryview(arr).cast("B"))
-        self.n += arr.size
-
-    def close(self) -> None:
-        if self.f.closed:
-            return
-        self.f.flush()
-        self.f.seek(0)
-        self.f.write(_npy_header(self.dtype, self.n))
-        self.f.close()
 
 
 class _Shard:
@@ -472,97 +440,4 @@ def shard_corpus(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.Pat
                         {"train": sum(s.n_documents for s in train), "valid": valid.n_documents}, stats.bad_bytes)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# reading
-
-
-def read_manifest(shard_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load and check manifest.json of a shard directory (DataError if missing or corrupt)."""
-    d = Path(shard_dir)
-    path = d / "manifest.json"
-    if not d.is_dir():
-        raise DataError(f"shard directory {d} does not exist; create it with `xlnet shard`")
-    if not path.is_file():
-        raise DataError(f"{d} has no manifest.json: not a shard directory (create one with `xlnet shard`)")
-    try:
-        m = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{path} is corrupt ({e}); rerun `xlnet shard`") from None
-    if not isinstance(m, dict) or m.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{path}: unsupported or missing format_version (expected {FORMAT_VERSION})")
-    for key in ("tokenizer_sha256", "vocab_size", "dtype", "splits"):
-        if key not in m:
-            raise DataError(f"{path} lacks {key!r}; rerun `xlnet shard`")
-    if m["dtype"] not in ("uint16", "uint32"):
-        raise DataError(f"{path}: unknown dtype {m['dtype']!r}")
-    splits = m["splits"]
-    if not isinstance(splits, dict) or not isinstance(splits.get("train"), list):
-        raise DataError(f"{path}: 'splits' must hold a 'train' list")
-    splits.setdefault("valid", [])
-    return m
-
-
-def open_shards(shard_dir: str | os.PathLike[str], split: str = "train") -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Yield (tokens, sentid) memory maps of every shard of ``split`` in manifest order."""
-    d = Path(shard_dir)
-    m = read_manifest(d)
-    if split not in m["splits"]:
-        raise DataError(f"{d}/manifest.json has no split {split!r}")
-    for e in m["splits"][split]:
-        arrs = []
-        for key in ("tokens_file", "sentid_file"):
-            p = d / e[key]
-            try:
-                arrs.append(np.load(p, mmap_mode="r"))
-            except FileNotFoundError:
-                raise DataError(f"shard file {p} is missing; rerun `xlnet shard`") from None
-            except (ValueError, OSError) as err:
-                raise DataError(f"shard file {p} is corrupt ({err}); rerun `xlnet shard`") from None
-        tokens, sentid = arrs
-        if tokens.shape != (e["tokens"],) or sentid.shape != tokens.shape:
-            raise DataError(f"shard {d / e['tokens_file']} has {tokens.shape[0]} tokens, manifest says "
-                            f"{e['tokens']}; rerun `xlnet shard`")
-        yield tokens, sentid
-
-
-def verify_shards(shard_dir: str | os.PathLike[str], manifest: dict[str, Any] | None = None,
-                  workers: int = 1) -> dict[str, Any]:
-    """Check the sha256 of every shard file against the manifest; returns the manifest (DataError on mismatch).
-
-    Files are streamed in 1 MiB blocks; with ``workers`` > 1 several files are hashed at once (hashlib releases the
-    GIL). The first corrupted file in manifest order is named.
-    """
-    d = Path(shard_dir)
-    m = read_manifest(d) if manifest is None else manifest
-    files: list[tuple[Path, str]] = []
-    for entries in m["splits"].values():
-        for e in entries:
-            for key, kind in (("tokens_file", "tokens"), ("sentid_file", "sentid")):
-                p = d / e[key]
-                want = e.get("sha256", {}).get(kind) if isinstance(e.get("sha256"), dict) else None
-                if not isinstance(want, str):
-                    raise DataError(f"{d}/manifest.json records no sha256 for {e[key]}; rerun `xlnet shard` "
-                                    "(or pass --no-verify)")
-                if not p.is_file():
-                    raise DataError(f"shard file {p} is missing; rerun `xlnet shard`")
-                files.append((p, want))
-
-    def check(item: tuple[Path, str]) -> None:
-        p, want = item
-        if sha256_file(p) != want:
-            raise DataError(f"{p} does not match manifest.json (sha256 differs): corrupted; rerun `xlnet shard`")
-
-    if workers > 1 and len(files) > 1:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(min(workers, len(files))) as ex:
-            for _ in ex.map(check, files):
-                pass
-    else:
-        for item in files:
-            check(item)
-    return m
-
-
-__all__ = ["shard_corpus", "read_manifest", "open_shards", "verify_shards", "encode_chunk", "ShardSummary",
-           "CHUNK_CHARS", "FORMAT_VERSION"]
+__all__ = ["shard_corpus", "encode_chunk", "ShardSummary", "CHUNK_CHARS"]
