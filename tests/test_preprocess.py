@@ -422,3 +422,35 @@ def test_span_lengths_follow_one_over_n():
     assert np.abs(freq - p).max() < 0.03
     # each span of n takes n + n*alpha/beta tokens (context l before it, r = ctx - l after): 1/7 with alpha 6, beta 1
     assert spans.mean() == pytest.approx(1 / 7, rel=0.05)
+
+
+@pytest.mark.parametrize("max_gram", [1, 3])
+def test_max_gram_caps_span_lengths_with_the_same_one_over_n_law(max_gram):
+    """data.max_gram: spans of 1..max_gram units, p(n) ∝ 1/n; 1 gives single units (the paper's "- span-based pred")."""
+    rng = np.random.default_rng(1)
+    seg = rng.integers(9, 50, (400, 600))
+    ws = np.ones(50, bool)
+    spans = sample_masks(seg, ws, 1000, 6, 1, "word", rng, top_up=False, max_gram=max_gram)
+    lens = np.array([b - a for k in range(len(seg)) for a, b in _runs(spans[k])])
+    assert lens.max() == max_gram
+    freq = np.bincount(lens, minlength=max_gram + 1)[1:] / len(lens)
+    p = (1 / np.arange(1, max_gram + 1)) / (1 / np.arange(1, max_gram + 1)).sum()
+    assert np.abs(freq - p).max() < 0.03
+
+
+def test_max_gram_is_recorded_and_checked_by_pretrain(tmp_path):
+    """Records built with data.max_gram=1 say so in meta.json; pretraining them with another value is refused."""
+    from clitools import make_records
+    from xlnetcli.errors import XLNetError
+    from xlnetcli.pretrain import check_records
+    from xlnetcli.records import read_meta
+
+    over = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "data.seq_len=64", "model.reuse_len=32",
+            "data.num_predict=10", "train.global_batch_size=4", "train.micro_batch_size=2", "data.max_gram=1"]
+    rec = make_records(tmp_path, over)
+    meta = read_meta(rec)
+    assert meta["max_gram"] == 1
+    tiny = ROOT / "configs" / "tiny.yaml"
+    check_records(load_config(tiny, over), meta, rec)
+    with pytest.raises(XLNetError, match="max_gram"):
+        check_records(load_config(tiny, over[:-1]), meta, rec)

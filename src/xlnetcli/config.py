@@ -135,6 +135,9 @@ class DataConfig:
     num_predict: int = ranged(85, "[1, inf)")  # targets per example (about seq_len/6: K = 6 in the paper)
     mask_alpha: int = ranged(6, "[1, inf)")  # span context: each span of n units sits in about n*alpha/beta tokens
     mask_beta: int = ranged(1, "[1, inf)")
+    # longest span, in units (words, or pieces with mask_mode=original): n ~ 1/n over 1..max_gram as the original;
+    # 1 = single units, the paper's "- span-based pred" ablation row (Table 6)
+    max_gram: int = ranged(5, "[1, 5]")
     mask_mode: Literal["word", "original"] = "word"  # word: spans of whole words; original: subword spans (bug #220)
     passes: int = ranged(1, "[1, inf)")  # passes over the corpus, each with its own file order and masks
     valid_fraction: float = ranged(0.01, "[0, 1)")  # held-out share of the corpus (shard) used for evaluation records

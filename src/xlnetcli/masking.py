@@ -20,10 +20,15 @@ from .errors import DataError
 from .special import CLS_ID, SEP_ID
 from .tokenizer import Tokenizer
 
-MAX_GRAM = 5  # spans of 1..5 units, p(n) ∝ 1/n (original _sample_mask)
-_NGRAM_P = (1.0 / np.arange(1, MAX_GRAM + 1)) / (1.0 / np.arange(1, MAX_GRAM + 1)).sum()
-_NGRAM_CDF = np.cumsum(_NGRAM_P)
+MAX_GRAM = 5  # spans of 1..5 units, p(n) ∝ 1/n (original _sample_mask); data.max_gram may lower it
 _KK = np.arange(1, MAX_GRAM + 1)[None, :]
+
+
+def ngram_cdf(max_gram: int = MAX_GRAM) -> np.ndarray:
+    """Cumulative p(n) ∝ 1/n for n = 1..max_gram (the span-length law of the original _sample_mask)."""
+    p = (1.0 / np.arange(1, max_gram + 1)) / (1.0 / np.arange(1, max_gram + 1)).sum()
+    cdf = np.cumsum(p)
+    return cdf * (1.0 / cdf[-1])
 
 
 def word_start_table(tokenizer_dir: Path) -> np.ndarray:
@@ -62,6 +67,7 @@ def sample_masks(
     rng: np.random.Generator,
     reverse: bool = False,
     top_up: bool = True,
+    max_gram: int = MAX_GRAM,
 ) -> np.ndarray:
     """bool [N, n]: positions selected for prediction in each of N segments ``seg`` [N, n] of token ids.
 
@@ -75,8 +81,8 @@ def sample_masks(
     N = seg.shape[0]
     draws = rng.random((N, mask_draw_width(goal)))
     if reverse:
-        return masks_from_draws(seg[:, ::-1], word_start, goal, alpha, beta, mode, draws, top_up)[:, ::-1]
-    return masks_from_draws(seg, word_start, goal, alpha, beta, mode, draws, top_up)
+        return masks_from_draws(seg[:, ::-1], word_start, goal, alpha, beta, mode, draws, top_up, max_gram)[:, ::-1]
+    return masks_from_draws(seg, word_start, goal, alpha, beta, mode, draws, top_up, max_gram)
 
 
 def masks_from_draws(
@@ -88,6 +94,7 @@ def masks_from_draws(
     mode: str,
     draws: np.ndarray,
     top_up: bool = True,
+    max_gram: int = MAX_GRAM,
 ) -> np.ndarray:
     """``sample_masks`` on segments in reading order with pre-drawn uniforms ``draws`` [N, mask_draw_width(goal)].
 
@@ -129,13 +136,13 @@ def masks_from_draws(
     u_n = np.ascontiguousarray(draws[:, :K].T)  # [K, N]: draw k of every segment contiguous
     u_l = np.ascontiguousarray(draws[:, K : 2 * K].T)
     ctx_of = np.arange(MAX_GRAM + 1) * alpha // beta
-    cdf = _NGRAM_CDF * (1.0 / _NGRAM_CDF[-1])
+    cdf = ngram_cdf(max_gram)
     begs, ends = [], []
     it = 0
     while len(act):
         col = it % K
         left = goal - count
-        ng = np.minimum(np.searchsorted(cdf, u_n[col][act], side="right") + 1, MAX_GRAM)
+        ng = np.minimum(np.searchsorted(cdf, u_n[col][act], side="right") + 1, max_gram)
         np.minimum(ng, left, out=ng)
         ctx = ctx_of[ng]
         lctx = np.minimum((u_l[col][act] * ctx).astype(np.int64), ctx - 1)

@@ -58,6 +58,7 @@ class _Params:
     mode: str
     seed: int
     dtype: str
+    max_gram: int = MAX_GRAM
 
 
 def _row_rng(seed: int, split: str, pass_id: int, row: int) -> np.random.Generator:
@@ -83,8 +84,10 @@ def build_rows(
     def reading_order(a: int, b: int) -> np.ndarray:  # segments in reading order (backward rows flipped back)
         return np.concatenate([t[:, a:b][:, ::-1] if row.reverse else t[:, a:b] for row, (t, _, _) in zip(rows, built)])
 
-    m0 = masks_from_draws(reading_order(0, R), ws_table, goal0, p.alpha, p.beta, p.mode, np.concatenate(d0))
-    m1 = masks_from_draws(reading_order(R, L), ws_table, goal1, p.alpha, p.beta, p.mode, np.concatenate(d1))
+    m0 = masks_from_draws(reading_order(0, R), ws_table, goal0, p.alpha, p.beta, p.mode, np.concatenate(d0),
+                          max_gram=p.max_gram)
+    m1 = masks_from_draws(reading_order(R, L), ws_table, goal1, p.alpha, p.beta, p.mode, np.concatenate(d1),
+                          max_gram=p.max_gram)
     out = []
     for k, (row, (t, alen, label)) in enumerate(zip(rows, built)):
         masked = np.empty((n, L), bool)
@@ -224,7 +227,8 @@ def preprocess(
     L, R = cfg.data.seq_len, cfg.model.reuse_len
     G, mb, bi, n_fwd = plan.global_batch_size, plan.micro_batch_size, plan.bi_data, plan.forward_rows
     dtype = manifest["dtype"]  # uint16 | uint32 (read_manifest checks it)
-    params = _Params(L, R, cfg.data.num_predict, cfg.data.mask_alpha, cfg.data.mask_beta, mode, cfg.data.seed, dtype)
+    params = _Params(L, R, cfg.data.num_predict, cfg.data.mask_alpha, cfg.data.mask_beta, mode, cfg.data.seed, dtype,
+                     cfg.data.max_gram)
 
     plans = {}
     for split in ("train", "valid"):
@@ -253,7 +257,7 @@ def preprocess(
         "mask_alpha": cfg.data.mask_alpha,
         "mask_beta": cfg.data.mask_beta,
         "mask_mode": mode,
-        "max_gram": MAX_GRAM,
+        "max_gram": cfg.data.max_gram,
         "seed": cfg.data.seed,
         "tokenizer_sha256": sha,
         "vocab_size": vocab,

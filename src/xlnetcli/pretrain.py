@@ -62,6 +62,7 @@ RECORD_KEYS = {
     "mask_alpha": "data.mask_alpha",
     "mask_beta": "data.mask_beta",
     "mask_mode": "data.mask_mode",
+    "max_gram": "data.max_gram",
     "perm_size": "data.perm_size",
     "global_batch_size": "train.global_batch_size",
     "micro_batch_size": "train.micro_batch_size",
