@@ -96,11 +96,11 @@ def main() -> None:
     table.add_row("held-out target accuracy after pretraining", f"{after['acc']:.3f}")
     for feat in ("mean", "cls"):
         pre, rnd = probe["pretrained"][feat]["accuracy"], probe["random"][feat]["accuracy"]
-        table.add_row(f"linear probe on frozen {feat} features: pretrained / random init",
+        table.add_row(f"linear probe, frozen {feat} features: pretrained / random",
                       f"{pre:.3f} / {rnd:.3f} ({100 * (pre - rnd):+.1f} pts)")
     table.add_row("demo task accuracy, finetuned from the pretrained model", f"{ft['metrics']['accuracy']:.3f}")
     table.add_row("demo task accuracy, same model from random init", f"{scratch['metrics']['accuracy']:.3f}")
-    table.add_row("bag-of-words linear classifier (the words alone, no model)", f"{bow['accuracy']:.3f}")
+    table.add_row("bag-of-words linear classifier (words alone)", f"{bow['accuracy']:.3f}")
     table.add_row("chance (4 balanced labels)", "0.250")
     table.add_row("wall time", f"{(time.time() - t_start) / 60:.1f} min")
     console = Console()
