@@ -13,6 +13,28 @@ TINY = ROOT / "configs" / "tiny.yaml"
 SAMPLE = ROOT / "tests" / "data" / "sample.txt"
 
 
+def kill_and_resume(start, kills: int, before_kill) -> int:
+    """Fault injection: ``start()`` launches the command (a resuming one); ``kills`` times, ``before_kill(proc, k)``
+    waits for the moment to strike and the process gets SIGKILL if still running; then one run goes to the end and
+    must exit 0. Returns the number of kills that landed (a run that finished first ends the loop early)."""
+    import os
+    import signal
+
+    landed = 0
+    while True:
+        proc = start()
+        if landed < kills:
+            before_kill(proc, landed)
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                landed += 1
+                continue
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err.decode() if isinstance(err, bytes) else err
+        return landed
+
+
 def make_records(tmp: Path, overrides: list[str], src: Path = SAMPLE, config: Path = TINY) -> Path:
     """tokenizer -> shards -> records of ``src`` under ``tmp`` (tok/, shards/, rec/) with ``config`` + overrides."""
     from xlnetcli.config import load_config

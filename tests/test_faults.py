@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from clitools import kill_and_resume
 from xlnetcli.config import dump_config, load_config
 from xlnetcli.io import sha256_file
 from xlnetcli.runlog import read_metrics
@@ -86,23 +86,16 @@ def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_checkpoin
     assert ref.returncode == 0, ref.stderr
     rng = random.Random(20261123)
     run = tmp_path / "faulty"
-    kills, during_save, finished = 0, 0, False
-    while not finished:
-        proc = _start(records, cfg, run)
-        if kills < KILLS:
-            if kills % 3 == 2:  # a third of the kills land while a checkpoint is being written
-                hit = _wait_for_save(proc, run)
-                during_save += hit
-            elif _wait_for_progress(proc, run):
-                time.sleep(rng.uniform(0.0, 0.1))
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
-                kills += 1
-                continue
-        _, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err.decode()
-        finished = True
+    during_save = 0
+
+    def strike(proc: subprocess.Popen, k: int) -> None:
+        nonlocal during_save
+        if k % 3 == 2:  # a third of the kills land while a checkpoint is being written
+            during_save += _wait_for_save(proc, run)
+        elif _wait_for_progress(proc, run):
+            time.sleep(rng.uniform(0.0, 0.1))
+
+    kills = kill_and_resume(lambda: _start(records, cfg, run), KILLS, strike)
     assert kills == KILLS and during_save >= KILLS // 3 - 1, (kills, during_save)
     final = f"step_{STEPS:07d}"
     for name in ("model.safetensors", "train_state.safetensors", "config.yaml", "meta.json"):

@@ -559,7 +559,6 @@ def test_sigkill_at_many_random_moments_then_resume_gives_the_uninterrupted_resu
     the run has made progress, `--resume` each time; the result equals an uninterrupted run's, bit for bit."""
     import os
     import random
-    import signal
     import subprocess
     import sys
     import time
@@ -582,27 +581,22 @@ def test_sigkill_at_many_random_moments_then_resume_gives_the_uninterrupted_resu
     done = subprocess.run(cmd(tmp_path / "a"), env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     b, partial = tmp_path / "b", partial_dir(tmp_path / "b")
-    rng, kills = random.Random(7), 0
+    rng = random.Random(7)
 
     def progress() -> int:
         p = partial / "metrics.jsonl"
         return p.read_bytes().count(b"\n") if p.exists() else 0
 
-    while True:
-        proc = subprocess.Popen(cmd(b, "--resume"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        if kills < kills_wanted:
-            start, deadline = progress(), time.time() + 120
-            while proc.poll() is None and progress() <= start and time.time() < deadline:
-                time.sleep(0.005)
-            time.sleep(rng.uniform(0.0, 0.05))
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
-                kills += 1
-                continue
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err.decode()
-        break
+    def strike(proc: subprocess.Popen, k: int) -> None:  # after the run has logged a new line, at a random moment
+        start, deadline = progress(), time.time() + 120
+        while proc.poll() is None and progress() <= start and time.time() < deadline:
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, 0.05))
+
+    from clitools import kill_and_resume
+
+    kills = kill_and_resume(lambda: subprocess.Popen(cmd(b, "--resume"), env=env, stdout=subprocess.DEVNULL,
+                                                     stderr=subprocess.PIPE), kills_wanted, strike)
     assert kills == kills_wanted
     assert _comparable(b) == _comparable(tmp_path / "a")
     wa, wb = _best_weights(tmp_path / "a"), _best_weights(b)
