@@ -450,10 +450,12 @@ def eval_cmd(ckpt: Path, file: Path | None, data_dir: Path | None, split: str, b
 @click.option("--output", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the results as JSON to this file.")
 @column_options
-@click.option("--max-seq-length", type=int, default=None,
+@click.option("--max-seq-length", type=click.IntRange(min=5), default=None,
               help="Tokens per example (default: the checkpoint's finetune.max_seq_length).")
-@click.option("--batch-size", type=int, default=64, show_default=True, help="Examples per forward pass.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the held-out split that picks L2.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Examples per forward pass.")
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True,
+              help="Seed of the held-out split that picks L2.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 def probe_cmd(ckpt: Path, train_file: Path, valid_file: Path, baseline: str | None, output: Path | None,
               text_a_column: str | None, text_b_column: str | None, label_column: str | None, no_header: bool,

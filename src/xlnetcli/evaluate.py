@@ -20,24 +20,19 @@ from typing import Any
 import torch
 
 from . import dist, tasks
-from .errors import CheckpointError, DataError, XLNetError
+from .errors import DataError, XLNetError
 from .io import atomic_write_json, atomic_write_text
 
 
 def _is_finetuned(path: Path) -> bool:
-    from .checkpoint import is_hf_dir, resolve_checkpoint
+    from .checkpoint import is_hf_dir, read_meta, resolve_checkpoint
 
     p = resolve_checkpoint(path)
     if is_hf_dir(p):  # an export with a task head (XLNetForSequenceClassification, ...)
         from .hf import hf_dir_task
 
         return hf_dir_task(p) is not None
-    if not (p / "meta.json").is_file():
-        return False
-    try:
-        return json.loads((p / "meta.json").read_text(encoding="utf-8")).get("kind") == "finetune"
-    except (OSError, json.JSONDecodeError):
-        raise CheckpointError(f"{p / 'meta.json'}: not valid JSON") from None
+    return read_meta(p).get("kind") == "finetune"  # no meta.json: {} (a pretrained folder)
 
 
 def evaluate(checkpoint: str | Path, file: str | Path | None = None, data: str | Path | None = None,
