@@ -65,7 +65,7 @@ def to_device(batch: dict, dev) -> dict:
 
 def build_ours(m, compile_: bool, ac: bool, dev):
     from xlnetcli.model import XLNetLMHeadModel
-    from xlnetcli.parallel import apply_activation_checkpointing, compile_layers
+    from xlnetcli.model.parallel import apply_activation_checkpointing, compile_layers
 
     torch.manual_seed(0)
     model = XLNetLMHeadModel(m).to(dev).train()

@@ -106,7 +106,7 @@ def test_kernel_bf16_within_documented_bound(impl):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_activation_checkpointing_changes_nothing(impl):
     """Dropout on: the recomputation replays the RNG, so the masks, the loss and every gradient are identical."""
-    from xlnetcli.parallel import apply_activation_checkpointing
+    from xlnetcli.model.parallel import apply_activation_checkpointing
 
     cfg = gpu_cfg(bi_data=True, dropout=0.1, dropatt=0.0 if impl == "flex" else 0.1, attn_impl=impl)
     b = batch()
@@ -127,7 +127,7 @@ def test_activation_checkpointing_changes_nothing(impl):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_compiled_layers_match_eager(impl):
     """Per-layer torch.compile against eager, float32, dropout off (inductor draws its own dropout masks)."""
-    from xlnetcli.parallel import compile_layers
+    from xlnetcli.model.parallel import compile_layers
 
     cfg = gpu_cfg(bi_data=True, dropout=0.0, dropatt=0.0, attn_impl=impl)
     b = batch()

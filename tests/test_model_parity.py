@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 from xlnetcli.errors import XLNetError
 from xlnetcli.hf import mems_from_hf, mems_to_hf, to_hf_config, to_hf_state
-from xlnetcli.model import SequenceSummary, XLNetLMHeadModel, named_config
+from xlnetcli.heads import SequenceSummary
+from xlnetcli.model import XLNetLMHeadModel, named_config
 
 transformers = pytest.importorskip("transformers")
 

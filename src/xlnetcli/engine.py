@@ -60,7 +60,7 @@ from .flops import device_peak_tflops
 from .io import atomic_write_text, is_disk_full
 from .log import console, duration, progress_is_live, step_progress
 from .optim import build_optimizer, lr_factor, set_lr
-from .parallel import parallelize
+from .model import parallelize
 from .runlog import MetricsLogger, NullLogger, read_metrics
 
 

@@ -16,6 +16,7 @@ beam; transformers' training loss feeds the gold start, not softmax(start), to t
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -23,30 +24,55 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import FinetuneConfig, ModelConfig
+from .errors import XLNetError
 
 NEG = -1e30
 SQUAD_TOP_K = 5  # start and end candidates kept at inference (the original's start_n_top = end_n_top = 5)
 
 
+class SequenceSummary(nn.Module):
+    """Pool [B,L,d] to [B,d]: last (the <cls> at the end), first, mean (over real tokens), attn (a learned query
+    attending over real tokens); optional dense + tanh projection; then dropout."""
+
+    def __init__(self, d_model: int, summary_type: str = "last", use_proj: bool = True, dropout: float = 0.1):
+        super().__init__()
+        if summary_type not in ("last", "first", "mean", "attn"):
+            raise XLNetError(f"unknown summary_type {summary_type!r} (last, first, mean, attn)")
+        self.summary_type = summary_type
+        self.proj = nn.Linear(d_model, d_model) if use_proj else None
+        self.query = nn.Parameter(torch.zeros(d_model)) if summary_type == "attn" else None
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        t = self.summary_type
+        if t == "last":
+            s = hidden[:, -1]
+        elif t == "first":
+            s = hidden[:, 0]
+        else:
+            m = torch.ones(hidden.shape[:2], device=hidden.device) if attention_mask is None else attention_mask
+            m = m.to(hidden.dtype)
+            if t == "mean":
+                s = (hidden * m[..., None]).sum(1) / m.sum(1, keepdim=True).clamp_min(1.0)
+            else:
+                score = (hidden @ self.query) / math.sqrt(hidden.shape[-1])
+                score = score.masked_fill(m == 0, NEG)
+                s = (torch.softmax(score, dim=-1)[..., None] * hidden).sum(1)
+        if self.proj is not None:
+            s = torch.tanh(self.proj(s))
+        return self.dropout(s)
+
+
 class ClassificationHead(nn.Module):
     def __init__(self, d_model: int, n_out: int, summary_type: str, use_proj: bool, dropout: float) -> None:
         super().__init__()
-        from .model import SequenceSummary
-
         self.summary = SequenceSummary(d_model, summary_type=summary_type, use_proj=use_proj, dropout=dropout)
         self.out = nn.Linear(d_model, n_out)
         nn.init.normal_(self.out.weight, std=0.02)
         nn.init.zeros_(self.out.bias)
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.out(_summarize(self.summary, hidden, attention_mask))
-
-
-def _summarize(summary: nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    try:
-        return summary(hidden, attention_mask=attention_mask)
-    except TypeError:  # a SequenceSummary without a mask argument
-        return summary(hidden)
+        return self.out(self.summary(hidden, attention_mask))
 
 
 class SquadHead(nn.Module):

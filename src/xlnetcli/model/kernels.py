@@ -1,5 +1,5 @@
-"""Kernels behind one seam: the attention core of XLNet's two-stream relative attention, the feed-forward core and
-the LM head + loss. ``model.py`` states the maths; this file decides how it runs.
+"""Kernels behind one seam: the attention core of XLNet's two-stream relative attention, the feed-forward block and
+the LM head + loss. ``xlnet.py`` states the maths; this file decides how it runs.
 
 The attention score of a stacked query row i (content rows first, then the P query-stream rows) against key j is
 the paper's three terms (XLNet §2.3 and appendix A.2; Transformer-XL §3.3):
@@ -30,16 +30,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .errors import XLNetError
+from ..errors import XLNetError
 
 NEG_INF = -1e30  # additive mask value (as the original / HF); finite so fully masked rows stay finite
 IMPLS = ("fused", "einsum", "sdpa", "flex")
 
 
 def resolve_impl(name: str, device: torch.device) -> str:
-    """``auto``, as measured (BENCHMARKS.md): on CPU the fused core (fastest there, least memory); on CUDA ``sdpa``
-    when running eagerly, and the plain ``einsum`` formulation inside torch.compile (inductor fuses the rel-shift,
-    bias, mask, softmax and dropout into one kernel, which beats SDPA's bias-reading kernel)."""
+    """The kernel ``attn_impl`` names; ``auto`` is, as measured (BENCHMARKS.md): ``fused`` on CPU (fastest there,
+    least memory); on CUDA ``sdpa``, or the plain ``einsum`` formulation when this call is itself traced by
+    torch.compile (inductor fuses the rel-shift, bias, mask, softmax and dropout into one kernel). The model resolves
+    once per forward, outside its layers: with ``train.compile`` (each layer compiled on its own) ``auto`` is
+    ``sdpa``; name ``einsum`` to get the fused compiled kernel."""
     if name == "auto":
         if device.type != "cuda":
             return "fused"
@@ -47,6 +49,19 @@ def resolve_impl(name: str, device: torch.device) -> str:
     if name == "flex" and device.type != "cuda":
         raise XLNetError("model.attn_impl=flex needs a CUDA device (FlexAttention has no CPU backward); use auto")
     return name
+
+
+def dropout_fn(impl: str):
+    """The dropout for activations: the fused path's (a 1-byte keep mask saved for backward), else F.dropout."""
+    return fused_dropout if impl == "fused" else F.dropout
+
+
+def additive_mask(mask: torch.Tensor | None, impl: str, dtype: torch.dtype) -> torch.Tensor | None:
+    """The bool mask as an additive float tensor (0 or NEG_INF), for the kernels that add it to the scores (einsum,
+    sdpa); None for the others, which read the bool mask."""
+    if mask is None or impl not in ("einsum", "sdpa"):
+        return None
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, NEG_INF)
 
 
 def activation(name: str):
@@ -239,6 +254,44 @@ def fused_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
         return x
     keep, scale = keep_mask(x.shape, p, x.device)
     return _MaskedScale.apply(x, keep, scale)
+
+
+def feed_forward(x, layer_1, layer_2, act_name: str, p: float, training: bool, fused: bool) -> torch.Tensor:
+    """The position-wise feed-forward block before its residual: drop(layer_2(drop(act(layer_1(x))))). ``fused``:
+    through _FeedForwardCore, which saves the pre-activation and a keep mask instead of the activations."""
+    if fused:
+        keep, ks = None, 1.0
+        if training and p > 0:
+            keep, ks = keep_mask((*x.shape[:-1], layer_1.out_features), p, x.device)
+            keep = keep.view(-1, keep.shape[-1])
+        y = _FeedForwardCore.apply(x.reshape(-1, x.shape[-1]), layer_1.weight, layer_1.bias, layer_2.weight,
+                                   layer_2.bias, act_name, keep, ks)
+        return fused_dropout(y.view(x.shape), p, training)
+    y = F.dropout(activation(act_name)(layer_1(x)), p, training)
+    return F.dropout(layer_2(y), p, training)
+
+
+def lm_head(x, weight, bias, labels=None, label_mask=None, fused: bool = True):
+    """The tied LM head and its loss: (logits = x W^T + b, loss or None). The loss is the mean cross entropy over
+    the rows (label -100 = ignored), weighted by ``label_mask`` when given. ``fused`` (with labels): _LMHeadLoss,
+    the same loss keeping no [n,V] softmax for backward."""
+    if labels is not None and fused:
+        flat = x.reshape(-1, x.shape[-1])
+        if label_mask is None:
+            w = torch.full((flat.shape[0],), 1.0 / max(flat.shape[0], 1), device=flat.device)
+        else:
+            w = label_mask.reshape(-1).float()
+            w = w / w.sum().clamp_min(1.0)
+        loss, logits = _LMHeadLoss.apply(flat, weight, bias, labels.reshape(-1).to(flat.device), w)
+        return logits.view(*x.shape[:-1], -1), loss
+    logits = F.linear(x, weight, bias)
+    if labels is None:
+        return logits, None
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), reduction="none")
+    if label_mask is None:
+        return logits, ce.mean()
+    w = label_mask.reshape(-1).to(ce.dtype)
+    return logits, (ce * w).sum() / w.sum().clamp_min(1.0)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:

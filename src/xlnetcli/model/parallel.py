@@ -1,4 +1,4 @@
-"""How a model is laid over time and devices, kept out of model.py (torchtitan's "parallelize" step).
+"""How a model is laid over time and devices, kept out of xlnet.py (torchtitan's "parallelize" step).
 
     model = parallelize(model, env, cfg.train)   # activation checkpointing -> torch.compile -> DDP or FSDP2
 
@@ -16,14 +16,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import dist
-from .errors import ConfigError
+from .. import dist
+from ..errors import ConfigError
+from .xlnet import XLNetLayer, XLNetModel
 
 
 def transformer_layers(model: nn.Module) -> nn.ModuleList:
     """The ModuleList of transformer layers inside an LM model, a finetuning model or a bare XLNetModel."""
-    from .model import XLNetModel
-
     for m in dist.unwrap(model).modules():
         if isinstance(m, XLNetModel):
             return m.layer
@@ -57,8 +56,6 @@ def parallelize(model: nn.Module, env: dist.DistEnv, activation_checkpointing: b
                 strategy: str = "ddp") -> nn.Module:
     """Apply, in this order, activation checkpointing, per-layer compile and the distributed wrapper (a no-op in one
     process). Returns the module to train (DDP wraps; FSDP2 shards in place)."""
-    from .model import XLNetLayer
-
     if activation_checkpointing:
         apply_activation_checkpointing(model)
     if compile:

@@ -1,48 +1,45 @@
-"""XLNet in one file: two-stream relative attention with Transformer-XL memory (batch-first everywhere).
+"""XLNet (Yang et al. 2019) on Transformer-XL (Dai et al. 2019): two-stream relative attention with memory,
+batch-first everywhere.
+
+``XLNetModel.forward`` builds its inputs in the order the paper introduces them, each step a short method:
+the factorisation-order (perm) mask and the two-stream masks (§2.2-2.3), partial prediction's target rows (§2.3),
+relative positional encodings (§2.4; Dai §3.3), relative segment encodings (§2.5) and the memory of the previous
+segment (§2.4; Dai §3.2). It then runs the content stream h and the query stream g through the layers.
 
 Notation: B batch, L sequence length, M memory length, K = M + L keys, P predicted (query-stream) rows,
-H heads, D head size, R = K + L relative positions (Yang et al. 2019, §2.3 and appendix A; Dai et al. 2019, §3.3).
+N = L + P stacked query rows, H heads, D head size, R = K + L relative positions.
 
 How this differs from the transformers implementation (same numbers, less work):
 - the query stream g is computed only for the P target rows (``target_index`` [B,P]); a one-hot ``target_mapping``
   [B,P,L] is accepted too and turned into indices (all-zero rows are padding: their attention output is zero, as HF);
-- both streams share one attention call: the L content rows and the P query rows are stacked into L+P query rows
+- both streams share one attention call: the L content rows and the P query rows are stacked into N query rows
   that attend to the same keys, each row with its own relative offset and mask row (``kernels.AttnLayout``);
 - the positional projection W_r·pos_emb is done once per batch (twice with bi_data) in each layer, not per example;
-- how the attention core runs (the plain reference, a fused CPU path, SDPA or FlexAttention on CUDA) is chosen by
-  ``attn_impl`` and lives in kernels.py; activation checkpointing, FSDP2 and torch.compile live in parallel.py.
+- how the attention core, the feed-forward block and the LM head + loss run is chosen by ``attn_impl`` in
+  kernels.py; activation checkpointing, FSDP2 and torch.compile live in parallel.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
-from .errors import XLNetError
-from .kernels import (NEG_INF, AttnLayout, _FeedForwardCore, _LMHeadLoss, activation, fused_dropout, keep_mask,
-                      relative_attention, resolve_impl)
+from ..config import PRESETS, ModelConfig, load_config
+from ..errors import XLNetError
+from .kernels import AttnLayout, additive_mask, dropout_fn, feed_forward, lm_head, relative_attention, resolve_impl
 
-XLNetConfig = ModelConfig
-
-# Named sizes (docs/xlnet.md §8). Everything not listed keeps ModelConfig's default.
-SIZES: dict[str, dict] = {
-    "tiny": dict(vocab_size=8000, d_model=128, n_layer=4, n_head=4, d_head=32, d_inner=512, mem_len=96, reuse_len=64),
-    "base": dict(vocab_size=32000, d_model=768, n_layer=12, n_head=12, d_head=64, d_inner=3072),
-    "large": dict(vocab_size=32000, d_model=1024, n_layer=24, n_head=16, d_head=64, d_inner=4096),
-}
+# The named sizes are the pretraining presets (presets/{tiny,base,large}.yaml; presets/finetune/ holds task presets).
+SIZES: tuple[str, ...] = tuple(name for name, file in PRESETS.items() if "/" not in file)
 
 
 def named_config(name: str, **overrides) -> ModelConfig:
-    """``named_config("base", dropout=0.0)`` -> ModelConfig for a named size."""
+    """``named_config("base", dropout=0.0)`` -> the ``model:`` section of preset ``name``, with overrides."""
     if name not in SIZES:
         raise XLNetError(f"unknown model size {name!r} (known: {', '.join(SIZES)})")
-    return ModelConfig(**{**SIZES[name], **overrides})
+    return dataclasses.replace(load_config(name).model, **overrides)
 
 
 @dataclass
@@ -62,11 +59,11 @@ class LMOutput:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Modules
+# One layer
 
 
 class RelativeAttention(nn.Module):
-    """Relative multi-head attention shared by both streams; weights in the original [d, H, D] layout."""
+    """Two-stream relative multi-head attention (§2.3, appendix A.2); weights in the original [d, H, D] layout."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -105,26 +102,18 @@ class RelativeAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
+    """LayerNorm(x + drop(W2·drop(act(W1·x + b1)) + b2)), the position-wise block (Vaswani et al. 2017)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.layer_1 = nn.Linear(cfg.d_model, cfg.d_inner)
         self.layer_2 = nn.Linear(cfg.d_inner, cfg.d_model)
         self.layer_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.act = activation(cfg.ff_activation)
         self.act_name = cfg.ff_activation
         self.dropout = cfg.dropout
 
     def forward(self, x, fused: bool = False):
-        if fused:
-            keep, ks = None, 1.0
-            if self.training and self.dropout > 0:
-                keep, ks = keep_mask((*x.shape[:-1], self.layer_1.out_features), self.dropout, x.device)
-                keep = keep.view(-1, keep.shape[-1])
-            y = _FeedForwardCore.apply(x.reshape(-1, x.shape[-1]), self.layer_1.weight, self.layer_1.bias,
-                                       self.layer_2.weight, self.layer_2.bias, self.act_name, keep, ks)
-            return self.layer_norm(x + fused_dropout(y.view(x.shape), self.dropout, self.training))
-        y = F.dropout(self.act(self.layer_1(x)), self.dropout, self.training)
-        y = F.dropout(self.layer_2(y), self.dropout, self.training)
+        y = feed_forward(x, self.layer_1, self.layer_2, self.act_name, self.dropout, self.training, fused)
         return self.layer_norm(x + y)
 
 
@@ -139,10 +128,12 @@ class XLNetLayer(nn.Module):
         a = self.rel_attn(x, mem, pos_emb, layout, biases, impl, h)
         if valid_rows is not None:  # padding target rows: zero attention output (as HF's one-hot mapping)
             a = a * valid_rows
-        fused = impl == "fused"
-        drop = fused_dropout if fused else F.dropout
-        x = self.rel_attn.layer_norm(x + drop(a, self.dropout, self.training))
-        return self.ff(x, fused)
+        x = self.rel_attn.layer_norm(x + dropout_fn(impl)(a, self.dropout, self.training))
+        return self.ff(x, impl == "fused")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The model
 
 
 class XLNetModel(nn.Module):
@@ -150,7 +141,7 @@ class XLNetModel(nn.Module):
         super().__init__()
         self.config = cfg
         self.word_embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.mask_emb = nn.Parameter(torch.empty(cfg.d_model))
+        self.mask_emb = nn.Parameter(torch.empty(cfg.d_model))  # the query stream's start vector w (§2.3)
         if not cfg.untie_r:
             self.r_w_bias = nn.Parameter(torch.empty(cfg.n_head, cfg.d_head))
             self.r_r_bias = nn.Parameter(torch.empty(cfg.n_head, cfg.d_head))
@@ -170,29 +161,6 @@ class XLNetModel(nn.Module):
             else:
                 nn.init.normal_(p, 0.0, std)
 
-    # -- helpers -----------------------------------------------------------------------------------------------
-
-    def _biases(self, i: int):
-        """(r_w, r_r, r_s) for layer i: its own (untie_r) or the ones shared by all layers."""
-        if self.config.untie_r:
-            return None  # the layer reads its own
-        return self.r_w_bias, self.r_r_bias, self.r_s_bias
-
-    def positional_encoding(self, L: int, K: int, bi: bool, dtype, device):
-        """[G,R,d] sinusoids for pos_seq = K, K-1, ..., -L+1 (G=2 with bi_data: the second half negated)."""
-        pos = torch.arange(K, -L, -1.0, device=device)
-        seqs = [pos, -pos] if bi else [pos]
-        clamp = self.config.clamp_len
-        out = []
-        for s in seqs:
-            if clamp > 0:
-                s = s.clamp(-clamp, clamp)
-            x = s[:, None] * self.inv_freq.to(device)
-            out.append(torch.cat([torch.sin(x), torch.cos(x)], dim=-1))
-        return torch.stack(out).to(dtype)
-
-    # -- forward -----------------------------------------------------------------------------------------------
-
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -206,19 +174,88 @@ class XLNetModel(nn.Module):
         bi_data: bool | None = None,
         content_output: bool = True,
     ) -> XLNetOutput:
-        """``content_output=False`` (with targets): the last layer computes only the P query-stream rows, since a
-        PLM loss needs nothing else; ``hidden`` is then None (query, mems and all gradients are unchanged)."""
+        """``perm_mask`` [B,L,L] (1 = row i may not see token j), ``target_index`` [B,P] or ``target_mapping``
+        [B,P,L], ``mems`` per layer [B,M,d]. ``content_output=False`` (with targets): the last layer computes only
+        the P query-stream rows, since a PLM loss needs nothing else; ``hidden`` is then None (query, mems and all
+        gradients are unchanged)."""
         cfg = self.config
         B, L = input_ids.shape
-        device = input_ids.device
         bi = cfg.bi_data if bi_data is None else bi_data
         if bi and B % 2:
             raise XLNetError(f"bi_data needs an even per-device batch (forward half + backward half), got {B}")
-        M = self._check_mems(mems, B)
-        K = M + L
-        mem_list = mems if M else [None] * cfg.n_layer
+        M = self._memory_length(mems, B)
+        target_index, valid_rows = self._target_rows(target_index, target_mapping, B, L)
+        P = 0 if target_index is None else target_index.shape[1]
+        rows = self._stacked_rows(target_index, B, L, input_ids.device)
+        impl = resolve_impl(cfg.attn_impl, input_ids.device)
+        mask = self._two_stream_mask(attention_mask, perm_mask, rows, L, M)
+        layout = AttnLayout(L, rows, self._relative_positions(rows, L, M + L),
+                            self._relative_segments(token_type_ids, rows, M), mask,
+                            additive_mask(mask, impl, self.mask_emb.dtype))
+        drop = dropout_fn(impl)
+        h, g = self._two_streams(input_ids, P, drop)
+        x = h if g is None else torch.cat([h, g], dim=1)
+        pos_emb = drop(self.positional_encoding(L, M + L, bi, h.dtype, h.device), cfg.dropout, self.training)
+        biases = None if cfg.untie_r else (self.r_w_bias, self.r_r_bias, self.r_s_bias)
 
-        # target rows: indices [B,P] and (for a one-hot mapping with zero rows) which rows are real
+        new_mems = [] if return_mems else None
+        query_only = P > 0 and not content_output
+        for i, layer in enumerate(self.layer):
+            mem = mems[i] if M else None
+            if return_mems:
+                new_mems.append(self._cache_mem(x[:, :L], mem))
+            if query_only and i == cfg.n_layer - 1:  # query rows only; the content rows serve as keys/values
+                x = layer(x[:, L:], mem, pos_emb, layout.query_rows(), biases, impl,
+                          None if valid_rows is None else valid_rows[:, L:], h=x[:, :L])
+            else:
+                x = layer(x, mem, pos_emb, layout, biases, impl, valid_rows)
+        x = drop(x, cfg.dropout, self.training)
+        if query_only:
+            return XLNetOutput(hidden=None, query=x, mems=new_mems)
+        return XLNetOutput(hidden=x[:, :L], query=x[:, L:] if P else None, mems=new_mems)
+
+    # -- the steps of the forward pass, in the order the paper introduces them -----------------------------------
+
+    @staticmethod
+    def _two_stream_mask(attention_mask, perm_mask, rows, L: int, M: int):
+        """§2.2-2.3 factorisation order and two-stream masks: [B,1,N,K] bool, True = cannot attend (None when
+        nothing is masked). Row i sees token j only if j comes before i's position in the factorisation order
+        (perm_mask) and is not padding; a content row also sees itself, a query row takes perm_mask's row as is;
+        memory columns are visible to all."""
+        if attention_mask is None and perm_mask is None:
+            return None
+        B, N = rows.shape
+        mask = torch.zeros(B, N, L, dtype=torch.bool, device=rows.device)
+        if attention_mask is not None:
+            mask |= (attention_mask == 0)[:, None, :]
+        if perm_mask is not None:
+            pm = perm_mask > 0
+            mask |= torch.gather(pm, 1, rows[:, :, None].expand(B, N, L)) if N > L else pm
+        mask[:, :L] &= ~torch.eye(L, dtype=torch.bool, device=rows.device)
+        if M:
+            mask = torch.cat([mask.new_zeros(B, N, M), mask], dim=2)
+        return mask[:, None]
+
+    def _two_streams(self, input_ids, P: int, drop):
+        """§2.3 two-stream attention: the content stream h starts from the word embeddings, the query stream g from
+        the learned vector w (``mask_emb``). -> (h [B,L,d], g [B,P,d] or None), after dropout."""
+        p = self.config.dropout
+        h = drop(self.word_embedding(input_ids), p, self.training)
+        g = drop(self.mask_emb.expand(input_ids.shape[0], P, -1), p, self.training) if P else None
+        return h, g
+
+    @staticmethod
+    def _stacked_rows(target_index, B: int, L: int, device) -> torch.Tensor:
+        """§2.3, both streams in one attention call: the sequence position of every stacked row [B,N], the L content
+        rows (0..L-1) then the P query rows (the target positions)."""
+        rows = torch.arange(L, device=device).expand(B, L)
+        if target_index is not None and target_index.shape[1]:
+            rows = torch.cat([rows, target_index.to(device)], dim=1)
+        return rows
+
+    def _target_rows(self, target_index, target_mapping, B: int, L: int):
+        """§2.3 partial prediction: only the P target positions get a query stream. -> (target_index [B,P] or None,
+        valid_rows [B,N,1] or None): a one-hot mapping's all-zero rows are padding, their attention output zeroed."""
         valid = None
         if target_mapping is not None and target_index is None:
             if target_mapping.shape[0] != B or target_mapping.shape[-1] != L:
@@ -229,82 +266,33 @@ class XLNetModel(nn.Module):
                 valid = (row_sum > 0).to(self.mask_emb.dtype)
         if target_index is not None and (target_index.shape[0] != B or target_index.dim() != 2):
             raise XLNetError(f"target_index must be [B={B}, P], got {list(target_index.shape)}")
-        P = 0 if target_index is None else target_index.shape[1]
-        rows = torch.arange(L, device=device).expand(B, L)
-        if P:
-            rows = torch.cat([rows, target_index.to(device)], dim=1)  # position of every stacked row [B,N]
-        N = L + P
-        impl = resolve_impl(cfg.attn_impl, device)
-        drop = fused_dropout if impl == "fused" else F.dropout
+        if valid is None:
+            return target_index, None
+        return target_index, torch.cat([valid.new_ones(B, L), valid], 1)[:, :, None]
 
-        # masks (True = cannot attend): padding columns + perm_mask; content rows may always see themselves
-        mask = mask_bias = None
-        if attention_mask is not None or perm_mask is not None:
-            mask = torch.zeros(B, N, L, dtype=torch.bool, device=device)
-            if attention_mask is not None:
-                mask |= (attention_mask == 0)[:, None, :]
-            if perm_mask is not None:
-                pm = perm_mask > 0
-                mask |= torch.gather(pm, 1, rows[:, :, None].expand(B, N, L)) if P else pm
-            eye = torch.eye(L, dtype=torch.bool, device=device)
-            mask[:, :L] &= ~eye
-            if M:
-                mask = torch.cat([mask.new_zeros(B, N, M), mask], dim=2)
-            mask = mask[:, None]  # [B,1,N,K]
-            if impl in ("einsum", "sdpa"):  # these kernels add the mask to the scores
-                mask_bias = torch.zeros(mask.shape, dtype=self.mask_emb.dtype, device=device).masked_fill_(mask,
-                                                                                                           NEG_INF)
+    def positional_encoding(self, L: int, K: int, bi: bool, dtype, device):
+        """§2.4 / Dai §3.3 relative positional encoding: [G,R,d] sinusoids of the distances K, K-1, ..., -L+1
+        (G=2 with bi_data: the backward half of the batch reads the negated distances)."""
+        pos = torch.arange(K, -L, -1.0, device=device)
+        seqs = [pos, -pos] if bi else [pos]
+        clamp = self.config.clamp_len
+        out = []
+        for s in seqs:
+            if clamp > 0:
+                s = s.clamp(-clamp, clamp)
+            x = s[:, None] * self.inv_freq.to(device)
+            out.append(torch.cat([torch.sin(x), torch.cos(x)], dim=-1))
+        return torch.stack(out).to(dtype)
 
-        # relative segment encoding: does row i share key j's segment? (memory counts as segment 0)
-        seg_same = None
-        if token_type_ids is not None:
-            seg_k = token_type_ids if not M else torch.cat([token_type_ids.new_zeros(B, M), token_type_ids], 1)
-            seg_q = torch.gather(token_type_ids, 1, rows)
-            seg_same = (seg_q[:, :, None] == seg_k[:, None, :])[:, None]  # [B,1,N,K]
+    @staticmethod
+    def _relative_positions(rows, L: int, K: int) -> torch.Tensor:
+        """§2.4 / Dai §3.3: [B,1,N,K] the column of positional_encoding's R distances for (row at position t, key
+        j), L - t + j."""
+        return (L - rows)[:, None, :, None] + torch.arange(K, device=rows.device)
 
-        # relative positions: column of the [R] table for (row at position t, key j) is L - t + j
-        rel_index = (L - rows)[:, None, :, None] + torch.arange(K, device=device)  # [B,1,N,K]
-        layout = AttnLayout(L, rows, rel_index, seg_same, mask, mask_bias)
-
-        # the two streams: content h starts from the word embeddings, query g from the learned mask embedding
-        word = self.word_embedding(input_ids)
-        h = drop(word, cfg.dropout, self.training)
-        x = h
-        if P:
-            g = drop(self.mask_emb.expand(B, P, -1), cfg.dropout, self.training)
-            x = torch.cat([h, g], dim=1)
-        pos_emb = self.positional_encoding(L, K, bi, word.dtype, device)
-        pos_emb = drop(pos_emb, cfg.dropout, self.training)
-        valid_rows = None
-        if valid is not None:
-            valid_rows = torch.cat([valid.new_ones(B, L), valid], 1)[:, :, None]
-
-        new_mems = [] if return_mems else None
-        skip_last = P > 0 and not content_output
-        for i, layer in enumerate(self.layer):
-            if return_mems:
-                new_mems.append(self._cache_mem(x[:, :L], mem_list[i]))
-            biases = self._biases(i)
-            if skip_last and i == cfg.n_layer - 1:  # query rows only; the content rows serve as keys/values
-                x = layer(x[:, L:], mem_list[i], pos_emb, layout.query_rows(), biases, impl,
-                          None if valid_rows is None else valid_rows[:, L:], h=x[:, :L])
-            else:
-                x = layer(x, mem_list[i], pos_emb, layout, biases, impl, valid_rows)
-        x = drop(x, cfg.dropout, self.training)
-        if skip_last:
-            return XLNetOutput(hidden=None, query=x, mems=new_mems)
-        return XLNetOutput(hidden=x[:, :L], query=x[:, L:] if P else None, mems=new_mems)
-
-    def _cache_mem(self, cur: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
-        cfg = self.config
-        if cfg.reuse_len > 0:
-            cur = cur[:, : cfg.reuse_len]
-        new = cur if prev is None else torch.cat([prev, cur], dim=1)
-        if cfg.mem_len > 0:
-            new = new[:, -cfg.mem_len :]
-        return new.detach()
-
-    def _check_mems(self, mems, B: int) -> int:
+    def _memory_length(self, mems, B: int) -> int:
+        """§2.4 / Dai §3.2 segment recurrence: M, the length of the previous segments' cached states (one [B,M,d]
+        per layer, checked; 0 without memory)."""
         if mems is None or len(mems) == 0 or mems[0] is None:
             return 0
         cfg = self.config
@@ -318,6 +306,28 @@ class XLNetModel(nn.Module):
                     f"every layer), got {list(m.shape)}"
                 )
         return M
+
+    def _cache_mem(self, cur: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
+        """§2.4 / Dai §3.2: a layer's next memory, [B,M',d]: the first ``reuse_len`` content-stream states of this
+        segment join the memory, which keeps its last ``mem_len``; detached (no gradient into past segments)."""
+        cfg = self.config
+        if cfg.reuse_len > 0:
+            cur = cur[:, : cfg.reuse_len]
+        new = cur if prev is None else torch.cat([prev, cur], dim=1)
+        if cfg.mem_len > 0:
+            new = new[:, -cfg.mem_len :]
+        return new.detach()
+
+    @staticmethod
+    def _relative_segments(token_type_ids, rows, M: int):
+        """§2.5 relative segment encoding: [B,1,N,K] whether row i and key j are in the same segment (memory counts
+        as segment 0), or None without token_type_ids."""
+        if token_type_ids is None:
+            return None
+        B = token_type_ids.shape[0]
+        seg_k = token_type_ids if not M else torch.cat([token_type_ids.new_zeros(B, M), token_type_ids], 1)
+        seg_q = torch.gather(token_type_ids, 1, rows)
+        return (seg_q[:, :, None] == seg_k[:, None, :])[:, None]
 
 
 class XLNetLMHeadModel(nn.Module):
@@ -339,7 +349,8 @@ class XLNetLMHeadModel(nn.Module):
                 bi_data=None, need_hidden: bool = True) -> LMOutput:
         """``need_hidden=False``: skip the content stream of the last layer (the PLM loss only needs the query
         stream); ``hidden`` is then None, everything else is unchanged. Pretraining should pass it (``mlm`` ignores
-        it: its targets are read from the content stream)."""
+        it: its targets are read from the content stream). ``labels`` [B,P] (-100 = ignored) give ``loss``, the
+        mean cross entropy, weighted by ``label_mask`` [B,P] when given."""
         if self.config.objective == "mlm" and (target_index is not None or target_mapping is not None):
             out = self.transformer(input_ids, token_type_ids, attention_mask, perm_mask, None, None, mems,
                                    return_mems, bi_data)
@@ -348,27 +359,9 @@ class XLNetLMHeadModel(nn.Module):
             out = self.transformer(input_ids, token_type_ids, attention_mask, perm_mask, target_index,
                                    target_mapping, mems, return_mems, bi_data, content_output=need_hidden)
             x = out.query if out.query is not None else out.hidden
-        loss = None
-        if labels is not None and self.transformer.config.attn_impl not in ("einsum", "sdpa"):
-            # fused head + loss: the same mean (or label_mask-weighted mean) cross entropy, less memory
-            flat = x.reshape(-1, x.shape[-1])
-            if label_mask is None:
-                w = torch.full((flat.shape[0],), 1.0 / max(flat.shape[0], 1), device=flat.device)
-            else:
-                w = label_mask.reshape(-1).float()
-                w = w / w.sum().clamp_min(1.0)
-            loss, logits = _LMHeadLoss.apply(flat, self.transformer.word_embedding.weight, self.lm_bias,
-                                             labels.reshape(-1).to(flat.device), w)
-            logits = logits.view(*x.shape[:-1], -1)
-        else:
-            logits = F.linear(x, self.transformer.word_embedding.weight, self.lm_bias)
-        if labels is not None and loss is None:
-            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), reduction="none")
-            if label_mask is None:
-                loss = ce.mean()
-            else:
-                w = label_mask.reshape(-1).to(ce.dtype)
-                loss = (ce * w).sum() / w.sum().clamp_min(1.0)
+        # the fused head + loss unless the plain kernels were named (it keeps no [n,V] softmax for backward)
+        fused = self.config.attn_impl not in ("einsum", "sdpa")
+        logits, loss = lm_head(x, self.transformer.word_embedding.weight, self.lm_bias, labels, label_mask, fused)
         return LMOutput(logits=logits, loss=loss, mems=out.mems, hidden=out.hidden, query=out.query)
 
 
@@ -386,41 +379,8 @@ def _content_rows(hidden: torch.Tensor, target_index: torch.Tensor | None,
     return torch.matmul(target_mapping.to(hidden.dtype), hidden)
 
 
-class SequenceSummary(nn.Module):
-    """Pool [B,L,d] to [B,d]: last (the <cls> at the end), first, mean (over real tokens), attn (a learned query
-    attending over real tokens); optional dense + tanh projection; then dropout."""
-
-    def __init__(self, d_model: int, summary_type: str = "last", use_proj: bool = True, dropout: float = 0.1):
-        super().__init__()
-        if summary_type not in ("last", "first", "mean", "attn"):
-            raise XLNetError(f"unknown summary_type {summary_type!r} (last, first, mean, attn)")
-        self.summary_type = summary_type
-        self.proj = nn.Linear(d_model, d_model) if use_proj else None
-        self.query = nn.Parameter(torch.zeros(d_model)) if summary_type == "attn" else None
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        t = self.summary_type
-        if t == "last":
-            s = hidden[:, -1]
-        elif t == "first":
-            s = hidden[:, 0]
-        else:
-            m = torch.ones(hidden.shape[:2], device=hidden.device) if attention_mask is None else attention_mask
-            m = m.to(hidden.dtype)
-            if t == "mean":
-                s = (hidden * m[..., None]).sum(1) / m.sum(1, keepdim=True).clamp_min(1.0)
-            else:
-                score = (hidden @ self.query) / math.sqrt(hidden.shape[-1])
-                score = score.masked_fill(m == 0, NEG_INF)
-                s = (torch.softmax(score, dim=-1)[..., None] * hidden).sum(1)
-        if self.proj is not None:
-            s = torch.tanh(self.proj(s))
-        return self.dropout(s)
-
-
 def build_model(cfg: ModelConfig | str, **overrides) -> XLNetLMHeadModel:
-    """An LM model from a ModelConfig or a size name (tiny, base, large)."""
+    """An LM model from a ModelConfig or a size name (tiny, base, large: the presets' ``model:`` sections)."""
     if isinstance(cfg, str):
         cfg = named_config(cfg, **overrides)
     elif overrides:
@@ -428,12 +388,8 @@ def build_model(cfg: ModelConfig | str, **overrides) -> XLNetLMHeadModel:
     return XLNetLMHeadModel(cfg)
 
 
-def maybe_compile(model: nn.Module, enabled: bool = True, **kwargs) -> nn.Module:
-    """``torch.compile`` the model when asked (shapes vary with memory length: dynamic=None lets torch decide)."""
-    return torch.compile(model, **kwargs) if enabled else model
-
-
 def num_params(model: nn.Module, embedding: bool = True) -> int:
+    """Parameters of ``model``; ``embedding=False`` leaves out the word embedding."""
     n = sum(p.numel() for p in model.parameters())
     if not embedding:
         n -= sum(p.numel() for name, p in model.named_parameters() if "word_embedding" in name)
