@@ -1,4 +1,4 @@
-"""The fused training path of model.py (attn_impl "fused" = "auto"): its custom autograd functions against plain
+"""The fused training path of model/kernels.py (attn_impl "fused" = "auto"): its custom autograd functions against plain
 autograd formulations (float64 gradcheck with a fixed dropout mask), and the whole fused model against the plain
 einsum path (loss, logits, memories and every gradient, <= 1e-5). Parity with transformers for "fused" runs in
 test_model_parity.py (it is in IMPLS there)."""

@@ -1,4 +1,4 @@
-"""Exact parity of model.py with transformers.XLNetLMHeadModel (copied weights, float32, eval mode) and with a
+"""Exact parity of model/xlnet.py with transformers.XLNetLMHeadModel (copied weights, float32, eval mode) and with a
 plain reference written from the formulas (docs/xlnet.md §6) for what HF lacks (untie_r=false).
 
 Tolerance: max abs difference <= 1e-5 on logits, returned memories and every parameter gradient."""

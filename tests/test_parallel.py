@@ -1,4 +1,4 @@
-"""parallel.py and the kernel seam on the CPU: activation checkpointing and per-layer torch.compile change nothing,
+"""model/parallel.py and the kernel seam on CPU: activation checkpointing and per-layer torch.compile change nothing,
 FSDP2 shards every layer (not only the root) and trains as the unsharded model, the rel-shift's hand-written
 backward is the true gradient, the FLOP count matches a by-hand count. The CUDA kernels are in test_gpu.py."""
 

@@ -85,7 +85,7 @@ def test_make_targets_exist():
 def test_file_tree_matches_the_repository():
     tree = next(b for b in code_blocks("") if "src/xlnetcli/" in b)
     listed = set(re.findall(r"\b([a-z_]+\.py)\b", tree))
-    modules = {p.name for p in (ROOT / "src" / "xlnetcli").glob("*.py")} - {"__init__.py", "__main__.py"}
+    modules = {p.name for p in (ROOT / "src" / "xlnetcli").glob("**/*.py")} - {"__init__.py", "__main__.py"}
     assert modules - listed == set(), f"modules missing from the README tree: {sorted(modules - listed)}"
     for name in listed:
         assert list(ROOT.glob(f"**/{name}")), f"README tree lists {name}, which does not exist"

@@ -40,6 +40,7 @@ from .engine import (Engine, Evaluation, TrainPlan, printer, resumable_steps, re
 from .errors import ConfigError, DataError
 from .flops import train_flops
 from .io import check_output_not_input, output_lock
+from .model import XLNetLMHeadModel, num_params
 from .plm import carried_mems, evaluate_plm, read_records_meta
 from .plm import forward as _forward
 from .plm import model_inputs as _model_inputs
@@ -129,15 +130,7 @@ def check_run_dir(cfg: Config, out_dir: Path, resume: str | None) -> tuple[int, 
 
 
 def build_lm_model(cfg: Config) -> torch.nn.Module:
-    from .model import XLNetLMHeadModel
-
     return XLNetLMHeadModel(cfg.model)
-
-
-def _count_params(model: torch.nn.Module) -> tuple[int, int]:
-    total = sum(p.numel() for p in model.parameters())
-    emb = sum(p.numel() for n, p in model.named_parameters() if "word_embedding" in n)
-    return total, total - emb
 
 
 class PretrainTask:
@@ -312,7 +305,7 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     dist.set_deterministic(t.deterministic)
     seed_everything(t.seed)
     model = build_lm_model(cfg).to(dev)
-    n_params, n_nonemb = _count_params(model)
+    n_params, n_nonemb = num_params(model), num_params(model, embedding=False)
     seed_everything(t.seed + 7919 * env.rank)
 
     say = printer(main and not quiet)
