@@ -139,6 +139,30 @@ def test_compiled_layers_match_eager(impl):
     assert max(maxdiff(g1[k], g0[k]) for k in g0) <= TOL_FP32
 
 
+def test_auto_is_sdpa_eagerly_and_einsum_in_compiled_layers(monkeypatch):
+    """attn_impl auto on CUDA: SDPA eagerly; the einsum formulation inside each compiled layer (train.compile)."""
+    import torch.nn.functional as F
+
+    from xlnetcli.model.parallel import compile_layers
+
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
+    eager, comp = (m.to(CUDA) for m in twins(gpu_cfg(dropout=0.0, dropatt=0.0, attn_impl="auto")))
+    b = batch()
+    run(eager, b, steps=1)
+    assert calls, "eager auto did not run SDPA"
+    calls.clear()
+    compile_layers(comp)
+    run(comp, b, steps=1)
+    assert not calls, "auto inside compiled layers ran SDPA, not the einsum formulation"
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_deterministic_mode_is_bit_exact(impl):
     cfg = gpu_cfg(bi_data=True, dropout=0.1, dropatt=0.0 if impl == "flex" else 0.1, attn_impl=impl)

@@ -37,11 +37,10 @@ IMPLS = ("fused", "einsum", "sdpa", "flex")
 
 
 def resolve_impl(name: str, device: torch.device) -> str:
-    """The kernel ``attn_impl`` names; ``auto`` is, as measured (BENCHMARKS.md): ``fused`` on CPU (fastest there,
-    least memory); on CUDA ``sdpa``, or the plain ``einsum`` formulation when this call is itself traced by
-    torch.compile (inductor fuses the rel-shift, bias, mask, softmax and dropout into one kernel). The model resolves
-    once per forward, outside its layers: with ``train.compile`` (each layer compiled on its own) ``auto`` is
-    ``sdpa``; name ``einsum`` to get the fused compiled kernel."""
+    """The kernel ``attn_impl`` names. ``auto``, as measured (BENCHMARKS.md): ``fused`` on CPU (fastest there, least
+    memory); on CUDA ``sdpa`` when running eagerly, and the plain ``einsum`` formulation inside torch.compile
+    (inductor fuses the rel-shift, bias, mask, softmax and dropout into one kernel, which beats SDPA's bias-reading
+    kernel). Each layer resolves it again, so ``train.compile`` (every layer compiled on its own) gets ``einsum``."""
     if name == "auto":
         if device.type != "cuda":
             return "fused"

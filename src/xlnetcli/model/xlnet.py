@@ -125,6 +125,10 @@ class XLNetLayer(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(self, x, mem, pos_emb, layout: AttnLayout, biases, impl: str, valid_rows=None, h=None):
+        """``impl`` is model.attn_impl, resolved again here: a layer compiled on its own (train.compile) gets what
+        ``auto`` picks inside torch.compile. The layout and dropout the model built serve all that ``auto`` picks on
+        one device (CUDA: sdpa and einsum both read the additive mask)."""
+        impl = resolve_impl(impl, x.device)
         a = self.rel_attn(x, mem, pos_emb, layout, biases, impl, h)
         if valid_rows is not None:  # padding target rows: zero attention output (as HF's one-hot mapping)
             a = a * valid_rows
@@ -205,10 +209,10 @@ class XLNetModel(nn.Module):
             if return_mems:
                 new_mems.append(self._cache_mem(x[:, :L], mem))
             if query_only and i == cfg.n_layer - 1:  # query rows only; the content rows serve as keys/values
-                x = layer(x[:, L:], mem, pos_emb, layout.query_rows(), biases, impl,
+                x = layer(x[:, L:], mem, pos_emb, layout.query_rows(), biases, cfg.attn_impl,
                           None if valid_rows is None else valid_rows[:, L:], h=x[:, :L])
             else:
-                x = layer(x, mem, pos_emb, layout, biases, impl, valid_rows)
+                x = layer(x, mem, pos_emb, layout, biases, cfg.attn_impl, valid_rows)
         x = drop(x, cfg.dropout, self.training)
         if query_only:
             return XLNetOutput(hidden=None, query=x, mems=new_mems)
