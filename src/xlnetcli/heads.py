@@ -39,14 +39,7 @@ class ClassificationHead(nn.Module):
         nn.init.zeros_(self.out.bias)
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.out(_summarize(self.summary, hidden, attention_mask))
-
-
-def _summarize(summary: nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    try:
-        return summary(hidden, attention_mask=attention_mask)
-    except TypeError:  # a SequenceSummary without a mask argument
-        return summary(hidden)
+        return self.out(self.summary(hidden, attention_mask=attention_mask))
 
 
 class SquadHead(nn.Module):
