@@ -46,8 +46,8 @@ from .flops import forward_flops
 from .io import atomic_write_json, check_output_dir, check_output_not_input, commit_dir, output_lock, sha256_file
 from .taskmodel import (TRAIN_KEYS, TaskData, build_finetune_model, load_pretrained_into, load_task_data, make_batch,
                         predict, primary_metric, score, tokenizer_dir_of)
-from .tokenizer import Tokenizer
 from .runlog import require_trackers
+from .tokenizer import Tokenizer
 
 # finetune.* keys that may change when resuming (how often resumable checkpoints are written)
 RESUME_MUTABLE = {"finetune.save_every", "finetune.report_to"}
