@@ -274,7 +274,8 @@ def test_validate_adds_what_each_stage_needs():
     with pytest.raises(ConfigError, match=r"finetune.micro_batch_size \(8\) x processes \(3\)$"):
         validate(cfg, 3, stage="finetune")
     assert validate(cfg, 3, stage="preprocess").world == 1  # records are laid out for any number of processes
-    no_reuse = load_config("tiny", ["model.reuse_len=0", "finetune.batch_size=8", "finetune.micro_batch_size=2"])
+    no_reuse = load_config("tiny", ["model.reuse_len=0", "data.perm_size=64", "finetune.batch_size=8",
+                                    "finetune.micro_batch_size=2"])
     assert validate(no_reuse, 4, stage="finetune")  # fine to finetune from (an HF import has no reuse_len)
     with pytest.raises(ConfigError, match="model.reuse_len must be >= 1 for pretraining records"):
         validate(no_reuse, stage="preprocess")
