@@ -77,7 +77,7 @@ def child_preprocess(shards: str, out: str, vocab: int, batch: int, workers: int
     cfg = cfg_for(vocab, batch)
     base = _vm_hwm_mb()
     t = time.perf_counter()
-    meta = preprocess(shards, out, cfg, quiet=True, workers=workers)
+    meta = preprocess(cfg, shards, out, quiet=True, workers=workers)
     dt = time.perf_counter() - t
     print(json.dumps({"seconds": dt, "examples": meta["splits"]["train"]["examples"],
                       "tokens": meta["splits"]["train"]["tokens"], "rss_before_mb": base,
@@ -123,7 +123,7 @@ def main() -> None:
     import torch
     from transformers import DataCollatorForPermutationLanguageModeling
 
-    from xlnetcli.config import TokenizerConfig
+    from xlnetcli.config import load_config
     from xlnetcli.data import PretrainStream
     from xlnetcli.shard import shard_corpus
     from xlnetcli.tokenizer import train_tokenizer
@@ -132,13 +132,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         vocab = 8000
-        train_tokenizer([str(ROOT / "data" / "pydocs" / "corpus.txt")], d / "tok", TokenizerConfig(vocab_size=vocab),
-                        quiet=True)
+        train_tokenizer(load_config(None, [f"tokenizer.vocab_size={vocab}"]),
+                        [str(ROOT / "data" / "pydocs" / "corpus.txt")], d / "tok", quiet=True)
+        none_held_out = load_config(None, ["data.valid_fraction=0"])
         sizes = {}
         for name, frac in (("quarter", 0.25), ("half", 0.5), ("full", 1.0)):
             corpus = d / f"corpus_{name}.txt"
             sizes[name] = build_corpus(corpus, mb * frac)
-            shard_corpus([str(corpus)], d / f"shards_{name}", d / "tok", shards=4, quiet=True)
+            shard_corpus(none_held_out, [str(corpus)], d / f"shards_{name}", d / "tok", shards=4, quiet=True)
         mem = {name: run_child(d / f"shards_{name}", d / f"rec_{name}", vocab, B) for name in ("quarter", "half")}
 
         def read_all(dense: bool, limit: float | None = None) -> tuple[int, float]:

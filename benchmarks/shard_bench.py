@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from xlnetcli.config import TokenizerConfig  # noqa: E402
+from xlnetcli.config import load_config  # noqa: E402
 from xlnetcli.shard import shard_corpus  # noqa: E402
 from xlnetcli.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
 
@@ -119,18 +119,19 @@ def main() -> None:
         if args.tokenizer:
             tok = Tokenizer.load(args.tokenizer)
         else:
-            cfg = TokenizerConfig(vocab_size=args.vocab, character_coverage=0.9999, input_sentence_size=100_000)
-            tok = train_tokenizer([corpus], tmp / "tok", cfg, quiet=True)
+            cfg = load_config(None, [f"tokenizer.vocab_size={args.vocab}", "tokenizer.character_coverage=0.9999",
+                                     "tokenizer.input_sentence_size=100000"])
+            tok = train_tokenizer(cfg, [corpus], tmp / "tok", quiet=True)
         print(f"tokenizer: vocab {tok.vocab_size} ({time.perf_counter() - t:.0f} s to train)")
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         raw_mb, raw_tok, raw_cpu_mb = raw_sentencepiece(tok, corpus, args.repeats)
         rows = []
+        held_out = load_config(None, ["data.valid_fraction=0.01"])
         for w in workers:
             best, cpu = None, (float("inf"), float("inf"))
             for r in range(args.repeats):
                 p0, c0 = _cpu()
-                s = shard_corpus([corpus], tmp / f"out{w}_{r}", tok, shards=4, workers=w, valid_fraction=0.01,
-                                 quiet=True)
+                s = shard_corpus(held_out, [corpus], tmp / f"out{w}_{r}", tok, shards=4, workers=w, quiet=True)
                 p1, c1 = _cpu()
                 if best is None or s.seconds < best.seconds:
                     best = s

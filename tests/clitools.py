@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from xlnetcli.cli import main
+from xlnetcli.config import Config, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -37,17 +38,20 @@ def kill_and_resume(start, kills: int, before_kill) -> int:
 
 def make_records(tmp: Path, overrides: list[str], src: Path = SAMPLE, config: Path = TINY) -> Path:
     """tokenizer -> shards -> records of ``src`` under ``tmp`` (tok/, shards/, rec/) with ``config`` + overrides."""
-    from xlnetcli.config import load_config
     from xlnetcli.preprocess import preprocess
     from xlnetcli.shard import shard_corpus
     from xlnetcli.tokenizer import train_tokenizer
 
     cfg = load_config(config, overrides)
-    train_tokenizer([src], tmp / "tok", cfg.tokenizer, quiet=True)
-    shard_corpus([src], tmp / "shards", tmp / "tok", valid_fraction=cfg.data.valid_fraction, seed=cfg.data.seed,
-                 quiet=True)
-    preprocess(tmp / "shards", tmp / "rec", cfg, quiet=True)
+    train_tokenizer(cfg, [src], tmp / "tok", quiet=True)
+    shard_corpus(cfg, [src], tmp / "shards", tmp / "tok", quiet=True)
+    preprocess(cfg, tmp / "shards", tmp / "rec", quiet=True)
     return tmp / "rec"
+
+
+def settings_config(section: str, **keys) -> Config:
+    """The default config with some keys of one section set: settings_config("tokenizer", vocab_size=2000)."""
+    return load_config(None, [f"{section}.{k}={v}" for k, v in keys.items()])
 
 
 def run_main(capsys, *args) -> tuple[int, str, str]:

@@ -16,6 +16,7 @@ from xlnetcli.config import (
     load_config,
     preset_path,
     save_config,
+    validate,
 )
 from xlnetcli.errors import ConfigError
 
@@ -261,3 +262,30 @@ def test_override_of_an_unused_section_is_refused_with_a_hint():
         check_override_sections(["train.seed=1"], "tokenize train")
     check_override_sections(["model.d_model=64", "train.lr=1", "data.seed=1", "tokenizer.threads=1"], "pretrain")
     assert set(COMMAND_SECTIONS["config show"]) == set(SECTIONS)
+
+
+def test_validate_adds_what_each_stage_needs():
+    """One function holds the cross-key checks: a config valid for one process may not be for a stage's world."""
+    cfg = load_config("tiny", ["train.global_batch_size=16", "train.micro_batch_size=8",
+                               "finetune.batch_size=16", "finetune.micro_batch_size=8"])
+    assert validate(cfg, 2, stage="pretrain").accumulation == 1
+    with pytest.raises(ConfigError, match=r"train.global_batch_size=16 must be a multiple of .* x 3 process"):
+        validate(cfg, 3, stage="pretrain")
+    with pytest.raises(ConfigError, match=r"finetune.micro_batch_size \(8\) x processes \(3\)$"):
+        validate(cfg, 3, stage="finetune")
+    assert validate(cfg, 3, stage="preprocess").world == 1  # records are laid out for any number of processes
+    no_reuse = load_config("tiny", ["model.reuse_len=0", "data.perm_size=64", "finetune.batch_size=8",
+                                    "finetune.micro_batch_size=2"])
+    assert validate(no_reuse, 4, stage="finetune")  # fine to finetune from (an HF import has no reuse_len)
+    with pytest.raises(ConfigError, match="model.reuse_len must be >= 1 for pretraining records"):
+        validate(no_reuse, stage="preprocess")
+    with pytest.raises(ConfigError, match=r"data.mask_alpha \(1\) must be >= data.mask_beta \(2\)"):
+        validate(load_config("tiny", ["data.mask_alpha=1", "data.mask_beta=2"]), stage="pretrain")
+
+
+def test_a_setting_option_is_blamed_as_the_user_wrote_it():
+    with pytest.raises(ConfigError) as e:
+        load_config("tiny", ["tokenizer.threads=2"], [("--threads -1", "tokenizer.threads", -1)])
+    assert str(e.value) == "--threads -1: tokenizer.threads must be in [0, 1024], got -1"
+    cfg = load_config("tiny", ["tokenizer.vocab_size=900"], [("--vocab-size 500", "tokenizer.vocab_size", 500)])
+    assert cfg.tokenizer.vocab_size == cfg.model.vocab_size == 500  # after --set; the model follows the tokenizer

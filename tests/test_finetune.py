@@ -25,6 +25,7 @@ from xlnetcli import tasks
 from xlnetcli.config import load_config
 from xlnetcli.errors import DataError
 from xlnetcli.special import CLS_ID, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEP_ID
+from xlnetcli.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "data" / "sample.txt"
@@ -54,7 +55,7 @@ def work(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("finetune")
     cfg = load_config(None, MODEL_SETS)
-    train_tokenizer([SAMPLE], root / "tok", cfg.tokenizer, quiet=True)
+    train_tokenizer(cfg, [SAMPLE], root / "tok", quiet=True)
     torch.manual_seed(0)
     save_model_dir(root / "init", XLNetLMHeadModel(cfg.model), cfg, root / "tok", meta={"kind": "pretrain", "step": 0})
     return root
@@ -62,7 +63,7 @@ def work(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tok(work):
-    return tasks.load_tokenizer(work / "tok")
+    return Tokenizer.load(work / "tok")
 
 
 def pydocs_rows(path: Path, limit: int | None = None) -> list[tuple[str, str]]:

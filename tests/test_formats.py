@@ -11,10 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from clitools import assert_one_line_error, run_main
+from clitools import assert_one_line_error, run_main, settings_config
 
 import xlnetcli.corpus as corpus_mod
-from xlnetcli.config import TokenizerConfig
 from xlnetcli.corpus import FileStats, detect_format, expand_inputs, iter_file_text
 from xlnetcli.errors import DataError, XLNetError
 from xlnetcli.shard import shard_corpus
@@ -79,7 +78,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tok") / "tok"
-    train_tokenizer([SAMPLE], out, TokenizerConfig(vocab_size=2000, character_coverage=0.9999, threads=1),
+    train_tokenizer(settings_config("tokenizer", vocab_size=2000, character_coverage=0.9999, threads=1), [SAMPLE], out,
                     quiet=True)
     return out
 
@@ -104,14 +103,14 @@ def test_detect_format(files):
 
 
 def test_shards_identical_to_plain_text(files, tok_dir, tmp_path):
-    kw = dict(shards=2, valid_fraction=0.1, seed=3, quiet=True)
-    want = shard_corpus([files["plain"]], tmp_path / "plain", tok_dir, **kw)
+    cfg, kw = settings_config("data", valid_fraction=0.1, seed=3), dict(shards=2, quiet=True)
+    want = shard_corpus(cfg, [files["plain"]], tmp_path / "plain", tok_dir, **kw)
     ref = _shard_bytes(tmp_path / "plain")
     assert want.documents["train"] + want.documents["valid"] == 1200  # one document per record
     for name, path in files.items():
         if name == "plain":
             continue
-        got = shard_corpus([path], tmp_path / name, tok_dir, text_field=_field(name), **kw)
+        got = shard_corpus(cfg, [path], tmp_path / name, tok_dir, text_field=_field(name), **kw)
         assert (got.tokens, got.documents) == (want.tokens, want.documents), name
         assert _shard_bytes(tmp_path / name) == ref, name
 
@@ -145,10 +144,10 @@ def test_tokenizer_training_input_identical_to_plain_text(files, tmp_path, monke
         return real(**kw)
 
     monkeypatch.setattr(spm.SentencePieceTrainer, "train", spy)
-    cfg = TokenizerConfig(vocab_size=600, character_coverage=0.9999, threads=1)
+    cfg = settings_config("tokenizer", vocab_size=600, character_coverage=0.9999, threads=1)
     metas = {}
     for name, path in files.items():
-        tok = train_tokenizer([path], tmp_path / name, cfg, quiet=True, text_field=_field(name))
+        tok = train_tokenizer(cfg, [path], tmp_path / name, quiet=True, text_field=_field(name))
         metas[name] = (tok.meta["train"]["lines"], tok.meta["train"]["bytes"], tok.vocab_size)
     assert len(seen) == len(files) and len(set(seen)) == 1
     assert len(set(metas.values())) == 1
@@ -173,8 +172,9 @@ def test_directory_and_glob_pick_up_every_format(files, tok_dir, tmp_path):
     (d / "notes.md").write_text("ignored")
     (d / "stats.json").write_text("{}")  # a stray .json in a folder is not taken for JSONL
     assert [p.name for p in expand_inputs([d])] == ["a.txt", "b.jsonl.zst", "c.parquet"]
-    shard_corpus([d], tmp_path / "dir", tok_dir, valid_fraction=0.0, quiet=True)
-    shard_corpus([files["plain"]], tmp_path / "plain", tok_dir, valid_fraction=0.0, quiet=True)
+    none_held_out = settings_config("data", valid_fraction=0.0)
+    shard_corpus(none_held_out, [d], tmp_path / "dir", tok_dir, quiet=True)
+    shard_corpus(none_held_out, [files["plain"]], tmp_path / "plain", tok_dir, quiet=True)
     assert _shard_bytes(tmp_path / "dir") == _shard_bytes(tmp_path / "plain")
     assert expand_inputs([str(files["datasets"].parent / "d*")]) == [files["datasets"]]  # a glob may name one
 
@@ -199,7 +199,7 @@ def test_null_records_are_skipped_and_counted(tok_dir, tmp_path, capsys):
                                 "--valid-fraction", "0", "--quiet")
         assert code == 0, err
         assert f"skipped {2 if 'parquet' in name else 1} record(s) whose text is null" in err
-    shard_corpus([tmp_path / "p.txt"], tmp_path / "p", tok_dir, valid_fraction=0.0, quiet=True)
+    shard_corpus(settings_config("data", valid_fraction=0.0), [tmp_path / "p.txt"], tmp_path / "p", tok_dir, quiet=True)
     assert _shard_bytes(tmp_path / "parquet") == _shard_bytes(tmp_path / "jsonl") == _shard_bytes(tmp_path / "p")
 
 

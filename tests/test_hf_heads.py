@@ -50,10 +50,10 @@ def cls_run(work, tmp_path_factory):  # noqa: F811
 def encoded(run: Path, file: Path):
     """The rows `xlnet eval` feeds the model for ``file``: our tokenizer, our input layout."""
     from xlnetcli.taskmodel import load_finetuned, load_task_data, tokenizer_dir_of
-    from xlnetcli.tasks import load_tokenizer
+    from xlnetcli.tokenizer import Tokenizer
 
     model, cfg, meta = load_finetuned(run)
-    tok = load_tokenizer(tokenizer_dir_of(Path(meta["path"])))
+    tok = Tokenizer.load(tokenizer_dir_of(Path(meta["path"])))
     data = load_task_data(meta["task"], file, tok, cfg, meta.get("labels"), require_label=False)
     return model, data
 

@@ -33,12 +33,13 @@ def cli(*args) -> int:
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
-    from xlnetcli.config import TokenizerConfig
+    from clitools import settings_config
+
     from xlnetcli.tokenizer import train_tokenizer
 
     out = tmp_path_factory.mktemp("tok") / "tokenizer"
-    train_tokenizer([ROOT / "tests" / "data" / "sample.txt"], out, TokenizerConfig(vocab_size=400, threads=1),
-                    quiet=True)
+    train_tokenizer(settings_config("tokenizer", vocab_size=400, threads=1), [ROOT / "tests" / "data" / "sample.txt"],
+                    out, quiet=True)
     return out
 
 

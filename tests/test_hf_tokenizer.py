@@ -18,7 +18,7 @@ import torch
 
 from xlnetcli.checkpoint import save_model_dir, step_dir_name
 from xlnetcli.cli import main
-from xlnetcli.config import TokenizerConfig, config_from_dict
+from xlnetcli.config import config_from_dict
 from xlnetcli.model import XLNetLMHeadModel
 from xlnetcli.special import CLS_ID, EOD_ID, PAD_ID, SEG_ID_PAD, SEP_ID
 from xlnetcli.tasks import build_pair, left_pad
@@ -78,8 +78,9 @@ def tok_dir(request, tmp_path_factory, corpus) -> Path:
     """One small tokenizer per variant: cased (accents stripped, the default) and --uncased --keep-accents."""
     uncased = request.param == "uncased"
     out = tmp_path_factory.mktemp(request.param) / "tok"
-    train_tokenizer([corpus], out, TokenizerConfig(vocab_size=1200, threads=1, uncased=uncased, keep_accents=uncased),
-                    quiet=True)
+    cfg = config_from_dict({"tokenizer": {"vocab_size": 1200, "threads": 1, "uncased": uncased,
+                                          "keep_accents": uncased}, "model": {"vocab_size": 1200}})
+    train_tokenizer(cfg, [corpus], out, quiet=True)
     return out
 
 
@@ -144,7 +145,7 @@ def _difference(tok: Tokenizer, scores: dict[int, float], ours: list[int], their
 
 def test_folder_holds_tokenizers_format_files(tok_dir, tok):
     assert {p.name for p in tok_dir.iterdir()} == {"spiece.model", "xlnet_tokenizer.json", "tokenizer.json",
-                                                   "tokenizer_config.json"}
+                                                   "tokenizer_config.json", "config.yaml"}
     ours = json.loads((tok_dir / "tokenizer.json").read_text(encoding="utf-8"))
     back = json.loads(tokenizers.Tokenizer.from_file(str(tok_dir / "tokenizer.json")).to_str())
     # the library writes back exactly what we wrote (scores up to its float parsing, ~1 ulp)

@@ -30,80 +30,18 @@ CORPUS = ROOT / "data" / "pydocs" / "corpus.txt"
 
 def train_tok(out: Path, vocab: int = 2000) -> Path:
     """A SentencePiece tokenizer directory (ids 0-8 as docs/xlnet.md §1)."""
-    try:
-        from xlnetcli.config import TokenizerConfig
-        from xlnetcli.tokenizer import train_tokenizer
+    from xlnetcli.tokenizer import train_tokenizer
 
-        train_tokenizer([str(SAMPLE)], out, TokenizerConfig(vocab_size=vocab))
-        return out
-    except ImportError:  # pragma: no cover - before tokenizer.py existed
-        import sentencepiece as spm
-
-        out.mkdir(parents=True)
-        spm.SentencePieceTrainer.train(
-            input=str(SAMPLE), model_prefix=str(out / "spiece"), vocab_size=vocab, model_type="unigram",
-            control_symbols="<cls>,<sep>,<pad>,<mask>,<eod>", user_defined_symbols="<eop>,.,(,),\",-",
-            pad_id=-1, unk_id=0, bos_id=1, eos_id=2, minloglevel=2,
-        )
-        return out
-
-
-def encode_file(tok_dir: Path, text: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and sentence ids as the original _create_data: id flips per line, <eod> per blank line."""
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=str(tok_dir / "spiece.model"))
-    lines = text.read_text(encoding="utf-8").split("\n")
-    ids_per_line = sp.encode([" ".join(x.split()) for x in lines])
-    toks, sids = [], []
-    sid = 1
-    for line, ids in zip(lines, ids_per_line):
-        if not line.strip():
-            sid ^= 1
-            ids = [EOD_ID]
-        if not ids:
-            continue
-        toks.extend(ids)
-        sids.extend([sid] * len(ids))
-        sid ^= 1
-    return np.asarray(toks, np.uint16), np.asarray(sids, np.uint8)
+    train_tokenizer(load_config(None, [f"tokenizer.vocab_size={vocab}"]), [str(SAMPLE)], out)
+    return out
 
 
 def make_shards(out: Path, tok_dir: Path, text: Path, n_train: int = 3, valid_share: float = 0.05) -> Path:
-    """A shard directory: `xlnetcli.shard` when present, else built by hand following the interfaces page."""
-    import shutil
+    """A shard directory of ``text``: ``n_train`` train shards, ``valid_share`` of the documents held out."""
+    from xlnetcli.shard import shard_corpus
 
-    try:
-        from xlnetcli.shard import shard_corpus
-    except ImportError:  # pragma: no cover - before shard.py existed
-        pass
-    else:
-        shard_corpus([str(text)], out, tok_dir, shards=n_train, valid_fraction=valid_share, quiet=True)
-        return out
-
-    from xlnetcli.io import sha256_file
-
-    tok, sid = encode_file(tok_dir, text)
-    out.mkdir(parents=True)
-    shutil.copytree(tok_dir, out / "tokenizer")
-    n_valid = int(len(tok) * valid_share)
-    parts = {"valid": [(tok[:n_valid], sid[:n_valid])]}
-    cuts = np.linspace(n_valid, len(tok), n_train + 1).astype(int)
-    parts["train"] = [(tok[a:b], sid[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
-    splits = {}
-    for split, items in parts.items():
-        (out / split).mkdir()
-        entries = []
-        for k, (t, s) in enumerate(items):
-            tf, sf = f"{split}/shard_{k:05d}.tokens.npy", f"{split}/shard_{k:05d}.sentid.npy"
-            np.save(out / tf, t)
-            np.save(out / sf, s)
-            entries.append({"tokens_file": tf, "sentid_file": sf, "tokens": int(len(t)), "sentences": 0,
-                            "documents": 0, "sha256": {"tokens": sha256_file(out / tf), "sentid": sha256_file(out / sf)}})
-        splits[split] = entries
-    manifest = {"format_version": 1, "tokenizer_sha256": sha256_file(tok_dir / "spiece.model"), "vocab_size": 2000,
-                "dtype": "uint16", "seed": 0, "splits": splits}
-    (out / "manifest.json").write_text(json.dumps(manifest))
+    cfg = load_config(None, [f"data.valid_fraction={valid_share}"])
+    shard_corpus(cfg, [str(text)], out, tok_dir, shards=n_train, quiet=True)
     return out
 
 
@@ -126,7 +64,7 @@ def shard_dir(tmp_path_factory, tok_dir) -> Path:
 @pytest.fixture(scope="session")
 def records(tmp_path_factory, shard_dir) -> Path:
     out = tmp_path_factory.mktemp("rec") / "records"
-    preprocess(shard_dir, out, small_cfg(), passes=2, quiet=True)
+    preprocess(small_cfg("data.passes=2"), shard_dir, out, quiet=True)
     return out
 
 
@@ -216,13 +154,13 @@ def test_passes_differ_and_runs_are_deterministic(records, shard_dir, tmp_path):
     meta, passes = open_records(records)
     assert not np.array_equal(np.asarray(passes[0].masked), np.asarray(passes[1].masked))
     other = tmp_path / "again"
-    preprocess(shard_dir, other, small_cfg(), passes=2, workers=2, quiet=True)
+    preprocess(small_cfg("data.passes=2"), shard_dir, other, workers=2, quiet=True)
     for f in sorted((records / "train").iterdir()):
         assert hashlib.sha256(f.read_bytes()).digest() == hashlib.sha256((other / "train" / f.name).read_bytes()).digest()
 
 
 def test_mask_mode_original_counts_subword_pieces(shard_dir, tmp_path):
-    meta = preprocess(shard_dir, tmp_path / "o", small_cfg(), mask_mode="original", quiet=True)
+    meta = preprocess(small_cfg("data.mask_mode=original"), shard_dir, tmp_path / "o", quiet=True)
     assert meta["mask_mode"] == "original"
     _, passes = open_records(tmp_path / "o")
     L, R, NP = meta["seq_len"], meta["reuse_len"], meta["num_predict"]
@@ -277,16 +215,15 @@ def test_bad_shards(shard_dir, tmp_path):
     m["tokenizer_sha256"] = "0" * 64
     (bad / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(DataError, match="another tokenizer"):
-        preprocess(bad, tmp_path / "x", small_cfg(), quiet=True)
+        preprocess(small_cfg(), bad, tmp_path / "x", quiet=True)
     with pytest.raises(DataError, match="vocab"):
-        preprocess(shard_dir, tmp_path / "y", load_config(None, ["train.micro_batch_size=4", "train.global_batch_size=8"]),
-                   quiet=True)
+        preprocess(load_config(None, ["train.micro_batch_size=4", "train.global_batch_size=8"]), shard_dir,
+                   tmp_path / "y", quiet=True)
     with pytest.raises(DataError, match="shard"):
-        preprocess(tmp_path / "nothing", tmp_path / "z", small_cfg(), quiet=True)
+        preprocess(small_cfg(), tmp_path / "nothing", tmp_path / "z", quiet=True)
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
     with pytest.raises(ConfigError):
-        small_cfg("data.mask_alpha=1", "data.mask_beta=2") and preprocess(shard_dir, tmp_path / "w",
-                                                                          small_cfg("data.mask_alpha=1", "data.mask_beta=2"))
+        preprocess(small_cfg("data.mask_alpha=1", "data.mask_beta=2"), shard_dir, tmp_path / "w", quiet=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ def env(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("probe")
     cfg = load_config(TINY, SMALL)
-    train_tokenizer([SAMPLE], d / "tok", cfg.tokenizer, quiet=True)
+    train_tokenizer(cfg, [SAMPLE], d / "tok", quiet=True)
     torch.manual_seed(cfg.train.seed)
     save_model_dir(d / "run" / "step_0000001", XLNetLMHeadModel(cfg.model).eval(), cfg, tokenizer_dir=d / "tok",
                    meta={"kind": "pretrain", "step": 1})
@@ -240,8 +240,8 @@ def test_probe_during_pretraining_is_logged_plotted_and_leaves_training_unchange
                     "train.eval_every=2", "train.eval_batches=1", "train.save_every=0", "model.d_model=64",
                     "model.n_head=2", "model.d_head=32", "model.d_inner=128"]
     cfg = load_config(TINY, over)
-    shard_corpus([SAMPLE], tmp_path / "shards", env["tok"], valid_fraction=0.05, seed=cfg.data.seed, quiet=True)
-    preprocess(tmp_path / "shards", tmp_path / "rec", cfg, quiet=True)
+    shard_corpus(cfg, [SAMPLE], tmp_path / "shards", env["tok"], quiet=True)
+    preprocess(cfg, tmp_path / "shards", tmp_path / "rec", quiet=True)
     torch.set_num_threads(1)
     pretrain(cfg, tmp_path / "rec", tmp_path / "plain", device="cpu", quiet=True)
     probed = load_config(TINY, over + [f"train.probe_file={env['planted_train']}", "train.probe_every=2"])

@@ -112,7 +112,7 @@ def test_python_api_example_runs(tmp_path, monkeypatch):
 
     cfg = load_config(ROOT / "configs" / "tiny.yaml", ["tokenizer.vocab_size=1000", "model.vocab_size=1000",
                                                         "model.n_layer=1", "model.d_model=32", "model.d_inner=64"])
-    train_tokenizer([ROOT / "tests" / "data" / "sample.txt"], tmp_path / "tok", cfg.tokenizer)
+    train_tokenizer(cfg, [ROOT / "tests" / "data" / "sample.txt"], tmp_path / "tok")
     save_model_dir(tmp_path / "runs" / "tiny" / "step_0000001", XLNetLMHeadModel(cfg.model).eval(), cfg,
                    tokenizer_dir=tmp_path / "tok", meta={"kind": "pretrain", "step": 1})
     monkeypatch.chdir(tmp_path)

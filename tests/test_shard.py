@@ -10,13 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clitools import assert_one_line_error, run_main
+from clitools import assert_one_line_error, run_main, settings_config
 from click.testing import CliRunner
 
 import xlnetcli.corpus as corpus_mod
 import xlnetcli.shardfmt as shardfmt
 from xlnetcli.cli import cli
-from xlnetcli.config import TokenizerConfig
 from xlnetcli.errors import DataError, XLNetError
 from xlnetcli.shard import shard_corpus
 from xlnetcli.shardfmt import NpyStreamWriter, open_shards, read_manifest, verify_shards
@@ -29,8 +28,9 @@ SAMPLE = Path(__file__).parent / "data" / "sample.txt"
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tok") / "tok"
-    cfg = TokenizerConfig(vocab_size=2000, character_coverage=0.9999, input_sentence_size=1_000_000, threads=2)
-    train_tokenizer([SAMPLE], out, cfg, quiet=True)
+    cfg = settings_config("tokenizer", vocab_size=2000, character_coverage=0.9999, input_sentence_size=1_000_000,
+                          threads=2)
+    train_tokenizer(cfg, [SAMPLE], out, quiet=True)
     return out
 
 
@@ -49,9 +49,10 @@ def tree_bytes(d: Path) -> dict[str, bytes]:
     return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
 
 
-def shard(inputs, out, tok, **kw):
+def shard(inputs, out, tok, valid_fraction=0.0, seed=42, **kw):
     kw.setdefault("quiet", True)
-    return shard_corpus([str(i) for i in inputs], out, tok, **kw)
+    cfg = settings_config("data", valid_fraction=valid_fraction, seed=seed)
+    return shard_corpus(cfg, [str(i) for i in inputs], out, tok, **kw)
 
 
 # ---- end to end --------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from clitools import assert_one_line_error, run_main
 
-from xlnetcli.config import load_config
+from xlnetcli.config import load_config, replace
 from xlnetcli.errors import DataError, Terminated
 from xlnetcli.io import atomic_output_dir, remove_stale_temps, sigterm_as_interrupt
 from xlnetcli.preprocess import preprocess
@@ -37,8 +37,9 @@ SETS = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "data.seq_len=32",
 def shards(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("safety")
     cfg = load_config(TINY, SETS)
-    train_tokenizer([SAMPLE], tmp / "tok", cfg.tokenizer, quiet=True)
-    shard_corpus([SAMPLE], tmp / "shards", tmp / "tok", shards=2, valid_fraction=0.05, quiet=True)
+    train_tokenizer(cfg, [SAMPLE], tmp / "tok", quiet=True)
+    shard_corpus(replace(cfg, data={"valid_fraction": 0.05, "seed": 42}), [SAMPLE], tmp / "shards", tmp / "tok",
+                 shards=2, quiet=True)
     return tmp / "shards"
 
 
@@ -86,7 +87,7 @@ def test_verify_names_the_sentence_id_file_and_old_manifests(shards, tmp_path):
     with pytest.raises(DataError, match="shard_00000.sentid.npy does not match manifest.json"):
         verify_shards(bad)
     with pytest.raises(DataError, match="valid/shard_00000.sentid.npy"):
-        preprocess(bad, tmp_path / "rec", load_config(TINY, SETS), quiet=True)
+        preprocess(load_config(TINY, SETS), bad, tmp_path / "rec", quiet=True)
     m = json.loads((bad / "manifest.json").read_text())
     del m["splits"]["train"][0]["sha256"]
     (bad / "manifest.json").write_text(json.dumps(m))
@@ -163,7 +164,7 @@ def _wait_for_temp(p: subprocess.Popen, out: Path, after: float = 0.7) -> None:
 def big(tmp_path_factory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("big")
     cfg = load_config(TINY, SETS)
-    train_tokenizer([SAMPLE], tmp / "tok", cfg.tokenizer, quiet=True)
+    train_tokenizer(cfg, [SAMPLE], tmp / "tok", quiet=True)
     return _big_corpus(tmp / "big.txt"), tmp / "tok"
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clitools import assert_one_line_error, run_main
+from clitools import assert_one_line_error, run_main, settings_config
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xlnetcli.cli import cli
-from xlnetcli.config import TokenizerConfig
+from xlnetcli.config import Config
 from xlnetcli.errors import ConfigError, DataError, XLNetError
 from xlnetcli.special import EOD_ID, SPECIAL_PIECES
 from xlnetcli.tokenizer import (
@@ -43,10 +43,10 @@ def _corpus(path: Path) -> Path:
     return path
 
 
-def tcfg(**kw) -> TokenizerConfig:
+def tcfg(**kw) -> Config:
     base = dict(vocab_size=VOCAB, character_coverage=0.9999, input_sentence_size=1_000_000, threads=2)
     base.update(kw)
-    return TokenizerConfig(**base)
+    return settings_config("tokenizer", **base)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def corpus(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory, corpus) -> Path:
     out = tmp_path_factory.mktemp("tok") / "tok"
-    train_tokenizer([corpus], out, tcfg(), quiet=True)
+    train_tokenizer(tcfg(), [corpus], out, quiet=True)
     return out
 
 
@@ -109,7 +109,7 @@ def test_normalisation_at_encode_time(tok):
 
 
 def test_uncased_and_keep_accents_training(tmp_path, corpus, capsys):
-    t = train_tokenizer([corpus], tmp_path / "u", tcfg(vocab_size=1000, uncased=True, keep_accents=True), quiet=True)
+    t = train_tokenizer(tcfg(vocab_size=1000, uncased=True, keep_accents=True), [corpus], tmp_path / "u", quiet=True)
     assert t.uncased and t.keep_accents
     assert Tokenizer.load(tmp_path / "u").uncased
     assert t.encode_ids("HELLO World") == t.encode_ids("hello world")
@@ -358,16 +358,16 @@ def test_load_non_xlnet_model(tmp_path):
 
 def test_train_bad_inputs(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
-        train_tokenizer([tmp_path / "missing.txt"], tmp_path / "o1", tcfg(), quiet=True)
+        train_tokenizer(tcfg(), [tmp_path / "missing.txt"], tmp_path / "o1", quiet=True)
     (tmp_path / "blank.txt").write_text("\n\n   \n\t\n")
     with pytest.raises(DataError, match="no text"):
-        train_tokenizer([tmp_path / "blank.txt"], tmp_path / "o2", tcfg(), quiet=True)
+        train_tokenizer(tcfg(), [tmp_path / "blank.txt"], tmp_path / "o2", quiet=True)
     (tmp_path / "bin.dat").write_bytes(bytes(range(256)) * 10)
     with pytest.raises(DataError, match="binary"):
-        train_tokenizer([tmp_path / "bin.dat"], tmp_path / "o3", tcfg(), quiet=True)
+        train_tokenizer(tcfg(), [tmp_path / "bin.dat"], tmp_path / "o3", quiet=True)
     (tmp_path / "small.txt").write_text("just a few words here\nand there\n")
     with pytest.raises(ConfigError, match="too large for this corpus"):
-        train_tokenizer([tmp_path / "small.txt"], tmp_path / "o4", tcfg(vocab_size=5000), quiet=True)
+        train_tokenizer(tcfg(vocab_size=5000), [tmp_path / "small.txt"], tmp_path / "o4", quiet=True)
     for o in ("o1", "o2", "o3", "o4"):
         assert not (tmp_path / o).exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary leftovers
@@ -378,7 +378,7 @@ def test_train_gz_and_directory(tmp_path, corpus):
     d.mkdir()
     with gzip.open(d / "a.txt.gz", "wt", encoding="utf-8") as f:
         f.write(corpus.read_text(encoding="utf-8"))
-    t = train_tokenizer([d], tmp_path / "tok", tcfg(vocab_size=800), quiet=True)
+    t = train_tokenizer(tcfg(vocab_size=800), [d], tmp_path / "tok", quiet=True)
     assert t.vocab_size == 800
 
 

@@ -194,7 +194,7 @@ def test_finetune_report_to_mlflow(tmp_path, mlflow_store):
 
     base = load_config(TINY, SMALL + ["model.mem_len=0", "model.reuse_len=0", "model.bi_data=false",
                                       "data.perm_size=16"])
-    train_tokenizer([SAMPLE], tmp_path / "tok", base.tokenizer, quiet=True)
+    train_tokenizer(base, [SAMPLE], tmp_path / "tok", quiet=True)
     torch.manual_seed(0)
     save_model_dir(tmp_path / "init", XLNetLMHeadModel(base.model), base, tmp_path / "tok",
                    meta={"kind": "pretrain", "step": 0})

@@ -7,8 +7,11 @@ exit with code 2, without a traceback.
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -54,6 +57,55 @@ def resolve_config(config_path: str | Path | None, overrides: tuple[str, ...], c
     """Load --config (a preset name or a file) with --set overrides, refusing keys that ``command`` does not read."""
     check_override_sections(overrides, command)
     return load_config(config_path, overrides)
+
+
+# The options that set a run setting, one table: command -> {option (click parameter name): the config key it sets}.
+# They apply after --config and --set; an option left out leaves the key as configured. The resolved config is
+# saved next to the output. Every other option (paths, --resume, --overwrite, --workers, --quiet, ...) is an
+# argument of the stage function.
+SETTING_OPTIONS: dict[str, dict[str, str]] = {
+    "tokenize train": {
+        "vocab_size": "tokenizer.vocab_size",  # model.vocab_size follows (load_config): the model must match
+        "character_coverage": "tokenizer.character_coverage",
+        "input_sentence_size": "tokenizer.input_sentence_size",
+        "threads": "tokenizer.threads",
+        "uncased": "tokenizer.uncased",
+        "keep_accents": "tokenizer.keep_accents",
+    },
+    "shard": {"valid_fraction": "data.valid_fraction", "seed": "data.seed"},
+    "preprocess": {"passes": "data.passes", "mask_mode": "data.mask_mode"},
+    "pretrain": {},
+    "finetune": {},
+}
+
+
+def _as_given(ctx: click.Context, name: str, value: Any) -> str:
+    """How the user wrote an option, for messages: '--threads -1', '--cased'."""
+    opt = next(p for p in ctx.command.params if p.name == name)
+    if isinstance(opt, click.Option) and opt.is_flag:
+        return opt.opts[0] if value else opt.secondary_opts[0]
+    return f"{opt.opts[0]} {value}"
+
+
+def with_config(command: str, default: Callable[[dict[str, Any]], str | Path | None] | None = None):
+    """Turn the command's --config, --set and setting options (SETTING_OPTIONS) into one ``cfg`` argument.
+
+    ``default(params)`` names the config to load when --config is not given (None: the defaults)."""
+
+    def wrap(f):
+        @functools.wraps(f)
+        def run(config_path: str | None, overrides: tuple[str, ...], **params: Any) -> Any:
+            ctx = click.get_current_context()
+            settings = [(_as_given(ctx, name, value), key, value) for name, key in SETTING_OPTIONS[command].items()
+                        if (value := params.pop(name)) is not None]
+            check_override_sections(overrides, command)
+            if config_path is None and default is not None:
+                config_path = default(params)
+            return f(load_config(config_path, overrides, settings), **params)
+
+        return run
+
+    return wrap
 
 
 class _Group(click.Group):
@@ -167,17 +219,21 @@ def plot_cmd(run_dir: Path, out: Path | None) -> None:
               help="Continue the run in --out exactly, from its latest checkpoint or a given step.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
-def pretrain_cmd(config_path: str | None, overrides: tuple[str, ...], data_dir: Path, out_dir: Path,
-                 resume: str | None, device: str, quiet: bool) -> None:
+@with_config("pretrain", default=lambda p: _pretrain_config_path(p["data_dir"], p["out_dir"], p["resume"]))
+def pretrain_cmd(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, device: str, quiet: bool) -> None:
     """Pretrain with permutation LM on preprocessed records (torchrun --nproc-per-node N for several processes).
 
     Without --config the run's config (when resuming) or the records' config is used; --set overrides keys.
     """
-    from .pretrain import pretrain, pretrain_config_path
+    from .pretrain import pretrain
 
-    path = pretrain_config_path(config_path, data_dir, out_dir, resume) or DEFAULT_CONFIG
-    cfg = resolve_config(path, overrides, "pretrain")
     pretrain(cfg, data_dir, out_dir, resume=resume, device=device, quiet=quiet)
+
+
+def _pretrain_config_path(data_dir: Path, out_dir: Path, resume: str | None) -> Path | str:
+    from .pretrain import pretrain_config_path
+
+    return pretrain_config_path(data_dir, out_dir, resume) or DEFAULT_CONFIG
 
 
 # ---- hf (export / import) ----------------------------------------------------------------------------------------
@@ -240,24 +296,17 @@ def tokenize_group() -> None:
 @text_field_option
 @click.option("--overwrite", is_flag=True, help="Replace an existing tokenizer directory.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def tokenize_train_cmd(config_path: str | None, overrides: tuple[str, ...], inputs: tuple[str, ...], out_dir: Path,
-                       vocab_size: int | None, character_coverage: float | None, input_sentence_size: int | None,
-                       threads: int | None, uncased: bool | None, keep_accents: bool | None, text_field: str,
-                       overwrite: bool, quiet: bool) -> None:
+@with_config("tokenize train")
+def tokenize_train_cmd(cfg: Config, inputs: tuple[str, ...], out_dir: Path, text_field: str, overwrite: bool,
+                       quiet: bool) -> None:
     """Train a SentencePiece unigram tokenizer on text, JSONL or Parquet files, datasets folders, directories or globs.
 
     Files may be .gz or .zst compressed. Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
-    from .config import replace
     from .log import console
     from .tokenizer import train_tokenizer
 
-    cfg = resolve_config(config_path, overrides, "tokenize train")
-    opts = {"vocab_size": vocab_size, "character_coverage": character_coverage, "threads": threads,
-            "input_sentence_size": input_sentence_size, "uncased": uncased, "keep_accents": keep_accents}
-    model = {"vocab_size": vocab_size} if vocab_size is not None else {}  # the model must match the vocabulary
-    cfg = replace(cfg, tokenizer={k: v for k, v in opts.items() if v is not None}, model=model)
-    tok = train_tokenizer(inputs_or_bundled(inputs), out_dir, cfg.tokenizer, overwrite=overwrite, quiet=quiet,
-                          cfg=cfg, text_field=text_field)
+    tok = train_tokenizer(cfg, inputs_or_bundled(inputs), out_dir, overwrite=overwrite, quiet=quiet,
+                          text_field=text_field)
     console.print(f"wrote {out_dir}/ spiece.model, xlnet_tokenizer.json, tokenizer.json (vocab {tok.vocab_size}, "
                   f"uncased={tok.uncased}, keep_accents={tok.keep_accents}, sha256 {tok.sha256[:12]})")
 
@@ -270,11 +319,10 @@ def tokenize_train_cmd(config_path: str | None, overrides: tuple[str, ...], inpu
 @click.option("--ids", "as_ids", is_flag=True, help="Print ids instead of pieces.")
 def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_ids: bool) -> None:
     """Print the pieces (or ids) of --text or of each line of FILE ('-' = stdin), one output line per input line."""
-    from .errors import XLNetError as _Err
     from .tokenizer import Tokenizer
 
     if (text is None) == (file is None):
-        raise _Err("pass either --text TEXT or a FILE to encode")
+        raise XLNetError("pass either --text TEXT or a FILE to encode")
     tok = Tokenizer.load(tok_path)
 
     def show(line: str) -> None:
@@ -314,26 +362,19 @@ def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_
 @text_field_option
 @click.option("--overwrite", is_flag=True, help="Replace an existing shard directory.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
-def shard_cmd(config_path: str | None, overrides: tuple[str, ...], inputs: tuple[str, ...], tok_path: Path,
-              out_dir: Path, shards: int, workers: int, valid_fraction: float | None, valid_inputs: tuple[str, ...],
-              seed: int | None, text_field: str, overwrite: bool, quiet: bool) -> None:
+@with_config("shard")
+def shard_cmd(cfg: Config, inputs: tuple[str, ...], tok_path: Path, out_dir: Path, shards: int, workers: int,
+              valid_inputs: tuple[str, ...], text_field: str, overwrite: bool, quiet: bool) -> None:
     """Tokenise text, JSONL or Parquet files, datasets folders, directories or globs into N balanced shards + valid.
 
     Files may be .gz or .zst compressed. Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
-    from .config import replace
-    from .errors import XLNetError as _Err
     from .log import console
     from .shard import shard_corpus
 
-    cfg = resolve_config(config_path, overrides, "shard")
-    if valid_inputs and valid_fraction is not None:
-        raise _Err("pass either --valid-fraction or --valid FILE, not both")
-    vf = 0.0 if valid_inputs else (cfg.data.valid_fraction if valid_fraction is None else valid_fraction)
-    seed = cfg.data.seed if seed is None else seed
-    cfg = replace(cfg, data={"valid_fraction": vf, "seed": seed})
-    s = shard_corpus(inputs_or_bundled(inputs), out_dir, tok_path, shards=shards, workers=workers,
-                     valid_fraction=vf, valid_inputs=valid_inputs, seed=seed, overwrite=overwrite, cfg=cfg,
-                     quiet=quiet, text_field=text_field)
+    if valid_inputs and click.get_current_context().params["valid_fraction"] is not None:
+        raise XLNetError("pass either --valid-fraction or --valid FILE, not both")
+    s = shard_corpus(cfg, inputs_or_bundled(inputs), out_dir, tok_path, shards=shards, workers=workers,
+                     valid_inputs=valid_inputs, overwrite=overwrite, quiet=quiet, text_field=text_field)
     if not quiet:
         console.print(f"wrote {shards} train shard(s) ({s.tokens['train']:,} tokens, {s.documents['train']:,} docs) "
                       f"+ valid ({s.tokens['valid']:,} tokens, {s.documents['valid']:,} docs) to {out_dir} in "
@@ -382,8 +423,9 @@ def _columns(text_a: str | None, text_b: str | None, label: str | None):
               help="Continue an interrupted run into --out exactly, from its latest checkpoint (same arguments).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
-def finetune_cmd(config_path: str | None, overrides: tuple[str, ...], task: str, train_file: Path,
-                 valid_file: Path | None, init: Path, out_dir: Path, text_a_column: str | None,
+@with_config("finetune", default=lambda p: _finetune_config_path(p["init"]))
+def finetune_cmd(cfg: Config, task: str, train_file: Path, valid_file: Path | None, init: Path, out_dir: Path,
+                 text_a_column: str | None,
                  text_b_column: str | None, label_column: str | None, no_header: bool, from_scratch: bool,
                  overwrite: bool, resume: bool, device: str, quiet: bool) -> None:
     """Finetune a pretrained XLNet on a labelled file (torchrun --nproc-per-node N for several processes).
@@ -391,13 +433,17 @@ def finetune_cmd(config_path: str | None, overrides: tuple[str, ...], task: str,
     The architecture and tokenizer come from --init; finetuning settings from --config (presets glue, squad, race),
     else the checkpoint's own config, then --set finetune.KEY=VALUE.
     """
-    from .finetune import finetune, finetune_config
+    from .finetune import finetune
 
-    check_override_sections(overrides, "finetune")
-    cfg = finetune_config(config_path, init, overrides)
     finetune(cfg, task, train_file, valid_file, init, out_dir, columns=_columns(text_a_column, text_b_column,
              label_column), header=not no_header, overwrite=overwrite, device=device, quiet=quiet,
              from_scratch=from_scratch, resume=resume)
+
+
+def _finetune_config_path(init: Path) -> Path | None:
+    from .finetune import finetune_config_path
+
+    return finetune_config_path(init)
 
 
 @cli.command("eval")
@@ -487,15 +533,13 @@ def probe_cmd(ckpt: Path, train_file: Path, valid_file: Path, baseline: str | No
               help="Worker processes (output is identical).")
 @click.option("--no-verify", is_flag=True, help="Skip checking the shards' sha256 against manifest.json.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing records directory.")
-def preprocess_cmd(shards: Path, out: Path, config_path: str | None, overrides: tuple[str, ...], passes: int | None,
-                   mask_mode: str | None, workers: int, no_verify: bool, overwrite: bool) -> None:
+@with_config("preprocess")
+def preprocess_cmd(cfg: Config, shards: Path, out: Path, workers: int, no_verify: bool, overwrite: bool) -> None:
     """Build permutation-LM records (examples, segment ids, prediction targets) from shards."""
     from .log import print0
     from .preprocess import preprocess
 
-    cfg = resolve_config(config_path, overrides, "preprocess")
-    meta = preprocess(shards, out, cfg, passes=passes, mask_mode=mask_mode, overwrite=overwrite, workers=workers,
-                      verify=not no_verify)
+    meta = preprocess(cfg, shards, out, overwrite=overwrite, workers=workers, verify=not no_verify)
     tr = meta["splits"]["train"]
     print0(f"wrote {out}: {tr['examples']} training examples ({tr['passes']} pass(es) x {tr['steps_per_pass']} steps "
            f"x {meta['global_batch_size']} rows), seq_len {meta['seq_len']}, mask mode {meta['mask_mode']}")

@@ -183,14 +183,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_ranges(self)
         _report_to(self)
-        if self.warmup_steps > self.max_steps:
-            raise ConfigError(f"train.warmup_steps must be in [0, max_steps={self.max_steps}], got {self.warmup_steps}")
         if self.probe_file is not None and not self.probe_file.strip():
             raise ConfigError("train.probe_file is empty; give a labelled file (TSV/CSV/JSONL) or leave it unset")
-        if self.probe_every > 0 and self.probe_file is None:
-            raise ConfigError(
-                f"train.probe_every={self.probe_every} needs train.probe_file (a labelled TSV/CSV/JSONL file)"
-            )
 
 
 @dataclass
@@ -223,11 +217,6 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         check_ranges(self)
         _report_to(self)
-        if self.batch_size % self.micro_batch_size:
-            raise ConfigError(
-                f"finetune.batch_size ({self.batch_size}) must be a multiple of "
-                f"finetune.micro_batch_size ({self.micro_batch_size})"
-            )
 
 
 @dataclass
@@ -239,27 +228,7 @@ class Config:
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
     def __post_init__(self) -> None:
-        m, d = self.model, self.data
-        if m.reuse_len > d.seq_len:
-            raise ConfigError(f"model.reuse_len ({m.reuse_len}) must be <= data.seq_len ({d.seq_len})")
-        if d.seq_len - m.reuse_len < 5:
-            raise ConfigError(
-                f"data.seq_len - model.reuse_len must leave room for A <sep> B <sep> <cls> (>= 5), "
-                f"got {d.seq_len} - {m.reuse_len}"
-            )
-        perm = d.perm_size if d.perm_size is not None else m.reuse_len
-        if perm <= 0 or (m.reuse_len and m.reuse_len % perm) or (d.seq_len - m.reuse_len) % perm:
-            raise ConfigError(
-                f"data.perm_size ({perm}) must divide model.reuse_len ({m.reuse_len}) and "
-                f"data.seq_len - model.reuse_len ({d.seq_len - m.reuse_len})"
-            )
-        if d.num_predict > d.seq_len - 2:
-            raise ConfigError(f"data.num_predict ({d.num_predict}) must be <= data.seq_len - 2 ({d.seq_len - 2})")
-        if self.tokenizer.vocab_size != m.vocab_size:
-            raise ConfigError(
-                f"tokenizer.vocab_size ({self.tokenizer.vocab_size}) must equal model.vocab_size ({m.vocab_size})"
-            )
-        batch_plan(self, 1)  # the batch maths of one process (more processes: checked at launch)
+        validate(self)  # what every config must satisfy (one process, no particular stage)
 
     @property
     def perm_size(self) -> int:
@@ -303,6 +272,66 @@ def batch_plan(cfg: Config, world: int = 1) -> BatchPlan:
         )
     reuse, rest = split_num_predict(cfg.data.num_predict)
     return BatchPlan(g, mb, world, g // (mb * world), bi, g // 2 if bi else g, reuse, rest)
+
+
+# the stages that ask validate() for more than every config satisfies
+STAGES = ("preprocess", "pretrain", "finetune")
+
+
+def validate(cfg: Config, world: int = 1, stage: str | None = None) -> BatchPlan:
+    """Every check that spans keys or sections, in one place; returns the pretraining batch plan on ``world``
+    processes. A check that fails raises a one-line ConfigError naming the keys and a setting that works.
+
+    Every Config runs it when built (one process, no stage): what any config must satisfy. A stage runs it once
+    more with its name and number of processes for what that stage adds: ``preprocess`` and ``pretrain`` lay out or
+    read permutation-LM records (a reuse part to predict in, span targets that fit both parts); ``pretrain`` and
+    ``finetune`` split their batch over ``world`` processes."""
+    if stage is not None and stage not in STAGES:
+        raise ValueError(f"validate: unknown stage {stage!r} (stages: {', '.join(STAGES)})")
+    m, d, t, ft = cfg.model, cfg.data, cfg.train, cfg.finetune
+    L, R = d.seq_len, m.reuse_len
+    # one window: [reuse part | A <sep> B <sep> <cls>], the factorisation order in blocks of perm_size (§2, §4)
+    if R > L:
+        raise ConfigError(f"model.reuse_len ({R}) must be <= data.seq_len ({L})")
+    if L - R < 5:
+        raise ConfigError(
+            f"data.seq_len - model.reuse_len must leave room for A <sep> B <sep> <cls> (>= 5), got {L} - {R}"
+        )
+    P = cfg.perm_size
+    if P <= 0 or (R and R % P) or (L - R) % P:
+        raise ConfigError(f"data.perm_size ({P}) must divide model.reuse_len ({R}) and "
+                          f"data.seq_len - model.reuse_len ({L - R})")
+    if d.num_predict > L - 2:
+        raise ConfigError(f"data.num_predict ({d.num_predict}) must be <= data.seq_len - 2 ({L - 2})")
+    if cfg.tokenizer.vocab_size != m.vocab_size:
+        raise ConfigError(
+            f"tokenizer.vocab_size ({cfg.tokenizer.vocab_size}) must equal model.vocab_size ({m.vocab_size})"
+        )
+    if t.warmup_steps > t.max_steps:
+        raise ConfigError(f"train.warmup_steps must be in [0, max_steps={t.max_steps}], got {t.warmup_steps}")
+    if t.probe_every > 0 and t.probe_file is None:
+        raise ConfigError(f"train.probe_every={t.probe_every} needs train.probe_file (a labelled TSV/CSV/JSONL file)")
+    if stage in ("preprocess", "pretrain"):
+        if R < 1:
+            raise ConfigError("model.reuse_len must be >= 1 for pretraining records (the original uses seq_len/2)")
+        goal0, goal1 = split_num_predict(d.num_predict)
+        if goal0 > R or goal1 > L - R - 3:
+            raise ConfigError(
+                f"data.num_predict ({d.num_predict}) is larger than possible: {goal0} targets in the reuse part "
+                f"(at most model.reuse_len = {R}) and {goal1} in the rest (at most seq_len - reuse_len - 3 = "
+                f"{L - R - 3})"
+            )
+        if d.mask_alpha < d.mask_beta:
+            raise ConfigError(
+                f"data.mask_alpha ({d.mask_alpha}) must be >= data.mask_beta ({d.mask_beta}): "
+                "each span needs a context of at least one token"
+            )
+    ft_world = world if stage == "finetune" else 1
+    if ft.batch_size % (ft.micro_batch_size * ft_world):
+        processes = f" x processes ({ft_world})" if ft_world > 1 else ""
+        raise ConfigError(f"finetune.batch_size ({ft.batch_size}) must be a multiple of "
+                          f"finetune.micro_batch_size ({ft.micro_batch_size}){processes}")
+    return batch_plan(cfg, world if stage == "pretrain" else 1)
 
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
@@ -571,10 +600,13 @@ def _read_yaml(path: str | Path) -> tuple[dict[str, Any], str]:
     return raw, where
 
 
-def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
-    """Load a YAML config or preset name (the defaults when ``path`` is None) and apply ``section.key=value``
-    overrides. A problem is reported against its source: the file for its own keys, the ``--set`` item for an
-    override (and for a combination that an override made impossible)."""
+def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = (),
+                settings: typing.Sequence[tuple[str, str, Any]] = ()) -> Config:
+    """Load a YAML config or preset name (the defaults when ``path`` is None), apply ``section.key=value``
+    overrides, then ``settings``: (source, "section.key", value) from a command's own options, e.g.
+    ("--vocab-size 500", "tokenizer.vocab_size", 500). A problem is reported against its source: the file for its
+    own keys, the ``--set`` item or option for an override (and for a combination that an override made
+    impossible)."""
     raw: dict[str, Any] = {}
     where = "the defaults"
     if path is not None:
@@ -584,15 +616,16 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
     values = {name: dict(v) for name, v in file_values.items()}
+    changes = [(f"--set {clip(item)}", *parse_override(item)) for item in overrides]
+    changes += [(source, *dotted.split("."), value) for source, dotted, value in settings]
     applied: list[tuple[str, str]] = []
-    for item in overrides:
-        section, key, value = parse_override(item)
+    for source, section, key, value in changes:
         try:
             value = check_key(section, key, value)
         except ConfigError as e:
-            raise ConfigError(f"--set {clip(item)}: {e}") from None
+            raise ConfigError(f"{source}: {e}") from None
         values.setdefault(section, {})[key] = value
-        applied.append((item, f"{section}.{key}"))
+        applied.append((source, f"{section}.{key}"))
     # the two vocabulary sizes must agree: overriding one alone sets the other
     keys = {k for _, k in applied}
     for a, b in (("tokenizer", "model"), ("model", "tokenizer")):
@@ -602,9 +635,9 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         return Config(**{name: _SECTION_CLASSES[name](**v) for name, v in values.items()})
     except ConfigError as e:
         if applied and _builds(file_values):
-            blamed = [item for item, k in applied if k in str(e)] or [item for item, _ in applied]
+            blamed = [source for source, k in applied if k in str(e)] or [source for source, _ in applied]
             src = "" if path is None else f" (with {where})"
-            raise ConfigError(f"--set {clip(' '.join(blamed), 120)}: {e}{src}") from None
+            raise ConfigError(f"{clip(' '.join(blamed), 120)}: {e}{src}") from None
         raise ConfigError(f"{where}: {e}") from None
 
 

@@ -84,12 +84,13 @@ def evaluate_task(checkpoint: str | Path, file: str | Path, predict: str | Path 
     """The task metrics of a finetuned checkpoint on ``file``; with ``predict`` also write the predictions."""
     from .taskmodel import load_finetuned, load_task_data, predict as run_predict, primary_metric, score, \
         tokenizer_dir_of
+    from .tokenizer import Tokenizer
 
     dev = dist.resolve_device(device)
     model, cfg, meta = load_finetuned(checkpoint, dev)
     task = meta["task"]
     ckpt = Path(meta["path"])
-    tok = tasks.load_tokenizer(tokenizer_dir_of(ckpt))
+    tok = Tokenizer.load(tokenizer_dir_of(ckpt))
     labels = meta.get("labels")
     data = load_task_data(task, file, tok, cfg, labels, columns, header, training=False,
                           require_label=predict is None, train_path="the finetuning data")

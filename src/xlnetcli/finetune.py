@@ -39,7 +39,7 @@ import torch
 
 from . import dist, tasks
 from .checkpoint import TRAIN_STATE, step_dir_name, step_folders
-from .config import Config, config_from_dict, config_to_dict
+from .config import Config, config_from_dict, config_to_dict, validate
 from .engine import Engine, Evaluation, TrainPlan, printer, resumable_steps, resume_point
 from .errors import CheckpointError, ConfigError, DataError, XLNetError
 from .flops import forward_flops
@@ -47,6 +47,7 @@ from .io import atomic_write_json, check_output_dir, check_output_not_input, com
 from .taskmodel import (TRAIN_KEYS, TaskData, build_finetune_model, load_pretrained_into, load_task_data, make_batch,
                         predict, primary_metric, score, tokenizer_dir_of)
 from .runlog import require_trackers
+from .tokenizer import Tokenizer
 
 # finetune.* keys that may change when resuming (how often resumable checkpoints are written)
 RESUME_MUTABLE = {"finetune.save_every", "finetune.report_to"}
@@ -64,17 +65,13 @@ def run_config(init_cfg: Config, cfg: Config) -> Config:
     return config_from_dict(raw)
 
 
-def finetune_config(config_path: str | Path | None, init: str | Path, overrides: Any = ()) -> Config:
-    """The finetuning config: --config if given, else the init checkpoint's config.yaml (defaults for an HF
-    directory), then the overrides. The model section is always taken from the checkpoint at training time."""
+def finetune_config_path(init: str | Path) -> Path | None:
+    """Which YAML to load when the user gave no --config: the init checkpoint's config.yaml (None for an HF
+    directory: the defaults). The model section is always taken from the checkpoint at training time."""
     from .checkpoint import resolve_checkpoint
-    from .config import load_config
 
-    if config_path is None:
-        ckpt = resolve_checkpoint(init)
-        if (ckpt / "config.yaml").is_file():
-            config_path = ckpt / "config.yaml"
-    return load_config(config_path, tuple(overrides))
+    path = resolve_checkpoint(init) / "config.yaml"
+    return path if path.is_file() else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -353,7 +350,7 @@ def _finetune(cfg: Config, task: str, train: Path, valid: Path | None, init: Pat
     init_cfg, state, init_meta = load_model_dir(ckpt)
     run_cfg = run_config(init_cfg, cfg)
     tok_dir = tokenizer_dir_of(ckpt)
-    tok = tasks.load_tokenizer(tok_dir)
+    tok = Tokenizer.load(tok_dir)
     if tok.vocab_size != run_cfg.model.vocab_size:
         raise CheckpointError(f"tokenizer in {tok_dir} has {tok.vocab_size} pieces but the model's vocab_size is "
                               f"{run_cfg.model.vocab_size}")
@@ -372,9 +369,7 @@ def _finetune(cfg: Config, task: str, train: Path, valid: Path | None, init: Pat
 
     # batch maths
     world = env.world_size
-    if ft.batch_size % (ft.micro_batch_size * world):
-        raise ConfigError(f"finetune.batch_size ({ft.batch_size}) must be a multiple of finetune.micro_batch_size "
-                          f"({ft.micro_batch_size}) x processes ({world})")
+    validate(run_cfg, world, stage="finetune")
     accum = ft.batch_size // (ft.micro_batch_size * world)
     n_train = len(train_data)
     steps_per_epoch = max(1, math.ceil(n_train / ft.batch_size))

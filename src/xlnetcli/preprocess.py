@@ -1,6 +1,6 @@
 """`xlnet preprocess`: shards -> permutation-LM records, built as the original data_utils did (docs/xlnet.md §2-4).
 
-    preprocess("shards/", "records/", cfg, passes=2)       # what `xlnet preprocess` calls
+    preprocess(cfg, "shards/", "records/", workers=4)       # what `xlnet preprocess` calls
 
 This module is the orchestration; the pieces live in their own files: shardfmt.py reads the shards, segments.py
 does the A/B split, masking.py the span masking, records.py writes the records format (documented there).
@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from .config import BatchPlan, Config, batch_plan, replace, save_config, split_num_predict
-from .errors import ConfigError, DataError
+from .config import Config, save_config, split_num_predict, validate
+from .errors import DataError
 from .io import atomic_output_dir, atomic_write_json, check_output_not_input
 from .log import print0, step_progress
 from .masking import MAX_GRAM, mask_draw_width, masks_from_draws, word_start_table
@@ -165,58 +165,15 @@ def _run_job(job: _Job) -> int:
 # Entry point
 
 
-def check_params(cfg: Config) -> BatchPlan:
-    """The batch plan of the records, or ConfigError for settings the example layout cannot satisfy."""
-    L, R = cfg.data.seq_len, cfg.model.reuse_len
-    if R < 1:
-        raise ConfigError("model.reuse_len must be >= 1 for pretraining records (the original uses seq_len/2)")
-    if L - R < 5:
-        raise ConfigError(f"data.seq_len - model.reuse_len must be >= 5 for A <sep> B <sep> <cls>, got {L - R}")
-    P = cfg.perm_size
-    if P > R or P > L - R or R % P or (L - R) % P:
-        raise ConfigError(
-            f"data.perm_size ({P}) must divide model.reuse_len ({R}) and data.seq_len - model.reuse_len ({L - R})"
-        )
-    plan = batch_plan(cfg, 1)
-    goal0, goal1 = plan.num_predict_reuse, plan.num_predict_rest
-    if goal0 > R or goal1 > L - R - 3:
-        raise ConfigError(
-            f"data.num_predict ({cfg.data.num_predict}) is larger than possible: {goal0} targets in the reuse part "
-            f"(at most model.reuse_len = {R}) and {goal1} in the rest (at most seq_len - reuse_len - 3 = {L - R - 3})"
-        )
-    if cfg.data.mask_alpha < cfg.data.mask_beta:
-        raise ConfigError(
-            f"data.mask_alpha ({cfg.data.mask_alpha}) must be >= data.mask_beta ({cfg.data.mask_beta}): "
-            "each span needs a context of at least one token"
-        )
-    return plan
-
-
-def preprocess(
-    shards: str | Path,
-    out: str | Path,
-    cfg: Config,
-    passes: int | None = None,
-    mask_mode: str | None = None,
-    overwrite: bool = False,
-    workers: int = 1,
-    quiet: bool = False,
-    verify: bool = True,
-) -> dict:
-    """Build records from a shard directory; returns meta.json's content.
-
-    ``passes`` / ``mask_mode`` override data.passes / data.mask_mode (the saved config.yaml records the values used).
-    ``verify`` checks every shard file's sha256 against manifest.json first (a flipped byte is refused, naming the
-    file, instead of being trained on)."""
+def preprocess(cfg: Config, shards: str | Path, out: str | Path, *, overwrite: bool = False, workers: int = 1,
+               quiet: bool = False, verify: bool = True) -> dict:
+    """Build records from a shard directory with ``cfg`` (data.passes, data.mask_mode, the window and batch
+    layout; saved as config.yaml); returns meta.json's content. ``verify`` checks every shard file's sha256 against
+    manifest.json first (a flipped byte is refused, naming the file, instead of being trained on)."""
     shards = Path(shards)
     check_output_not_input(out, [shards])
-    passes = cfg.data.passes if passes is None else passes
-    mode = cfg.data.mask_mode if mask_mode is None else mask_mode
-    if mode not in ("word", "original"):
-        raise ConfigError(f"--mask-mode must be word or original, got {mode!r}")
-    if passes < 1:
-        raise ConfigError(f"--passes must be >= 1, got {passes}")
-    plan = check_params(cfg)
+    passes, mode = cfg.data.passes, cfg.data.mask_mode
+    plan = validate(cfg, stage="preprocess")
     manifest, sha = check_shards(shards, cfg.model.vocab_size, verify=verify, workers=workers)
     vocab = int(manifest["vocab_size"])
     tok_dir = shards / "tokenizer"
@@ -306,6 +263,6 @@ def preprocess(
         meta["sha256"] = checksums(tmp)
         shutil.copytree(tok_dir, tmp / "tokenizer")
         # the config these records were made with, as used: `xlnet pretrain` without --config reads it back
-        save_config(replace(cfg, data={"mask_mode": mode, "passes": passes}), tmp)
+        save_config(cfg, tmp)
         atomic_write_json(tmp / "meta.json", meta)
     return meta

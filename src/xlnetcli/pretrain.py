@@ -34,7 +34,7 @@ import torch
 
 from . import dist
 from .checkpoint import TRAIN_STATE, load_train_state  # noqa: F401  (re-exported)
-from .config import Config, batch_plan, config_to_dict
+from .config import Config, config_to_dict, validate
 from .engine import (Engine, Evaluation, TrainPlan, printer, resumable_steps, resume_point, rotate_checkpoints,
                      run_config_file, seed_everything)
 from .errors import ConfigError, DataError
@@ -84,11 +84,8 @@ def _get(cfg_dict: dict, dotted: str) -> Any:
 # Config resolution and input checks
 
 
-def pretrain_config_path(config_path: str | Path | None, data_dir: str | Path, out_dir: str | Path,
-                         resume: str | None) -> Path | None:
+def pretrain_config_path(data_dir: str | Path, out_dir: str | Path, resume: str | None) -> Path | None:
     """Which YAML to load when the user gave no --config: the run's own config when resuming, else the records'."""
-    if config_path is not None:
-        return Path(config_path)
     if resume is not None and (run_cfg := run_config_file(out_dir)) is not None:
         return run_cfg
     if (Path(data_dir) / "config.yaml").is_file():
@@ -152,10 +149,10 @@ class PretrainTask:
         self.probe_rows: tuple | None = None  # (train, valid) rows of train.probe_file, probed every probe_every
         if t.probe_every:
             from .probe import read_rows, split_rows
-            from .tasks import load_tokenizer
+            from .tokenizer import Tokenizer
 
             self.probe_rows = split_rows(read_rows(t.probe_file), seed=t.seed)
-            self.probe_tok = load_tokenizer(data_dir / "tokenizer")
+            self.probe_tok = Tokenizer.load(data_dir / "tokenizer")
 
     def next_batch(self, step: int, micro: int) -> dict:
         if self._it is None:
@@ -294,7 +291,7 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     # ---- checks before any work ---------------------------------------------------------------------------
     meta = read_records_meta(data_dir)
     check_records(cfg, meta, data_dir)
-    accum = batch_plan(cfg, env.world_size).accumulation
+    accum = validate(cfg, env.world_size, stage="pretrain").accumulation
     require_trackers(t.report_to)
     if t.precision == "fp16" and dev.type == "cpu":
         raise ConfigError("train.precision=fp16 needs a CUDA device (use bf16 or fp32 on CPU)")

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .config import Config, replace, save_config
 from .corpus import FileStats, ReadStats, expand_inputs, iter_chunks, total_size
 from .errors import DataError, XLNetError
 from .io import (atomic_output_dir, atomic_write_json, check_output_dir, check_output_not_input, ensure_open_files,
@@ -281,21 +282,20 @@ def _chunk_stream(files: list[tuple[Path, bool]], stats: ReadStats, chunk_chars:
             yield text, is_valid
 
 
-def shard_corpus(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.PathLike[str],
+def shard_corpus(cfg: Config, inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.PathLike[str],
                  tokenizer: str | os.PathLike[str] | Tokenizer, *, shards: int = 1, workers: int = 1,
-                 valid_fraction: float = 0.0, valid_inputs: Iterable[str | os.PathLike[str]] = (), seed: int = 42,
-                 overwrite: bool = False, cfg: Any = None, quiet: bool = False,
+                 valid_inputs: Iterable[str | os.PathLike[str]] = (), overwrite: bool = False, quiet: bool = False,
                  chunk_chars: int = CHUNK_CHARS, text_field: str = "text") -> ShardSummary:
     """Tokenise ``inputs`` into ``shards`` train shards (+ a valid shard) under ``out_dir``; see the module doc.
 
-    Inputs may be text, JSONL, Parquet or datasets folders (corpus.py); ``text_field`` names their text field."""
+    ``cfg.data.valid_fraction`` of the documents are held out for validation (none with ``valid_inputs``, which are
+    the validation split instead), chosen by ``cfg.data.seed``; ``cfg`` is saved as config.yaml. Inputs may be text,
+    JSONL, Parquet or datasets folders (corpus.py); ``text_field`` names their text field."""
     if shards < 1:
         raise XLNetError(f"--shards must be >= 1, got {shards}")
     if workers < 1:
         raise XLNetError(f"--workers must be >= 1, got {workers}")
     ensure_open_files(2 * (shards + 1) + 4 * workers + 64, f"--shards {shards}")  # each shard: 2 files open
-    if not 0.0 <= valid_fraction < 1.0:
-        raise XLNetError(f"--valid-fraction must be in [0, 1), got {valid_fraction}")
     check_output_dir(out_dir, overwrite, "shards")
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tokenizer)
     valid_inputs = list(valid_inputs)
@@ -308,7 +308,8 @@ def shard_corpus(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.Pat
     if overlap:
         raise DataError(f"{overlap[0]} is both a training input and a --valid file")
     if valid_files:
-        valid_fraction = 0.0
+        cfg = replace(cfg, data={"valid_fraction": 0.0})
+    valid_fraction, seed = cfg.data.valid_fraction, cfg.data.seed
     all_files = [(p, False) for p in train_files] + [(p, True) for p in valid_files]
     dtype = np.dtype(np.uint16) if tok.vocab_size <= 1 << 16 else np.dtype(np.uint32)
     nbytes = total_size(p for p, _ in all_files)
@@ -418,10 +419,7 @@ def shard_corpus(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.Pat
                 for rel in (valid.rel_tokens, valid.rel_sentid):
                     (tmp / rel).unlink()
             tok.save(tmp / "tokenizer")
-            if cfg is not None:
-                from .config import save_config
-
-                save_config(cfg, tmp)
+            save_config(cfg, tmp)
             atomic_write_json(tmp / "manifest.json", manifest)
     except OSError as e:
         if is_disk_full(e):

@@ -35,41 +35,6 @@ from .special import CLS_ID, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEG_ID_PAD,
 
 TASKS = ("classification", "regression", "multiple-choice", "squad")
 
-# ---------------------------------------------------------------------------------------------------------------
-# Tokenizer access
-
-
-class _SentencePieceTokenizer:
-    """Fallback used only when xlnetcli.tokenizer is unavailable: a bare spiece.model."""
-
-    def __init__(self, model_file: Path) -> None:
-        import sentencepiece as spm
-
-        self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
-        self.vocab_size = self.sp.get_piece_size()
-
-    def encode_ids(self, text: str) -> list[int]:
-        return list(self.sp.encode(text))
-
-    def encode_pieces(self, text: str) -> list[str]:
-        return list(self.sp.encode(text, out_type=str))
-
-    def normalize(self, text: str) -> str:
-        return " ".join(text.split())
-
-
-def load_tokenizer(path: str | Path) -> Any:
-    """The project's Tokenizer (a directory or a spiece.model)."""
-    path = Path(path)
-    try:
-        from .tokenizer import Tokenizer
-    except ImportError:  # pragma: no cover - only before tokenizer.py exists
-        f = path / "spiece.model" if path.is_dir() else path
-        if not f.is_file():
-            raise DataError(f"no tokenizer at {path} (expected spiece.model)") from None
-        return _SentencePieceTokenizer(f)
-    return Tokenizer.load(path)
-
 
 class _Cache:
     """Encode each distinct text once (contexts repeat across options and questions)."""

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from .config import Config, save_config
 from .errors import ConfigError, DataError
 from .special import BOS_ID, CLS_ID, EOD_ID, EOS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_PIECES, UNK_ID
 
@@ -727,14 +728,12 @@ def save_hf_files(tok: Tokenizer, out_dir: str | os.PathLike[str]) -> None:
 # training
 
 
-def train_tokenizer(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.PathLike[str], tcfg: Any,
-                    overwrite: bool = False, quiet: bool = False, cfg: Any = None,
-                    text_field: str = "text") -> Tokenizer:
-    """Train a SentencePiece unigram model on normalised lines of ``inputs`` into ``out_dir`` (atomic).
-
-    ``tcfg`` is a TokenizerConfig (vocab_size, character_coverage, input_sentence_size, uncased, keep_accents,
-    threads). If ``cfg`` (the full Config) is given, it is written next to the model as config.yaml. Inputs may be
-    text, JSONL, Parquet or datasets folders (corpus.py); ``text_field`` names their text field.
+def train_tokenizer(cfg: Config, inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.PathLike[str], *,
+                    overwrite: bool = False, quiet: bool = False, text_field: str = "text") -> Tokenizer:
+    """Train a SentencePiece unigram model on normalised lines of ``inputs`` into ``out_dir`` (atomic), with the
+    settings of ``cfg.tokenizer`` (vocab_size, character_coverage, input_sentence_size, uncased, keep_accents,
+    threads); ``cfg`` is written next to the model as config.yaml. Inputs may be text, JSONL, Parquet or datasets
+    folders (corpus.py); ``text_field`` names their text field.
     """
     import sentencepiece as spm
 
@@ -745,11 +744,10 @@ def train_tokenizer(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.
     check_output_dir(out_dir, overwrite, "a tokenizer")
     files = expand_inputs(inputs)
     check_output_not_input(out_dir, files)
-    if tcfg.vocab_size <= len(SPECIAL_PIECES) + len(USER_DEFINED_SYMBOLS):
+    tcfg = cfg.tokenizer
+    if tcfg.vocab_size <= len(SPECIAL_PIECES) + len(USER_DEFINED_SYMBOLS):  # SentencePiece needs room to learn
         raise ConfigError(f"tokenizer.vocab_size must be > {len(SPECIAL_PIECES) + len(USER_DEFINED_SYMBOLS)}, "
                           f"got {tcfg.vocab_size}")
-    if not 0.0 < tcfg.character_coverage <= 1.0:
-        raise ConfigError(f"tokenizer.character_coverage must be in (0, 1], got {tcfg.character_coverage}")
     threads = tcfg.threads or (os.cpu_count() or 1)
     stats = ReadStats()
     with sigterm_as_interrupt(), atomic_output_dir(out_dir, overwrite, "a tokenizer") as tmp:
@@ -825,10 +823,7 @@ def train_tokenizer(inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.
         meta["options_sha256"] = _options_hash(meta)
         tok = Tokenizer(model_bytes, meta, Path(out_dir) / MODEL_FILE)
         tok.save(tmp)
-        if cfg is not None:
-            from .config import save_config
-
-            save_config(cfg, tmp)
+        save_config(cfg, tmp)
     return Tokenizer.load(out_dir)
 
 
