@@ -5,7 +5,11 @@
         config.yaml         the full resolved Config
         tokenizer/          the tokenizer folder (copied): spiece.model, xlnet_tokenizer.json, tokenizer.json, ...
         meta.json           {"kind": "pretrain"|"finetune"|"import", "step": int, ..., "sha256": {file: digest}}
-        train_state.safetensors  (via extra_files, `save_tree`) optimizer, scheduler, data cursor, RNG, memories
+        train_state.safetensors  (`save_tree`) counters, optimizer, grad scaler, task state, per-rank RNG, data cursor,
+                                 memories
+
+A training run saves and loads these with a `Checkpointer`: one collection of stateful objects (``state_dict()`` /
+``load_state_dict()``), the model to model.safetensors and the rest to train_state.safetensors.
 
 `resolve_checkpoint` accepts a run directory (-> its latest step folder), a step folder, or a Hugging Face XLNet
 directory (config.json + model.safetensors / pytorch_model.bin), which `load_model_dir` converts on the fly.
@@ -317,17 +321,15 @@ class Checkpointer:
     # ---- load ------------------------------------------------------------------------------------------------------
 
     def load(self, folder: Path) -> None:
-        """Restore every entry from step folder ``folder`` (checksums verified); the run's counters first, so a
-        checkpoint written by another number of processes is refused before anything else is touched."""
+        """Restore every entry from step folder ``folder`` (checksums verified). A checkpoint written by another
+        number of processes is refused before anything is touched: each rank continues its own state."""
         state = load_train_state(folder)
         written_by = len(state["ranks"])
         if written_by != self.env.world_size:
             raise CheckpointError(
                 f"checkpoint {folder.name} was written by {written_by} process(es); resume with the same number "
                 f"(torchrun --nproc-per-node {written_by}) for an exact continuation")
-        for name, obj in self.states.items():
-            if name == PROGRESS:
-                obj.load_state_dict(state)
+        self.states[PROGRESS].load_state_dict(state)
         _, weights, _ = load_model_dir(folder)
         self.states[MODEL].load_state_dict(weights, where=f"checkpoint {folder}")
         for name, obj in self.states.items():
