@@ -57,8 +57,10 @@ def _start(records: Path, cfg: Path, out: Path) -> subprocess.Popen:
 def _wait_for_progress(proc: subprocess.Popen, run: Path, timeout: float = 120) -> bool:
     """Until the run has logged a new metric line (it is past start-up), or has exited."""
     def lines() -> int:
-        p = run / "metrics.jsonl"
-        return p.read_bytes().count(b"\n") if p.exists() else 0
+        try:  # a restart before the first checkpoint removes the file: it may vanish between two looks
+            return (run / "metrics.jsonl").read_bytes().count(b"\n")
+        except FileNotFoundError:
+            return 0
 
     start, deadline = lines(), time.time() + timeout
     while proc.poll() is None and time.time() < deadline:

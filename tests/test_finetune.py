@@ -508,7 +508,7 @@ def test_sigterm_keeps_the_previous_result_until_the_new_one_completes(work, tmp
     real_loss = FinetuneTask.loss
 
     def sigterm_at_step_5(self, model, batch, micro):
-        if self.step_done == 5 and micro == 0:
+        if self.examples.steps == 5 and micro == 0:
             os.kill(os.getpid(), signal.SIGTERM)  # what a scheduler sends before it kills
         return real_loss(self, model, batch, micro)
 

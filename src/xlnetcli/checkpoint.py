@@ -5,7 +5,11 @@
         config.yaml         the full resolved Config
         tokenizer/          the tokenizer folder (copied): spiece.model, xlnet_tokenizer.json, tokenizer.json, ...
         meta.json           {"kind": "pretrain"|"finetune"|"import", "step": int, ..., "sha256": {file: digest}}
-        train_state.safetensors  (via extra_files, `save_tree`) optimizer, scheduler, data cursor, RNG, memories
+        train_state.safetensors  (`save_tree`) counters, optimizer, grad scaler, task state, per-rank RNG, data cursor,
+                                 memories
+
+A training run saves and loads these with a `Checkpointer`: one collection of stateful objects (``state_dict()`` /
+``load_state_dict()``), the model to model.safetensors and the rest to train_state.safetensors.
 
 `resolve_checkpoint` accepts a run directory (-> its latest step folder), a step folder, or a Hugging Face XLNet
 directory (config.json + model.safetensors / pytorch_model.bin), which `load_model_dir` converts on the fly.
@@ -23,13 +27,14 @@ import shutil
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from . import dist
 from .config import Config, ModelConfig, config_from_dict, save_config
-from .errors import CheckpointError, ConfigError
-from .io import atomic_output_dir, atomic_write_json, sha256_file
+from .errors import CheckpointError, ConfigError, XLNetError
+from .io import atomic_output_dir, atomic_write_json, is_disk_full, sha256_file
 
 STEP_RE = re.compile(r"^step_(\d{7,})$")
 MODEL_FILE = "model.safetensors"
@@ -53,20 +58,22 @@ def step_folders(run_dir: str | Path, marker: str = MODEL_FILE) -> list[tuple[in
 
 def save_model_dir(
     out: str | Path,
-    model: torch.nn.Module,
+    model: torch.nn.Module | dict[str, torch.Tensor],
     cfg: Config,
     tokenizer_dir: str | Path | None = None,
     meta: dict[str, Any] | None = None,
     extra_files: dict[str, bytes | str | Path | Callable[[Path], None]] | None = None,
     overwrite: bool = True,
 ) -> Path:
-    """Write a step folder atomically. ``extra_files`` maps a file name to bytes, a source path to copy, or a
-    callable that writes the given path (e.g. ``lambda p: save_tree(state, p)``)."""
+    """Write a step folder atomically. ``model``: a module or its state dict. ``extra_files`` maps a file name to
+    bytes, a source path to copy, or a callable that writes the given path (e.g. ``lambda p: save_tree(state, p)``)."""
     from safetensors.torch import save_file
 
-    model = getattr(model, "module", model)  # DDP
-    model = getattr(model, "_orig_mod", model)  # torch.compile
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if isinstance(model, torch.nn.Module):
+        model = getattr(model, "module", model)  # DDP
+        model = getattr(model, "_orig_mod", model)  # torch.compile
+        model = model.state_dict()
+    state = {k: v.detach().contiguous().cpu() for k, v in model.items()}
     out = Path(out)
     # the run folder's owner holds its lock; one key of metadata keeps the header's bytes stable across processes
     with atomic_output_dir(out, overwrite=overwrite, what="a checkpoint", lock=False) as tmp:
@@ -187,6 +194,11 @@ def has_train_state(folder: Path) -> bool:
     return (folder / TRAIN_STATE).is_file() or (folder / LEGACY_TRAIN_STATE).is_file()
 
 
+def resumable_steps(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """Step folders of a run that can be resumed (with a train state), oldest first."""
+    return [(s, p) for s, p in step_folders(run_dir) if has_train_state(p)]
+
+
 def load_train_state(folder: str | Path) -> dict:
     """A step folder's training state, checked against meta.json's checksum. A legacy ``train_state.pt`` is read
     with ``weights_only=True`` (tensors, numbers, strings and containers only): a pickle that would run code is
@@ -206,6 +218,186 @@ def load_train_state(folder: str | Path) -> dict:
                               "(it was not written by xlnet, and could run code)") from None
     except Exception as e:  # noqa: BLE001 - any other unpickling failure means a corrupt file
         raise CheckpointError(f"{path} is corrupt ({type(e).__name__}); resume from an earlier step") from None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The checkpointer: everything a training run keeps across steps, saved and loaded as one collection of stateful
+# objects (after torchtitan's checkpointer, whose collection is {model, optimizer, dataloader, lr_scheduler,
+# train_state}). The lr schedule is a function of the step (optim.lr_factor), so restoring the step restores it.
+
+
+class Stateful(Protocol):
+    """What the checkpointer saves: ``state_dict()`` returns tensors and plain values in dicts, lists and tuples
+    (``save_tree``); ``load_state_dict`` restores the object from what it returned."""
+
+    def state_dict(self) -> Any: ...
+    def load_state_dict(self, state: Any) -> None: ...
+
+
+TRAIN_STATE_FORMAT = 1
+MODEL = "model"  # the entry stored in model.safetensors
+PROGRESS = "train"  # the entry whose keys (step, tokens_seen, ...) sit at the top of train_state, as format 1 has them
+
+
+class ModelState:
+    """The model's weights: the full state dict (gathered from every rank's shards under FSDP; a collective)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        if dist.is_fsdp(self.model):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return dist.unwrap(self.model).state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], where: str = "checkpoint") -> None:
+        module = dist.unwrap(self.model)
+        if dist.is_fsdp(self.model):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            check_state_keys(module, state, where)
+            set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
+        else:
+            load_state(module, state, where)
+
+
+class OptimizerState:
+    """The optimizer's state; under FSDP the full (unsharded) one, gathered on save and scattered on load."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def _fsdp_options(self, **kwargs: Any) -> Any:
+        if not dist.is_fsdp(self.model):
+            return None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(full_state_dict=True, **kwargs)
+
+    def state_dict(self) -> dict:
+        opts = self._fsdp_options(cpu_offload=True)
+        if opts is None:
+            return self.optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.optimizer, options=opts)
+
+    def load_state_dict(self, state: dict) -> None:
+        opts = self._fsdp_options()
+        if opts is None:
+            self.optimizer.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.model, self.optimizer, state, options=opts)
+
+
+class Checkpointer:
+    """Saves and loads a run's collection in step folders of ``run_dir``, and prunes them.
+
+    ``states``: {name: Stateful}, the same on every rank, saved once (rank 0's): ``MODEL`` -> model.safetensors;
+    the others -> train_state.safetensors, ``PROGRESS``'s keys at its top level and every other entry under its name.
+    ``rank_states``: {name: Stateful} of each rank (RNG states, data cursors, memories), gathered from every rank into
+    train_state["ranks"][rank]. So a train_state.safetensors reads::
+
+        {format_version, step, tokens_seen, world_size, accumulation, log_window, optimizer, scaler, [task],
+         ranks: [{rng, [data, mems]} for each rank]}
+
+    A save is written to a temporary folder and renamed (save_model_dir); then the last ``keep_last`` resumable
+    folders and the ``pinned`` steps stay and every other step folder is removed. A full disk is a one-line error
+    naming the last good checkpoint (``resume_hint`` says how to continue from it)."""
+
+    def __init__(self, run_dir: Path, states: dict[str, Stateful], rank_states: dict[str, Stateful], cfg: Config,
+                 env: dist.DistEnv, tokenizer_dir: Path | None = None, keep_last: int = 1,
+                 resume_hint: str = "--resume {step}") -> None:
+        self.run_dir, self.states, self.rank_states, self.cfg, self.env = run_dir, states, rank_states, cfg, env
+        self.tokenizer_dir = tokenizer_dir if tokenizer_dir is not None and (tokenizer_dir / "spiece.model").is_file() \
+            else None
+        self.keep_last, self.resume_hint = keep_last, resume_hint
+        self.last_good: Path | None = None  # the latest resumable step folder written or resumed from
+
+    # ---- load ------------------------------------------------------------------------------------------------------
+
+    def load(self, folder: Path) -> None:
+        """Restore every entry from step folder ``folder`` (checksums verified). A checkpoint written by another
+        number of processes is refused before anything is touched: each rank continues its own state."""
+        state = load_train_state(folder)
+        written_by = len(state["ranks"])
+        if written_by != self.env.world_size:
+            raise CheckpointError(
+                f"checkpoint {folder.name} was written by {written_by} process(es); resume with the same number "
+                f"(torchrun --nproc-per-node {written_by}) for an exact continuation")
+        self.states[PROGRESS].load_state_dict(state)
+        _, weights, _ = load_model_dir(folder)
+        self.states[MODEL].load_state_dict(weights, where=f"checkpoint {folder}")
+        for name, obj in self.states.items():
+            if name not in (MODEL, PROGRESS):
+                obj.load_state_dict(self._entry(state, name, folder))
+        mine = state["ranks"][self.env.rank]
+        for name, obj in self.rank_states.items():
+            obj.load_state_dict(self._entry(mine, name, folder))
+        self.last_good = folder
+
+    @staticmethod
+    def _entry(state: dict, name: str, folder: Path) -> Any:
+        if name not in state:
+            raise CheckpointError(f"{folder / TRAIN_STATE} holds no {name!r} state; it was not written by this kind "
+                                  "of run: resume from another step folder")
+        return state[name]
+
+    # ---- save ------------------------------------------------------------------------------------------------------
+
+    def save(self, step: int, with_state: bool, meta: dict[str, Any], pinned: typing.Iterable[int] = ()) -> Path:
+        """Write step folder ``step`` (with train_state.safetensors when ``with_state``) and prune. Every rank calls
+        it (the gathers are collectives); rank 0 writes."""
+        ranks = dist.all_gather_object({n: s.state_dict() for n, s in self.rank_states.items()}) if with_state else []
+        weights = self.states[MODEL].state_dict()
+        train_state = None
+        if with_state:
+            entries = {n: s.state_dict() for n, s in self.states.items() if n != MODEL}
+            train_state = {"format_version": TRAIN_STATE_FORMAT, **entries.pop(PROGRESS, {}), **entries,
+                           "ranks": ranks}
+        path = self.run_dir / step_dir_name(step)
+        error = None
+        if self.env.is_main:
+            try:
+                save_model_dir(path, weights, self.cfg, tokenizer_dir=self.tokenizer_dir, meta=meta,
+                               extra_files={TRAIN_STATE: lambda p: save_tree(train_state, p)} if with_state else None)
+                self.prune(pinned)
+            except OSError as e:
+                if not is_disk_full(e):
+                    raise
+                error = (f"disk full while writing checkpoint {path} (the partial folder was removed); "
+                         f"{self.last_good_text()}; free space, then continue with --resume")
+        error = dist.broadcast_object(error)
+        if error:
+            raise XLNetError(error)
+        dist.barrier()
+        if with_state:
+            self.last_good = path
+        return path
+
+    def prune(self, pinned: typing.Iterable[int] = ()) -> None:
+        """Keep the last ``keep_last`` resumable step folders and the ``pinned`` steps; remove the others."""
+        resumable = [s for s, _ in resumable_steps(self.run_dir)]
+        keep = set(resumable[max(0, len(resumable) - self.keep_last):]) | set(pinned)
+        for s, path in step_folders(self.run_dir):
+            if s not in keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def remove_stale_temp(self) -> None:
+        """Temporary folders of a save that was killed half-way (rank 0, before the first save)."""
+        for p in [*self.run_dir.glob(".step_*"), *self.run_dir.glob(".train_state.*")]:
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+
+    def last_good_text(self) -> str:
+        if self.last_good is None:
+            return "no checkpoint saved yet"
+        step = int(self.last_good.name.split("_")[1])
+        return f"last good checkpoint {self.last_good} (resume with {self.resume_hint.format(step=step)})"
 
 
 def is_hf_dir(path: Path) -> bool:
@@ -283,6 +475,12 @@ def check_model_config(found: ModelConfig, expected: ModelConfig, where: str = "
 
 def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str = "checkpoint") -> None:
     """Load a state dict strictly, with a one-line error naming the first missing/unexpected/mis-shaped key."""
+    check_state_keys(model, state, where)
+    model.load_state_dict(state, strict=True)
+
+
+def check_state_keys(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str = "checkpoint") -> None:
+    """CheckpointError naming the first key of ``state`` the model lacks, expects, or shapes differently."""
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
@@ -294,7 +492,6 @@ def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], where: st
     for k, v in state.items():
         if own[k].shape != v.shape:
             raise CheckpointError(f"{where}: {k} has shape {list(v.shape)}, the model expects {list(own[k].shape)}")
-    model.load_state_dict(state, strict=True)
 
 
 def load_lm_model(path: str | Path, device: str | torch.device = "cpu", expect: ModelConfig | None = None,

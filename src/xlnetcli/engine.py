@@ -21,13 +21,16 @@ A task (``pretrain.PretrainTask``, ``finetune.FinetuneTask``) supplies what diff
     eval_due(step), evaluate(model, step, log) -> Evaluation | None
     log_extras(step)                   extra fields of a train row (finetuning: epoch)
     step_meta(step)                    meta.json of a step folder
-    state_dict() / load_state_dict()   resumable state shared by the ranks (finetuning: data order, best so far)
-    rank_state() / load_rank_state()   resumable state of one rank (pretraining: data cursor, memories)
-    keep(run_dir, step, with_state)    which step folders stay after a save (rotation, best checkpoint)
+    states(), rank_states()            its stateful objects, shared by the ranks (finetuning: "task", the example
+                                       order and the best so far) and of one rank (pretraining: "data", the records
+                                       cursor, and "mems", the Transformer-XL memories)
+    keep_last, pinned_steps(with_state)  which step folders stay after a save (rotation, the best checkpoint)
 
-A resumable step folder (checkpoint.save_model_dir, written to a temporary folder and renamed) holds
-model.safetensors, config.yaml, tokenizer/, meta.json and train_state.safetensors = {format_version, step, tokens_seen,
-world_size, accumulation, optimizer, scaler, log_window, task, ranks: [{rng, **task.rank_state()} for each rank]}.
+Everything kept across steps is one collection of stateful objects (``state_dict()`` / ``load_state_dict()``), saved
+and loaded by ``checkpoint.Checkpointer``: {model, train (step, tokens seen, loss window), optimizer, scaler,
+**task.states()} once, and {rng, **task.rank_states()} of every rank. A resumable step folder (written to a temporary
+folder and renamed) holds model.safetensors, config.yaml, tokenizer/, meta.json and train_state.safetensors; the
+lr schedule is a function of the step (optim.lr_factor).
 
 SIGTERM (what schedulers send before they kill) finishes the current optimizer step (its evaluation included), writes a
 checkpoint and raises ``Preempted`` (exit code 75); ``--resume`` then continues exactly.
@@ -39,12 +42,11 @@ import contextlib
 import json
 import math
 import random
-import shutil
 import signal
 import threading
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -52,12 +54,13 @@ import numpy as np
 import torch
 
 from . import dist
-from .checkpoint import TRAIN_STATE, has_train_state, load_train_state, save_tree, step_dir_name, step_folders
+from .checkpoint import (MODEL, PROGRESS, TRAIN_STATE, Checkpointer, ModelState, OptimizerState, Stateful,
+                         resumable_steps, step_folders)
 from .config import Config, config_to_dict, load_config, save_config
 from .dist import autocast_ctx
 from .errors import CheckpointError, ConfigError, Preempted, XLNetError
 from .flops import device_peak_tflops
-from .io import atomic_write_text, is_disk_full
+from .io import atomic_write_text
 from .log import console, duration, progress_is_live, step_progress
 from .optim import build_optimizer, lr_factor, set_lr
 from .model import parallelize
@@ -120,11 +123,10 @@ class Task(Protocol):
     def evaluate(self, model: torch.nn.Module, step: int, log: Callable[..., None]) -> Evaluation | None: ...
     def log_extras(self, step: int) -> dict: ...
     def step_meta(self, step: int) -> dict: ...
-    def state_dict(self) -> dict: ...
-    def load_state_dict(self, state: dict) -> None: ...
-    def rank_state(self) -> dict: ...
-    def load_rank_state(self, state: dict) -> None: ...
-    def keep(self, run_dir: Path, step: int, with_state: bool) -> None: ...
+    def states(self) -> dict[str, Stateful]: ...
+    def rank_states(self) -> dict[str, Stateful]: ...
+    keep_last: int
+    def pinned_steps(self, with_state: bool) -> set[int]: ...
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -161,6 +163,38 @@ def set_rng_state(state: dict) -> None:
             torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class RandomState:
+    """This process's random number generators (python, numpy, torch, CUDA): dropout masks and sampling continue
+    after a resume as they would have."""
+
+    def state_dict(self) -> dict:
+        return rng_state()
+
+    def load_state_dict(self, state: dict) -> None:
+        set_rng_state(state)
+
+
+@dataclass
+class TrainProgress:
+    """The engine's counters (torchtitan's train_state): optimizer steps done, tokens trained on, the losses of the
+    steps since the last train row (their mean is logged), and the batch layout they were counted under."""
+
+    world_size: int
+    accumulation: int
+    step: int = 0
+    tokens_seen: int = 0
+    log_window: list[float] = field(default_factory=list)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "tokens_seen": self.tokens_seen, "world_size": self.world_size,
+                "accumulation": self.accumulation, "log_window": list(self.log_window)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self.tokens_seen = int(state.get("tokens_seen", 0))
+        self.log_window = [float(v) for v in state.get("log_window", [])]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Run folders: which checkpoint to resume from, rotation, clean-up
 
@@ -172,11 +206,6 @@ def run_config_file(run_dir: str | Path) -> Path | None:
         return run_cfg
     return next((p / "config.yaml" for _, p in reversed(step_folders(run_dir)) if (p / "config.yaml").is_file()),
                 None)
-
-
-def resumable_steps(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """Step folders of a run that can be resumed (with train_state.safetensors), oldest first."""
-    return [(s, p) for s, p in step_folders(run_dir) if has_train_state(p)]
 
 
 def config_diff(a: dict, b: dict, ignore: set[str] = frozenset()) -> list[tuple[str, Any, Any]]:
@@ -244,19 +273,6 @@ def resume_point(cfg: Config, run_dir: Path, resume: str | None, what: str, sect
             return step, path
     have_steps = ", ".join(str(s) for s, _ in ckpts)
     raise CheckpointError(f"no checkpoint step {want} in {run_dir} (have: {have_steps})")
-
-
-def rotate_checkpoints(run_dir: Path, keep_last: int) -> None:
-    ckpts = resumable_steps(run_dir)
-    for _, path in ckpts[: max(0, len(ckpts) - keep_last)]:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def remove_stale_temp(run_dir: Path) -> None:
-    """Temporary folders of a save that was killed half-way."""
-    for p in [*run_dir.glob(".step_*"), *run_dir.glob(".train_state.*")]:
-        if p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
 
 
 def truncate_metrics(run_dir: Path, step: int) -> None:
@@ -344,33 +360,21 @@ class Engine:
         self.quiet, self.resume_from = quiet, resume_from
         self.main = env.is_main
         self.say = printer(self.main and not quiet)
-        self.step = 0
-        self.tokens_seen = 0
-        self.window: list[float] = []  # losses of the steps since the last train row (their mean is logged)
+        self.progress = TrainProgress(env.world_size, plan.accumulation)
         self.last_loss = float("nan")
-        self.last_good: Path | None = None
         self.result: dict[str, Any] = {"out": str(run_dir), "eval": None}
 
-    # ---- setup: resume, wrap, optimizer, run folder ------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """Optimizer steps done."""
+        return self.progress.step
+
+    # ---- setup: wrap, optimizer, the checkpointed collection, resume, run folder ---------------------------------
 
     def setup(self) -> Engine:
         plan, env, dev = self.plan, self.env, self.env.device
-        state: dict | None = None
-        if self.resume_from is not None:
-            from .checkpoint import load_model_dir, load_state
-
-            _, sd, _ = load_model_dir(self.resume_from)
-            load_state(self.model, sd, where=f"checkpoint {self.resume_from}")
-            state = load_train_state(self.resume_from)
-            if state.get("world_size") != env.world_size:
-                raise CheckpointError(
-                    f"checkpoint {self.resume_from.name} was written by {state.get('world_size')} process(es); resume "
-                    f"with the same number (torchrun --nproc-per-node {state.get('world_size')}) for an exact "
-                    "continuation"
-                )
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")  # no in-place use
         self.model = parallelize(self.model, env, bool(plan.activation_checkpointing), plan.compile, plan.distributed)
-        self.fsdp = env.distributed and dist.is_fsdp(self.model)
         self.ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
         self.fused = dev.type == "cuda"
         self.optimizer = build_optimizer(self.model, plan.lr, plan.weight_decay, plan.adam_betas, plan.adam_eps,
@@ -378,12 +382,18 @@ class Engine:
         self.scaler = torch.amp.GradScaler(dev.type, enabled=plan.precision == "fp16" and dev.type == "cuda")
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.device_peak = device_peak_tflops(dev, plan.peak_tflops)  # for the logged MFU (None on CPU)
-        if state is not None:
-            self._load_state(state)
+        self.checkpointer = Checkpointer(
+            self.run_dir,
+            {MODEL: ModelState(self.model), PROGRESS: self.progress, "optimizer": OptimizerState(self.model,
+             self.optimizer), "scaler": self.scaler, **self.task.states()},
+            {"rng": RandomState(), **self.task.rank_states()},
+            self.cfg, env, self.tokenizer_dir, self.task.keep_last, plan.resume_hint)
+        if self.resume_from is not None:
+            self.checkpointer.load(self.resume_from)
         if self.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            remove_stale_temp(self.run_dir)
-            if state is None:
+            self.checkpointer.remove_stale_temp()
+            if self.resume_from is None:
                 (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
             else:
                 truncate_metrics(self.run_dir, self.step)
@@ -391,25 +401,6 @@ class Engine:
         dist.barrier()
         self.logger = MetricsLogger(self.run_dir, self.report_to, self.cfg) if self.main else NullLogger()
         return self
-
-    def _load_state(self, state: dict) -> None:
-        self.step = state["step"]
-        self.tokens_seen = state.get("tokens_seen", 0)
-        if self.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
-                                     options=StateDictOptions(full_state_dict=True))
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
-        if self.scaler.is_enabled() and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.window = [float(v) for v in state.get("log_window", [])]
-        self.task.load_state_dict(state.get("task") or {})
-        mine = state["ranks"][self.env.rank]
-        self.task.load_rank_state(mine)
-        set_rng_state(mine["rng"])
-        self.last_good = self.resume_from
 
     def describe(self) -> str:
         """The device line of a run's header."""
@@ -470,15 +461,9 @@ class Engine:
             what = (f"gradient norm is {gnorm_v} (first non-finite gradient: {where or 'on another rank'}; "
                     f"loss {loss_v:.4f})")
         raise XLNetError(
-            f"training diverged at step {self.step + 1}: {what}; the update was not applied; {self._last_good_text()}; "
+            f"training diverged at step {self.step + 1}: {what}; the update was not applied; {self.checkpointer.last_good_text()}; "
             f"try a lower {plan.section}.lr (now {plan.lr:g}), {plan.warmup_hint} or {plan.section}.precision=fp32"
         )
-
-    def _last_good_text(self) -> str:
-        if self.last_good is None:
-            return "no checkpoint saved yet"
-        step = int(self.last_good.name.split("_")[1])
-        return f"last good checkpoint {self.last_good} (resume with {self.plan.resume_hint.format(step=step)})"
 
     # ---- evaluation and checkpoints ------------------------------------------------------------------------------
 
@@ -492,62 +477,10 @@ class Engine:
         return ev
 
     def save(self, step: int, with_state: bool = True) -> Path:
-        """Write step folder ``step`` (with train_state.safetensors when ``with_state``), then let the task prune. A full disk
-        is a one-line error naming the last good checkpoint; the temporary folder of the failed save is removed."""
-        env = self.env
-        ranks = dist.all_gather_object({"rng": rng_state(), **self.task.rank_state()}) if with_state else []
-        if self.fsdp:
-            from torch.distributed.checkpoint.state_dict import (
-                StateDictOptions,
-                get_model_state_dict,
-                get_optimizer_state_dict,
-            )
-
-            opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            model_sd = get_model_state_dict(self.model, options=opts)
-            opt_sd = get_optimizer_state_dict(self.model, self.optimizer, options=opts) if with_state else None
-        else:
-            model_sd = None
-            opt_sd = self.optimizer.state_dict() if with_state else None
-        path = self.run_dir / step_dir_name(step)
-        error = None
-        if self.main:
-            train_state = None
-            if with_state:
-                train_state = {
-                    "format_version": 1, "step": step, "tokens_seen": self.tokens_seen,
-                    "world_size": env.world_size, "accumulation": self.plan.accumulation, "optimizer": opt_sd,
-                    "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-                    "log_window": list(self.window), "task": self.task.state_dict(), "ranks": ranks,
-                }
-            try:
-                self._write(path, model_sd, step, train_state)
-                self.task.keep(self.run_dir, step, with_state)
-            except OSError as e:
-                if not is_disk_full(e):
-                    raise
-                error = (f"disk full while writing checkpoint {path} (the partial folder was removed); "
-                         f"{self._last_good_text()}; free space, then continue with --resume")
-        error = dist.broadcast_object(error)
-        if error:
-            raise XLNetError(error)
-        dist.barrier()
-        if with_state:
-            self.last_good = path
-        return path
-
-    def _write(self, path: Path, model_sd: dict | None, step: int, train_state: dict | None) -> None:
-        from .checkpoint import save_model_dir
-
-        class _Full(torch.nn.Module):  # a gathered FSDP state dict seen as a module by save_model_dir
-            def state_dict(self, *args: Any, **kwargs: Any) -> dict:
-                return model_sd
-
-        tok = self.tokenizer_dir
-        save_model_dir(path, dist.unwrap(self.model) if model_sd is None else _Full(), self.cfg,
-                       tokenizer_dir=tok if tok is not None and (tok / "spiece.model").is_file() else None,
-                       meta={**self.task.step_meta(step), "step": step, "tokens_seen": self.tokens_seen},
-                       extra_files={TRAIN_STATE: lambda p: save_tree(train_state, p)} if train_state else None)
+        """Write step folder ``step`` (with train_state.safetensors when ``with_state``); the task's rotation and
+        pinned steps decide which folders stay. A full disk is a one-line error naming the last good checkpoint."""
+        meta = {**self.task.step_meta(step), "step": step, "tokens_seen": self.progress.tokens_seen}
+        return self.checkpointer.save(step, with_state, meta, self.task.pinned_steps(with_state))
 
     # ---- the loop --------------------------------------------------------------------------------------------------
 
@@ -576,12 +509,12 @@ class Engine:
                     if stop_after is not None and steps_this_call >= stop_after:
                         break
                     loss_v, gnorm_v, lr = self.train_step()
-                    self.step += 1
+                    self.progress.step += 1
                     step = self.step
                     steps_this_call += 1
                     steps_since_log += 1
-                    self.tokens_seen += plan.tokens_per_step
-                    self.window.append(loss_v)
+                    self.progress.tokens_seen += plan.tokens_per_step
+                    self.progress.log_window.append(loss_v)
                     now = time.perf_counter()
                     if step % plan.log_every == 0 or step == plan.max_steps:
                         tps = plan.tokens_per_step * steps_since_log / max(now - t_log, 1e-9)
@@ -607,7 +540,7 @@ class Engine:
                     if preempt and not final:
                         self.logger.close()
                         raise Preempted(f"stopped on SIGTERM after step {step} of {plan.max_steps}: checkpoint "
-                                        f"{self.last_good} written; continue with "
+                                        f"{self.checkpointer.last_good} written; continue with "
                                         f"{plan.resume_hint.format(step=step)}")
                     if stop:
                         stopped_early = True
@@ -623,8 +556,9 @@ class Engine:
     def _log(self, step: int, gnorm_v: float, lr: float, tps: float, eta: float, live: bool) -> str:
         """A train row (loss: the mean over the steps since the last row); a plain line when there is no bar."""
         plan, dev = self.plan, self.env.device
-        loss = sum(self.window) / len(self.window)
-        self.window = []
+        window = self.progress.log_window
+        loss = sum(window) / len(window)
+        window.clear()
         self.last_loss = loss
         mfu = None
         if self.device_peak and plan.flops_per_token:
@@ -632,7 +566,7 @@ class Engine:
         mem = dist.peak_memory_gib(dev)
         extras = self.task.log_extras(step)
         self.logger.log(step, "train", loss=loss, lr=lr, grad_norm=gnorm_v, tokens_per_s=round(tps, 1),
-                        tokens=self.tokens_seen, peak_mem_gib=round(mem, 3),
+                        tokens=self.progress.tokens_seen, peak_mem_gib=round(mem, 3),
                         **({"mfu": round(mfu, 4)} if mfu is not None else {}), **extras)
         if not live:  # a log file: one plain line per interval (the terminal has the progress bar)
             self.say(f"step {step}/{plan.max_steps} loss {loss:.4f} lr {lr:.2e} grad_norm {gnorm_v:.3f} "
@@ -643,8 +577,8 @@ class Engine:
 
     def _recent_loss(self) -> float:
         """The training loss to report at the end: the last row's mean, or the mean of the steps after it."""
-        if self.window:
-            return sum(self.window) / len(self.window)
+        if window := self.progress.log_window:
+            return sum(window) / len(window)
         return self.last_loss
 
     def _already_complete(self) -> dict:

@@ -78,12 +78,77 @@ def finetune_config_path(init: str | Path) -> Path | None:
 # The finetuning task
 
 
+class ExampleOrder:
+    """The examples of each optimizer step: the next ``batch_size`` of a shuffled order, a new permutation per epoch,
+    the same on every rank (each takes its share). Its state: the generator, the permutation and the cursor in it."""
+
+    def __init__(self, n_examples: int, batch_size: int, seed: int) -> None:
+        self.n_examples, self.batch_size = n_examples, batch_size
+        self.rng = np.random.default_rng(seed)
+        self.order: np.ndarray = np.empty(0, dtype=np.int64)
+        self.cursor = 0
+        self.steps = 0  # optimizer steps whose examples were drawn
+
+    def draw(self) -> np.ndarray:
+        need, picked = self.batch_size, []
+        while need:
+            if self.cursor >= len(self.order):
+                self.order, self.cursor = self.rng.permutation(self.n_examples), 0
+            take = self.order[self.cursor:self.cursor + need]
+            picked.append(take)
+            self.cursor += len(take)
+            need -= len(take)
+        self.steps += 1
+        return np.concatenate(picked)
+
+    def state_dict(self) -> dict:
+        return {"step": self.steps, "rng": self.rng.bit_generator.state, "order": torch.from_numpy(self.order.copy()),
+                "cursor": self.cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.order, self.cursor = state["order"].numpy().copy(), int(state["cursor"])
+        self.steps = int(state["step"])
+
+
+class BestSoFar:
+    """The best validation result so far (the checkpoint kept) and early stopping: evaluations since it improved."""
+
+    def __init__(self, patience: int) -> None:
+        self.patience = patience
+        self.best: dict[str, Any] = {"step": None, "value": -math.inf, "metric": None, "metrics": None}
+        self.bad_evals = 0
+        self.stopped_early = False
+
+    def update(self, step: int, metric: str, value: float, metrics: dict) -> bool:
+        """Record an evaluation; True if it is a new best."""
+        improved = value > self.best["value"] or self.best["step"] is None
+        if improved:
+            self.best.update(step=step, value=value, metric=metric, metrics=metrics)
+            self.bad_evals = 0
+        else:
+            self.bad_evals += 1
+        return improved
+
+    def patience_spent(self) -> bool:
+        return bool(self.patience) and self.bad_evals >= self.patience
+
+    def state_dict(self) -> dict:
+        return {"best": dict(self.best), "bad_evals": self.bad_evals, "stopped_early": self.stopped_early}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.bad_evals = dict(state["best"]), int(state["bad_evals"])
+        self.stopped_early = bool(state["stopped_early"])
+
+
 class FinetuneTask:
-    """The engine's task for finetuning: each step takes the next ``finetune.batch_size`` examples of a shuffled order
-    (a new permutation per epoch; every rank draws the same and takes its share), the head's loss, validation with the
-    task metric on rank 0, early stopping, and which step folders stay (the best and the latest resumable one)."""
+    """The engine's task for finetuning: each step takes the examples ``ExampleOrder`` draws, the head's loss,
+    validation with the task metric on rank 0, early stopping (``BestSoFar``), and which step folders stay (the best
+    and the latest resumable one). Its checkpointed state ("task", the same on every rank) is the run's identity
+    (task, labels, file digests), the example order and the best so far."""
 
     loss_name = "loss"
+    keep_last = 1  # the latest resumable step folder; pinned_steps adds the best ones
 
     def __init__(self, task: str, run_cfg: Config, train: TaskData, valid: TaskData | None,
                  label_list: list[str] | None, env: dist.DistEnv, total: int, steps_per_epoch: int, meta_base: dict,
@@ -94,40 +159,21 @@ class FinetuneTask:
         self.env, self.total, self.steps_per_epoch, self.meta_base, self.files, self.say = (
             env, total, steps_per_epoch, meta_base, files, say)
         self.keys = TRAIN_KEYS[task]
-        self.rng = np.random.default_rng(ft.seed)
-        self.order: np.ndarray = np.empty(0, dtype=np.int64)
-        self.cursor = 0
-        self.step_done = 0  # optimizer steps whose examples were drawn
-        self._mine: np.ndarray = self.order
+        self.examples = ExampleOrder(len(train), ft.batch_size, ft.seed)
+        self._mine: np.ndarray = self.examples.order
         self.eval_steps = set(range(ft.eval_every, total + 1, ft.eval_every)) if ft.eval_every else \
             {min(total, e * steps_per_epoch) for e in range(1, math.ceil(total / steps_per_epoch) + 1)}
         self.eval_steps.add(total)
-        self.best: dict[str, Any] = {"step": None, "value": -math.inf, "metric": None, "metrics": None}
-        self.bad_evals = 0
-        self.stopped_early = False
-        self.saved_step: int | None = None  # the latest resumable step folder, and the best step it records
-        self.saved_best: int | None = None
+        self.tracker = BestSoFar(ft.early_stopping_patience)
+        self.saved_best: int | None = None  # the best step the latest resumable step folder records
 
     # ---- batches and loss ----------------------------------------------------------------------------------------
 
     def next_batch(self, step: int, micro: int) -> dict:
         mb = self.cfg.finetune.micro_batch_size
         if micro == 0:
-            self._mine = self._draw()[self.env.rank::self.env.world_size]
-            self.step_done = step + 1
+            self._mine = self.examples.draw()[self.env.rank::self.env.world_size]
         return make_batch(self.train.enc, self._mine[micro * mb:(micro + 1) * mb], self.keys, self.env.device)
-
-    def _draw(self) -> np.ndarray:
-        """The examples of one optimizer step, the same on every rank."""
-        need, picked = self.cfg.finetune.batch_size, []
-        while need:
-            if self.cursor >= len(self.order):
-                self.order, self.cursor = self.rng.permutation(len(self.train)), 0
-            take = self.order[self.cursor:self.cursor + need]
-            picked.append(take)
-            self.cursor += len(take)
-            need -= len(take)
-        return np.concatenate(picked)
 
     def loss(self, model: torch.nn.Module, batch: dict, micro: int) -> torch.Tensor:
         return model(batch)["loss"]
@@ -141,32 +187,28 @@ class FinetuneTask:
         ev = self._evaluate(model, step, log) if self.env.is_main else None
         ev = dist.broadcast_object(ev)
         if ev is not None and ev.stop:
-            self.stopped_early = True
+            self.tracker.stopped_early = True
             self.say(f"  early stop at step {step}: {self.cfg.finetune.early_stopping_patience} evaluations "
                      "without improvement")
         return ev
 
     def _evaluate(self, model: torch.nn.Module, step: int, log: Any) -> Evaluation | None:
         """Validation metrics; a new best is kept. Without a validation file the last model is kept."""
-        ft = self.cfg.finetune
+        ft, best = self.cfg.finetune, self.tracker.best
         if self.valid is None:
             if step != self.total:
                 return None
-            self.best.update(step=step)
+            best.update(step=step)
             return Evaluation(keep_model=True)
         outputs = predict(model, self.valid, ft.micro_batch_size * 2, self.env.device, ft.precision)
         metrics, _ = score(self.valid, outputs, self.labels, self.cfg)
         name, value = primary_metric(self.task, metrics)
         log(step, "eval", metric=value, metric_name=name, **metrics)
-        improved = value > self.best["value"] or self.best["step"] is None
-        if improved:
-            self.best.update(step=step, value=value, metric=name, metrics=metrics)
-            self.bad_evals = 0
-        else:
-            self.bad_evals += 1
-        stop = bool(ft.early_stopping_patience) and self.bad_evals >= ft.early_stopping_patience and step < self.total
+        improved = self.tracker.update(step, name, value, metrics)
+        stop = self.tracker.patience_spent() and step < self.total
+        best = self.tracker.best
         self.say(f"  step {step}: {name} {value:.4f}" + (" (best so far, saved)" if improved else
-                                                        f" (best {self.best['value']:.4f} at step {self.best['step']})"))
+                                                        f" (best {best['value']:.4f} at step {best['step']})"))
         return Evaluation(metrics=metrics, keep_model=improved, stop=stop)
 
     def log_extras(self, step: int) -> dict:
@@ -174,30 +216,31 @@ class FinetuneTask:
 
     def step_meta(self, step: int) -> dict:
         meta = dict(self.meta_base)
-        best = self.best
+        best = self.tracker.best
         if step == best["step"] and best["metrics"] is not None:
             meta.update(metric=best["metric"], value=best["value"], metrics=best["metrics"])
             if self.task == "squad" and "best_f1_thresh" in best["metrics"]:
                 meta["null_odds_threshold"] = best["metrics"]["best_f1_thresh"]
         return meta
 
-    def keep(self, run_dir: Path, step: int, with_state: bool) -> None:
-        """Keep the best step folder, the latest resumable one and the best that one records (a resume from it needs
-        it); remove the rest, only after the new folder is complete."""
+    def pinned_steps(self, with_state: bool) -> set[int]:
+        """Besides the latest resumable step folder: the best one, and the best that folder records (a resume from it
+        needs it)."""
         if with_state:
-            self.saved_step, self.saved_best = step, self.best["step"]
-        keep = {self.saved_step, self.saved_best, self.best["step"]}
-        for s, path in step_folders(run_dir):
-            if s not in keep:
-                shutil.rmtree(path, ignore_errors=True)
+            self.saved_best = self.tracker.best["step"]
+        return {s for s in (self.saved_best, self.tracker.best["step"]) if s is not None}
 
-    # ---- resumable state (the same on every rank) ----------------------------------------------------------------
+    # ---- checkpointed state (the same on every rank) ---------------------------------------------------------------
+
+    def states(self) -> dict:
+        return {"task": self}
+
+    def rank_states(self) -> dict:
+        return {}
 
     def state_dict(self) -> dict:
-        return {"task": self.task, "labels": self.labels, "files": self.files, "step": self.step_done,
-                "rng": self.rng.bit_generator.state, "order": torch.from_numpy(self.order.copy()),
-                "cursor": self.cursor, "best": dict(self.best), "bad_evals": self.bad_evals,
-                "stopped_early": self.stopped_early}
+        return {"task": self.task, "labels": self.labels, "files": self.files, **self.examples.state_dict(),
+                **self.tracker.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("task") != self.task or state.get("labels") != self.labels:
@@ -208,18 +251,9 @@ class FinetuneTask:
             if state["files"].get(split) != digest:
                 raise DataError(f"the {split} file differs from the one the run started with (sha256); resume with "
                                 "the same files, or start again with --overwrite")
-        self.rng.bit_generator.state = state["rng"]
-        self.order, self.cursor = state["order"].numpy().copy(), int(state["cursor"])
-        self.best, self.bad_evals = dict(state["best"]), int(state["bad_evals"])
-        self.stopped_early = bool(state["stopped_early"])
-        self.step_done = self.saved_step = int(state["step"])
-        self.saved_best = self.best["step"]
-
-    def rank_state(self) -> dict:
-        return {}
-
-    def load_rank_state(self, state: dict) -> None:
-        return None
+        self.examples.load_state_dict(state)
+        self.tracker.load_state_dict(state)
+        self.saved_best = self.tracker.best["step"]
 
 
 def finetune_plan(run_cfg: Config, train: TaskData, accum: int, total: int, warmup: int) -> TrainPlan:
@@ -431,14 +465,14 @@ def _finetune(cfg: Config, task: str, train: Path, valid: Path | None, init: Pat
             shutil.rmtree(partial, ignore_errors=True)  # nothing to resume from: leave nothing behind
         raise
 
-    best = ftask.best
+    best = ftask.tracker.best
     results = {
         "task": task, "out": str(out), "steps": result["step"], "best_step": best["step"],
         "checkpoint": str(out / step_dir_name(best["step"])) if best["step"] is not None else None,
         "metric": best["metric"], "value": None if best["value"] == -math.inf else best["value"],
         "valid": best["metrics"], "train_examples": len(train_data.examples), "train_rows": n_train,
         "valid_examples": len(valid_data.examples) if valid_data else 0,
-        "labels": label_list, "seconds": round(result["elapsed_s"], 2), "stopped_early": ftask.stopped_early,
+        "labels": label_list, "seconds": round(result["elapsed_s"], 2), "stopped_early": ftask.tracker.stopped_early,
         "notes": (train_data.notes + (valid_data.notes if valid_data else [])),
         "final_train_loss": result["loss"],
     }

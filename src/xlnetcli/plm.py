@@ -50,6 +50,32 @@ def carried_mems(mem_len: int, out: Any) -> list | None:
     return [m.detach() for m in out.mems]
 
 
+class Memories:
+    """Transformer-XL memory of each micro-batch index ``a`` of this rank: the hidden states of the previous segment
+    of the same rows, carried from step to step (the segment-level recurrence of the paper's §2.4). In a checkpoint
+    they are keyed by the global micro-batch index ``rank * accumulation + a`` and stored on the CPU."""
+
+    def __init__(self, mem_len: int, accumulation: int, rank: int, device: torch.device) -> None:
+        self.mem_len, self.device, self.first = mem_len, device, rank * accumulation
+        self.mems: list[list | None] = [None] * accumulation
+
+    def __getitem__(self, micro: int) -> list | None:
+        return self.mems[micro]
+
+    def carry(self, micro: int, out: Any) -> None:
+        """Keep what micro-batch ``micro``'s next segment attends to."""
+        self.mems[micro] = carried_mems(self.mem_len, out)
+
+    def state_dict(self) -> dict:
+        return {self.first + a: None if m is None else [x.detach().to("cpu") for x in m]
+                for a, m in enumerate(self.mems)}
+
+    def load_state_dict(self, state: dict) -> None:
+        for a in range(len(self.mems)):
+            m = state.get(self.first + a)
+            self.mems[a] = None if m is None else [x.to(self.device) for x in m]
+
+
 def forward(model: torch.nn.Module, inputs: dict, mems: list | None) -> Any:
     # The PLM loss reads only the query stream: the last layer's content stream is skipped.
     return model(**inputs, mems=mems, need_hidden=False)

@@ -21,6 +21,9 @@ Run folder::
         model.safetensors config.yaml tokenizer/ meta.json
         train_state.safetensors       optimizer, grad scaler, step, RNG states, data cursors and memories of every rank
 
+The task's stateful objects are its records stream (``data``: the cursor) and its ``Memories`` (``mems``), both of
+each rank; the engine checkpoints them with everything else it keeps (engine.py).
+
 ``resume="latest"`` (or a step number) continues exactly: same data, same dropout masks, same memories.
 """
 
@@ -35,13 +38,13 @@ import torch
 from . import dist
 from .checkpoint import TRAIN_STATE, load_train_state  # noqa: F401  (re-exported)
 from .config import Config, config_to_dict, validate
-from .engine import (Engine, Evaluation, TrainPlan, printer, resumable_steps, resume_point, rotate_checkpoints,
-                     run_config_file, seed_everything)
+from .engine import (Engine, Evaluation, TrainPlan, printer, resumable_steps, resume_point, run_config_file,
+                     seed_everything)
 from .errors import ConfigError, DataError
 from .flops import train_flops
 from .io import check_output_not_input, output_lock
 from .model import XLNetLMHeadModel, num_params
-from .plm import carried_mems, evaluate_plm, read_records_meta
+from .plm import Memories, evaluate_plm, read_records_meta
 from .plm import forward as _forward
 from .plm import model_inputs as _model_inputs
 from .runlog import require_trackers
@@ -144,7 +147,8 @@ class PretrainTask:
         self.cfg, self.data_dir, self.meta, self.env, self.accum, self.say = cfg, data_dir, meta, env, accum, say
         self.stream = PretrainStream(data_dir, "train", env.rank, env.world_size, t.micro_batch_size, cfg.data.seed,
                                      dense=False, objective=cfg.model.objective)
-        self.mems: list[list | None] = [None] * accum
+        self.mems = Memories(cfg.model.mem_len, accum, env.rank, env.device)
+        self.keep_last = t.keep_last
         self._it: Any = None
         self.probe_rows: tuple | None = None  # (train, valid) rows of train.probe_file, probed every probe_every
         if t.probe_every:
@@ -168,7 +172,7 @@ class PretrainTask:
 
     def loss(self, model: torch.nn.Module, batch: dict, micro: int) -> torch.Tensor:
         out = _forward(model, batch, self.mems[micro])
-        self.mems[micro] = carried_mems(self.cfg.model.mem_len, out)
+        self.mems.carry(micro, out)
         return out.loss
 
     def _due(self, every: int, step: int) -> bool:
@@ -217,27 +221,14 @@ class PretrainTask:
     def step_meta(self, step: int) -> dict:
         return {"kind": "pretrain"}
 
-    def state_dict(self) -> dict:
+    def states(self) -> dict:
         return {}
 
-    def load_state_dict(self, state: dict) -> None:
-        return None
+    def rank_states(self) -> dict:
+        return {"data": self.stream, "mems": self.mems}
 
-    def rank_state(self) -> dict:
-        a0 = self.env.rank * self.accum
-        return {"data": self.stream.state_dict(),
-                "mems": {a0 + a: None if m is None else [x.detach().to("cpu") for x in m]
-                         for a, m in enumerate(self.mems)}}
-
-    def load_rank_state(self, state: dict) -> None:
-        self.stream.load_state_dict(state["data"])
-        a0 = self.env.rank * self.accum
-        for a in range(self.accum):
-            m = state["mems"].get(a0 + a)
-            self.mems[a] = None if m is None else [x.to(self.env.device) for x in m]
-
-    def keep(self, run_dir: Path, step: int, with_state: bool) -> None:
-        rotate_checkpoints(run_dir, self.cfg.train.keep_last)
+    def pinned_steps(self, with_state: bool) -> set[int]:
+        return set()  # only the last train.keep_last step folders stay
 
 
 def pretrain_plan(cfg: Config, accum: int) -> TrainPlan:
