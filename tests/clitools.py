@@ -1,4 +1,5 @@
-"""Shared helpers for tests: run `xlnet` in-process, check the one-line error contract, build small records."""
+"""Shared helpers for tests: run `xlnet` in-process, check the one-line error contract, kill-and-resume sweeps
+(the shared tokenizer, shards and records are conftest.py's ``builds`` fixture)."""
 
 from __future__ import annotations
 
@@ -35,19 +36,11 @@ def kill_and_resume(start, kills: int, before_kill) -> int:
         return landed
 
 
-def make_records(tmp: Path, overrides: list[str], src: Path = SAMPLE, config: Path = TINY) -> Path:
-    """tokenizer -> shards -> records of ``src`` under ``tmp`` (tok/, shards/, rec/) with ``config`` + overrides."""
-    from xlnetcli.config import load_config
-    from xlnetcli.preprocess import preprocess
-    from xlnetcli.shard import shard_corpus
-    from xlnetcli.tokenizer import train_tokenizer
-
-    cfg = load_config(config, overrides)
-    train_tokenizer([src], tmp / "tok", cfg.tokenizer, quiet=True)
-    shard_corpus([src], tmp / "shards", tmp / "tok", valid_fraction=cfg.data.valid_fraction, seed=cfg.data.seed,
-                 quiet=True)
-    preprocess(tmp / "shards", tmp / "rec", cfg, quiet=True)
-    return tmp / "rec"
+def flip_bit(path: Path, offset_from_end: int) -> None:
+    """Corrupt ``path`` in place: flip the lowest bit of the byte ``offset_from_end`` bytes before its end."""
+    data = bytearray(path.read_bytes())
+    data[-offset_from_end] ^= 1
+    path.write_bytes(bytes(data))
 
 
 def run_main(capsys, *args) -> tuple[int, str, str]:

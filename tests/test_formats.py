@@ -77,11 +77,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tok") / "tok"
-    train_tokenizer([SAMPLE], out, TokenizerConfig(vocab_size=2000, character_coverage=0.9999, threads=1),
-                    quiet=True)
-    return out
+def tok_dir(builds) -> Path:
+    """Shared (conftest.py): read only."""
+    return builds.tokenizer(TokenizerConfig(vocab_size=2000, character_coverage=0.9999, threads=1))
 
 
 def _field(name: str) -> str:

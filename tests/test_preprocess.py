@@ -17,94 +17,14 @@ from xlnetcli.masking import sample_masks
 from xlnetcli.preprocess import _Params, build_row, preprocess, row_source
 from xlnetcli.records import open_records, segment_ids
 from xlnetcli.segments import Row, trim_lengths
-from xlnetcli.special import CLS_ID, EOD_ID, SEP_ID
+from xlnetcli.special import CLS_ID, SEP_ID
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "tests" / "data" / "sample.txt"
 CORPUS = ROOT / "data" / "pydocs" / "corpus.txt"
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Fixtures shared with test_data.py: a tokenizer and a shard directory in the documented format
-
-
-def train_tok(out: Path, vocab: int = 2000) -> Path:
-    """A SentencePiece tokenizer directory (ids 0-8 as docs/xlnet.md §1)."""
-    try:
-        from xlnetcli.config import TokenizerConfig
-        from xlnetcli.tokenizer import train_tokenizer
-
-        train_tokenizer([str(SAMPLE)], out, TokenizerConfig(vocab_size=vocab))
-        return out
-    except ImportError:  # pragma: no cover - before tokenizer.py existed
-        import sentencepiece as spm
-
-        out.mkdir(parents=True)
-        spm.SentencePieceTrainer.train(
-            input=str(SAMPLE), model_prefix=str(out / "spiece"), vocab_size=vocab, model_type="unigram",
-            control_symbols="<cls>,<sep>,<pad>,<mask>,<eod>", user_defined_symbols="<eop>,.,(,),\",-",
-            pad_id=-1, unk_id=0, bos_id=1, eos_id=2, minloglevel=2,
-        )
-        return out
-
-
-def encode_file(tok_dir: Path, text: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and sentence ids as the original _create_data: id flips per line, <eod> per blank line."""
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=str(tok_dir / "spiece.model"))
-    lines = text.read_text(encoding="utf-8").split("\n")
-    ids_per_line = sp.encode([" ".join(x.split()) for x in lines])
-    toks, sids = [], []
-    sid = 1
-    for line, ids in zip(lines, ids_per_line):
-        if not line.strip():
-            sid ^= 1
-            ids = [EOD_ID]
-        if not ids:
-            continue
-        toks.extend(ids)
-        sids.extend([sid] * len(ids))
-        sid ^= 1
-    return np.asarray(toks, np.uint16), np.asarray(sids, np.uint8)
-
-
-def make_shards(out: Path, tok_dir: Path, text: Path, n_train: int = 3, valid_share: float = 0.05) -> Path:
-    """A shard directory: `xlnetcli.shard` when present, else built by hand following the interfaces page."""
-    import shutil
-
-    try:
-        from xlnetcli.shard import shard_corpus
-    except ImportError:  # pragma: no cover - before shard.py existed
-        pass
-    else:
-        shard_corpus([str(text)], out, tok_dir, shards=n_train, valid_fraction=valid_share, quiet=True)
-        return out
-
-    from xlnetcli.io import sha256_file
-
-    tok, sid = encode_file(tok_dir, text)
-    out.mkdir(parents=True)
-    shutil.copytree(tok_dir, out / "tokenizer")
-    n_valid = int(len(tok) * valid_share)
-    parts = {"valid": [(tok[:n_valid], sid[:n_valid])]}
-    cuts = np.linspace(n_valid, len(tok), n_train + 1).astype(int)
-    parts["train"] = [(tok[a:b], sid[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
-    splits = {}
-    for split, items in parts.items():
-        (out / split).mkdir()
-        entries = []
-        for k, (t, s) in enumerate(items):
-            tf, sf = f"{split}/shard_{k:05d}.tokens.npy", f"{split}/shard_{k:05d}.sentid.npy"
-            np.save(out / tf, t)
-            np.save(out / sf, s)
-            entries.append({"tokens_file": tf, "sentid_file": sf, "tokens": int(len(t)), "sentences": 0,
-                            "documents": 0, "sha256": {"tokens": sha256_file(out / tf), "sentid": sha256_file(out / sf)}})
-        splits[split] = entries
-    manifest = {"format_version": 1, "tokenizer_sha256": sha256_file(tok_dir / "spiece.model"), "vocab_size": 2000,
-                "dtype": "uint16", "seed": 0, "splits": splits}
-    (out / "manifest.json").write_text(json.dumps(manifest))
-    return out
+# Fixtures shared with test_data.py: a tokenizer, the pydocs corpus in shards, records of them
 
 
 def small_cfg(*extra: str):
@@ -114,20 +34,22 @@ def small_cfg(*extra: str):
 
 
 @pytest.fixture(scope="session")
-def tok_dir(tmp_path_factory) -> Path:
-    return train_tok(tmp_path_factory.mktemp("tok") / "tokenizer")
+def tok_dir(builds) -> Path:
+    """A tokenizer (ids 0-8 as docs/xlnet.md §1). This, shard_dir and records are shared (conftest.py): read only."""
+    from xlnetcli.config import TokenizerConfig
+
+    return builds.tokenizer(TokenizerConfig(vocab_size=2000))
 
 
 @pytest.fixture(scope="session")
-def shard_dir(tmp_path_factory, tok_dir) -> Path:
-    return make_shards(tmp_path_factory.mktemp("shards") / "shards", tok_dir, CORPUS)
+def shard_dir(builds, tok_dir) -> Path:
+    """The pydocs corpus in 3 train shards and a valid shard."""
+    return builds.shards(tok_dir, CORPUS, shards=3, valid_fraction=0.05)
 
 
 @pytest.fixture(scope="session")
-def records(tmp_path_factory, shard_dir) -> Path:
-    out = tmp_path_factory.mktemp("rec") / "records"
-    preprocess(shard_dir, out, small_cfg(), passes=2, quiet=True)
-    return out
+def records(builds, shard_dir) -> Path:
+    return builds.records(shard_dir, small_cfg(), passes=2)
 
 
 def stream_rows(shard_dir: Path, meta: dict, split: str = "train", pass_id: int = 0) -> np.ndarray:
@@ -438,16 +360,15 @@ def test_max_gram_caps_span_lengths_with_the_same_one_over_n_law(max_gram):
     assert np.abs(freq - p).max() < 0.03
 
 
-def test_max_gram_is_recorded_and_checked_by_pretrain(tmp_path):
+def test_max_gram_is_recorded_and_checked_by_pretrain(builds):
     """Records built with data.max_gram=1 say so in meta.json; pretraining them with another value is refused."""
-    from clitools import make_records
     from xlnetcli.errors import XLNetError
     from xlnetcli.pretrain import check_records
     from xlnetcli.records import read_meta
 
     over = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "data.seq_len=64", "model.reuse_len=32",
             "data.num_predict=10", "train.global_batch_size=4", "train.micro_batch_size=2", "data.max_gram=1"]
-    rec = make_records(tmp_path, over)
+    rec = builds.pipeline(over).records
     meta = read_meta(rec)
     assert meta["max_gram"] == 1
     tiny = ROOT / "configs" / "tiny.yaml"
