@@ -1,4 +1,5 @@
-"""Shared helpers for tests: run `xlnet` in-process, check the one-line error contract, build small records."""
+"""Shared helpers for tests: run `xlnet` in-process, check the one-line error contract, kill-and-resume sweeps
+(the shared tokenizer, shards and records are conftest.py's ``builds`` fixture)."""
 
 from __future__ import annotations
 
@@ -36,17 +37,11 @@ def kill_and_resume(start, kills: int, before_kill) -> int:
         return landed
 
 
-def make_records(tmp: Path, overrides: list[str], src: Path = SAMPLE, config: Path = TINY) -> Path:
-    """tokenizer -> shards -> records of ``src`` under ``tmp`` (tok/, shards/, rec/) with ``config`` + overrides."""
-    from xlnetcli.preprocess import preprocess
-    from xlnetcli.shard import shard_corpus
-    from xlnetcli.tokenizer import train_tokenizer
-
-    cfg = load_config(config, overrides)
-    train_tokenizer(cfg, [src], tmp / "tok", quiet=True)
-    shard_corpus(cfg, [src], tmp / "shards", tmp / "tok", quiet=True)
-    preprocess(cfg, tmp / "shards", tmp / "rec", quiet=True)
-    return tmp / "rec"
+def flip_bit(path: Path, offset_from_end: int) -> None:
+    """Corrupt ``path`` in place: flip the lowest bit of the byte ``offset_from_end`` bytes before its end."""
+    data = bytearray(path.read_bytes())
+    data[-offset_from_end] ^= 1
+    path.write_bytes(bytes(data))
 
 
 def settings_config(section: str, **keys) -> Config:

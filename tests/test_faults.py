@@ -19,7 +19,6 @@ from xlnetcli.runlog import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
-SAMPLE = ROOT / "tests" / "data" / "sample.txt"
 BIN = Path(sys.executable).parent
 KILLS = int(os.environ.get("XLNET_FAULT_KILLS", "20"))
 STEPS = 60
@@ -40,12 +39,11 @@ def _env() -> dict:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory) -> tuple[Path, Path]:
-    from clitools import make_records
-
-    tmp = tmp_path_factory.mktemp("faults")
-    (tmp / "cfg.yaml").write_text(dump_config(load_config(TINY, SMALL)))
-    return make_records(tmp, SMALL), tmp / "cfg.yaml"
+def setup(builds, tmp_path_factory) -> tuple[Path, Path]:
+    """The records (shared, conftest.py: read only) and the config file of the runs."""
+    cfg = tmp_path_factory.mktemp("faults") / "cfg.yaml"
+    cfg.write_text(dump_config(load_config(TINY, SMALL)))
+    return builds.pipeline(SMALL).records, cfg
 
 
 def _start(records: Path, cfg: Path, out: Path) -> subprocess.Popen:

@@ -25,7 +25,6 @@ from xlnetcli import tasks
 from xlnetcli.config import load_config
 from xlnetcli.errors import DataError
 from xlnetcli.special import CLS_ID, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEP_ID
-from xlnetcli.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "data" / "sample.txt"
@@ -48,22 +47,28 @@ def ft_cfg(*sets: str):
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory):
+def tok_dir(builds) -> Path:
+    """The tokenizer of MODEL_SETS (shared, conftest.py: read only)."""
+    return builds.tokenizer(load_config(None, MODEL_SETS).tokenizer)
+
+
+@pytest.fixture(scope="module")
+def work(builds, tmp_path_factory):
+    """init/: a random-init pretraining checkpoint of MODEL_SETS with tok_dir's tokenizer."""
     from xlnetcli.checkpoint import save_model_dir
     from xlnetcli.model import XLNetLMHeadModel
-    from xlnetcli.tokenizer import train_tokenizer
 
     root = tmp_path_factory.mktemp("finetune")
     cfg = load_config(None, MODEL_SETS)
-    train_tokenizer(cfg, [SAMPLE], root / "tok", quiet=True)
     torch.manual_seed(0)
-    save_model_dir(root / "init", XLNetLMHeadModel(cfg.model), cfg, root / "tok", meta={"kind": "pretrain", "step": 0})
+    save_model_dir(root / "init", XLNetLMHeadModel(cfg.model), cfg, builds.tokenizer(cfg.tokenizer),
+                   meta={"kind": "pretrain", "step": 0})
     return root
 
 
 @pytest.fixture(scope="module")
-def tok(work):
-    return Tokenizer.load(work / "tok")
+def tok(tok_dir):
+    return tasks.load_tokenizer(tok_dir)
 
 
 def pydocs_rows(path: Path, limit: int | None = None) -> list[tuple[str, str]]:
@@ -304,7 +309,7 @@ def test_squad_end_to_end(work, tmp_path):
     assert len(rows) == 31 and {"id", "prediction", "best_non_null", "null_odds"} <= set(rows[0])
 
 
-def test_finetune_from_hf_directory(work, tmp_path):
+def test_finetune_from_hf_directory(work, tok_dir, tmp_path):
     transformers = pytest.importorskip("transformers")
     from xlnetcli.finetune import finetune
 
@@ -312,7 +317,7 @@ def test_finetune_from_hf_directory(work, tmp_path):
     torch.manual_seed(0)
     config = transformers.XLNetConfig(vocab_size=2000, d_model=64, n_layer=2, n_head=2, d_inner=128)
     transformers.XLNetLMHeadModel(config).save_pretrained(hf)
-    shutil.copy(work / "tok" / "spiece.model", hf / "spiece.model")
+    shutil.copy(tok_dir / "spiece.model", hf / "spiece.model")
     train = tmp_path / "train.tsv"
     train.write_text("\n".join(["text\tlabel"] + [f"{t}\t{lab}" for t, lab in pydocs_rows(TRAIN_TSV, 64)]) + "\n")
     res = finetune(ft_cfg("finetune.max_steps=4"), "classification", train, VALID_TSV, hf, tmp_path / "out",
@@ -380,13 +385,13 @@ def test_finetune_configs_load():
     assert load_config(ROOT / "configs" / "finetune" / "squad.yaml").finetune.layer_decay == 0.75
 
 
-def test_eval_pretrained_checkpoint_on_records(work, tmp_path, capsys):
+def test_eval_pretrained_checkpoint_on_records(work, tok_dir, tmp_path, capsys):
     """xlnet eval (a): a pretrained checkpoint on held-out records -> PLM loss, perplexity, accuracy."""
     from xlnetcli.cli import main
 
     sets = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", "tokenizer.vocab_size=2000",
             "--set", "model.vocab_size=2000", "--set", "data.valid_fraction=0.05"]
-    for argv in (["shard", str(SAMPLE), "--tokenizer", str(work / "tok"), "--out", str(tmp_path / "shards"),
+    for argv in (["shard", str(SAMPLE), "--tokenizer", str(tok_dir), "--out", str(tmp_path / "shards"),
                   "--quiet", "--set", "data.valid_fraction=0.05"],
                  ["preprocess", "--shards", str(tmp_path / "shards"), "--out", str(tmp_path / "rec"), *sets]):
         with pytest.raises(SystemExit) as e:

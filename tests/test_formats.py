@@ -15,6 +15,7 @@ from clitools import assert_one_line_error, run_main, settings_config
 
 import xlnetcli.corpus as corpus_mod
 from xlnetcli.corpus import FileStats, detect_format, expand_inputs, iter_file_text
+from xlnetcli.config import TokenizerConfig
 from xlnetcli.errors import DataError, XLNetError
 from xlnetcli.shard import shard_corpus
 from xlnetcli.tokenizer import train_tokenizer
@@ -76,11 +77,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tok") / "tok"
-    train_tokenizer(settings_config("tokenizer", vocab_size=2000, character_coverage=0.9999, threads=1), [SAMPLE], out,
-                    quiet=True)
-    return out
+def tok_dir(builds) -> Path:
+    """Shared (conftest.py): read only."""
+    return builds.tokenizer(TokenizerConfig(vocab_size=2000, character_coverage=0.9999, threads=1))
 
 
 def _field(name: str) -> str:

@@ -183,17 +183,17 @@ def test_deterministic_mode_is_bit_exact(impl):
 
 
 @pytest.mark.parametrize("compile_", [False, True])
-def test_pretrain_on_cuda_resumes_exactly(tmp_path, compile_):
+def test_pretrain_on_cuda_resumes_exactly(builds, tmp_path, compile_):
     """`pretrain` end to end on the GPU in bf16 (fused AdamW; attn_impl auto: sdpa eager, einsum compiled; dropout
     on; train.deterministic as shipped); stopping after a checkpoint and resuming gives bit-identical losses and
     weights to an uninterrupted run."""
     from safetensors.torch import load_file
 
-    from test_pretrain import SAMPLE, SMALL, TINY, _make_records, _train_losses
+    from test_pretrain import SMALL, TINY, _train_losses
     from xlnetcli.config import load_config
     from xlnetcli.pretrain import pretrain
 
-    rec = _make_records(tmp_path / "data", SAMPLE, SMALL)
+    rec = builds.pipeline(SMALL).records
     over = SMALL + ["train.max_steps=8", "train.save_every=4", "train.eval_every=4", "train.precision=bf16",
                     f"train.compile={str(compile_).lower()}"]
     cfg = load_config(TINY, over)

@@ -116,11 +116,11 @@ def test_export_loads_in_transformers_with_identical_outputs(ckpt, tmp_path):
     assert enc[:-2] == ours_tok.encode_ids(text)
 
 
-def test_export_of_a_real_pretraining_run_gives_our_logits_in_transformers(tmp_path):
+def test_export_of_a_real_pretraining_run_gives_our_logits_in_transformers(builds, tmp_path):
     """configs/tiny.yaml as shipped (bi_data on, memory 96, reuse 64; a 1000-piece vocabulary for the small test
     corpus), pretrained for 3 steps, exported: transformers gives our logits for batches of 1, 2 and 3, with and
     without an attention mask (left padding, as XLNet pads)."""
-    from test_pretrain import SAMPLE, TINY, _make_records
+    from test_pretrain import TINY
     from xlnetcli.config import load_config
     from xlnetcli.pretrain import pretrain
 
@@ -128,7 +128,7 @@ def test_export_of_a_real_pretraining_run_gives_our_logits_in_transformers(tmp_p
             "train.save_every=0", "train.warmup_steps=1"]
     cfg = load_config(TINY, over)
     assert cfg.model.bi_data and cfg.model.mem_len == 96 and cfg.model.reuse_len == 64
-    rec = _make_records(tmp_path, SAMPLE, over)
+    rec = builds.pipeline(over).records
     pretrain(cfg, rec, tmp_path / "run", quiet=True)
     assert cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")) == 0
     hf = transformers.XLNetLMHeadModel.from_pretrained(tmp_path / "hf").eval()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from clitools import assert_one_line_error, flip_bit
 
 from xlnetcli.checkpoint import load_model_dir, save_model_dir
 from xlnetcli.config import load_config
@@ -40,22 +41,20 @@ def _xlnet(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
-    from clitools import assert_one_line_error
-
     assert_one_line_error(proc.returncode, proc.stderr, *needles)
 
 
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory) -> dict[str, Path]:
-    """tokenizer -> shards -> records -> a 4-step pretraining run with checkpoints at steps 2 and 4."""
-    from clitools import make_records
+def pipeline(builds, tmp_path_factory) -> dict[str, Path]:
+    """tokenizer -> shards -> records (shared, conftest.py: read only) -> a 4-step pretraining run of this module
+    with checkpoints at steps 2 and 4."""
     from xlnetcli.pretrain import pretrain
 
     tmp = tmp_path_factory.mktemp("integrity")
     torch.set_num_threads(1)
-    make_records(tmp, SMALL)
-    pretrain(load_config(TINY, SMALL), tmp / "rec", tmp / "run", device="cpu", quiet=True)
-    return {"tok": tmp / "tok", "shards": tmp / "shards", "rec": tmp / "rec", "run": tmp / "run", "tmp": tmp}
+    tok, shards, rec = builds.pipeline(SMALL)
+    pretrain(load_config(TINY, SMALL), rec, tmp / "run", device="cpu", quiet=True)
+    return {"tok": tok, "shards": shards, "rec": rec, "run": tmp / "run"}
 
 
 # ---- one writer per output -----------------------------------------------------------------------------------
@@ -179,12 +178,6 @@ def test_a_symlinked_output_folder_is_refused(pipeline, tmp_path):
 # ---- checksums ------------------------------------------------------------------------------------------------
 
 
-def _flip_byte(path: Path, offset_from_end: int = 100) -> None:
-    data = bytearray(path.read_bytes())
-    data[-offset_from_end] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
 def test_a_flipped_bit_in_a_checkpoint_is_refused_on_load_and_resume(pipeline, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(pipeline["run"], run)
@@ -192,13 +185,13 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_on_load_and_resume(pipeline, t
     assert set(meta["sha256"]) >= {"model.safetensors", "train_state.safetensors", "config.yaml",
                                    "tokenizer/spiece.model"}
     load_model_dir(run)  # intact: loads
-    _flip_byte(run / "step_0000004" / "model.safetensors")
+    flip_bit(run / "step_0000004" / "model.safetensors", 100)
     with pytest.raises(CheckpointError, match="model.safetensors does not match the checksum"):
         load_model_dir(run)
     proc = _xlnet("export", run, "--out", tmp_path / "hf")
     _one_line_error(proc, "does not match the checksum")
     assert not (tmp_path / "hf").exists()
-    _flip_byte(run / "step_0000002" / "train_state.safetensors", 50)
+    flip_bit(run / "step_0000002" / "train_state.safetensors", 50)
     proc = _xlnet("pretrain", "--data", pipeline["rec"], "--out", run, "--resume", "2")
     _one_line_error(proc, "train_state.safetensors does not match the checksum")
 
@@ -210,7 +203,7 @@ def test_a_flipped_bit_in_the_records_is_refused_when_pretraining_opens_them(pip
     shutil.copytree(pipeline["rec"], rec)
     meta = json.loads((rec / "meta.json").read_text())
     assert "train/pass_000.tokens.npy" in meta["sha256"]
-    _flip_byte(rec / "train" / "pass_000.tokens.npy")
+    flip_bit(rec / "train" / "pass_000.tokens.npy", 100)
     with pytest.raises(DataError, match=r"pass_000\.tokens\.npy does not match the checksum"):
         open_records(rec, "train")
     open_records(rec, "train", verify=False)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_pretrain import SAMPLE, TINY, _make_records
+from test_pretrain import TINY
 from xlnetcli.config import load_config
 from xlnetcli.data import PretrainStream, perm_mask_from_ranks, permutation_batch
 from xlnetcli.errors import ConfigError
@@ -27,8 +27,9 @@ L, R = 64, 32
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory):
-    return _make_records(tmp_path_factory.mktemp("objectives"), SAMPLE, OVER)
+def records(builds):
+    """Shared (conftest.py): read only."""
+    return builds.pipeline(OVER).records
 
 
 def _cfg(objective: str, *extra: str):
@@ -204,14 +205,14 @@ def test_each_objective_learns(records, tmp_path, objective):
     assert again["loss"] == pytest.approx(end, rel=1e-5)
 
 
-def test_mlm_trains_under_torchrun_ddp(tmp_path):
+def test_mlm_trains_under_torchrun_ddp(builds, tmp_path):
     """DDP refuses a trainable parameter that gets no gradient; MLM has no query stream, so its start vector is
     frozen: 2 gloo processes train as one process does (the test_pretrain tolerance), and mask_emb stays at init."""
     import subprocess
 
     from test_pretrain import BIN, SMALL, _env, _train_losses, _weights, _write_config
 
-    rec = _make_records(tmp_path, SAMPLE, SMALL)
+    rec = builds.pipeline(SMALL).records
     over = SMALL + ["model.objective=mlm", "train.max_steps=4", "train.save_every=4", "train.eval_every=0",
                     "model.dropout=0.0", "model.dropatt=0.0"]
     cfg_file = _write_config(tmp_path / "cfg.yaml", over)

@@ -17,32 +17,14 @@ from xlnetcli.masking import sample_masks
 from xlnetcli.preprocess import _Params, build_row, preprocess, row_source
 from xlnetcli.records import open_records, segment_ids
 from xlnetcli.segments import Row, trim_lengths
-from xlnetcli.special import CLS_ID, EOD_ID, SEP_ID
+from xlnetcli.special import CLS_ID, SEP_ID
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "tests" / "data" / "sample.txt"
 CORPUS = ROOT / "data" / "pydocs" / "corpus.txt"
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Fixtures shared with test_data.py: a tokenizer and a shard directory in the documented format
-
-
-def train_tok(out: Path, vocab: int = 2000) -> Path:
-    """A SentencePiece tokenizer directory (ids 0-8 as docs/xlnet.md §1)."""
-    from xlnetcli.tokenizer import train_tokenizer
-
-    train_tokenizer(load_config(None, [f"tokenizer.vocab_size={vocab}"]), [str(SAMPLE)], out)
-    return out
-
-
-def make_shards(out: Path, tok_dir: Path, text: Path, n_train: int = 3, valid_share: float = 0.05) -> Path:
-    """A shard directory of ``text``: ``n_train`` train shards, ``valid_share`` of the documents held out."""
-    from xlnetcli.shard import shard_corpus
-
-    cfg = load_config(None, [f"data.valid_fraction={valid_share}"])
-    shard_corpus(cfg, [str(text)], out, tok_dir, shards=n_train, quiet=True)
-    return out
+# Fixtures shared with test_data.py: a tokenizer, the pydocs corpus in shards, records of them
 
 
 def small_cfg(*extra: str):
@@ -52,20 +34,22 @@ def small_cfg(*extra: str):
 
 
 @pytest.fixture(scope="session")
-def tok_dir(tmp_path_factory) -> Path:
-    return train_tok(tmp_path_factory.mktemp("tok") / "tokenizer")
+def tok_dir(builds) -> Path:
+    """A tokenizer (ids 0-8 as docs/xlnet.md §1). This, shard_dir and records are shared (conftest.py): read only."""
+    from xlnetcli.config import TokenizerConfig
+
+    return builds.tokenizer(TokenizerConfig(vocab_size=2000))
 
 
 @pytest.fixture(scope="session")
-def shard_dir(tmp_path_factory, tok_dir) -> Path:
-    return make_shards(tmp_path_factory.mktemp("shards") / "shards", tok_dir, CORPUS)
+def shard_dir(builds, tok_dir) -> Path:
+    """The pydocs corpus in 3 train shards and a valid shard."""
+    return builds.shards(tok_dir, CORPUS, shards=3, valid_fraction=0.05)
 
 
 @pytest.fixture(scope="session")
-def records(tmp_path_factory, shard_dir) -> Path:
-    out = tmp_path_factory.mktemp("rec") / "records"
-    preprocess(small_cfg("data.passes=2"), shard_dir, out, quiet=True)
-    return out
+def records(builds, shard_dir) -> Path:
+    return builds.records(shard_dir, small_cfg(), passes=2)
 
 
 def stream_rows(shard_dir: Path, meta: dict, split: str = "train", pass_id: int = 0) -> np.ndarray:
@@ -375,16 +359,15 @@ def test_max_gram_caps_span_lengths_with_the_same_one_over_n_law(max_gram):
     assert np.abs(freq - p).max() < 0.03
 
 
-def test_max_gram_is_recorded_and_checked_by_pretrain(tmp_path):
+def test_max_gram_is_recorded_and_checked_by_pretrain(builds):
     """Records built with data.max_gram=1 say so in meta.json; pretraining them with another value is refused."""
-    from clitools import make_records
     from xlnetcli.errors import XLNetError
     from xlnetcli.pretrain import check_records
     from xlnetcli.records import read_meta
 
     over = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "data.seq_len=64", "model.reuse_len=32",
             "data.num_predict=10", "train.global_batch_size=4", "train.micro_batch_size=2", "data.max_gram=1"]
-    rec = make_records(tmp_path, over)
+    rec = builds.pipeline(over).records
     meta = read_meta(rec)
     assert meta["max_gram"] == 1
     tiny = ROOT / "configs" / "tiny.yaml"

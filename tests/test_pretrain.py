@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from clitools import make_records, run_main
+from clitools import run_main
 from xlnetcli.config import batch_plan, load_config
 from xlnetcli.errors import ConfigError, DataError, XLNetError
 from xlnetcli.checkpoint import load_train_state
@@ -23,7 +23,6 @@ from xlnetcli.runlog import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
-SAMPLE = ROOT / "tests" / "data" / "sample.txt"
 BIN = Path(sys.executable).parent
 torch.set_num_threads(1)  # the same as the subprocesses (OMP_NUM_THREADS=1): bit-identical float reductions
 
@@ -43,13 +42,10 @@ def _env() -> dict:
     return env
 
 
-def _make_records(tmp: Path, src: Path, overrides: list[str]) -> Path:
-    return make_records(tmp, overrides, src)
-
-
 @pytest.fixture(scope="module")
-def records(tmp_path_factory) -> Path:
-    return _make_records(tmp_path_factory.mktemp("small"), SAMPLE, SMALL)
+def records(builds) -> Path:
+    """Shared (conftest.py): read only."""
+    return builds.pipeline(SMALL).records
 
 
 def _cfg(*extra: str):
@@ -240,14 +236,14 @@ def test_torchrun_fsdp_matches_one_and_resumes_exactly(records, tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_config_learns_on_real_text(tmp_path):
+def test_tiny_config_learns_on_real_text(builds, tmp_path):
     """Tiny config (2 layers, seq 64) on the bundled PSF text: held-out PLM loss must fall well below its start."""
     over = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "data.seq_len=64",
             "model.reuse_len=32", "model.mem_len=32", "data.num_predict=10", "train.global_batch_size=8",
             "train.micro_batch_size=8", "data.valid_fraction=0.05", "model.dropout=0.0", "model.dropatt=0.0",
             "train.max_steps=300", "train.warmup_steps=30", "train.lr=2e-3", "train.eval_every=150",
             "train.eval_batches=8", "train.save_every=0", "train.log_every=50"]
-    rec = _make_records(tmp_path, SAMPLE, over)
+    rec = builds.pipeline(over).records
     cfg = load_config(TINY, over)
     from xlnetcli.data import PretrainStream
     from xlnetcli.model import XLNetLMHeadModel
@@ -296,12 +292,12 @@ def test_out_folder_of_another_run(records, tmp_path):
     assert res["step"] == 3
 
 
-def test_preprocess_flags_reach_pretrain_without_config(records, tmp_path, capsys):
+def test_preprocess_flags_reach_pretrain_without_config(builds, tmp_path, capsys):
     """`xlnet preprocess --mask-mode original --passes 2`, then `xlnet pretrain` without --config (it reads the
     records' config.yaml): the saved config holds the mask mode and passes used, so pretraining is not refused."""
     cfg_file = _write_config(tmp_path / "cfg.yaml", SMALL + ["train.max_steps=2"])
     rec = tmp_path / "rec"
-    code, _, err = run_main(capsys, "preprocess", "--shards", records.parent / "shards", "--out", rec, "--config",
+    code, _, err = run_main(capsys, "preprocess", "--shards", builds.pipeline(SMALL).shards, "--out", rec, "--config",
                             cfg_file, "--mask-mode", "original", "--passes", "2")
     assert code == 0, err
     saved = load_config(rec / "config.yaml")

@@ -37,17 +37,17 @@ def _write(path: Path, rows: list[tuple[str, str]]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    """A tokenizer, a run folder holding the random initialisation (train.seed) and labelled files."""
+def env(builds, tmp_path_factory):
+    """A tokenizer (shared, conftest.py: read only), a run folder holding the random initialisation (train.seed) and
+    labelled files."""
     from xlnetcli.checkpoint import save_model_dir
     from xlnetcli.model import XLNetLMHeadModel
-    from xlnetcli.tokenizer import train_tokenizer
 
     d = tmp_path_factory.mktemp("probe")
     cfg = load_config(TINY, SMALL)
-    train_tokenizer(cfg, [SAMPLE], d / "tok", quiet=True)
+    tok = builds.tokenizer(cfg.tokenizer)
     torch.manual_seed(cfg.train.seed)
-    save_model_dir(d / "run" / "step_0000001", XLNetLMHeadModel(cfg.model).eval(), cfg, tokenizer_dir=d / "tok",
+    save_model_dir(d / "run" / "step_0000001", XLNetLMHeadModel(cfg.model).eval(), cfg, tokenizer_dir=tok,
                    meta={"kind": "pretrain", "step": 1})
     lines = _lines()
     assert len(lines) >= 1050
@@ -67,7 +67,7 @@ def env(tmp_path_factory):
         "random_train": _write(d / "random_train.tsv", [(t, rng.choice("ab")) for t in lines[500:800]]),
         "random_valid": _write(d / "random_valid.tsv", [(t, rng.choice("ab")) for t in lines[800:1050]]),
     }
-    return {"dir": d, "run": d / "run", "tok": d / "tok", "cfg": cfg, **files}
+    return {"dir": d, "run": d / "run", "tok": tok, "cfg": cfg, **files}
 
 
 def test_planted_word_is_found_by_both_features(env, capsys):
@@ -227,25 +227,23 @@ def test_probe_checkpoint_on_a_sharded_model(env, tmp_path):
             assert g["features"][kind]["l2"] == ref["features"][kind]["l2"]
 
 
-def test_probe_during_pretraining_is_logged_plotted_and_leaves_training_unchanged(env, tmp_path):
+def test_probe_during_pretraining_is_logged_plotted_and_leaves_training_unchanged(env, builds, tmp_path):
     """train.probe_every: probe rows at steps 0, 2, 4 in metrics.jsonl, a probe panel in the plot, and the training
     itself bit-identical to the same run without the probe (the probe draws from no RNG the run uses)."""
-    from xlnetcli.preprocess import preprocess
     from xlnetcli.pretrain import pretrain
     from xlnetcli.runlog import read_metrics
-    from xlnetcli.shard import shard_corpus
 
     over = SMALL + ["data.num_predict=10", "train.global_batch_size=4", "train.micro_batch_size=2",
                     "data.valid_fraction=0.05", "train.max_steps=4", "train.warmup_steps=1", "train.log_every=1",
                     "train.eval_every=2", "train.eval_batches=1", "train.save_every=0", "model.d_model=64",
                     "model.n_head=2", "model.d_head=32", "model.d_inner=128"]
     cfg = load_config(TINY, over)
-    shard_corpus(cfg, [SAMPLE], tmp_path / "shards", env["tok"], quiet=True)
-    preprocess(cfg, tmp_path / "shards", tmp_path / "rec", quiet=True)
+    tok, _, rec = builds.pipeline(over)  # env's tokenizer: the same settings
+    assert tok == env["tok"]
     torch.set_num_threads(1)
-    pretrain(cfg, tmp_path / "rec", tmp_path / "plain", device="cpu", quiet=True)
+    pretrain(cfg, rec, tmp_path / "plain", device="cpu", quiet=True)
     probed = load_config(TINY, over + [f"train.probe_file={env['planted_train']}", "train.probe_every=2"])
-    pretrain(probed, tmp_path / "rec", tmp_path / "probed", device="cpu", quiet=True)
+    pretrain(probed, rec, tmp_path / "probed", device="cpu", quiet=True)
     rows = read_metrics(tmp_path / "probed")
     probes = [r for r in rows if r["split"] == "probe"]
     assert [r["step"] for r in probes] == [0, 2, 4]

@@ -101,20 +101,18 @@ def _expand_braces(s: str) -> list[str]:
     return [x for part in m.group(1).split(",") for x in _expand_braces(s[: m.start()] + part + s[m.end():])]
 
 
-def test_python_api_example_runs(tmp_path, monkeypatch):
+def test_python_api_example_runs(builds, tmp_path, monkeypatch):
     """The README's API block, run against a real (tiny, untrained) checkpoint with a real tokenizer."""
     import torch
 
     from xlnetcli.checkpoint import save_model_dir
     from xlnetcli.config import load_config
     from xlnetcli.model import XLNetLMHeadModel
-    from xlnetcli.tokenizer import train_tokenizer
 
     cfg = load_config(ROOT / "configs" / "tiny.yaml", ["tokenizer.vocab_size=1000", "model.vocab_size=1000",
                                                         "model.n_layer=1", "model.d_model=32", "model.d_inner=64"])
-    train_tokenizer(cfg, [ROOT / "tests" / "data" / "sample.txt"], tmp_path / "tok")
     save_model_dir(tmp_path / "runs" / "tiny" / "step_0000001", XLNetLMHeadModel(cfg.model).eval(), cfg,
-                   tokenizer_dir=tmp_path / "tok", meta={"kind": "pretrain", "step": 1})
+                   tokenizer_dir=builds.tokenizer(cfg.tokenizer), meta={"kind": "pretrain", "step": 1})
     monkeypatch.chdir(tmp_path)
     block = next(b for b in code_blocks("python") if "api.load" in b)
     scope: dict = {}

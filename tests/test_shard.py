@@ -10,28 +10,26 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clitools import assert_one_line_error, run_main, settings_config
+from clitools import assert_one_line_error, flip_bit, run_main, settings_config
 from click.testing import CliRunner
 
 import xlnetcli.corpus as corpus_mod
 import xlnetcli.shardfmt as shardfmt
 from xlnetcli.cli import cli
+from xlnetcli.config import TokenizerConfig
 from xlnetcli.errors import DataError, XLNetError
 from xlnetcli.shard import shard_corpus
 from xlnetcli.shardfmt import NpyStreamWriter, open_shards, read_manifest, verify_shards
 from xlnetcli.special import EOD_ID
-from xlnetcli.tokenizer import Tokenizer, train_tokenizer
+from xlnetcli.tokenizer import Tokenizer
 
 SAMPLE = Path(__file__).parent / "data" / "sample.txt"
 
 
 @pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tok") / "tok"
-    cfg = settings_config("tokenizer", vocab_size=2000, character_coverage=0.9999, input_sentence_size=1_000_000,
-                          threads=2)
-    train_tokenizer(cfg, [SAMPLE], out, quiet=True)
-    return out
+def tok_dir(builds) -> Path:
+    """Shared (conftest.py, the one test_formats and test_finetune use): read only."""
+    return builds.tokenizer(TokenizerConfig(vocab_size=2000, character_coverage=0.9999, threads=1))
 
 
 @pytest.fixture(scope="module")
@@ -349,9 +347,7 @@ def test_manifest_and_shard_file_errors(tmp_path, tok):
         read_manifest(out)
     (out / "manifest.json").write_text(raw)
     f = out / "train" / "shard_00001.tokens.npy"
-    data = bytearray(f.read_bytes())
-    data[-1] ^= 1
-    f.write_bytes(bytes(data))
+    flip_bit(f, 1)
     with pytest.raises(DataError, match="sha256 differs"):
         verify_shards(out)
     f.unlink()

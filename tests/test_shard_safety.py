@@ -15,32 +15,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clitools import assert_one_line_error, run_main
+from clitools import assert_one_line_error, flip_bit, run_main
 
-from xlnetcli.config import load_config, replace
+from xlnetcli.config import load_config
 from xlnetcli.errors import DataError, Terminated
 from xlnetcli.io import atomic_output_dir, remove_stale_temps, sigterm_as_interrupt
 from xlnetcli.preprocess import preprocess
-from xlnetcli.shard import shard_corpus
 from xlnetcli.shardfmt import verify_shards
-from xlnetcli.tokenizer import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
-SAMPLE = ROOT / "tests" / "data" / "sample.txt"
 CORPUS = ROOT / "data" / "pydocs" / "corpus.txt"
 SETS = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "data.seq_len=32", "model.reuse_len=16",
         "data.num_predict=6", "train.global_batch_size=4", "train.micro_batch_size=2", "data.valid_fraction=0.05"]
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("safety")
-    cfg = load_config(TINY, SETS)
-    train_tokenizer(cfg, [SAMPLE], tmp / "tok", quiet=True)
-    shard_corpus(replace(cfg, data={"valid_fraction": 0.05, "seed": 42}), [SAMPLE], tmp / "shards", tmp / "tok",
-                 shards=2, quiet=True)
-    return tmp / "shards"
+def shards(builds) -> Path:
+    """Shared (conftest.py): read only; tests that flip a byte work on a copy."""
+    return builds.shards(builds.tokenizer(load_config(TINY, SETS).tokenizer), shards=2, valid_fraction=0.05)
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -81,9 +74,7 @@ def test_preprocess_refuses_a_flipped_byte_naming_the_shard(shards, tmp_path, ca
 def test_verify_names_the_sentence_id_file_and_old_manifests(shards, tmp_path):
     bad = _copy(shards, tmp_path / "shards")
     sid = bad / "valid" / "shard_00000.sentid.npy"
-    raw = bytearray(sid.read_bytes())
-    raw[-1] ^= 1
-    sid.write_bytes(bytes(raw))
+    flip_bit(sid, 1)
     with pytest.raises(DataError, match="shard_00000.sentid.npy does not match manifest.json"):
         verify_shards(bad)
     with pytest.raises(DataError, match="valid/shard_00000.sentid.npy"):
@@ -161,11 +152,10 @@ def _wait_for_temp(p: subprocess.Popen, out: Path, after: float = 0.7) -> None:
 
 
 @pytest.fixture(scope="module")
-def big(tmp_path_factory) -> tuple[Path, Path]:
-    tmp = tmp_path_factory.mktemp("big")
-    cfg = load_config(TINY, SETS)
-    train_tokenizer(cfg, [SAMPLE], tmp / "tok", quiet=True)
-    return _big_corpus(tmp / "big.txt"), tmp / "tok"
+def big(builds, tmp_path_factory) -> tuple[Path, Path]:
+    """A corpus that takes seconds to shard, and the shared tokenizer (read only)."""
+    big = _big_corpus(tmp_path_factory.mktemp("big") / "big.txt")
+    return big, builds.tokenizer(load_config(TINY, SETS).tokenizer)
 
 
 def _command(kind: str, big: tuple[Path, Path], out: Path) -> list:

@@ -20,7 +20,6 @@ from xlnetcli.runlog import MetricsLogger, NullLogger, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
-SAMPLE = ROOT / "tests" / "data" / "sample.txt"
 TRAIN_TSV = ROOT / "data" / "pydocs" / "task_train.tsv"
 torch.set_num_threads(1)
 
@@ -33,10 +32,9 @@ SMALL = [
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory) -> Path:
-    from clitools import make_records
-
-    return make_records(tmp_path_factory.mktemp("trackers"), SMALL)
+def records(builds) -> Path:
+    """Shared (conftest.py): read only."""
+    return builds.pipeline(SMALL).records
 
 
 @pytest.fixture(autouse=True)
@@ -185,18 +183,16 @@ def test_mlflow_file_store_gets_the_metrics_jsonl_values_and_resume_continues(re
     assert len(client.search_runs([info.info.experiment_id])) == 1
 
 
-def test_finetune_report_to_mlflow(tmp_path, mlflow_store):
+def test_finetune_report_to_mlflow(builds, tmp_path, mlflow_store):
     """finetune.report_to is the finetuning run's own key (its train.* settings come from the checkpoint)."""
     from xlnetcli.checkpoint import save_model_dir
     from xlnetcli.finetune import finetune
     from xlnetcli.model import XLNetLMHeadModel
-    from xlnetcli.tokenizer import train_tokenizer
 
     base = load_config(TINY, SMALL + ["model.mem_len=0", "model.reuse_len=0", "model.bi_data=false",
                                       "data.perm_size=16"])
-    train_tokenizer(base, [SAMPLE], tmp_path / "tok", quiet=True)
     torch.manual_seed(0)
-    save_model_dir(tmp_path / "init", XLNetLMHeadModel(base.model), base, tmp_path / "tok",
+    save_model_dir(tmp_path / "init", XLNetLMHeadModel(base.model), base, builds.tokenizer(base.tokenizer),
                    meta={"kind": "pretrain", "step": 0})
     lines = TRAIN_TSV.read_text(encoding="utf-8").splitlines()
     (tmp_path / "train.tsv").write_text("\n".join(lines[:65]) + "\n", encoding="utf-8")
