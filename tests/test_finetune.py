@@ -25,6 +25,7 @@ from xlnetcli import tasks
 from xlnetcli.config import load_config
 from xlnetcli.errors import DataError
 from xlnetcli.special import CLS_ID, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEP_ID
+from xlnetcli.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "data" / "sample.txt"
@@ -68,7 +69,7 @@ def work(builds, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tok(tok_dir):
-    return tasks.load_tokenizer(tok_dir)
+    return Tokenizer.load(tok_dir)
 
 
 def pydocs_rows(path: Path, limit: int | None = None) -> list[tuple[str, str]]:
