@@ -306,7 +306,7 @@ def main() -> None:
         baselines.append({"seed": seed, "probe_mean": pr["mean"]["accuracy"], "probe_cls": pr["cls"]["accuracy"],
                           "finetune": fs["value"]})
 
-    summary = goals(rows)
+    summary = goals(rows, baselines)
     result = {"budget_s": budget, "calibration_s_per_step": step_s, "steps": steps, "seeds": a.seeds,
               "corpus": a.corpus, "train": a.train, "valid": a.valid, "rows": rows, "random_init": baselines,
               "runs": runs, "goals": summary, "minutes": round((time.time() - t_all) / 60, 1),
@@ -317,11 +317,13 @@ def main() -> None:
     print(f"\nresults: {out}")
 
 
-def goals(rows: list[dict]) -> dict:
+def goals(rows: list[dict], random_init: list[dict]) -> dict:
     """Per measure, medians over seeds: (1) the earliest time ours reaches transformers' final quality, as a fraction
-    of transformers' time; (2) ours minus transformers at the end of the budget, in points."""
+    of transformers' time (undefined while that quality is not above random init: reaching chance says nothing);
+    (2) ours minus transformers at the end of the budget, in points."""
     out = {}
     for m in ("probe_mean", "probe_cls", "finetune"):
+        rand = statistics.median(b[m] for b in random_init)
         med = {}
         for side in ("ours", "hf"):
             for f in FRACTIONS:
@@ -331,7 +333,10 @@ def goals(rows: list[dict]) -> dict:
         hf_q, hf_t = med["hf", 1.0]
         reach = next((med["ours", f][1] / hf_t for f in FRACTIONS
                       if med["ours", f][0] is not None and med["ours", f][0] >= hf_q), None)
-        out[m] = {"hf_final": hf_q, "ours_final": med["ours", 1.0][0],
+        if hf_q <= rand:
+            reach = None
+        out[m] = {"hf_final": hf_q, "ours_final": med["ours", 1.0][0], "random_init": rand,
+                  "hf_final_above_random_init": hf_q > rand,
                   "gain_at_equal_time_pts": round(100 * (med["ours", 1.0][0] - hf_q), 1),
                   "ours_time_to_hf_final_quality": None if reach is None else round(reach, 2)}
     return out
@@ -356,8 +361,10 @@ def print_table(r: dict) -> None:
     for m, g in r["goals"].items():
         reach = g["ours_time_to_hf_final_quality"]
         print(f"{m}: transformers final {g['hf_final']:.3f}, ours final {g['ours_final']:.3f} "
-              f"({g['gain_at_equal_time_pts']:+.1f} pts at equal time); ours reaches transformers' final quality at "
-              + ("no checkpoint" if reach is None else f"{reach:.2f}x its time"))
+              f"({g['gain_at_equal_time_pts']:+.1f} pts at equal time), random init {g['random_init']:.3f}; "
+              + ("transformers' final quality is not above random init: no time-to-quality"
+                 if not g["hf_final_above_random_init"] else "ours reaches transformers' final quality at "
+                 + ("no checkpoint" if reach is None else f"{reach:.2f}x its time")))
 
 
 if __name__ == "__main__":
