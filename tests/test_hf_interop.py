@@ -179,6 +179,34 @@ def test_round_trips_are_bit_exact(ckpt, tmp_path):
     assert (hf_dir / "spiece.model").read_bytes() == (hf2 / "spiece.model").read_bytes()
 
 
+@pytest.mark.parametrize("objective", ["mlm", "clm"])
+def test_objective_round_trips(tok_dir, tmp_path, objective):
+    """A model pretrained with another objective exports (transformers loads it as any XLNet) and imports back with
+    its objective: the content-stream MLM head reads the same rows again. A bad value in the record is one error."""
+    cfg = make_cfg(400)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, objective=objective))
+    torch.manual_seed(0)
+    model = XLNetLMHeadModel(cfg.model).eval()
+    save_model_dir(tmp_path / "ck", model, cfg, tokenizer_dir=tok_dir, meta={"kind": "pretrain", "step": 1})
+    assert cli("export", str(tmp_path / "ck"), "--out", str(tmp_path / "hf")) == 0
+    assert json.loads((tmp_path / "hf" / "xlnet_pretraining.json").read_text())["model"]["objective"] == objective
+    transformers.XLNetLMHeadModel.from_pretrained(tmp_path / "hf")
+    assert cli("import", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")) == 0
+    back, _, _ = load_model_dir(tmp_path / "back")
+    assert back.model.objective == objective
+    ids, tt, perm, tmap = batch()
+    with torch.no_grad():
+        want = model(ids, tt, None, perm, target_mapping=tmap).logits
+        got = load_lm_model(tmp_path / "back")[0](ids, tt, None, perm, target_mapping=tmap).logits
+    assert torch.equal(want, got)
+    rec = tmp_path / "hf" / "xlnet_pretraining.json"
+    saved = json.loads(rec.read_text())
+    saved["model"]["objective"] = "dae"
+    rec.write_text(json.dumps(saved))
+    with pytest.raises(CheckpointError, match=r"xlnet_pretraining.json: model.objective must be one of plm, mlm"):
+        api.load(tmp_path / "hf")
+
+
 def test_import_transformers_save_pretrained(tmp_path):
     """A directory written by transformers itself (as a downloaded xlnet-base-cased copy would be)."""
     hc = transformers.XLNetConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, d_inner=64, mem_len=None,

@@ -169,6 +169,38 @@ def test_clm_attends_only_to_the_past(records):
             assert not torch.equal(base.logits[later], out.logits[later])
 
 
+# ---- model FLOPs -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("objective", ["plm", "mlm", "clm"])
+def test_flop_count_matches_the_executed_matmuls(records, objective):
+    """flops.forward_flops against torch's FlopCounterMode on a real forward of each objective's batch (the plain
+    einsum kernel, bi_data on, with memory, the last layer on the query rows as pretraining runs it). The counter sees
+    two things the model-FLOP count leaves out on purpose: the position scores of all R = K + L relative positions
+    before the rel-shift keeps K of them, and the 2-column segment term. What rows each layer computes is what the
+    objective changes (mlm: L content rows, no query stream; plm and clm: L + P, the last layer P)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from xlnetcli.flops import forward_flops
+
+    cfg = _cfg(objective, "model.attn_impl=einsum", "model.bi_data=true")
+    torch.manual_seed(0)
+    model = XLNetLMHeadModel(cfg.model).eval()
+    first, b = _batches(records, objective, 2)
+    with torch.no_grad():
+        mems = _run(model, first).mems
+        B, P, M = b["input_ids"].shape[0], b["target_index"].shape[1], mems[0].shape[1]
+        with FlopCounterMode(display=False) as counter:
+            model(b["input_ids"], b["token_type_ids"], perm_mask=b["perm_mask"], target_index=b["target_index"],
+                  labels=b["labels"], mems=mems, need_hidden=False)
+    m = cfg.model
+    hd = m.n_head * m.d_head
+    rows = [L] * m.n_layer if objective == "mlm" else [L + P] * (m.n_layer - 1) + [P]
+    uncounted = sum(B * n * (2 * L * hd + 2 * 2 * hd) for n in rows)  # positions beyond K, segment term
+    assert M == 32 and P == 10
+    assert counter.get_total_flops() == forward_flops(m, B, L, M, P) + uncounted
+
+
 # ---- learning ------------------------------------------------------------------------------------------------------
 
 

@@ -13,7 +13,11 @@ The count is the matrix arithmetic the XLNet objective needs (2 FLOPs per multip
     feed-forward 2·2·N·d·d_inner
 
 plus the LM head 2·P·d·V. In pretraining the last layer computes only the P query rows (N = P there). A training step
-is 3x the forward (backward = 2x). Element-wise work, softmax and the segment term are not counted, so MFU here is
+is 3x the forward (backward = 2x).
+
+By model.objective: ``plm`` as above; ``clm`` the same count (the natural order is one more factorisation order: the
+query stream still predicts the P targets, and masked scores are computed like PLM's); ``mlm`` has no query stream
+(N = L in every layer, the last included: the targets are read from its content rows) and the same head 2·P·d·V. Element-wise work, softmax and the segment term are not counted, so MFU here is
 the conservative "useful work" figure, as in the PaLM paper's appendix B.
 """
 
@@ -51,6 +55,8 @@ def forward_flops(m: ModelConfig, batch: int, seq_len: int, mem_len: int, num_pr
                   last_layer_query_only: bool = True) -> float:
     """Forward model FLOPs of one micro-batch (see the module docstring)."""
     d, hd, L, M, P = m.d_model, m.n_head * m.d_head, seq_len, mem_len, num_predict
+    query_rows = 0 if m.objective == "mlm" else P  # mlm: no query stream
+    last_rows = query_rows if last_layer_query_only and query_rows else L + query_rows
     K, R = M + L, M + 2 * L
     G = 2 if m.bi_data else 1
 
@@ -58,7 +64,7 @@ def forward_flops(m: ModelConfig, batch: int, seq_len: int, mem_len: int, num_pr
         return (2 * N * d * hd + 4 * K * d * hd + 2 * G * R * d * hd / batch + 3 * 2 * N * K * hd
                 + 2 * N * hd * d + 4 * N * d * m.d_inner)
 
-    per_example = (m.n_layer - 1) * layer(L + P) + layer(P if last_layer_query_only else L + P)
+    per_example = (m.n_layer - 1) * layer(L + query_rows) + layer(last_rows)
     per_example += 2 * P * d * m.vocab_size
     return batch * per_example
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from .config import Config, FinetuneConfig, ModelConfig, config_from_dict, config_to_dict
-from .errors import CheckpointError
+from .errors import CheckpointError, ConfigError
 
 BIASES = ("r_w_bias", "r_r_bias", "r_s_bias")
 
@@ -85,8 +85,9 @@ def mems_from_hf(mems):
 
 
 PRETRAINING_FILE = "xlnet_pretraining.json"
-# model keys that describe how a model was pretrained (batch layout, memory), not what it computes on one input
-PRETRAINING_KEYS = ("mem_len", "reuse_len", "bi_data", "dropatt", "clamp_len", "same_length")
+# model keys that describe how a model was pretrained (batch layout, memory, objective), not what it computes on one
+# input
+PRETRAINING_KEYS = ("mem_len", "reuse_len", "bi_data", "dropatt", "clamp_len", "same_length", "objective")
 
 
 def to_hf_config(mcfg: ModelConfig, pretraining_layout: bool = False) -> dict[str, Any]:
@@ -162,7 +163,8 @@ def from_hf_config(hc: dict[str, Any]) -> ModelConfig:
 
 
 def _with_pretraining_values(mcfg: ModelConfig, path: Path) -> ModelConfig:
-    """The pretraining layout written by our export (memory, reuse, bi_data, dropatt), when the folder has it."""
+    """The pretraining layout written by our export (memory, reuse, bi_data, dropatt, objective), when the folder has
+    it."""
     import dataclasses
 
     if not path.is_file():
@@ -173,6 +175,8 @@ def _with_pretraining_values(mcfg: ModelConfig, path: Path) -> ModelConfig:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{path}: not a valid pretraining record ({type(e).__name__}); remove it to import "
                               "with inference settings") from None
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: {e}; remove it to import with inference settings") from None
 
 
 def _full_config(mcfg: ModelConfig, tok: dict[str, Any] | None = None,
