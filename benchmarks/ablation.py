@@ -14,12 +14,14 @@ the same text and targets), `xlnet probe` (linear probe on frozen mean and <cls>
 adds the same architecture from random init), `xlnet finetune --init RUN` (valid accuracy after the last epoch: no
 checkpoint selection on the validation file); per seed, `--from-scratch` finetuning gives the no-pretraining row.
 
-Equal time on a shared, noisy machine: wall time of a long run measures the neighbours as much as the row, so rows
-get equal time by step counts instead. Each row's step time is measured against the full model's in a short paired
-calibration (both run at once, so both see the same load); the full model gets N = budget / its step time steps and
-a row with step-time ratio r gets round(N / r). The calibration is written to WORK/calibration.json; passing it back
-with --calibration (and --steps N) gives the same step counts, so a table is reproducible step for step. Seeds set
-train.seed (init, dropout, factorisation orders) and finetune.seed; the records (data.seed) are shared.
+Equal time on a shared, noisy machine: the wall time of a long run measures the neighbours as much as the row, so
+rows get equal CPU time through step counts. Each row's CPU seconds per step are measured against the full model's
+in a short calibration made in pairs (the row and the full model at the same time, so both see the same contention;
+CPU time of a single-threaded process leaves out the time it waits for a core); the full model gets
+N = budget / its CPU seconds per step, and a row with ratio r gets round(N / r) steps. The calibration is written to
+WORK/calibration.json; passing it back with --calibration (and --steps N) gives the same step counts, so a table
+is reproducible step for step. Seeds set train.seed (init, dropout, factorisation orders) and finetune.seed; the
+records (data.seed) are shared.
 """
 
 from __future__ import annotations
@@ -83,15 +85,19 @@ def say(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}] {msg}", file=sys.stderr, flush=True)
 
 
-def xlnet(*args: str) -> float:
-    """Run one xlnet command (output kept only on failure); returns its wall seconds."""
+def xlnet(*args: str) -> tuple[float, float]:
+    """Run one xlnet command (output kept only on failure); returns its wall and CPU seconds (user + system)."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "XLNET_NO_PROGRESS": "1"}
     t0 = time.time()
-    proc = subprocess.run([XLNET, *args], cwd=ROOT, env=env, text=True, capture_output=True)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        raise SystemExit(f"ablation: xlnet {' '.join(args)} failed ({proc.returncode}):\n" + "\n".join(tail))
-    return time.time() - t0
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen([XLNET, *args], cwd=ROOT, env=env, text=True, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            log.seek(0)
+            tail = log.read().strip().splitlines()[-5:]
+            raise SystemExit(f"ablation: xlnet {' '.join(args)} failed ({proc.returncode}):\n" + "\n".join(tail))
+    return time.time() - t0, usage.ru_utime + usage.ru_stime
 
 
 def sets_args(sets: tuple[str, ...]) -> list[str]:
@@ -103,47 +109,68 @@ def train_rows(run: Path) -> list[dict]:
     return [r for r in rows if r.get("split") == "train"]
 
 
-def step_seconds(run: Path) -> float:
-    """Median seconds per optimizer step over the logged windows (data + step, as pretrain logs it), skipping the
-    first window (allocator and cache warm-up)."""
-    tokens_per_step = 16 * 128  # tiny: global batch 16, seq 128 (the same for every row)
-    tps = [r["tokens_per_s"] for r in train_rows(run)][1:]
-    return tokens_per_step / statistics.median(tps)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def calibrate(work: Path, records: dict[Row, Path], cal_steps: int, jobs: int) -> dict:
-    """Per row, a short run at the same time as one of the full model: step-time ratio row / full."""
-    common = ["--set", f"train.max_steps={cal_steps}", "--set", "train.warmup_steps=0", "--set", "train.eval_every=0",
-              "--set", "train.save_every=0", "--set", "train.log_every=2", "--set", "train.report_to=none", "--quiet"]
+def calibrate(work: Path, records: dict[Row, Path], cal_steps: int) -> dict:
+    """Per row, CPU seconds per step against the full model's, from short runs made in pairs (the row and the full
+    model at the same time, so both see the same cache and core contention). CPU time, not wall time: a
+    single-threaded process's CPU time leaves out the time it waits for a core on a shared machine. Per step =
+    (CPU of the run - CPU of a one-step run of the full model) / (steps - 1): the fixed start-up cost (imports,
+    model, records, the final checkpoint) is the same for every row."""
+    common = ["--set", "train.warmup_steps=0", "--set", "train.eval_every=0", "--set", "train.save_every=0",
+              "--set", "train.log_every=2", "--set", "train.report_to=none", "--quiet"]
 
-    def run(row: Row, tag: str) -> float:
+    def run(row: Row, tag: str, steps: int) -> float:
         out = work / "calibration" / f"{row.key}-{tag}"
         shutil.rmtree(out, ignore_errors=True)
-        xlnet("pretrain", "--config", CONFIG, "--data", str(records[row]), "--out", str(out), *common,
-              *sets_args(row.sets))
-        return step_seconds(out)
+        return xlnet("pretrain", "--config", CONFIG, "--data", str(records[row]), "--out", str(out), *common,
+                     "--set", f"train.max_steps={steps}", *sets_args(row.sets))[1]
 
-    full_s, ratio, row_s = [], {FULL.key: 1.0}, {}
-    loads = []
-    with ThreadPoolExecutor(max_workers=min(jobs, 2)) as pool:
-        for row in ROWS[1:]:
+    cpu, ratio, full_cpu, loads = {}, {FULL.key: 1.0}, [], []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        pairs = [(FULL, "startup", 1, FULL, "1-step", 1)] + [(FULL, f"with-{r.key}", cal_steps, r, "paired", cal_steps)
+                                                            for r in ROWS[1:]]
+        startup = []
+        for a_row, a_tag, a_n, b_row, b_tag, b_n in pairs:
             loads.append(os.getloadavg()[0])
-            a, b = pool.submit(run, FULL, f"with-{row.key}"), pool.submit(run, row, "paired")
-            fs, rs = a.result(), b.result()
-            full_s.append(fs)
-            row_s[row.key] = rs
-            ratio[row.key] = rs / fs
-            say(f"calibration {row.key}: {rs:.3f} s/step against the full model's {fs:.3f} (ratio {rs / fs:.3f})")
-    return {"cal_steps": cal_steps, "full_step_s": statistics.median(full_s), "full_step_s_each": full_s,
-            "row_step_s": row_s, "ratio": ratio, "load_1min": loads}
+            a, b = pool.submit(run, a_row, a_tag, a_n), pool.submit(run, b_row, b_tag, b_n)
+            ca, cb = a.result(), b.result()
+            if b_tag == "1-step":  # two one-step runs: the start-up cost
+                startup = [ca, cb]
+                say(f"calibration: start-up + one step {ca:.1f} / {cb:.1f} CPU s")
+                continue
+            base = statistics.mean(startup)
+            fs, rs = (ca - base) / (cal_steps - 1), (cb - base) / (cal_steps - 1)
+            full_cpu.append(fs)
+            cpu[b_row.key], ratio[b_row.key] = rs, rs / fs
+            say(f"calibration {b_row.key}: {rs:.3f} CPU s/step against the full model's {fs:.3f} (ratio {rs / fs:.3f})")
+    return {"cal_steps": cal_steps, "startup_cpu_s": startup, "full_step_cpu_s": statistics.median(full_cpu),
+            "full_step_cpu_s_each": full_cpu, "row_step_cpu_s": cpu, "ratio": ratio, "load_1min": loads}
 
 
 def steps_per_row(cal: dict, budget_s: float | None, full_steps: int | None) -> dict[str, int]:
-    n = full_steps if full_steps is not None else max(1, round(budget_s / cal["full_step_s"]))
+    n = full_steps if full_steps is not None else max(1, round(budget_s / cal["full_step_cpu_s"]))
     return {row.key: max(1, round(n / cal["ratio"][row.key])) for row in ROWS}
+
+
+def unigram_loss(shards: Path, records: Path) -> float:
+    """Cross entropy (nats) of the held-out targets under the training shards' token frequencies (add-0.5
+    smoothing): what a model that uses no context scores on the same targets as `xlnet eval`."""
+    import numpy as np
+
+    from xlnetcli.records import open_records
+    from xlnetcli.shardfmt import open_shards
+
+    meta, passes = open_records(records, "valid")
+    counts = np.full(meta["vocab_size"], 0.5)
+    for tokens, _ in open_shards(shards, "train"):
+        counts += np.bincount(np.asarray(tokens, dtype=np.int64), minlength=len(counts))
+    logp = np.log(counts / counts.sum())
+    L = meta["seq_len"]
+    targets = np.concatenate([np.asarray(p.tokens, dtype=np.int64)[p.masked_bool(slice(None), slice(None), L)]
+                              for p in passes])
+    return float(-logp[targets].mean())
 
 
 def last_eval_accuracy(ft: Path) -> float:
@@ -159,15 +186,16 @@ def run_row(row: Row, seed: int, steps: int, work: Path, records: Path, eval_rec
     d = work / "runs" / name
     d.mkdir(parents=True, exist_ok=True)
     run, res = d / "pretrain", {"row": row.key, "seed": seed, "steps": steps}
-    if not run.exists():
+    if not (d / "pretrain_s.json").exists():  # written once the run is complete
+        shutil.rmtree(run, ignore_errors=True)
         say(f"{name}: pretraining {steps} steps")
-        res["pretrain_s"] = xlnet(
+        res["pretrain_s"], res["pretrain_cpu_s"] = xlnet(
             "pretrain", "--config", CONFIG, "--data", str(records), "--out", str(run), "--quiet",
             "--set", f"train.seed={seed}", "--set", f"train.max_steps={steps}",
             "--set", f"train.warmup_steps={steps // 10}", "--set", "train.eval_every=0",
             "--set", "train.save_every=0", "--set", "train.report_to=none", *sets_args(row.sets))
-        (d / "pretrain_s.json").write_text(json.dumps(res["pretrain_s"]))
-    res["pretrain_s"] = json.loads((d / "pretrain_s.json").read_text())
+        (d / "pretrain_s.json").write_text(json.dumps([res["pretrain_s"], res["pretrain_cpu_s"]]))
+    res["pretrain_s"], res["pretrain_cpu_s"] = json.loads((d / "pretrain_s.json").read_text())
     res["train_loss"] = statistics.mean(r["loss"] for r in train_rows(run)[-3:])  # last 3 logged windows
     if not (d / "eval.json").exists():
         xlnet("eval", str(run), "--data", str(eval_records), "--output", str(d / "eval.json"))
@@ -175,8 +203,10 @@ def run_row(row: Row, seed: int, steps: int, work: Path, records: Path, eval_rec
     if not (d / "probe.json").exists():
         say(f"{name}: probe")
         base = ["--baseline", "random"] if row is FULL else []
-        xlnet("probe", str(run), "--train", task["train"], "--valid", task["valid"], "--output", str(d / "probe.json"),
-              *base, *(["--max-seq-length", str(task["max_seq_length"])] if task["max_seq_length"] else []))
+        _, cpu_s = xlnet("probe", str(run), "--train", task["train"], "--valid", task["valid"],
+                         "--output", str(d / "probe.json"), *base,
+                         *(["--max-seq-length", str(task["max_seq_length"])] if task["max_seq_length"] else []))
+        (d / "probe_cpu_s.json").write_text(json.dumps(cpu_s))
     probe = json.loads((d / "probe.json").read_text())["results"]
     res["probe"] = {m: {f: probe[m][f]["accuracy"] for f in ("mean", "cls")} for m in probe}
     fts = [("finetune", [])] + ([("scratch", ["--from-scratch"])] if row is FULL else [])
@@ -184,9 +214,10 @@ def run_row(row: Row, seed: int, steps: int, work: Path, records: Path, eval_rec
         ft = d / tag
         if not ft.exists():
             say(f"{name}: finetune{' from scratch' if extra else ''}")
-            xlnet("finetune", "--task", "classification", "--train", task["train"], "--valid", task["valid"],
-                  "--init", str(run), "--out", str(ft), "--config", CONFIG, "--quiet", *extra,
-                  "--set", f"finetune.seed={seed}", *sets_args(ft_sets))
+            _, cpu_s = xlnet("finetune", "--task", "classification", "--train", task["train"], "--valid",
+                             task["valid"], "--init", str(run), "--out", str(ft), "--config", CONFIG, "--quiet",
+                             *extra, "--set", f"finetune.seed={seed}", *sets_args(ft_sets))
+            (d / f"{tag}_cpu_s.json").write_text(json.dumps(cpu_s))
         res[f"{tag}_acc"] = last_eval_accuracy(ft)
     say(f"{name}: done " + json.dumps({k: v for k, v in res.items() if k not in ("row", "seed", "steps")}))
     return res
@@ -205,23 +236,25 @@ def cell(values: list[float], digits: int = 3) -> str:
     return f"{med:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
-def table(results: list[dict], steps: dict[str, int], cal: dict) -> str:
+def table(results: list[dict], steps: dict[str, int], cal: dict, unigram: float) -> str:
     by_row = {row.key: [r for r in results if r["row"] == row.key] for row in ROWS}
-    lines = ["| row | steps | step time / full | held-out loss | probe mean | probe cls | finetuned |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| row | steps | step CPU / full | pretrain CPU s | held-out loss | probe mean | probe cls | finetuned |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in ROWS:
         rs = by_row[row.key]
         loss = cell([r["heldout_loss"] for r in rs])
         objective = next((s.split("=")[1] for s in row.sets if s.startswith("model.objective=")), None)
         if objective:
             loss += f" ({objective.upper()}, n/c)"
-        lines.append(f"| {row.label} | {steps[row.key]} | {cal['ratio'][row.key]:.2f} | {loss} | "
+        lines.append(f"| {row.label} | {steps[row.key]} | {cal['ratio'][row.key]:.2f} | "
+                     f"{cell([r['pretrain_cpu_s'] for r in rs], 0)} | {loss} | "
                      f"{cell([r['probe']['pretrained']['mean'] for r in rs])} | "
                      f"{cell([r['probe']['pretrained']['cls'] for r in rs])} | "
                      f"{cell([r['finetune_acc'] for r in rs])} |")
     full = by_row[FULL.key]
-    lines.append(f"| no pretraining (random init) | 0 | - | - | {cell([r['probe']['random']['mean'] for r in full])} | "
+    lines.append(f"| no pretraining (random init) | 0 | - | - | - | {cell([r['probe']['random']['mean'] for r in full])} | "
                  f"{cell([r['probe']['random']['cls'] for r in full])} | {cell([r['scratch_acc'] for r in full])} |")
+    lines.append(f"| unigram frequencies (no context) | - | - | - | {unigram:.3f} | - | - | - |")
     return "\n".join(lines)
 
 
@@ -235,7 +268,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: one seed, a few steps, 150 task examples")
     ap.add_argument("--budget", type=float, default=240.0,
-                    help="seconds of pretraining per row, at the calibration's step time (default 240)")
+                    help="CPU seconds of pretraining per row, at the calibration's step cost (default 240)")
     ap.add_argument("--steps", type=int, default=None,
                     help="the full model's steps instead of --budget (other rows scaled by the calibration)")
     ap.add_argument("--seeds", default="1,2", help="comma-separated seeds (default 1,2)")
@@ -299,7 +332,7 @@ def main() -> None:
     if args.calibration:
         cal = json.loads(args.calibration.read_text())
     else:
-        cal = calibrate(work, records, args.cal_steps, args.jobs)
+        cal = calibrate(work, records, args.cal_steps)
         (work / "calibration.json").write_text(json.dumps(cal, indent=2) + "\n")
     steps = steps_per_row(cal, args.budget, args.steps)
     if args.calibrate_only:
@@ -317,14 +350,15 @@ def main() -> None:
     import torch
 
     print(f"Ablations (Table 6 in miniature): tiny config, corpus {args.corpus}, task {args.train} / {args.valid}; "
-          f"seeds {','.join(map(str, seeds))}; full-model step {cal['full_step_s']:.3f} s at calibration, "
-          f"{steps[FULL.key]} steps = {steps[FULL.key] * cal['full_step_s']:.0f} s per row; "
+          f"seeds {','.join(map(str, seeds))}; full-model step {cal['full_step_cpu_s']:.3f} CPU s at calibration, "
+          f"{steps[FULL.key]} steps = {steps[FULL.key] * cal['full_step_cpu_s']:.0f} CPU s per row; "
           f"{minutes:.1f} min wall; load (1/5/15 min) {load_start[0]:.1f}/{load_start[1]:.1f}/{load_start[2]:.1f} "
           f"at start, {load_end[0]:.1f}/{load_end[1]:.1f}/{load_end[2]:.1f} at end; {os.cpu_count()} CPUs; "
           f"torch {torch.__version__}")
-    print("Cells: median (min-max) over seeds. Held-out loss: `xlnet eval` on the forward-only valid records, the "
-          "row's own objective (n/c: a different task, not comparable with the PLM rows).")
-    print(table(results, steps, cal))
+    print("Cells: median (min-max) over seeds. Pretrain CPU s: the whole `xlnet pretrain` process, start-up "
+          f"({statistics.mean(cal['startup_cpu_s']):.0f} s) included. Held-out loss: `xlnet eval` on the forward-only "
+          "valid records, the row's own objective (n/c: a different task, not comparable with the PLM rows).")
+    print(table(results, steps, cal, unigram_loss(shards, rec_dir[EVAL_SETS])))
     print("\nper run:")
     for r in results:
         print(json.dumps(r))
