@@ -207,6 +207,7 @@ def run_row(row: Row, seed: int, steps: int, work: Path, records: Path, eval_rec
                          "--output", str(d / "probe.json"), *base,
                          *(["--max-seq-length", str(task["max_seq_length"])] if task["max_seq_length"] else []))
         (d / "probe_cpu_s.json").write_text(json.dumps(cpu_s))
+    res["probe_cpu_s"] = json.loads((d / "probe_cpu_s.json").read_text())
     probe = json.loads((d / "probe.json").read_text())["results"]
     res["probe"] = {m: {f: probe[m][f]["accuracy"] for f in ("mean", "cls")} for m in probe}
     fts = [("finetune", [])] + ([("scratch", ["--from-scratch"])] if row is FULL else [])
@@ -219,6 +220,7 @@ def run_row(row: Row, seed: int, steps: int, work: Path, records: Path, eval_rec
                              *extra, "--set", f"finetune.seed={seed}", *sets_args(ft_sets))
             (d / f"{tag}_cpu_s.json").write_text(json.dumps(cpu_s))
         res[f"{tag}_acc"] = last_eval_accuracy(ft)
+        res[f"{tag}_cpu_s"] = json.loads((d / f"{tag}_cpu_s.json").read_text())
     say(f"{name}: done " + json.dumps({k: v for k, v in res.items() if k not in ("row", "seed", "steps")}))
     return res
 
@@ -291,14 +293,15 @@ def main() -> None:
     if args.steps is not None and args.steps < 1 or args.cal_steps < 4 or args.jobs < 1:
         sys.exit("ablation: --steps must be >= 1, --cal-steps >= 4, --jobs >= 1")
     for f in (args.corpus, args.train, args.valid):
-        if not (ROOT / f).is_file() and not Path(f).is_file():
+        if not Path(f).is_file() and not (ROOT / f).is_file():
             sys.exit(f"ablation: {f}: no such file")
+    corpus, train, valid = (str((Path(f) if Path(f).is_file() else ROOT / f).resolve())
+                            for f in (args.corpus, args.train, args.valid))
 
     tmp = None if args.work else tempfile.TemporaryDirectory(prefix="ablation-")
     work = (args.work or Path(tmp.name)).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    task = {"train": str(Path(args.train).resolve()), "valid": str(Path(args.valid).resolve()),
-            "max_seq_length": args.max_seq_length}
+    task = {"train": train, "valid": valid, "max_seq_length": args.max_seq_length}
     ft_sets: tuple[str, ...] = ()
     if args.max_seq_length:
         ft_sets += (f"finetune.max_seq_length={args.max_seq_length}",)
@@ -308,14 +311,19 @@ def main() -> None:
         task.update(train=cut_rows(task["train"], work / "quick_train.tsv", 150),
                     valid=cut_rows(task["valid"], work / "quick_valid.tsv", 60))
         ft_sets += ("finetune.max_steps=4",)
+    # a work folder holds one setting: its outputs are reused, so a different corpus or task needs another folder
+    setting = {"corpus": corpus, **task, "finetune": list(ft_sets)}
+    if (work / "setting.json").exists() and json.loads((work / "setting.json").read_text()) != setting:
+        sys.exit(f"ablation: {work} holds runs of another corpus, task or finetune setting; pass another --work")
+    (work / "setting.json").write_text(json.dumps(setting, indent=2) + "\n")
     t_start, load_start = time.time(), os.getloadavg()
     say(f"work folder {work}; seeds {seeds}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}")
 
     tok, shards = work / "tok", work / "shards"
     if not tok.exists():
-        xlnet("tokenize", "train", args.corpus, "--out", str(tok), "--config", CONFIG, "--quiet")
+        xlnet("tokenize", "train", corpus, "--out", str(tok), "--config", CONFIG, "--quiet")
     if not shards.exists():
-        xlnet("shard", args.corpus, "--tokenizer", str(tok), "--out", str(shards), "--config", CONFIG,
+        xlnet("shard", corpus, "--tokenizer", str(tok), "--out", str(shards), "--config", CONFIG,
               "--shards", "2", "--workers", "1", "--quiet")
     variants = {record_sets(row.sets) for row in ROWS} | {EVAL_SETS}
     rec_dir = {v: work / records_name(v) for v in variants}
