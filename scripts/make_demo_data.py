@@ -6,7 +6,7 @@ Outputs (deterministic for a given Python version):
 
   data/pydocs/corpus.txt          pretraining corpus: one sentence per line, blank line = end of document; the
                                   modules in ORDER_MODULES are held out of it
-  data/pydocs/order_train.tsv     the demo task (word order): is a sentence in its original order, or have two
+  data/pydocs/order_train.tsv     the demo task (word order): is a sentence in its original order, or have
   data/pydocs/order_valid.tsv     adjacent words been swapped; sentences from the held-out modules only
   data/pydocs/task_train.tsv      topic task (tests): which part of the stdlib a paragraph documents
   data/pydocs/task_valid.tsv
@@ -46,6 +46,7 @@ ORDER_MODULES = {
 }
 ORDER_WORDS = (8, 40)  # sentence length range, in whitespace-separated words
 OVERLAP_WORDS = 8  # a task sentence shares no run of this many words with the corpus
+SWAP_EVERY = 6  # one adjacent swap per this many words (one swap alone: the tiny models' probe stays near chance)
 
 
 def prose_paragraphs(doc: str) -> list[str]:
@@ -114,12 +115,18 @@ def word_runs(words: list[str]) -> set[tuple[str, ...]]:
 
 
 def swap_adjacent(sentence: str, rng: random.Random) -> str:
-    """The sentence with two adjacent, different interior words swapped (the first and last word stay in place,
-    so capitalisation and the final full stop give nothing away); the same words, so the same bag of words."""
+    """The sentence with pairs of adjacent, different interior words swapped, one pair per SWAP_EVERY words (at least
+    one; the pairs do not overlap, so the result always differs from the sentence). The first and last word stay in
+    place, so capitalisation and the final full stop give nothing away; the words are the same, so the bag of words
+    is the same."""
     words = sentence.split()
     spots = [i for i in range(1, len(words) - 2) if words[i].lower() != words[i + 1].lower()]
-    i = rng.choice(spots)
-    words[i], words[i + 1] = words[i + 1], words[i]
+    for _ in range(max(1, len(words) // SWAP_EVERY)):
+        if not spots:
+            break
+        i = rng.choice(spots)
+        words[i], words[i + 1] = words[i + 1], words[i]
+        spots = [j for j in spots if abs(j - i) > 1]
     return " ".join(words)
 
 
