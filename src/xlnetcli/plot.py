@@ -1,8 +1,9 @@
 """`xlnet plot RUN_DIR`: loss, learning-rate and throughput curves of a pretraining or finetuning run as a PNG.
 
 Reads the run's metrics.jsonl (rows {"step", "split", ...}). `xlnet plot PROBE_JSON` draws the label-efficiency
-curve of an `xlnet probe --train-sizes ... --output PROBE_JSON` result instead (accuracy against labelled examples). matplotlib is an optional extra (`pip install
-xlnetcli[plot]`); pretrain and finetune call `maybe_plot` at the end, which does nothing when it is missing.
+curve of an `xlnet probe --train-sizes ... --output PROBE_JSON` result instead (accuracy against labelled examples).
+matplotlib is an optional extra (`pip install xlnetcli[plot]`); pretrain and finetune call `maybe_plot` at the end,
+which does nothing when it is missing.
 """
 
 from __future__ import annotations

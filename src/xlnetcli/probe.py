@@ -234,7 +234,8 @@ def probe_checkpoint(model: torch.nn.Module, tokenizer: Any, train_rows: Sequenc
 
     Returns {"accuracy": {"mean": a, "cls": a}, "features": {kind: linear_probe result}, "labels", "train_examples",
     "valid_examples", "majority" (validation accuracy of always answering the training file's commonest label),
-    "truncated"}; with ``train_sizes``, each feature's result also holds "curve" (``label_curve``). Every process of a sharded (FSDP) model must call it together: the forward pass gathers weights."""
+    "truncated"}; with ``train_sizes``, each feature's result also holds "curve" (``label_curve``). Every process of
+    a sharded (FSDP) model must call it together: the forward pass gathers weights."""
     if label_list is None:
         label_list = _labels(train_rows, valid_rows, "probe training rows", "probe validation rows")
     tr = tasks.encode_texts(tokenizer, train_rows, max_seq_length, "classification", label_list)
