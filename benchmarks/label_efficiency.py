@@ -2,12 +2,12 @@
 
     python benchmarks/label_efficiency.py --run RUN [--sizes 50,200,800] [--seeds 1] [--png label_efficiency.png]
 
-For each size n (and the whole training file), a stratified draw of n rows of --train (`split_rows`, the draw the
-probe's curve uses, seed 0) is finetuned twice with the tiny finetune settings: `xlnet finetune --init RUN` and the
-same with `--from-scratch` (same finetune.seed), each scored on the whole --valid file (finetune keeps the best
-epoch by validation accuracy, for both starts alike). Small draws get more epochs so that every run takes at least
---min-steps optimizer steps (3 epochs of 50 rows are 6 steps at batch 32). `xlnet probe --train-sizes` gives the
-same view from frozen features in seconds; this is the finetuned one. Prints a Markdown table and JSON.
+For each size n (and the whole training file), a stratified draw of n rows of --train (`split_rows`, the probe
+curve's first draw) is finetuned twice with the tiny finetune settings and finetune.summary_type mean (as the demo):
+`xlnet finetune --init RUN` and the same with `--from-scratch` (same finetune.seed), each scored on the whole --valid
+file (finetune keeps the best epoch by validation accuracy, for both starts alike). Small draws get more epochs so
+that every run takes at least --min-steps optimizer steps (3 epochs of 50 rows are 6 steps at batch 32).
+`xlnet probe --train-sizes` gives the same view from frozen features in seconds; this is the finetuned one. Prints a Markdown table and JSON.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ ROOT = Path(__file__).resolve().parent.parent
 XLNET = str(Path(sys.executable).with_name("xlnet"))
 
 
-def finetune(train: Path, valid: str, init: str, out: Path, scratch: bool, epochs: float, seed: int) -> float:
+def finetune(train: Path, valid: str, init: str, out: Path, scratch: bool, epochs: float, seed: int,
+             summary_type: str) -> float:
     cmd = [XLNET, "finetune", "--task", "classification", "--train", str(train), "--valid", valid, "--init", init,
            "--out", str(out), "--config", "tiny", "--set", f"finetune.epochs={epochs:g}",
-           "--set", f"finetune.seed={seed}", "--quiet"] + (["--from-scratch"] if scratch else [])
+           "--set", f"finetune.seed={seed}", "--set", f"finetune.summary_type={summary_type}",
+           "--quiet"] + (["--from-scratch"] if scratch else [])
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return json.loads((out / "results.json").read_text())["valid"]["accuracy"]
 
@@ -43,6 +45,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="1", help="finetune.seed values, comma-separated")
     ap.add_argument("--min-steps", type=int, default=150)
     ap.add_argument("--batch", type=int, default=32, help="the tiny preset's finetune.batch_size")
+    ap.add_argument("--summary-type", default="mean", help="finetune.summary_type (the demo's: mean)")
     ap.add_argument("--png", default=None, help="also draw the curve to this PNG")
     args = ap.parse_args()
     rows = read_rows(args.train)
@@ -57,7 +60,8 @@ def main() -> None:
             epochs = max(3.0, math.ceil(args.min_steps * args.batch / len(part)))
             for seed in seeds:
                 acc = {start: finetune(path, args.valid, args.run, Path(tmp) / f"{start}_{n}_{seed}",
-                                       start == "scratch", epochs, seed) for start in ("pretrained", "scratch")}
+                                       start == "scratch", epochs, seed, args.summary_type)
+                       for start in ("pretrained", "scratch")}
                 results.append({"n": len(part), "seed": seed, "epochs": epochs, **acc})
                 print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     print("| labelled examples | epochs | finetune.seed | pretrained | from scratch | difference (points) |")
