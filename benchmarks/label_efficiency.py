@@ -7,7 +7,8 @@ curve's first draw) is finetuned twice with the tiny finetune settings and finet
 `xlnet finetune --init RUN` and the same with `--from-scratch` (same finetune.seed), each scored on the whole --valid
 file (finetune keeps the best epoch by validation accuracy, for both starts alike). Small draws get more epochs so
 that every run takes at least --min-steps optimizer steps (3 epochs of 50 rows are 6 steps at batch 32).
-`xlnet probe --train-sizes` gives the same view from frozen features in seconds; this is the finetuned one. Prints a Markdown table and JSON.
+`xlnet probe --train-sizes` gives the same view from frozen features in seconds; this is the finetuned one. Prints
+a Markdown table and JSON.
 """
 
 from __future__ import annotations
