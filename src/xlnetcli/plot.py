@@ -79,8 +79,9 @@ def plot_label_curve(probe_json: str | Path, out: str | Path | None = None) -> P
                         f"--train-sizes N,N --output FILE): {e}") from None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
-    for (name, kind), pts in curves.items():
-        ax.plot([n for n, _ in pts], [a for _, a in pts], marker="o", markersize=4,
+    kinds = list(dict.fromkeys(kind for _, kind in curves))
+    for (name, kind), pts in curves.items():  # one colour per feature, solid for the checkpoint, dashed for random
+        ax.plot([n for n, _ in pts], [a for _, a in pts], marker="o", markersize=4, color=f"C{kinds.index(kind)}",
                 linestyle="-" if name == "pretrained" else "--", label=f"{name}, {kind} features")
     ax.axhline(res["majority"], color="grey", linewidth=0.8, label="majority class")
     ax.set_xscale("log")
