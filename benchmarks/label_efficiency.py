@@ -5,8 +5,9 @@
 For each size n (and the whole training file), a stratified draw of n rows of --train (`split_rows`, the probe
 curve's first draw) is finetuned twice with the tiny finetune settings and finetune.summary_type mean (as the demo):
 `xlnet finetune --init RUN` and the same with `--from-scratch` (same finetune.seed), each scored on the whole --valid
-file (finetune keeps the best epoch by validation accuracy, for both starts alike). Small draws get more epochs so
-that every run takes at least --min-steps optimizer steps (3 epochs of 50 rows are 6 steps at batch 32).
+file (finetune keeps its best evaluation by validation accuracy, for both starts alike). Small draws get more epochs so
+that every run takes at least --min-steps optimizer steps (3 epochs of 50 rows are 6 steps at batch 32), and every
+run is evaluated 3 times (each epoch of the whole file).
 `xlnet probe --train-sizes` gives the same view from frozen features in seconds; this is the finetuned one. Prints
 a Markdown table and JSON.
 """
@@ -27,10 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 XLNET = str(Path(sys.executable).with_name("xlnet"))
 
 
-def finetune(train: Path, valid: str, init: str, out: Path, scratch: bool, epochs: float, seed: int,
+def finetune(train: Path, valid: str, init: str, out: Path, scratch: bool, epochs: float, eval_every: int, seed: int,
              summary_type: str) -> float:
     cmd = [XLNET, "finetune", "--task", "classification", "--train", str(train), "--valid", valid, "--init", init,
            "--out", str(out), "--config", "tiny", "--set", f"finetune.epochs={epochs:g}",
+           "--set", f"finetune.eval_every={eval_every}",
            "--set", f"finetune.seed={seed}", "--set", f"finetune.summary_type={summary_type}",
            "--quiet"] + (["--from-scratch"] if scratch else [])
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
@@ -47,10 +49,11 @@ def main() -> None:
     ap.add_argument("--min-steps", type=int, default=150)
     ap.add_argument("--batch", type=int, default=32, help="the tiny preset's finetune.batch_size")
     ap.add_argument("--summary-type", default="mean", help="finetune.summary_type (the demo's: mean)")
+    ap.add_argument("--skip-full", action="store_true", help="only the drawn sizes, not the whole training file")
     ap.add_argument("--png", default=None, help="also draw the curve to this PNG")
     args = ap.parse_args()
     rows = read_rows(args.train)
-    sizes = [int(n) for n in args.sizes.split(",") if int(n) < len(rows)] + [len(rows)]
+    sizes = [int(n) for n in args.sizes.split(",") if int(n) < len(rows)] + ([] if args.skip_full else [len(rows)])
     seeds = [int(s) for s in args.seeds.split(",")]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,9 +62,10 @@ def main() -> None:
             path = Path(tmp) / f"train_{n}.tsv"
             path.write_text("text\tlabel\n" + "".join(f"{r.text_a}\t{r.label}\n" for r in part), encoding="utf-8")
             epochs = max(3.0, math.ceil(args.min_steps * args.batch / len(part)))
+            eval_every = max(1, math.ceil(len(part) / args.batch) * int(epochs) // 3)  # 3 evaluations, as 3 epochs
             for seed in seeds:
                 acc = {start: finetune(path, args.valid, args.run, Path(tmp) / f"{start}_{n}_{seed}",
-                                       start == "scratch", epochs, seed, args.summary_type)
+                                       start == "scratch", epochs, eval_every, seed, args.summary_type)
                        for start in ("pretrained", "scratch")}
                 results.append({"n": len(part), "seed": seed, "epochs": epochs, **acc})
                 print(json.dumps(results[-1]), file=sys.stderr, flush=True)
