@@ -202,12 +202,14 @@ def config_show_cmd(name: str | None, overrides: tuple[str, ...]) -> None:
 # ---- plot ----
 @cli.command("plot")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="PNG path (default RUN_DIR/curves.png).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="PNG path (default RUN_DIR/curves.png, or the probe JSON's path with .png).")
 def plot_cmd(run_dir: Path, out: Path | None) -> None:
-    """Plot loss, learning rate and throughput curves of a run as a PNG."""
-    from .plot import plot_run
+    """Plot loss, learning rate and throughput curves of a run as a PNG; given the JSON of `xlnet probe
+    --train-sizes ... --output FILE`, plot its label-efficiency curve instead."""
+    from .plot import plot_label_curve, plot_run
 
-    click.echo(str(plot_run(run_dir, out)))
+    click.echo(str(plot_label_curve(run_dir, out) if run_dir.is_file() else plot_run(run_dir, out)))
 
 
 # ---- pretrain ----
@@ -503,18 +505,26 @@ def eval_cmd(ckpt: Path, file: Path | None, data_dir: Path | None, split: str, b
 @click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True,
               help="Seed of the held-out split that picks L2.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--train-sizes", default=None, metavar="N,N,...",
+              help="Also refit the probe on draws of N training rows each (label efficiency: accuracy against the "
+                   "number of labelled examples; `xlnet plot` draws it from --output).")
 def probe_cmd(ckpt: Path, train_file: Path, valid_file: Path, baseline: str | None, output: Path | None,
               text_a_column: str | None, text_b_column: str | None, label_column: str | None, no_header: bool,
-              max_seq_length: int | None, batch_size: int, seed: int, device: str) -> None:
+              max_seq_length: int | None, batch_size: int, seed: int, device: str, train_sizes: str | None) -> None:
     """Linear probe on frozen features (mean-pooled and <cls>) of a checkpoint, optionally against random init.
 
     Prints a table of validation accuracies on stdout; --output writes the full result (held-out scores, L2) as JSON.
     """
     from .probe import format_table, probe
 
+    try:
+        sizes = [int(n) for n in train_sizes.split(",")] if train_sizes else []
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {train_sizes!r}",
+                                 param_hint="--train-sizes") from None
     res = probe(ckpt, train_file, valid_file, baseline=baseline, output=output,
                 columns=_columns(text_a_column, text_b_column, label_column), header=not no_header,
-                max_seq_length=max_seq_length, batch_size=batch_size, seed=seed, device=device)
+                max_seq_length=max_seq_length, batch_size=batch_size, seed=seed, device=device, train_sizes=sizes)
     click.echo(format_table(res))
 
 

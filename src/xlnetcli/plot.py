@@ -1,7 +1,9 @@
 """`xlnet plot RUN_DIR`: loss, learning-rate and throughput curves of a pretraining or finetuning run as a PNG.
 
-Reads the run's metrics.jsonl (rows {"step", "split", ...}). matplotlib is an optional extra (`pip install
-xlnetcli[plot]`); pretrain and finetune call `maybe_plot` at the end, which does nothing when it is missing.
+Reads the run's metrics.jsonl (rows {"step", "split", ...}). `xlnet plot PROBE_JSON` draws the label-efficiency
+curve of an `xlnet probe --train-sizes ... --output PROBE_JSON` result instead (accuracy against labelled examples).
+matplotlib is an optional extra (`pip install xlnetcli[plot]`); pretrain and finetune call `maybe_plot` at the end,
+which does nothing when it is missing.
 """
 
 from __future__ import annotations
@@ -33,14 +35,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     rows = read_metrics(run_dir)
     if not rows:
         raise DataError(f"no metrics in {run_dir} (expected {run_dir / 'metrics.jsonl'} from xlnet pretrain/finetune)")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise XLNetError("xlnet plot needs matplotlib: pip install 'xlnetcli[plot]'") from None
-
+    plt = _pyplot()
     panels = [
         ("loss", [("train", _series(rows, "train", LOSS_KEYS)), ("eval", _series(rows, "eval", EVAL_KEYS[:2]))]),
         ("learning rate", [("train", _series(rows, "train", ("lr",)))]),
@@ -64,8 +59,54 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(run_dir.name, fontsize=10)
+    return _save(plt, fig, Path(out) if out else run_dir / "curves.png")
+
+
+def plot_label_curve(probe_json: str | Path, out: str | Path | None = None) -> Path:
+    """Write the label-efficiency curve of a probe result (``xlnet probe --train-sizes``) to ``out`` (default: the
+    JSON's path with .png): validation accuracy against training rows, one line per model and feature."""
+    import json
+
+    probe_json = Path(probe_json)
+    try:
+        res = json.loads(probe_json.read_text(encoding="utf-8"))
+        results = res["results"]
+        curves = {(name, kind): [(pt["n"], pt["accuracy"]) for pt in r["curve"]] + [(res["train_examples"],
+                                                                                    r["accuracy"])]
+                  for name, feats in results.items() for kind, r in feats.items()}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{probe_json}: not a probe result with a label-efficiency curve (xlnet probe "
+                        f"--train-sizes N,N --output FILE): {e}") from None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    kinds = list(dict.fromkeys(kind for _, kind in curves))
+    for (name, kind), pts in curves.items():  # one colour per feature, solid for the checkpoint, dashed for random
+        ax.plot([n for n, _ in pts], [a for _, a in pts], marker="o", markersize=4, color=f"C{kinds.index(kind)}",
+                linestyle="-" if name == "pretrained" else "--", label=f"{name}, {kind} features")
+    ax.axhline(res["majority"], color="grey", linewidth=0.8, label="majority class")
+    ax.set_xscale("log")
+    ax.set_xlabel("labelled training examples")
+    ax.set_ylabel("validation accuracy (linear probe)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"label efficiency: {Path(res['valid']).name}", fontsize=10)
+    return _save(plt, fig, Path(out) if out else probe_json.with_suffix(".png"))
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise XLNetError("xlnet plot needs matplotlib: pip install 'xlnetcli[plot]'") from None
+    return plt
+
+
+def _save(plt, fig, out: Path) -> Path:
+    """Save through a temporary file, so a failed save never leaves a half-written PNG."""
     fig.tight_layout()
-    out = Path(out) if out else run_dir / "curves.png"
     tmp = out.with_name(f".{out.name}.tmp.png")
     fig.savefig(tmp, dpi=110)
     plt.close(fig)

@@ -15,6 +15,11 @@ CPU: deterministic). The L2 strength is picked from ``L2_GRID`` on a stratified 
 once on the validation file. ``baseline="random"`` repeats everything for the same architecture at its random
 initialisation (``train.seed`` of the checkpoint's config: for one of our runs, exactly its step-0 weights).
 
+Label efficiency (``train_sizes``, ``--train-sizes 50,200,800``): the same probe refitted on stratified draws of
+``n`` training rows (``CURVE_DRAWS`` draws per size, L2 chosen again within each draw), scored on the whole validation
+file, from the features computed once: accuracy against the number of labelled examples, the view where a
+pretrained start shows most (``xlnet plot probe.json`` draws it).
+
 ``probe_checkpoint(model, tokenizer, train_rows, valid_rows)`` is the same probe on a model object, for use during
 pretraining (``train.probe_file`` / ``train.probe_every``; ``split_rows`` makes the deterministic train/valid split of
 that one file). It leaves the model's mode, its gradients and every RNG untouched::
@@ -39,6 +44,7 @@ from .errors import DataError, XLNetError
 FEATURES = ("mean", "cls")
 L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # penalty 0.5 * l2 * ||W||^2 added to the mean cross entropy
 HELDOUT_FRACTION = 0.2  # share of the training file held out to choose the L2 strength
+CURVE_DRAWS = 3  # draws of the training rows per size of the label-efficiency curve
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -184,6 +190,24 @@ def linear_probe(x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, 
             "l2": l2, "heldout": {f"{k:g}": v for k, v in scores.items()}}
 
 
+def label_curve(x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, y_valid: np.ndarray,
+                n_classes: int, sizes: Sequence[int], l2_grid: Sequence[float] = L2_GRID, draws: int = CURVE_DRAWS,
+                seed: int = 0) -> list[dict[str, Any]]:
+    """``linear_probe`` on stratified draws of ``n`` training rows for each ``n`` in ``sizes`` (smaller than the
+    training set; draw ``k`` uses seed ``seed + k``): [{"n", "accuracy" (mean over draws), "accuracies"}]."""
+    out = []
+    for n in sorted(set(sizes)):
+        if n >= len(y_train):
+            continue
+        accs = []
+        for k in range(draws):
+            _, rows = _stratified(y_train, n / len(y_train), seed + k)
+            accs.append(linear_probe(x_train[rows], y_train[rows], x_valid, y_valid, n_classes, l2_grid,
+                                     seed=seed)["accuracy"])
+        out.append({"n": n, "accuracy": float(np.mean(accs)), "accuracies": accs})
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Probing a model object (pretraining) and a checkpoint (`xlnet probe`)
 
@@ -205,12 +229,13 @@ def _labels(train_rows: Sequence[tasks.TextExample], valid_rows: Sequence[tasks.
 def probe_checkpoint(model: torch.nn.Module, tokenizer: Any, train_rows: Sequence[tasks.TextExample],
                      valid_rows: Sequence[tasks.TextExample], max_seq_length: int = 128, batch_size: int = 64,
                      l2_grid: Sequence[float] = L2_GRID, seed: int = 0, label_list: Sequence[str] | None = None,
-                     ) -> dict[str, Any]:
+                     train_sizes: Sequence[int] = ()) -> dict[str, Any]:
     """Linear probes (``mean`` and ``cls`` features) of ``model`` on labelled rows.
 
     Returns {"accuracy": {"mean": a, "cls": a}, "features": {kind: linear_probe result}, "labels", "train_examples",
     "valid_examples", "majority" (validation accuracy of always answering the training file's commonest label),
-    "truncated"}. Every process of a sharded (FSDP) model must call it together: the forward pass gathers weights."""
+    "truncated"}; with ``train_sizes``, each feature's result also holds "curve" (``label_curve``). Every process of
+    a sharded (FSDP) model must call it together: the forward pass gathers weights."""
     if label_list is None:
         label_list = _labels(train_rows, valid_rows, "probe training rows", "probe validation rows")
     tr = tasks.encode_texts(tokenizer, train_rows, max_seq_length, "classification", label_list)
@@ -218,6 +243,10 @@ def probe_checkpoint(model: torch.nn.Module, tokenizer: Any, train_rows: Sequenc
     y_tr, y_va = tr.arrays["labels"], va.arrays["labels"]
     f_tr, f_va = extract_features(model, tr, batch_size), extract_features(model, va, batch_size)
     feats = {k: linear_probe(f_tr[k], y_tr, f_va[k], y_va, len(label_list), l2_grid, seed=seed) for k in FEATURES}
+    if train_sizes:
+        for k in FEATURES:
+            feats[k]["curve"] = label_curve(f_tr[k], y_tr, f_va[k], y_va, len(label_list), train_sizes, l2_grid,
+                                            seed=seed)
     commonest = int(np.bincount(y_tr, minlength=len(label_list)).argmax())
     return {
         "accuracy": {k: v["accuracy"] for k, v in feats.items()},
@@ -244,11 +273,11 @@ def random_init_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 def probe(checkpoint: str | Path, train: str | Path, valid: str | Path, baseline: str | None = None,
           output: str | Path | None = None, columns: tasks.Columns | None = None, header: bool = True,
           max_seq_length: int | None = None, batch_size: int = 64, seed: int = 0,
-          device: str | None = "auto") -> dict[str, Any]:
+          device: str | None = "auto", train_sizes: Sequence[int] = ()) -> dict[str, Any]:
     """Probe a checkpoint (run folder, step folder or HF directory) with ``train``/``valid`` labelled files; with
     ``output``, also write the result as JSON (``format_table`` renders it for a terminal). ``baseline="random"``
     adds the same architecture from random init. ``max_seq_length`` defaults to the checkpoint's
-    finetune.max_seq_length."""
+    finetune.max_seq_length. ``train_sizes`` adds the label-efficiency curve (``label_curve``) of every model."""
     from . import api, dist
     from .io import atomic_write_json
 
@@ -256,6 +285,9 @@ def probe(checkpoint: str | Path, train: str | Path, valid: str | Path, baseline
         raise XLNetError(f"--baseline takes 'random', got {baseline!r}")
     if batch_size < 1:
         raise XLNetError(f"--batch-size must be >= 1, got {batch_size}")
+    if any(n < 4 for n in train_sizes):
+        raise XLNetError(f"--train-sizes must each be >= 4 (some to fit, some to choose L2 on), got "
+                         f"{','.join(map(str, train_sizes))}")
     train_rows = read_rows(train, columns, header)
     valid_rows = read_rows(valid, columns, header)
     label_list = _labels(train_rows, valid_rows, str(train), str(valid))
@@ -274,7 +306,7 @@ def probe(checkpoint: str | Path, train: str | Path, valid: str | Path, baseline
     if baseline == "random":
         models["random"] = random_init_like(xl.model, xl.config.train.seed)
     results = {name: probe_checkpoint(m, tok, train_rows, valid_rows, max_len, batch_size, seed=seed,
-                                      label_list=label_list) for name, m in models.items()}
+                                      label_list=label_list, train_sizes=train_sizes) for name, m in models.items()}
     first = results["pretrained"]
     res: dict[str, Any] = {
         "kind": "probe",
@@ -312,4 +344,17 @@ def format_table(res: dict[str, Any]) -> str:
         cells = "".join(f"{res['results'][n][kind]['accuracy']:>12.3f}" for n in names)
         l2s = ", ".join(f"{n} {res['results'][n][kind]['l2']:g}" for n in names)
         lines.append(f"{kind:<10}{cells}   ({l2s})")
+    sizes = [pt["n"] for pt in res["results"][names[0]][FEATURES[0]].get("curve", [])]
+    if sizes:
+        lines.append(f"label efficiency: validation accuracy from n training rows (mean of {CURVE_DRAWS} draws)")
+        lines.append("n         " + "".join(f"{f'{n} {kind}':>17}" for n in names for kind in FEATURES))
+        for i, n_rows in enumerate(sizes + [res["train_examples"]]):
+            cells = "".join(f"{_curve_point(res['results'][n][kind], i):>17.3f}" for n in names for kind in FEATURES)
+            lines.append(f"{n_rows:<10}{cells}")
     return "\n".join(lines)
+
+
+def _curve_point(result: dict[str, Any], i: int) -> float:
+    """The i-th point of a feature's label-efficiency curve, the full training file after the drawn sizes."""
+    curve = result["curve"]
+    return curve[i]["accuracy"] if i < len(curve) else result["accuracy"]
