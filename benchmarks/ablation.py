@@ -279,8 +279,8 @@ def main() -> None:
     ap.add_argument("--calibration", type=Path, default=None, help="reuse a calibration.json instead of measuring")
     ap.add_argument("--calibrate-only", action="store_true", help="stop after the calibration (to choose a budget)")
     ap.add_argument("--corpus", default="data/pydocs/corpus.txt")
-    ap.add_argument("--train", default="data/pydocs/task_train.tsv", help="labelled task file (probe, finetune)")
-    ap.add_argument("--valid", default="data/pydocs/task_valid.tsv", help="labelled validation file")
+    ap.add_argument("--train", default="data/pydocs/order_train.tsv", help="labelled task file (probe, finetune)")
+    ap.add_argument("--valid", default="data/pydocs/order_valid.tsv", help="labelled validation file")
     ap.add_argument("--max-seq-length", type=int, default=None,
                     help="task tokens per example for probe and finetune (default: the preset's)")
     ap.add_argument("--finetune-epochs", type=float, default=None, help="finetune.epochs (default: the preset's)")
