@@ -30,7 +30,10 @@ zstandard = pytest.importorskip("zstandard")
 datasets = pytest.importorskip("datasets")
 
 
-def _documents(n: int = 1200) -> list[str]:
+N_DOCS = 1800  # enough text that a compressed file spans several read blocks
+
+
+def _documents(n: int = N_DOCS) -> list[str]:
     """The first n documents of the bundled corpus; every third gets a blank and a whitespace-only line inside it (a
     record's blank lines do not split it: it stays one document)."""
     docs = [d for d in CORPUS.read_text(encoding="utf-8").split("\n\n") if d.strip()][:n]
@@ -105,7 +108,7 @@ def test_shards_identical_to_plain_text(files, tok_dir, tmp_path):
     cfg, kw = settings_config("data", valid_fraction=0.1, seed=3), dict(shards=2, quiet=True)
     want = shard_corpus(cfg, [files["plain"]], tmp_path / "plain", tok_dir, **kw)
     ref = _shard_bytes(tmp_path / "plain")
-    assert want.documents["train"] + want.documents["valid"] == 1200  # one document per record
+    assert want.documents["train"] + want.documents["valid"] == N_DOCS  # one document per record
     for name, path in files.items():
         if name == "plain":
             continue
@@ -127,7 +130,7 @@ def test_shard_cli_text_field_and_workers(files, tok_dir, tmp_path, capsys):
                             "--out", tmp_path / "c", "--quiet")
     assert code == 0, err
     m = json.loads((tmp_path / "c" / "manifest.json").read_text())
-    assert m["splits"]["valid"][0]["documents"] == 1200 and m["inputs"]["valid"] == [str(files["datasets"])]
+    assert m["splits"]["valid"][0]["documents"] == N_DOCS and m["inputs"]["valid"] == [str(files["datasets"])]
 
 
 def test_tokenizer_training_input_identical_to_plain_text(files, tmp_path, monkeypatch):
