@@ -31,17 +31,15 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-XLNET = str(Path(sys.executable).with_name("xlnet"))
+from runner import ROOT, check_sets, say, sets_args, xlnet
+
 CONFIG = "tiny"
 
 
@@ -77,33 +75,6 @@ def records_name(sets: tuple[str, ...]) -> str:
     return "rec" + "".join("_" + s.split(".", 1)[1].replace("=", "-") for s in sorted(sets))
 
 
-_print_lock = threading.Lock()
-
-
-def say(msg: str) -> None:
-    with _print_lock:
-        print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}] {msg}", file=sys.stderr, flush=True)
-
-
-def xlnet(*args: str) -> tuple[float, float]:
-    """Run one xlnet command (output kept only on failure); returns its wall and CPU seconds (user + system)."""
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "XLNET_NO_PROGRESS": "1"}
-    t0 = time.time()
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen([XLNET, *args], cwd=ROOT, env=env, text=True, stdout=log, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode != 0:
-            log.seek(0)
-            tail = log.read().strip().splitlines()[-5:]
-            raise SystemExit(f"ablation: xlnet {' '.join(args)} failed ({proc.returncode}):\n" + "\n".join(tail))
-    return time.time() - t0, usage.ru_utime + usage.ru_stime
-
-
-def sets_args(sets: tuple[str, ...]) -> list[str]:
-    return [a for s in sets for a in ("--set", s)]
-
-
 def train_rows(run: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r.get("split") == "train"]
@@ -112,7 +83,7 @@ def train_rows(run: Path) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def calibrate(work: Path, records: dict[Row, Path], cal_steps: int) -> dict:
+def calibrate(work: Path, records: dict[Row, Path], cal_steps: int, sets: tuple[str, ...]) -> dict:
     """Per row, CPU seconds per step against the full model's, from short runs made in pairs (the row and the full
     model at the same time, so both see the same cache and core contention). CPU time, not wall time: a
     single-threaded process's CPU time leaves out the time it waits for a core on a shared machine. Per step =
@@ -125,7 +96,7 @@ def calibrate(work: Path, records: dict[Row, Path], cal_steps: int) -> dict:
         out = work / "calibration" / f"{row.key}-{tag}"
         shutil.rmtree(out, ignore_errors=True)
         return xlnet("pretrain", "--config", CONFIG, "--data", str(records[row]), "--out", str(out), *common,
-                     "--set", f"train.max_steps={steps}", *sets_args(row.sets))[1]
+                     "--set", f"train.max_steps={steps}", *sets_args(sets + row.sets))[1]
 
     cpu, ratio, full_cpu, loads = {}, {FULL.key: 1.0}, [], []
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -179,7 +150,7 @@ def last_eval_accuracy(ft: Path) -> float:
 
 
 def run_row(row: Row, seed: int, steps: int, work: Path, records: Path, eval_records: Path, task: dict,
-            ft_sets: tuple[str, ...]) -> dict:
+            ft_sets: tuple[str, ...], sets: tuple[str, ...]) -> dict:
     """Pretrain one row with one seed, then its held-out loss, probe and finetuned accuracy (outputs kept in
     WORK/runs; a step whose output exists is not run again, so an interrupted table resumes)."""
     name = f"{row.key}-s{seed}-n{steps}"
@@ -193,7 +164,7 @@ def run_row(row: Row, seed: int, steps: int, work: Path, records: Path, eval_rec
             "pretrain", "--config", CONFIG, "--data", str(records), "--out", str(run), "--quiet",
             "--set", f"train.seed={seed}", "--set", f"train.max_steps={steps}",
             "--set", f"train.warmup_steps={steps // 10}", "--set", "train.eval_every=0",
-            "--set", "train.save_every=0", "--set", "train.report_to=none", *sets_args(row.sets))
+            "--set", "train.save_every=0", "--set", "train.report_to=none", *sets_args(sets + row.sets))
         (d / "pretrain_s.json").write_text(json.dumps([res["pretrain_s"], res["pretrain_cpu_s"]]))
     res["pretrain_s"], res["pretrain_cpu_s"] = json.loads((d / "pretrain_s.json").read_text())
     res["train_loss"] = statistics.mean(r["loss"] for r in train_rows(run)[-3:])  # last 3 logged windows
@@ -284,6 +255,12 @@ def main() -> None:
     ap.add_argument("--max-seq-length", type=int, default=None,
                     help="task tokens per example for probe and finetune (default: the preset's)")
     ap.add_argument("--finetune-epochs", type=float, default=None, help="finetune.epochs (default: the preset's)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="model.* / train.* override of the tiny preset for every row's pretraining (repeatable; "
+                         "the demo's recipe: --set model.n_layer=2)")
+    ap.add_argument("--finetune-set", action="append", default=None, metavar="KEY=VALUE",
+                    help="finetune.* override for every finetuning (repeatable; default: the demo's "
+                         "finetune.summary_type=mean)")
     ap.add_argument("--work", type=Path, default=None, help="keep every output here (default: a temporary folder)")
     ap.add_argument("--output", type=Path, default=None, help="also write the results as JSON")
     args = ap.parse_args()
@@ -302,7 +279,10 @@ def main() -> None:
     work = (args.work or Path(tmp.name)).resolve()
     work.mkdir(parents=True, exist_ok=True)
     task = {"train": train, "valid": valid, "max_seq_length": args.max_seq_length}
-    ft_sets: tuple[str, ...] = ()
+    sets = tuple(args.set)
+    ft_sets = tuple(args.finetune_set or ["finetune.summary_type=mean"])
+    check_sets(sets, ("model.", "train."), "--set")
+    check_sets(ft_sets, ("finetune.",), "--finetune-set")
     if args.max_seq_length:
         ft_sets += (f"finetune.max_seq_length={args.max_seq_length}",)
     if args.finetune_epochs:
@@ -312,7 +292,7 @@ def main() -> None:
                     valid=cut_rows(task["valid"], work / "quick_valid.tsv", 60))
         ft_sets += ("finetune.max_steps=4",)
     # a work folder holds one setting: its outputs are reused, so a different corpus or task needs another folder
-    setting = {"corpus": corpus, **task, "finetune": list(ft_sets)}
+    setting = {"corpus": corpus, **task, "pretrain": list(sets), "finetune": list(ft_sets)}
     if (work / "setting.json").exists() and json.loads((work / "setting.json").read_text()) != setting:
         sys.exit(f"ablation: {work} holds runs of another corpus, task or finetune setting; pass another --work")
     (work / "setting.json").write_text(json.dumps(setting, indent=2) + "\n")
@@ -340,7 +320,7 @@ def main() -> None:
     if args.calibration:
         cal = json.loads(args.calibration.read_text())
     else:
-        cal = calibrate(work, records, args.cal_steps)
+        cal = calibrate(work, records, args.cal_steps, sets)
         (work / "calibration.json").write_text(json.dumps(cal, indent=2) + "\n")
     steps = steps_per_row(cal, args.budget, args.steps)
     if args.calibrate_only:
@@ -351,13 +331,14 @@ def main() -> None:
     jobs = [(row, seed) for seed in seeds for row in ROWS]  # seed-major: load drift spreads over all rows
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(run_row, row, seed, steps[row.key], work, records[row], rec_dir[EVAL_SETS], task,
-                               ft_sets) for row, seed in jobs]
+                               ft_sets, sets) for row, seed in jobs]
         results = [f.result() for f in futures]
 
     minutes, load_end = (time.time() - t_start) / 60, os.getloadavg()
     import torch
 
-    print(f"Ablations (Table 6 in miniature): tiny config, corpus {args.corpus}, task {args.train} / {args.valid}; "
+    print(f"Ablations (Table 6 in miniature): tiny config{''.join(' --set ' + s for s in sets)}, corpus {args.corpus}, "
+          f"task {args.train} / {args.valid} (finetune: {', '.join(ft_sets)}); "
           f"seeds {','.join(map(str, seeds))}; full-model step {cal['full_step_cpu_s']:.3f} CPU s at calibration, "
           f"{steps[FULL.key]} steps = {steps[FULL.key] * cal['full_step_cpu_s']:.0f} CPU s per row; "
           f"{minutes:.1f} min wall; load (1/5/15 min) {load_start[0]:.1f}/{load_start[1]:.1f}/{load_start[2]:.1f} "

@@ -17,25 +17,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from xlnetcli.probe import read_rows, split_rows
 
-ROOT = Path(__file__).resolve().parent.parent
-XLNET = str(Path(sys.executable).with_name("xlnet"))
+from runner import xlnet
 
 
 def finetune(train: Path, valid: str, init: str, out: Path, scratch: bool, epochs: float, eval_every: int, seed: int,
              summary_type: str) -> float:
-    cmd = [XLNET, "finetune", "--task", "classification", "--train", str(train), "--valid", valid, "--init", init,
-           "--out", str(out), "--config", "tiny", "--set", f"finetune.epochs={epochs:g}",
-           "--set", f"finetune.eval_every={eval_every}",
-           "--set", f"finetune.seed={seed}", "--set", f"finetune.summary_type={summary_type}",
-           "--quiet"] + (["--from-scratch"] if scratch else [])
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    xlnet("finetune", "--task", "classification", "--train", str(train), "--valid", valid, "--init", init,
+          "--out", str(out), "--config", "tiny", "--set", f"finetune.epochs={epochs:g}",
+          "--set", f"finetune.eval_every={eval_every}", "--set", f"finetune.seed={seed}",
+          "--set", f"finetune.summary_type={summary_type}", "--quiet", *(["--from-scratch"] if scratch else []))
     return json.loads((out / "results.json").read_text())["valid"]["accuracy"]
 
 

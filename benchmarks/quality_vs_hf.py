@@ -38,35 +38,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-XLNET = str(Path(sys.executable).with_name("xlnet"))
+from runner import ROOT, XLNET, check_sets, say, sets_args, xlnet
+
 FRACTIONS = (0.25, 0.5, 1.0)
-SEQ_LEN, BATCH, LR, WD, EPS, CLIP, MAX_SEQ = 128, 16, 1e-3, 0.01, 1e-6, 1.0, 96
+MAX_SEQ = 96  # task tokens per example (the tiny preset's finetune.max_seq_length)
 CAL_STEPS = 20
 FINETUNE_FRACTIONS = (0.5, 1.0)  # finetuning is the expensive part: at half and all of the budget
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def xlnet(*args: str, quiet: bool = True) -> None:
-    cmd = [XLNET, *args]
-    log("$ " + shlex.join(["xlnet", *args]))
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else None, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"quality_vs_hf: failed ({shlex.join(cmd)}): {proc.stderr.strip()[-500:]}")
-
-
 # ---- transformers' side (run in a child process) ----------------------------------------------------------------
+
+
+def tiny(sets: list[str]):
+    """The tiny preset with this run's --set overrides (model.* and train.*): both sides' configuration."""
+    from xlnetcli.config import load_config
+
+    return load_config("tiny", sets)
 
 
 def hf_blocks(tok_dir: Path, corpus: Path, out: Path) -> int:
@@ -74,11 +69,13 @@ def hf_blocks(tok_dir: Path, corpus: Path, out: Path) -> int:
     import torch
     from transformers import AutoTokenizer
 
+    seq_len = tiny([]).data.seq_len
+
     tok = AutoTokenizer.from_pretrained(tok_dir)
     lines = [s for s in corpus.read_text(encoding="utf-8").splitlines() if s.strip()]
     ids = [i for enc in tok(lines)["input_ids"] for i in enc]
-    n = len(ids) // SEQ_LEN
-    torch.save(torch.tensor(ids[: n * SEQ_LEN]).view(n, SEQ_LEN), out)
+    n = len(ids) // seq_len
+    torch.save(torch.tensor(ids[: n * seq_len]).view(n, seq_len), out)
     return n
 
 
@@ -89,17 +86,18 @@ def hf_train(spec: dict) -> None:
     from transformers import (AutoTokenizer, DataCollatorForPermutationLanguageModeling, XLNetConfig,
                               XLNetLMHeadModel, get_linear_schedule_with_warmup)
 
-    from xlnetcli.config import load_config
     from xlnetcli.hf import to_hf_config
 
     torch.manual_seed(spec["seed"])
+    cfg = tiny(spec["sets"])
+    BATCH, t = cfg.train.global_batch_size, cfg.train
     tok = AutoTokenizer.from_pretrained(spec["tokenizer"])
     blocks = torch.load(spec["blocks"])
-    model = XLNetLMHeadModel(XLNetConfig(**to_hf_config(load_config("tiny").model))).train()
+    model = XLNetLMHeadModel(XLNetConfig(**to_hf_config(cfg.model))).train()
     no_decay = [n for n, p in model.named_parameters() if n.endswith("bias") or "layer_norm" in n]
-    groups = [{"params": [p for n, p in model.named_parameters() if n not in no_decay], "weight_decay": WD},
+    groups = [{"params": [p for n, p in model.named_parameters() if n not in no_decay], "weight_decay": t.weight_decay},
               {"params": [p for n, p in model.named_parameters() if n in no_decay], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=LR, eps=EPS)
+    opt = torch.optim.AdamW(groups, lr=t.lr, eps=t.adam_eps)
     steps = spec["steps"]
     sched = get_linear_schedule_with_warmup(opt, steps // 10, steps)
     collator = DataCollatorForPermutationLanguageModeling(tokenizer=tok)  # plm_probability 1/6, max_span_length 5
@@ -115,7 +113,7 @@ def hf_train(spec: dict) -> None:
             batch = collator([blocks[i] for i in idx])
             loss = model(**batch).loss
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
@@ -139,17 +137,18 @@ def prepare(work: Path, corpus: Path) -> None:
           "--shards", "2", "--workers", "1")
     xlnet("preprocess", "--shards", str(work / "shards"), "--out", str(work / "records"), "--config", "tiny")
     n = hf_blocks(work / "tok", corpus, work / "hf_blocks.pt")
-    log(f"transformers' data: {n} blocks of {SEQ_LEN} tokens")
+    say(f"transformers' data: {n} blocks of {tiny([]).data.seq_len} tokens")
 
 
-def ours_cmd(work: Path, out: Path, steps: int, seed: int, save_every: int) -> list[str]:
-    sets = {"train.max_steps": steps, "train.warmup_steps": steps // 10, "train.save_every": save_every,
+def ours_cmd(work: Path, out: Path, steps: int, seed: int, save_every: int, sets: list[str]) -> list[str]:
+    run_sets = {"train.max_steps": steps, "train.warmup_steps": steps // 10, "train.save_every": save_every,
             "train.keep_last": 8, "train.eval_every": 0, "train.log_every": 1, "train.seed": seed}
     return [XLNET, "pretrain", "--config", "tiny", "--data", str(work / "records"), "--out", str(out), "--quiet",
-            *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+            *sets_args(sets), *sets_args(f"{k}={v}" for k, v in run_sets.items())]
 
 
-def run_both(work: Path, name: str, steps: dict[str, int], seed: int, save: dict[str, list[int]]) -> dict:
+def run_both(work: Path, name: str, steps: dict[str, int], seed: int, save: dict[str, list[int]],
+             sets: list[str]) -> dict:
     """Start ours and transformers' training together; wait for both. Returns per side: start time, step end times,
     CPU seconds."""
     out = work / name
@@ -157,16 +156,16 @@ def run_both(work: Path, name: str, steps: dict[str, int], seed: int, save: dict
         shutil.rmtree(out)
     out.mkdir(parents=True)
     spec = {"tokenizer": str(work / "tok"), "blocks": str(work / "hf_blocks.pt"), "out": str(out / "hf"),
-            "steps": steps["hf"], "seed": seed, "save": save["hf"]}
+            "steps": steps["hf"], "seed": seed, "save": save["hf"], "sets": sets}
     save_every = save["ours"][0] if save["ours"] else 0
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    cmds = {"ours": ours_cmd(work, out / "ours", steps["ours"], seed, save_every),
+    cmds = {"ours": ours_cmd(work, out / "ours", steps["ours"], seed, save_every, sets),
             "hf": [sys.executable, __file__, "--hf-train", json.dumps(spec)]}
     start, procs, cpu = {}, {}, {}
     for side, cmd in cmds.items():
         start[side] = time.time()
         procs[side] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(out / f"{side}.err", "w"))
-    log(f"{name}: training ours ({steps['ours']} steps) and transformers ({steps['hf']} steps) at the same time")
+    say(f"{name}: training ours ({steps['ours']} steps) and transformers ({steps['hf']} steps) at the same time")
     left = {p.pid: side for side, p in procs.items()}
     while left:
         pid, status, usage = os.wait4(-1, 0)
@@ -183,9 +182,9 @@ def run_both(work: Path, name: str, steps: dict[str, int], seed: int, save: dict
                    "loss": {r["step"]: r["loss"] for r in rows[side]}, "cpu_s": cpu[side]} for side in cmds}
 
 
-def calibrate(work: Path) -> dict[str, float]:
+def calibrate(work: Path, sets: list[str]) -> dict[str, float]:
     """Median step time of each side while both were running (both started together, CAL_STEPS each)."""
-    res = run_both(work, "calibration", {"ours": CAL_STEPS, "hf": CAL_STEPS}, 0, {"ours": [], "hf": []})
+    res = run_both(work, "calibration", {"ours": CAL_STEPS, "hf": CAL_STEPS}, 0, {"ours": [], "hf": []}, sets)
     lo = max(min(r["times"].values()) for r in res.values())
     hi = min(max(r["times"].values()) for r in res.values())
     out = {}
@@ -195,7 +194,7 @@ def calibrate(work: Path) -> dict[str, float]:
         if len(gaps) < 3:
             gaps = [b - a for a, b in zip(t, t[1:])]
         out[side] = statistics.median(gaps)
-        log(f"calibration: {side} {out[side]:.3f} s/step (median of {len(gaps)} steps while both ran)")
+        say(f"calibration: {side} {out[side]:.3f} s/step (median of {len(gaps)} steps while both ran)")
     return out
 
 
@@ -215,24 +214,10 @@ def checkpoints(work: Path, run: str, res: dict, save: dict[str, list[int]]) -> 
     return out
 
 
-def evaluate(jobs: list[tuple[str, list[str]]], logs: Path, parallel: int = 2) -> None:
-    """Run xlnet evaluation commands, ``parallel`` at a time (one thread each); their output goes to ``logs``."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    pending, running = list(jobs), []
-    while pending or running:
-        while pending and len(running) < parallel:
-            name, args = pending.pop(0)
-            log("$ " + shlex.join(["xlnet", *args]))
-            err = logs / (name.replace(" ", "_") + ".log")
-            running.append((name, err, subprocess.Popen([XLNET, *args], env=env, stdout=open(err, "w"),
-                                                        stderr=subprocess.STDOUT)))
-        time.sleep(1)
-        for job in list(running):
-            name, err, p = job
-            if p.poll() is not None:
-                running.remove(job)
-                if p.returncode != 0:
-                    sys.exit(f"quality_vs_hf: {name} failed: {err.read_text().strip()[-500:]}")
+def evaluate(jobs: list[list[str]], parallel: int = 2) -> None:
+    """Run xlnet evaluation commands, ``parallel`` at a time (one thread each)."""
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        list(pool.map(lambda args: xlnet(*args, threads=1, echo=True), jobs))
 
 
 def probe_args(ck: str, train: str, valid: str, out: Path, baseline: bool = False) -> list[str]:
@@ -243,7 +228,7 @@ def probe_args(ck: str, train: str, valid: str, out: Path, baseline: bool = Fals
 def finetune_args(ck: str, train: str, valid: str, out: Path, sets: list[str], scratch: bool = False) -> list[str]:
     return ["finetune", "--task", "classification", "--train", train, "--valid", valid, "--config", "tiny",
             "--init", ck, "--out", str(out), *(["--from-scratch"] if scratch else []),
-            *[a for s in sets for a in ("--set", s)]]
+            *sets_args(sets)]
 
 
 def main() -> None:
@@ -256,28 +241,36 @@ def main() -> None:
     ap.add_argument("--work", default="runs/quality_vs_hf", help="working folder (replaced runs, kept data)")
     ap.add_argument("--output", default=None, help="JSON results (default: WORK/results.json)")
     ap.add_argument("--finetune-epochs", type=float, default=1.0, help="finetune.epochs for every finetuning")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="model.* / train.* override of the tiny preset for both sides' pretraining (repeatable; "
+                         "the demo's recipe: --set model.n_layer=2)")
+    ap.add_argument("--finetune-set", action="append", default=None, metavar="KEY=VALUE",
+                    help="finetune.* override for every finetuning (repeatable; default: the demo's "
+                         "finetune.summary_type=mean)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 40 s budget")
     ap.add_argument("--hf-train", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.hf_train:
         return hf_train(json.loads(a.hf_train))
     budget = 40.0 if a.quick else a.budget_s
-    ft_sets = [f"finetune.epochs={a.finetune_epochs:g}"]
+    ft_sets = [f"finetune.epochs={a.finetune_epochs:g}", *(a.finetune_set or ["finetune.summary_type=mean"])]
+    check_sets(a.set, ("model.", "train."), "--set")
+    check_sets(ft_sets, ("finetune.",), "--finetune-set")
     work = Path(a.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     train, valid = str(Path(a.train).resolve()), str(Path(a.valid).resolve())
     t_all = time.time()
-    log(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
+    say(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
     prepare(work, Path(a.corpus))
-    step_s = calibrate(work)
+    step_s = calibrate(work, a.set)
     steps = {side: max(8, round(budget / t / 4) * 4) for side, t in step_s.items()}
     save = {side: [round(n * f) for f in FRACTIONS] for side, n in steps.items()}
-    log(f"budget {budget:.0f} s: ours {steps['ours']} steps, transformers {steps['hf']} steps")
+    say(f"budget {budget:.0f} s: ours {steps['ours']} steps, transformers {steps['hf']} steps")
 
     rows, baselines, runs = [], [], []
     for seed in range(a.seeds):
         name = f"seed{seed}"
-        res = run_both(work, name, steps, 1234 + seed, save)
+        res = run_both(work, name, steps, 1234 + seed, save, a.set)
         runs.append({"seed": seed, **{side: {"cpu_s": r["cpu_s"], "wall_s": max(r["times"].values()) - r["start"]}
                                       for side, r in res.items()}})
         cks = checkpoints(work, name, res, save)
@@ -287,13 +280,13 @@ def main() -> None:
         for c in cks:
             tag = f"{c['side']}_{c['step']}"
             c["probe_json"], c["finetune_dir"] = ev / f"probe_{tag}.json", ev / f"ft_{tag}"
-            jobs.append((f"probe {tag}", probe_args(c["ckpt"], train, valid, c["probe_json"])))
+            jobs.append(probe_args(c["ckpt"], train, valid, c["probe_json"]))
             if c["fraction"] in FINETUNE_FRACTIONS:
-                jobs.append((f"finetune {tag}", finetune_args(c["ckpt"], train, valid, c["finetune_dir"], ft_sets)))
+                jobs.append(finetune_args(c["ckpt"], train, valid, c["finetune_dir"], ft_sets))
         final = next(c["ckpt"] for c in cks if c["side"] == "ours" and c["fraction"] == 1.0)
-        jobs.append(("probe random", probe_args(final, train, valid, ev / "probe_random.json", baseline=True)))
-        jobs.append(("finetune scratch", finetune_args(final, train, valid, ev / "ft_scratch", ft_sets, True)))
-        evaluate(jobs, ev)
+        jobs.append(probe_args(final, train, valid, ev / "probe_random.json", baseline=True))
+        jobs.append(finetune_args(final, train, valid, ev / "ft_scratch", ft_sets, True))
+        evaluate(jobs)
         for c in cks:
             p = json.loads(Path(c["probe_json"]).read_text())["results"]["pretrained"]
             ft_file = Path(c["finetune_dir"]) / "results.json"
@@ -309,6 +302,7 @@ def main() -> None:
 
     summary = goals(rows, baselines)
     result = {"budget_s": budget, "calibration_s_per_step": step_s, "steps": steps, "seeds": a.seeds,
+              "sets": a.set, "finetune_sets": ft_sets,
               "corpus": a.corpus, "train": a.train, "valid": a.valid, "rows": rows, "random_init": baselines,
               "runs": runs, "goals": summary, "minutes": round((time.time() - t_all) / 60, 1),
               "load_average_end": os.getloadavg()}

@@ -180,6 +180,37 @@ def test_probe_checkpoint_in_process_leaves_the_model_as_it_was(env):
     assert again["features"] == res["features"]
 
 
+def test_held_out_splits_keep_rows_made_of_the_same_words_together():
+    """A word-order task holds every sentence twice (as written / two words swapped): the held-out part that picks
+    L2, and the pretraining probe's valid part, never split such a pair, stay stratified, and a file without shared
+    bags of words gets exactly the per-label draw."""
+    import numpy as np
+
+    from xlnetcli.probe import _stratified, split_rows, word_bag_groups
+    from xlnetcli.tasks import TextExample
+
+    words = _lines()[:120]
+    rows = []
+    for i, t in enumerate(words):
+        w = t.split()
+        swapped = " ".join(w[:1] + [w[2], w[1]] + w[3:])
+        rows += [TextExample(t, None, "original", 2 * i), TextExample(swapped, None, "swapped", 2 * i + 1)]
+    groups = word_bag_groups(rows)
+    assert len(set(groups.tolist())) == len(words) and all(groups[0::2] == groups[1::2])
+    for seed in range(5):
+        tr, va = split_rows(rows, seed=seed)
+        assert {r.line // 2 for r in tr}.isdisjoint({r.line // 2 for r in va})
+        assert sum(r.label == "original" for r in va) == sum(r.label == "swapped" for r in va) == 36  # 30% of 120
+        kept, held = _stratified(np.array([r.label for r in rows], dtype=object), 0.2, seed, groups)
+        assert set(groups[kept].tolist()).isdisjoint(groups[held].tolist()) and len(held) == 48
+
+    labels = np.array(["a", "b"] * 50 + ["c"], dtype=object)  # "c": one example, never held out
+    old = _stratified(labels, 0.2, 7)
+    for new in (_stratified(labels, 0.2, 7, np.arange(len(labels))), _stratified(labels, 0.2, 7, None)):
+        assert all(np.array_equal(a, b) for a, b in zip(old, new))
+    assert sorted(labels[old[1]].tolist()) == ["a"] * 10 + ["b"] * 10
+
+
 def test_bad_inputs_are_one_line(env, tmp_path, capsys):
     base = ["probe", env["run"], "--device", "cpu"]
     one = _write(tmp_path / "one.tsv", [("a sentence", "x"), ("another one", "x"), ("and a third", "x")])

@@ -11,9 +11,11 @@ stream once, and read at the last layer as
 
 Classifier: multinomial logistic regression on standardised features, fitted by full-batch L-BFGS (float64, on the
 CPU: deterministic). The L2 strength is picked from ``L2_GRID`` on a stratified held-out part of the training file
-(never the validation file); the probe is then refitted on the whole training file with that strength and scored
-once on the validation file. ``baseline="random"`` repeats everything for the same architecture at its random
-initialisation (``train.seed`` of the checkpoint's config: for one of our runs, exactly its step-0 weights).
+(never the validation file; rows made of the same words stay on one side of that split, so the held-out score of a
+word-order task is not spoiled by the other version of a sentence sitting in the fitted part); the probe is then
+refitted on the whole training file with that strength and scored once on the validation file.
+``baseline="random"`` repeats everything for the same architecture at its random initialisation (``train.seed`` of
+the checkpoint's config: for one of our runs, exactly its step-0 weights).
 
 Label efficiency (``train_sizes``, ``--train-sizes 50,200,800``): the same probe refitted on stratified draws of
 ``n`` training rows (``CURVE_DRAWS`` draws per size, L2 chosen again within each draw), scored on the whole validation
@@ -58,23 +60,51 @@ def read_rows(path: str | Path, columns: tasks.Columns | None = None, header: bo
 
 def split_rows(rows: Sequence[tasks.TextExample], fraction: float = 0.3, seed: int = 0
                ) -> tuple[list[tasks.TextExample], list[tasks.TextExample]]:
-    """(train, valid) parts of one labelled file, stratified by label and a pure function of (rows, seed): the split
-    ``train.probe_file`` is probed with during pretraining."""
-    rest, held = _stratified(np.array([r.label for r in rows], dtype=object), fraction, seed)
+    """(train, valid) parts of one labelled file, stratified by label, rows with the same bag of words on the same
+    side (``word_bag_groups``), and a pure function of (rows, seed): the split ``train.probe_file`` is probed with
+    during pretraining."""
+    labels = np.array([r.label for r in rows], dtype=object)
+    rest, held = _stratified(labels, fraction, seed, word_bag_groups(rows))
     return [rows[i] for i in rest], [rows[i] for i in held]
 
 
-def _stratified(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def word_bag_groups(rows: Sequence[tasks.TextExample]) -> np.ndarray:
+    """One group id per row; rows made of the same words (as a multiset: duplicates, or a sentence and its reordered
+    copy in a word-order task) share it. Held-out splits keep a group on one side, so a held-out score never rewards
+    recognising a text seen in training."""
+    ids: dict[tuple[str, ...], int] = {}
+    return np.array([ids.setdefault(tuple(sorted(f"{r.text_a} {r.text_b or ''}".split())), len(ids)) for r in rows],
+                    dtype=np.int64)
+
+
+def _stratified(labels: np.ndarray, fraction: float, seed: int, groups: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
     """(kept, held-out) indices, sorted: about ``fraction`` of every class with at least two examples is held out
-    (at least one of it), the order within a class drawn from ``seed``."""
+    (at least one of it), the order within a class drawn from ``seed``. With ``groups`` (one id per row), rows of a
+    group are held out or kept together: groups are visited in an order drawn from ``seed`` and held out while no
+    class goes past its share (a class's share is then an upper bound). Without shared ids it is the per-class draw."""
     rng = np.random.default_rng(seed)
-    held = []
+    n_held: dict[Any, int] = {}
     for lab in sorted(set(labels.tolist()), key=str):
-        idx = np.flatnonzero(labels == lab)
-        if len(idx) < 2:
-            continue
-        k = min(len(idx) - 1, max(1, int(round(fraction * len(idx)))))
-        held.extend(rng.permutation(idx)[:k].tolist())
+        n = int((labels == lab).sum())
+        n_held[lab] = 0 if n < 2 else min(n - 1, max(1, int(round(fraction * n))))
+    held: list[int] = []
+    if groups is None or len(np.unique(groups)) == len(labels):
+        for lab in (lab for lab in sorted(n_held, key=str) if n_held[lab]):
+            held.extend(rng.permutation(np.flatnonzero(labels == lab))[: n_held[lab]].tolist())
+    else:
+        members: dict[int, list[int]] = {}
+        for i, g in enumerate(groups.tolist()):
+            members.setdefault(g, []).append(i)
+        taken = dict.fromkeys(n_held, 0)
+        for g in rng.permutation(sorted(members)).tolist():
+            counts: dict[Any, int] = {}
+            for i in members[g]:
+                counts[labels[i]] = counts.get(labels[i], 0) + 1
+            if all(taken[lab] + c <= n_held[lab] for lab, c in counts.items()):
+                held.extend(members[g])
+                for lab, c in counts.items():
+                    taken[lab] += c
     held_arr = np.array(sorted(held), dtype=np.int64)
     kept = np.setdiff1d(np.arange(len(labels)), held_arr)
     return kept, held_arr
@@ -170,12 +200,13 @@ def _accuracy(model: tuple[_Standardizer, torch.Tensor, torch.Tensor], x: np.nda
 
 def linear_probe(x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, y_valid: np.ndarray,
                  n_classes: int, l2_grid: Sequence[float] = L2_GRID, heldout_fraction: float = HELDOUT_FRACTION,
-                 seed: int = 0) -> dict[str, Any]:
-    """Choose L2 on a stratified held-out part of the training set, refit on all of it, score the validation set.
+                 seed: int = 0, groups: np.ndarray | None = None) -> dict[str, Any]:
+    """Choose L2 on a stratified held-out part of the training set (``groups``: one id per training row, rows of a
+    group never split, see ``word_bag_groups``), refit on all of it, score the validation set.
 
     Returns {"accuracy" (validation), "train_accuracy" (the refitted probe on its own training set), "l2" (chosen),
     "heldout" {l2: held-out accuracy}}. The validation arrays are read once, after everything else is fixed."""
-    fit_idx, held_idx = _stratified(y_train, heldout_fraction, seed)
+    fit_idx, held_idx = _stratified(y_train, heldout_fraction, seed, groups)
     if len(held_idx) == 0 or len(fit_idx) == 0:
         raise DataError("the probe's training file needs at least 2 examples of some label to hold out for choosing "
                         "the L2 strength")
@@ -192,7 +223,7 @@ def linear_probe(x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, 
 
 def label_curve(x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, y_valid: np.ndarray,
                 n_classes: int, sizes: Sequence[int], l2_grid: Sequence[float] = L2_GRID, draws: int = CURVE_DRAWS,
-                seed: int = 0) -> list[dict[str, Any]]:
+                seed: int = 0, groups: np.ndarray | None = None) -> list[dict[str, Any]]:
     """``linear_probe`` on stratified draws of ``n`` training rows for each ``n`` in ``sizes`` (smaller than the
     training set; draw ``k`` uses seed ``seed + k``): [{"n", "accuracy" (mean over draws), "accuracies"}]."""
     out = []
@@ -202,8 +233,8 @@ def label_curve(x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, y
         accs = []
         for k in range(draws):
             _, rows = _stratified(y_train, n / len(y_train), seed + k)
-            accs.append(linear_probe(x_train[rows], y_train[rows], x_valid, y_valid, n_classes, l2_grid,
-                                     seed=seed)["accuracy"])
+            accs.append(linear_probe(x_train[rows], y_train[rows], x_valid, y_valid, n_classes, l2_grid, seed=seed,
+                                     groups=None if groups is None else groups[rows])["accuracy"])
         out.append({"n": n, "accuracy": float(np.mean(accs)), "accuracies": accs})
     return out
 
@@ -242,11 +273,13 @@ def probe_checkpoint(model: torch.nn.Module, tokenizer: Any, train_rows: Sequenc
     va = tasks.encode_texts(tokenizer, valid_rows, max_seq_length, "classification", label_list)
     y_tr, y_va = tr.arrays["labels"], va.arrays["labels"]
     f_tr, f_va = extract_features(model, tr, batch_size), extract_features(model, va, batch_size)
-    feats = {k: linear_probe(f_tr[k], y_tr, f_va[k], y_va, len(label_list), l2_grid, seed=seed) for k in FEATURES}
+    groups = word_bag_groups(train_rows)
+    feats = {k: linear_probe(f_tr[k], y_tr, f_va[k], y_va, len(label_list), l2_grid, seed=seed, groups=groups)
+             for k in FEATURES}
     if train_sizes:
         for k in FEATURES:
             feats[k]["curve"] = label_curve(f_tr[k], y_tr, f_va[k], y_va, len(label_list), train_sizes, l2_grid,
-                                            seed=seed)
+                                            seed=seed, groups=groups)
     commonest = int(np.bincount(y_tr, minlength=len(label_list)).argmax())
     return {
         "accuracy": {k: v["accuracy"] for k, v in feats.items()},

@@ -1,0 +1,69 @@
+"""Running `xlnet` commands from the benchmarks, measured one way: wall and CPU seconds of the whole process, its
+output kept only to explain a failure (the last lines, then exit). Imported by the benchmark scripts next to it
+(`python benchmarks/NAME.py` puts this folder on sys.path)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+XLNET = str(Path(sys.executable).with_name("xlnet"))
+_print_lock = threading.Lock()
+
+
+def say(msg: str) -> None:
+    """A time- and load-stamped progress line on stderr (safe from several threads)."""
+    with _print_lock:
+        print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}] {msg}", file=sys.stderr, flush=True)
+
+
+def sets_args(sets: Iterable[str]) -> list[str]:
+    """``("a.b=1", ...)`` as ``--set a.b=1 ...``."""
+    return [a for s in sets for a in ("--set", s)]
+
+
+def xlnet(*args: str, threads: int | None = None, echo: bool = False) -> tuple[float, float]:
+    """Run ``xlnet ARGS`` with ``threads`` OpenMP threads (default: OMP_NUM_THREADS, else 1) and no progress bars;
+    returns its (wall, CPU user + system) seconds. ``echo`` prints the command first. A failure exits with the
+    command and the last lines of its output."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads or os.environ.get("OMP_NUM_THREADS", "1")),
+           "XLNET_NO_PROGRESS": "1"}
+    if echo:
+        say("$ " + shlex.join(["xlnet", *args]))
+    t0 = time.time()
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen([XLNET, *args], cwd=ROOT, env=env, text=True, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            log.seek(0)
+            tail = log.read().strip().splitlines()[-5:]
+            raise SystemExit(f"{Path(sys.argv[0]).stem}: {shlex.join(['xlnet', *args])} failed "
+                             f"({os.waitstatus_to_exitcode(status)}):\n" + "\n".join(tail))
+    return time.time() - t0, usage.ru_utime + usage.ru_stime
+
+
+def check_sets(sets: Iterable[str], prefixes: tuple[str, ...], flag: str, config: str = "tiny") -> None:
+    """Exit with one line unless every override is KEY=VALUE under ``prefixes``, changes no preprocessed record
+    (those keys would need records of their own) and loads onto ``config``."""
+    from xlnetcli.config import load_config
+    from xlnetcli.errors import XLNetError
+    from xlnetcli.pretrain import RECORD_KEYS
+
+    sets = list(sets)
+    for s in sets:
+        key = s.split("=", 1)[0]
+        if "=" not in s or not key.startswith(prefixes) or key in RECORD_KEYS.values():
+            raise SystemExit(f"{Path(sys.argv[0]).stem}: {flag} {s!r}: expected KEY=VALUE with a key under "
+                             f"{' or '.join(prefixes)} that does not change the preprocessed records")
+    try:
+        load_config(config, sets)
+    except XLNetError as e:
+        raise SystemExit(f"{Path(sys.argv[0]).stem}: {flag}: {e}") from None
