@@ -1,7 +1,14 @@
 """The XLNet paper's ablation study (Table 6) in miniature: one engine, the tiny config, equal CPU time per row.
 
     python benchmarks/ablation.py [--quick] [--budget SECONDS | --steps N] [--seeds 1,2] [--jobs 2]
+                                  [--set KEY=VALUE ...] [--finetune-set KEY=VALUE ...] [--finetune-epochs E]
                                   [--corpus FILE] [--train FILE] [--valid FILE] [--work DIR] [--calibration FILE]
+    OMP_NUM_THREADS=1 python benchmarks/ablation.py --set model.n_layer=2 --budget 300 --finetune-epochs 3 \
+        --work runs/ablation-d2                                              # BENCHMARKS.md's table (the demo's recipe)
+
+`--set` applies to every row's pretraining (model.* / train.* keys that leave the records alone: the demo's depth 2);
+finetuning reads the mean of the last layer (the demo's `finetune.summary_type=mean`) unless `--finetune-set` says
+otherwise.
 
 Rows, each one change against the full model (ROWS below): XLNet (permutation LM), "DAE + Transformer-XL" (MLM:
 <mask> at the same span targets, content stream), Transformer-XL's left-to-right LM (CLM), - memory
@@ -38,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner import ROOT, check_sets, say, sets_args, xlnet
+from runner import ROOT, add_override_args, overrides, say, sets_args, xlnet
 
 CONFIG = "tiny"
 
@@ -255,12 +262,7 @@ def main() -> None:
     ap.add_argument("--max-seq-length", type=int, default=None,
                     help="task tokens per example for probe and finetune (default: the preset's)")
     ap.add_argument("--finetune-epochs", type=float, default=None, help="finetune.epochs (default: the preset's)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="model.* / train.* override of the tiny preset for every row's pretraining (repeatable; "
-                         "the demo's recipe: --set model.n_layer=2)")
-    ap.add_argument("--finetune-set", action="append", default=None, metavar="KEY=VALUE",
-                    help="finetune.* override for every finetuning (repeatable; default: the demo's "
-                         "finetune.summary_type=mean)")
+    add_override_args(ap, "every row's pretraining")
     ap.add_argument("--work", type=Path, default=None, help="keep every output here (default: a temporary folder)")
     ap.add_argument("--output", type=Path, default=None, help="also write the results as JSON")
     args = ap.parse_args()
@@ -279,10 +281,7 @@ def main() -> None:
     work = (args.work or Path(tmp.name)).resolve()
     work.mkdir(parents=True, exist_ok=True)
     task = {"train": train, "valid": valid, "max_seq_length": args.max_seq_length}
-    sets = tuple(args.set)
-    ft_sets = tuple(args.finetune_set or ["finetune.summary_type=mean"])
-    check_sets(sets, ("model.", "train."), "--set")
-    check_sets(ft_sets, ("finetune.",), "--finetune-set")
+    sets, ft_sets = overrides(args)
     if args.max_seq_length:
         ft_sets += (f"finetune.max_seq_length={args.max_seq_length}",)
     if args.finetune_epochs:

@@ -1,11 +1,13 @@
 """Time-to-quality on this CPU: `xlnet pretrain` against transformers' recipe (what run_plm does), same corpus,
 tokenizer, architecture and wall-clock budget, both judged by the same probe and the same finetuning.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality_vs_hf.py --budget-s 900 \
-        --train data/pydocs/order_train.tsv --valid data/pydocs/order_valid.tsv    # what BENCHMARKS.md shows
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality_vs_hf.py --budget-s 600 --finetune-epochs 3 \
+        --set model.n_layer=2                                                          # what BENCHMARKS.md shows
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/quality_vs_hf.py --quick           # smoke run (a 40 s budget)
 
-Both sides (the tiny preset: 4 layers, d_model 128, 4 heads x 32, d_inner 512, dropout 0.1, vocab 8000):
+Both sides (the tiny preset: 4 layers, d_model 128, 4 heads x 32, d_inner 512, dropout 0.1, vocab 8000; `--set`
+overrides model.* and train.* keys on both sides, e.g. the demo's depth 2; finetuning uses the demo's mean summary
+unless `--finetune-set` says otherwise):
 - the tokenizer is ours, trained on --corpus (`xlnet tokenize train --config tiny`); transformers loads the same folder
   with AutoTokenizer (its tokenizer.json gives our ids);
 - ours: `xlnet tokenize/shard/preprocess/pretrain --config tiny` (seq 128, reuse 64, memory 96, bi_data, 21 targets,
@@ -46,7 +48,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from runner import ROOT, XLNET, check_sets, say, sets_args, xlnet
+from runner import ROOT, XLNET, add_override_args, overrides, say, sets_args, xlnet
 
 FRACTIONS = (0.25, 0.5, 1.0)
 MAX_SEQ = 96  # task tokens per example (the tiny preset's finetune.max_seq_length)
@@ -241,28 +243,22 @@ def main() -> None:
     ap.add_argument("--work", default="runs/quality_vs_hf", help="working folder (replaced runs, kept data)")
     ap.add_argument("--output", default=None, help="JSON results (default: WORK/results.json)")
     ap.add_argument("--finetune-epochs", type=float, default=1.0, help="finetune.epochs for every finetuning")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="model.* / train.* override of the tiny preset for both sides' pretraining (repeatable; "
-                         "the demo's recipe: --set model.n_layer=2)")
-    ap.add_argument("--finetune-set", action="append", default=None, metavar="KEY=VALUE",
-                    help="finetune.* override for every finetuning (repeatable; default: the demo's "
-                         "finetune.summary_type=mean)")
+    add_override_args(ap, "both sides' pretraining")
     ap.add_argument("--quick", action="store_true", help="smoke run: 40 s budget")
     ap.add_argument("--hf-train", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.hf_train:
         return hf_train(json.loads(a.hf_train))
     budget = 40.0 if a.quick else a.budget_s
-    ft_sets = [f"finetune.epochs={a.finetune_epochs:g}", *(a.finetune_set or ["finetune.summary_type=mean"])]
-    check_sets(a.set, ("model.", "train."), "--set")
-    check_sets(ft_sets, ("finetune.",), "--finetune-set")
+    sets, ft = overrides(a)
+    ft_sets = [f"finetune.epochs={a.finetune_epochs:g}", *ft]
     work = Path(a.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     train, valid = str(Path(a.train).resolve()), str(Path(a.valid).resolve())
     t_all = time.time()
     say(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
     prepare(work, Path(a.corpus))
-    step_s = calibrate(work, a.set)
+    step_s = calibrate(work, list(sets))
     steps = {side: max(8, round(budget / t / 4) * 4) for side, t in step_s.items()}
     save = {side: [round(n * f) for f in FRACTIONS] for side, n in steps.items()}
     say(f"budget {budget:.0f} s: ours {steps['ours']} steps, transformers {steps['hf']} steps")
@@ -270,7 +266,7 @@ def main() -> None:
     rows, baselines, runs = [], [], []
     for seed in range(a.seeds):
         name = f"seed{seed}"
-        res = run_both(work, name, steps, 1234 + seed, save, a.set)
+        res = run_both(work, name, steps, 1234 + seed, save, list(sets))
         runs.append({"seed": seed, **{side: {"cpu_s": r["cpu_s"], "wall_s": max(r["times"].values()) - r["start"]}
                                       for side, r in res.items()}})
         cks = checkpoints(work, name, res, save)
@@ -302,7 +298,7 @@ def main() -> None:
 
     summary = goals(rows, baselines)
     result = {"budget_s": budget, "calibration_s_per_step": step_s, "steps": steps, "seeds": a.seeds,
-              "sets": a.set, "finetune_sets": ft_sets,
+              "sets": list(sets), "finetune_sets": ft_sets,
               "corpus": a.corpus, "train": a.train, "valid": a.valid, "rows": rows, "random_init": baselines,
               "runs": runs, "goals": summary, "minutes": round((time.time() - t_all) / 60, 1),
               "load_average_end": os.getloadavg()}
