@@ -108,6 +108,26 @@ def test_normalisation_at_encode_time(tok):
     assert tok.encode_ids("  a \n b  ") == tok.encode_ids("a b")
 
 
+def test_tiny_preset_vocabulary_does_not_depend_on_the_core_count(tmp_path, corpus, monkeypatch):
+    """SentencePiece's pieces depend on its trainer's thread count; the tiny preset (tests, `make demo`) fixes it, so
+    its vocabulary, and every figure built on it, is the same on any machine. With ``threads: 0`` (all cores) the
+    same corpus gives another vocabulary on a machine with another core count."""
+    import os
+
+    from xlnetcli.config import load_config
+
+    def pieces(threads_setting: list[str], cores: int) -> list[tuple[str, float]]:
+        monkeypatch.setattr(os, "cpu_count", lambda: cores)
+        out = tmp_path / f"tok-{len(list(tmp_path.iterdir()))}"
+        cfg = load_config("tiny", [f"tokenizer.vocab_size={VOCAB}", *threads_setting])
+        tok = train_tokenizer(cfg, [corpus], out, quiet=True)
+        return [(tok.sp.id_to_piece(i), round(tok.sp.get_score(i), 5)) for i in range(tok.sp.get_piece_size())]
+
+    assert load_config("tiny").tokenizer.threads == 2
+    assert pieces([], cores=1) == pieces([], cores=16)
+    assert pieces(["tokenizer.threads=0"], cores=1) != pieces(["tokenizer.threads=0"], cores=16)
+
+
 def test_uncased_and_keep_accents_training(tmp_path, corpus, capsys):
     t = train_tokenizer(tcfg(vocab_size=1000, uncased=True, keep_accents=True), [corpus], tmp_path / "u", quiet=True)
     assert t.uncased and t.keep_accents
