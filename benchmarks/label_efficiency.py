@@ -2,8 +2,8 @@
 
     python benchmarks/label_efficiency.py --run RUN [--sizes 50,200,800] [--seeds 1] [--png label_efficiency.png]
 
-For each size n (and the whole training file), a stratified draw of n rows of --train (`split_rows`, the probe
-curve's first draw) is finetuned twice with the tiny finetune settings and finetune.summary_type mean (as the demo):
+For each size n (and the whole training file), a stratified draw of n rows of --train (`draw_rows`, drawn as the probe
+curve draws) is finetuned twice with the tiny finetune settings and finetune.summary_type mean (as the demo):
 `xlnet finetune --init RUN` and the same with `--from-scratch` (same finetune.seed), each scored on the whole --valid
 file (finetune keeps its best evaluation by validation accuracy, for both starts alike). Small draws get more epochs so
 that every run takes at least --min-steps optimizer steps (3 epochs of 50 rows are 6 steps at batch 32), and every
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from xlnetcli.probe import read_rows, split_rows
+from xlnetcli.probe import draw_rows, read_rows
 
 from runner import xlnet
 
@@ -54,7 +54,7 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
-            part = rows if n == len(rows) else split_rows(rows, n / len(rows), seed=0)[1]
+            part = rows if n == len(rows) else draw_rows(rows, n, seed=0)
             path = Path(tmp) / f"train_{n}.tsv"
             path.write_text("text\tlabel\n" + "".join(f"{r.text_a}\t{r.label}\n" for r in part), encoding="utf-8")
             epochs = max(3.0, math.ceil(args.min_steps * args.batch / len(part)))

@@ -257,7 +257,7 @@ def main() -> None:
     train, valid = str(Path(a.train).resolve()), str(Path(a.valid).resolve())
     t_all = time.time()
     say(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
-    prepare(work, Path(a.corpus))
+    prepare(work, Path(a.corpus).resolve())
     step_s = calibrate(work, list(sets))
     steps = {side: max(8, round(budget / t / 4) * 4) for side, t in step_s.items()}
     save = {side: [round(n * f) for f in FRACTIONS] for side, n in steps.items()}

@@ -68,6 +68,13 @@ def split_rows(rows: Sequence[tasks.TextExample], fraction: float = 0.3, seed: i
     return [rows[i] for i in rest], [rows[i] for i in held]
 
 
+def draw_rows(rows: Sequence[tasks.TextExample], n: int, seed: int = 0) -> list[tasks.TextExample]:
+    """About ``n`` rows, stratified by label, drawn row by row from ``seed``, the way ``label_curve`` draws the rows
+    it fits on (for finetuning on a few labelled rows)."""
+    _, idx = _stratified(np.array([r.label for r in rows], dtype=object), n / len(rows), seed)
+    return [rows[i] for i in idx]
+
+
 def word_bag_groups(rows: Sequence[tasks.TextExample]) -> np.ndarray:
     """One group id per row; rows made of the same words (as a multiset: duplicates, or a sentence and its reordered
     copy in a word-order task) share it. Held-out splits keep a group on one side, so a held-out score never rewards
