@@ -186,7 +186,7 @@ def test_held_out_splits_keep_rows_made_of_the_same_words_together():
     bags of words gets exactly the per-label draw."""
     import numpy as np
 
-    from xlnetcli.probe import _stratified, split_rows, word_bag_groups
+    from xlnetcli.probe import _stratified, draw_rows, split_rows, word_bag_groups
     from xlnetcli.tasks import TextExample
 
     words = _lines()[:120]
@@ -203,6 +203,10 @@ def test_held_out_splits_keep_rows_made_of_the_same_words_together():
         assert sum(r.label == "original" for r in va) == sum(r.label == "swapped" for r in va) == 36  # 30% of 120
         kept, held = _stratified(np.array([r.label for r in rows], dtype=object), 0.2, seed, groups)
         assert set(groups[kept].tolist()).isdisjoint(groups[held].tolist()) and len(held) == 48
+
+    few = draw_rows(rows, 40, seed=0)  # the label curve's draws are row by row: a draw is about n labelled rows
+    assert [r.label for r in few].count("original") == [r.label for r in few].count("swapped") == 20
+    assert len({r.line // 2 for r in few}) > 20  # mostly one version of a sentence, not pairs
 
     labels = np.array(["a", "b"] * 50 + ["c"], dtype=object)  # "c": one example, never held out
     old = _stratified(labels, 0.2, 7)
