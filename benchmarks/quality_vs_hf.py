@@ -237,6 +237,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--budget-s", type=float, default=900.0, help="training wall-clock budget per side (seconds)")
     ap.add_argument("--seeds", type=int, default=1, help="pretraining seeds (each: both sides, all checkpoints)")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="seeds run are FIRST .. FIRST+SEEDS-1 (train.seed 1234 + seed on both sides)")
     ap.add_argument("--corpus", default="data/pydocs/corpus.txt")
     ap.add_argument("--train", default="data/pydocs/order_train.tsv", help="labelled file for probe and finetuning")
     ap.add_argument("--valid", default="data/pydocs/order_valid.tsv")
@@ -264,7 +266,7 @@ def main() -> None:
     say(f"budget {budget:.0f} s: ours {steps['ours']} steps, transformers {steps['hf']} steps")
 
     rows, baselines, runs = [], [], []
-    for seed in range(a.seeds):
+    for seed in range(a.first_seed, a.first_seed + a.seeds):
         name = f"seed{seed}"
         res = run_both(work, name, steps, 1234 + seed, save, list(sets))
         runs.append({"seed": seed, **{side: {"cpu_s": r["cpu_s"], "wall_s": max(r["times"].values()) - r["start"]}
@@ -297,7 +299,8 @@ def main() -> None:
                           "finetune": fs["value"]})
 
     summary = goals(rows, baselines)
-    result = {"budget_s": budget, "calibration_s_per_step": step_s, "steps": steps, "seeds": a.seeds,
+    result = {"budget_s": budget, "calibration_s_per_step": step_s, "steps": steps,
+              "seeds": list(range(a.first_seed, a.first_seed + a.seeds)),
               "sets": list(sets), "finetune_sets": ft_sets,
               "corpus": a.corpus, "train": a.train, "valid": a.valid, "rows": rows, "random_init": baselines,
               "runs": runs, "goals": summary, "minutes": round((time.time() - t_all) / 60, 1),
