@@ -48,10 +48,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from xlnetcli.config import load_config
+
 from runner import ROOT, XLNET, add_override_args, overrides, say, sets_args, xlnet
 
+TINY = load_config("tiny")  # sequence length of both sides' blocks; the probe's task length (an imported
+# transformers checkpoint has no finetune settings of ours, so every probe is given the preset's)
+
 FRACTIONS = (0.25, 0.5, 1.0)
-MAX_SEQ = 96  # task tokens per example (the tiny preset's finetune.max_seq_length)
 CAL_STEPS = 20
 FINETUNE_FRACTIONS = (0.5, 1.0)  # finetuning is the expensive part: at half and all of the budget
 
@@ -59,20 +63,12 @@ FINETUNE_FRACTIONS = (0.5, 1.0)  # finetuning is the expensive part: at half and
 # ---- transformers' side (run in a child process) ----------------------------------------------------------------
 
 
-def tiny(sets: list[str]):
-    """The tiny preset with this run's --set overrides (model.* and train.*): both sides' configuration."""
-    from xlnetcli.config import load_config
-
-    return load_config("tiny", sets)
-
-
 def hf_blocks(tok_dir: Path, corpus: Path, out: Path) -> int:
     """run_plm's grouping: every non-empty line tokenised with special tokens, concatenated, cut into blocks."""
     import torch
     from transformers import AutoTokenizer
 
-    seq_len = tiny([]).data.seq_len
-
+    seq_len = TINY.data.seq_len
     tok = AutoTokenizer.from_pretrained(tok_dir)
     lines = [s for s in corpus.read_text(encoding="utf-8").splitlines() if s.strip()]
     ids = [i for enc in tok(lines)["input_ids"] for i in enc]
@@ -91,7 +87,7 @@ def hf_train(spec: dict) -> None:
     from xlnetcli.hf import to_hf_config
 
     torch.manual_seed(spec["seed"])
-    cfg = tiny(spec["sets"])
+    cfg = load_config("tiny", spec["sets"])  # both sides' configuration: the preset and this run's --set
     BATCH, t = cfg.train.global_batch_size, cfg.train
     tok = AutoTokenizer.from_pretrained(spec["tokenizer"])
     blocks = torch.load(spec["blocks"])
@@ -139,7 +135,7 @@ def prepare(work: Path, corpus: Path) -> None:
           "--shards", "2", "--workers", "1")
     xlnet("preprocess", "--shards", str(work / "shards"), "--out", str(work / "records"), "--config", "tiny")
     n = hf_blocks(work / "tok", corpus, work / "hf_blocks.pt")
-    say(f"transformers' data: {n} blocks of {tiny([]).data.seq_len} tokens")
+    say(f"transformers' data: {n} blocks of {TINY.data.seq_len} tokens")
 
 
 def ours_cmd(work: Path, out: Path, steps: int, seed: int, save_every: int, sets: list[str]) -> list[str]:
@@ -223,7 +219,7 @@ def evaluate(jobs: list[list[str]], parallel: int = 2) -> None:
 
 
 def probe_args(ck: str, train: str, valid: str, out: Path, baseline: bool = False) -> list[str]:
-    return ["probe", ck, "--train", train, "--valid", valid, "--max-seq-length", str(MAX_SEQ), "--output", str(out),
+    return ["probe", ck, "--train", train, "--valid", valid, "--max-seq-length", str(TINY.finetune.max_seq_length), "--output", str(out),
             *(["--baseline", "random"] if baseline else [])]
 
 

@@ -167,10 +167,11 @@ def order_task(stdlib: list[tuple[str, list[str]]], corpus_sentences: set[str]) 
 def main() -> None:
     stdlib = stdlib_documents()
     held_out = {m for modules in ORDER_MODULES.values() for m in modules}
-    documents = [paras for top, paras in stdlib if top not in held_out] + reference_documents()
+    reference = reference_documents()
+    documents = [paras for top, paras in stdlib if top not in held_out] + reference
     write_corpus(ROOT / "data/pydocs/corpus.txt", documents)
     # Test sample: every 8th document of all of them, a few hundred KB.
-    write_corpus(ROOT / "tests/data/sample.txt", ([paras for _, paras in stdlib] + reference_documents())[::8])
+    write_corpus(ROOT / "tests/data/sample.txt", ([paras for _, paras in stdlib] + reference)[::8])
     corpus_sentences = {" ".join(s.split()) for paras in documents for p in paras for s in sentences(p)}
     order = order_task(stdlib, corpus_sentences)
     for split, rows in order.items():

@@ -17,8 +17,10 @@ is 3x the forward (backward = 2x).
 
 By model.objective: ``plm`` as above; ``clm`` the same count (the natural order is one more factorisation order: the
 query stream still predicts the P targets, and masked scores are computed like PLM's); ``mlm`` has no query stream
-(N = L in every layer, the last included: the targets are read from its content rows) and the same head 2·P·d·V. Element-wise work, softmax and the segment term are not counted, so MFU here is
-the conservative "useful work" figure, as in the PaLM paper's appendix B.
+(N = L in every layer, the last included: the targets are read from its content rows) and the same head 2·P·d·V.
+
+Element-wise work, softmax and the segment term are not counted, so MFU here is the conservative "useful work"
+figure, as in the PaLM paper's appendix B.
 """
 
 from __future__ import annotations
