@@ -72,26 +72,15 @@ def main() -> None:
               f"{100 * (r['pretrained'] - r['scratch']):+.1f} |")
     print(json.dumps({"run": args.run, "train": args.train, "valid": args.valid, "results": results}))
     if args.png:
-        import matplotlib
+        from xlnetcli.plot import plot_curves
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(5.6, 3.8))
-        for start, style in (("pretrained", "-"), ("scratch", "--")):
-            pts = {}
+        curves = {}
+        for start, name in (("pretrained", "pretrained"), ("scratch", "random init")):
+            by_n: dict[int, list[float]] = {}
             for r in results:
-                pts.setdefault(r["n"], []).append(r[start])
-            ax.plot(list(pts), [sum(v) / len(v) for v in pts.values()], style, marker="o", markersize=4,
-                    label="finetuned from the pretrained run" if start == "pretrained" else "from random init")
-        ax.set_xscale("log")
-        ax.set_xlabel("labelled training examples")
-        ax.set_ylabel("validation accuracy (finetuned)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(args.png, dpi=110)
-
+                by_n.setdefault(r["n"], []).append(r[start])
+            curves[name, "finetuned"] = [(n, sum(v) / len(v)) for n, v in by_n.items()]
+        plot_curves(curves, args.png, "validation accuracy (finetuned)", f"label efficiency: {Path(args.valid).name}")
 
 if __name__ == "__main__":
     main()
