@@ -72,7 +72,7 @@ EVAL_SETS = ("model.bi_data=false",)  # held-out loss on forward-only records: a
 
 def record_sets(sets: tuple[str, ...]) -> tuple[str, ...]:
     """The overrides that change preprocessed records (the keys pretrain checks against them)."""
-    from xlnetcli.pretrain import RECORD_KEYS
+    from xlnetcli.train.pretrain import RECORD_KEYS
 
     keys = set(RECORD_KEYS.values())
     return tuple(s for s in sets if s.split("=", 1)[0] in keys)
@@ -137,8 +137,8 @@ def unigram_loss(shards: Path, records: Path) -> float:
     smoothing): what a model that uses no context scores on the same targets as `xlnet eval`."""
     import numpy as np
 
-    from xlnetcli.records import open_records
-    from xlnetcli.shardfmt import open_shards
+    from xlnetcli.data.record_format import open_records
+    from xlnetcli.data.shard_format import open_shards
 
     meta, passes = open_records(records, "valid")
     counts = np.full(meta["vocab_size"], 0.5)

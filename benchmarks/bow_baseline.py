@@ -17,7 +17,7 @@ import re
 
 import numpy as np
 
-from xlnetcli.probe import linear_probe, read_rows, word_bag_groups
+from xlnetcli.evaluate.probe import linear_probe, read_rows, word_bag_groups
 
 WORD = re.compile(r"[a-z_]+")
 

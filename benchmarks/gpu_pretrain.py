@@ -88,7 +88,7 @@ def build_ours(m, compile_: bool, ac: bool, dev):
 def build_hf(m, dev):
     import transformers
 
-    from xlnetcli.hf import to_hf_config
+    from xlnetcli.checkpoint.hf_dir import to_hf_config
 
     hc = to_hf_config(m, pretraining_layout=True)
     hc.pop("architectures", None), hc.pop("model_type", None)
@@ -181,7 +181,7 @@ def profile(model, loss_fn, batch, dev, top: int) -> None:
 
 
 def run_row(row: str, args, dev, peak_tflops, results: list, done_hf: set) -> None:
-    from xlnetcli.flops import train_flops
+    from xlnetcli.model.flops import train_flops
 
     parts = row.split(":")
     size, micro, impl = parts[0], int(parts[1]), parts[2]
@@ -265,7 +265,7 @@ def main() -> None:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cpu" and not args.smoke:
         raise SystemExit("no CUDA device: run with --smoke to check the script on CPU")
-    from xlnetcli.flops import peak_tflops
+    from xlnetcli.model.flops import peak_tflops
 
     name = name_of(dev)
     peak = peak_tflops(name)

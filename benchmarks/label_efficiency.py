@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from xlnetcli.probe import draw_rows, read_rows
+from xlnetcli.evaluate.probe import draw_rows, read_rows
 
 from runner import xlnet
 
@@ -72,7 +72,7 @@ def main() -> None:
               f"{100 * (r['pretrained'] - r['scratch']):+.1f} |")
     print(json.dumps({"run": args.run, "train": args.train, "valid": args.valid, "results": results}))
     if args.png:
-        from xlnetcli.plot import plot_curves
+        from xlnetcli.report.plot import plot_curves
 
         curves = {}
         for start, name in (("pretrained", "pretrained"), ("scratch", "random init")):

@@ -72,7 +72,7 @@ def cfg_for(vocab: int, batch: int):
 
 def child_preprocess(shards: str, out: str, vocab: int, batch: int, workers: int = 1) -> None:
     """Run in a subprocess: preprocess and report time and peak RSS."""
-    from xlnetcli.preprocess import preprocess
+    from xlnetcli.data.preprocess import preprocess
 
     cfg = cfg_for(vocab, batch)
     base = _vm_hwm_mb()
@@ -124,9 +124,9 @@ def main() -> None:
     from transformers import DataCollatorForPermutationLanguageModeling
 
     from xlnetcli.config import load_config
-    from xlnetcli.data import PretrainStream
-    from xlnetcli.shard import shard_corpus
-    from xlnetcli.tokenizer import train_tokenizer
+    from xlnetcli.data.pretrain_stream import PretrainStream
+    from xlnetcli.data.shard import shard_corpus
+    from xlnetcli.data.tokenizer import train_tokenizer
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as d:

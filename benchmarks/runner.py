@@ -55,8 +55,8 @@ def check_sets(sets: Iterable[str], prefixes: tuple[str, ...], flag: str, config
     """Exit with one line unless every override is KEY=VALUE under ``prefixes``, changes no preprocessed record
     (those keys would need records of their own) and loads onto ``config``."""
     from xlnetcli.config import load_config
-    from xlnetcli.errors import XLNetError
-    from xlnetcli.pretrain import RECORD_KEYS
+    from xlnetcli.core.errors import XLNetError
+    from xlnetcli.train.pretrain import RECORD_KEYS
 
     sets = list(sets)
     for s in sets:

@@ -54,7 +54,7 @@ class Builds:
         """A tokenizer trained on ``src`` with the TokenizerConfig ``tcfg`` (thread count included: it changes the
         pieces SentencePiece picks)."""
         from xlnetcli.config import Config, ModelConfig
-        from xlnetcli.tokenizer import train_tokenizer
+        from xlnetcli.data.tokenizer import train_tokenizer
 
         cfg = Config(tokenizer=tcfg, model=ModelConfig(vocab_size=tcfg.vocab_size))
         return self._once(("tokenizer", str(src), dataclasses.astuple(tcfg)), "tok",
@@ -64,7 +64,7 @@ class Builds:
                shards: int = 1) -> Path:
         """``src`` sharded with ``tokenizer`` (a folder from :meth:`tokenizer`)."""
         from xlnetcli.config import Config, DataConfig
-        from xlnetcli.shard import shard_corpus
+        from xlnetcli.data.shard import shard_corpus
 
         cfg = Config(data=DataConfig(valid_fraction=valid_fraction, seed=seed))
         return self._once(("shards", str(tokenizer), str(src), valid_fraction, seed, shards), "shards",
@@ -74,7 +74,7 @@ class Builds:
         """Records of ``shards`` preprocessed with the Config ``cfg`` (all of it: records keep their config.yaml,
         which `xlnet pretrain` without --config reads)."""
         from xlnetcli.config import config_to_dict
-        from xlnetcli.preprocess import preprocess
+        from xlnetcli.data.preprocess import preprocess
 
         if passes is not None:
             cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, passes=passes))

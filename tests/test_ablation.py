@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from xlnetcli.config import config_to_dict, load_config
-from xlnetcli.pretrain import RECORD_KEYS
+from xlnetcli.train.pretrain import RECORD_KEYS
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "ablation.py"
 sys.path.insert(0, str(SCRIPT.parent))  # as `python benchmarks/ablation.py` runs it: runner.py beside it

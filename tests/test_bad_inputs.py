@@ -340,7 +340,7 @@ def _nan_checkpoint(w: Path, bad: Path) -> Path:
         tensors[key][3, :] = np.nan
         save_file(tensors, step / "model.safetensors")
         # as a diverged run would have saved it: the checksum in meta.json matches the NaN weights
-        from xlnetcli.io import sha256_file
+        from xlnetcli.core.files import sha256_file
 
         meta = json.loads((step / "meta.json").read_text())
         meta["sha256"]["model.safetensors"] = sha256_file(step / "model.safetensors")

@@ -18,7 +18,7 @@ from xlnetcli.config import (
     save_config,
     validate,
 )
-from xlnetcli.errors import ConfigError
+from xlnetcli.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET_DIR = ROOT / "src" / "xlnetcli" / "presets"

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from test_preprocess import records, shard_dir, small_cfg, tok_dir  # noqa: F401  (session fixtures)
-from xlnetcli.data import (
+from xlnetcli.data.pretrain_stream import (
     PretrainStream,
     make_perm_mask,
     perm_mask_from_ranks,
@@ -18,8 +18,8 @@ from xlnetcli.data import (
     target_mapping,
     targets,
 )
-from xlnetcli.errors import ConfigError
-from xlnetcli.special import CLS_ID, SEP_ID
+from xlnetcli.core.errors import ConfigError
+from xlnetcli.data.special import CLS_ID, SEP_ID
 
 
 def dense_reference(ids, masked, rank, R):

@@ -14,8 +14,8 @@ import pytest
 
 from clitools import kill_and_resume
 from xlnetcli.config import dump_config, load_config
-from xlnetcli.io import sha256_file
-from xlnetcli.runlog import read_metrics
+from xlnetcli.core.files import sha256_file
+from xlnetcli.report.metrics_log import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"

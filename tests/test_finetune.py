@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 import torch
 
-from xlnetcli import tasks
+from xlnetcli.data import labelled
 from xlnetcli.config import load_config
-from xlnetcli.errors import DataError
-from xlnetcli.special import CLS_ID, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEP_ID
-from xlnetcli.tokenizer import Tokenizer
+from xlnetcli.core.errors import DataError
+from xlnetcli.data.special import CLS_ID, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEP_ID
+from xlnetcli.data.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "data" / "sample.txt"
@@ -87,17 +87,17 @@ def _no_progress(monkeypatch):
 
 
 def test_pair_format_left_padding_and_truncation(tok):
-    ids, seg, cut = tasks.build_pair([10, 11, 12], [20, 21], 12)
+    ids, seg, cut = labelled.build_pair([10, 11, 12], [20, 21], 12)
     assert ids == [10, 11, 12, SEP_ID, 20, 21, SEP_ID, CLS_ID] and not cut
     assert seg == [SEG_ID_A] * 4 + [SEG_ID_B] * 3 + [SEG_ID_CLS]
-    ids, seg, cut = tasks.build_pair([10, 11, 12, 13, 14, 15], [20, 21, 22], 8)  # room for 5: longer (A) cut first
+    ids, seg, cut = labelled.build_pair([10, 11, 12, 13, 14, 15], [20, 21, 22], 8)  # room for 5: longer (A) cut first
     assert ids == [10, 11, 12, SEP_ID, 20, 21, SEP_ID, CLS_ID] and cut
     a, b = [1] * 4, [2] * 4
-    assert tasks.truncate_pair(a, b, 7) and (len(a), len(b)) == (4, 3)  # tie: B is cut
-    ids, seg, cut = tasks.build_pair([10, 11, 12], None, 4)
+    assert labelled.truncate_pair(a, b, 7) and (len(a), len(b)) == (4, 3)  # tie: B is cut
+    ids, seg, cut = labelled.build_pair([10, 11, 12], None, 4)
     assert ids == [10, 11, SEP_ID, CLS_ID] and seg == [0, 0, 0, 2] and cut
-    ex = [tasks.TextExample("Return the lowest index.", "Create a socket.", "gui")]
-    enc = tasks.encode_texts(tok, ex, 32, "classification", ["gui", "internet"])
+    ex = [labelled.TextExample("Return the lowest index.", "Create a socket.", "gui")]
+    enc = labelled.encode_texts(tok, ex, 32, "classification", ["gui", "internet"])
     row, mask, segs = enc.arrays["input_ids"][0], enc.arrays["attention_mask"][0], enc.arrays["token_type_ids"][0]
     n = int(mask.sum())
     assert row[-1] == CLS_ID and (row[:-n] == PAD_ID).all() and (mask[:-n] == 0).all()  # left padding
@@ -105,9 +105,9 @@ def test_pair_format_left_padding_and_truncation(tok):
 
 
 def test_multiple_choice_options_do_not_leak(tok):
-    ex = tasks.ChoiceExample("1", "The socket module provides access to the BSD socket interface.",
+    ex = labelled.ChoiceExample("1", "The socket module provides access to the BSD socket interface.",
                              "Which area does this paragraph document?", ["gui", "internet", "testing"], 1)
-    enc = tasks.encode_choices(tok, [ex], 64)
+    enc = labelled.encode_choices(tok, [ex], 64)
     ctx = tok.encode_ids(ex.context)
     for j, opt in enumerate(ex.options):
         row = enc.arrays["input_ids"][0, j]
@@ -118,9 +118,9 @@ def test_multiple_choice_options_do_not_leak(tok):
 
 
 def test_squad_features_windows_and_alignment(tok):
-    examples = tasks.read_squad(SQUAD)
+    examples = labelled.read_squad(SQUAD)
     assert len(examples) == 31 and sum(ex.is_impossible for ex in examples) == 8
-    enc = tasks.encode_squad(tok, examples, 48, 16, 16, training=True)
+    enc = labelled.encode_squad(tok, examples, 48, 16, 16, training=True)
     assert enc.extra["windows_extra"] > 0 and enc.n_skipped == 0  # long paragraphs give several windows
     a = enc.arrays
     found = set()
@@ -142,8 +142,8 @@ def test_squad_features_windows_and_alignment(tok):
 
 def test_squad_postprocessing_known_examples(tok):
     """Hand-set start/end scores -> the expected answer strings -> EM/F1 as the official script would give."""
-    examples = tasks.read_squad(SQUAD)[:4]  # str.split paragraph: 3 answerable + 1 unanswerable
-    enc = tasks.encode_squad(tok, examples, 128, 64, 32, training=True)
+    examples = labelled.read_squad(SQUAD)[:4]  # str.split paragraph: 3 answerable + 1 unanswerable
+    enc = labelled.encode_squad(tok, examples, 128, 64, 32, training=True)
     a = enc.arrays
     n = len(enc)
     k = 2
@@ -157,9 +157,9 @@ def test_squad_postprocessing_known_examples(tok):
         out["end_top_index"][f, 0, 1] = a["start_positions"][f] - 1  # end before start: must be ignored
         out["end_top_log_probs"][f, 0, 1] = 0.0
         out["cls_logits"][f] = 3.0 if a["is_impossible"][f] else -3.0
-    best, odds = tasks.squad_predictions(examples, enc, out, max_answer_length=64)
+    best, odds = labelled.squad_predictions(examples, enc, out, max_answer_length=64)
     assert [best[ex.qid] for ex in examples[:3]] == [ex.answers[0] for ex in examples[:3]]
-    from xlnetcli.metrics import squad_evaluate
+    from xlnetcli.evaluate.metrics import squad_evaluate
 
     r = squad_evaluate({ex.qid: ex.answers for ex in examples}, best, odds, 0.0)
     assert r["exact"] == 100.0 and r["HasAns_total"] == 3 and r["NoAns_total"] == 1 and r["best_f1"] == 100.0
@@ -174,23 +174,23 @@ def test_glue_style_files(tmp_path):
     mnli.write_text("index\tpromptID\tsentence1\tsentence2\tlabel1\tgold_label\n"
                     '0\t31193\tThe "new" rights are nice.\tEveryone loves them.\tneutral\tneutral\n'
                     "1\t101457\tThis site includes a list.\tThe site has lists.\tentailment\tentailment\n")
-    ex = tasks.read_table(mnli)
+    ex = labelled.read_table(mnli)
     assert (ex[0].text_a, ex[0].text_b, ex[0].label) == ('The "new" rights are nice.', "Everyone loves them.", "neutral")
     stsb = tmp_path / "sts.tsv"
     stsb.write_text("genre\tsentence1\tsentence2\tscore\nmain\tA plane takes off.\tAn air plane is taking off.\t5.000\n")
-    assert tasks.read_table(stsb, "regression")[0].label == 5.0
+    assert labelled.read_table(stsb, "regression")[0].label == 5.0
     cola = tmp_path / "cola.tsv"
     cola.write_text("gj04\t1\t\tOur friends won't buy this analysis.\ngj04\t0\t*\tThey drank the pub.\n")
-    ex = tasks.read_table(cola, columns=tasks.Columns("3", None, "1"), header=False)
+    ex = labelled.read_table(cola, columns=labelled.Columns("3", None, "1"), header=False)
     assert (ex[1].text_a, ex[1].text_b, ex[1].label) == ("They drank the pub.", None, "0")
     csv_file = tmp_path / "t.csv"
     csv_file.write_text('review,sentiment\n"Great, really great",pos\n')
-    ex = tasks.read_table(csv_file, columns=tasks.Columns(None, None, "sentiment"))
+    ex = labelled.read_table(csv_file, columns=labelled.Columns(None, None, "sentiment"))
     assert ex[0].text_a == "Great, really great" and ex[0].label == "pos"
     jl = tmp_path / "t.jsonl"
     jl.write_text('{"text": "a b", "label": 1}\n{"text": "c", "label": 0}\n')
-    assert [e.label for e in tasks.read_table(jl)] == ["1", "0"]
-    assert tasks.build_label_list(tasks.read_table(jl)) == ["0", "1"]
+    assert [e.label for e in labelled.read_table(jl)] == ["1", "0"]
+    assert labelled.build_label_list(labelled.read_table(jl)) == ["0", "1"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -199,8 +199,8 @@ def test_glue_style_files(tmp_path):
 
 def test_classification_end_to_end(work, tmp_path, capsys):
     from xlnetcli.cli import main
-    from xlnetcli.evaluate import evaluate
-    from xlnetcli.finetune import finetune
+    from xlnetcli.evaluate.checkpoint_eval import evaluate
+    from xlnetcli.train.finetune import finetune
 
     out = tmp_path / "cls"
     res = finetune(ft_cfg(), "classification", TRAIN_TSV, VALID_TSV, work / "init", out, quiet=True)
@@ -235,8 +235,8 @@ def test_classification_end_to_end(work, tmp_path, capsys):
 
 
 def test_regression_end_to_end(work, tmp_path, capsys):
-    from xlnetcli.evaluate import evaluate_task
-    from xlnetcli.finetune import finetune
+    from xlnetcli.evaluate.checkpoint_eval import evaluate_task
+    from xlnetcli.train.finetune import finetune
 
     files = {}
     for split, path, n in (("train", TRAIN_TSV, None), ("valid", VALID_TSV, 200)):
@@ -257,8 +257,8 @@ def test_regression_end_to_end(work, tmp_path, capsys):
 
 
 def test_multiple_choice_end_to_end(work, tmp_path):
-    from xlnetcli.evaluate import evaluate_task
-    from xlnetcli.finetune import finetune
+    from xlnetcli.evaluate.checkpoint_eval import evaluate_task
+    from xlnetcli.train.finetune import finetune
 
     rng = random.Random(0)
     files = {}
@@ -286,8 +286,8 @@ def test_multiple_choice_end_to_end(work, tmp_path):
 
 
 def test_squad_end_to_end(work, tmp_path):
-    from xlnetcli.evaluate import evaluate_task
-    from xlnetcli.finetune import finetune
+    from xlnetcli.evaluate.checkpoint_eval import evaluate_task
+    from xlnetcli.train.finetune import finetune
 
     out = tmp_path / "squad"
     cfg = ft_cfg("finetune.max_seq_length=96", "finetune.batch_size=8", "finetune.micro_batch_size=8",
@@ -312,7 +312,7 @@ def test_squad_end_to_end(work, tmp_path):
 
 def test_finetune_from_hf_directory(work, tok_dir, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from xlnetcli.finetune import finetune
+    from xlnetcli.train.finetune import finetune
 
     hf = tmp_path / "hf"
     torch.manual_seed(0)
@@ -333,7 +333,7 @@ def test_finetune_from_hf_directory(work, tok_dir, tmp_path):
 
 def test_bad_input(work, tmp_path, capsys):
     from xlnetcli.cli import main
-    from xlnetcli.finetune import finetune
+    from xlnetcli.train.finetune import finetune
 
     train = tmp_path / "train.tsv"
     train.write_text("text\tlabel\nCreate a socket.\tinternet\nDraw a button.\tgui\n")
@@ -344,19 +344,19 @@ def test_bad_input(work, tmp_path, capsys):
     wrong = tmp_path / "wrong.tsv"
     wrong.write_text("sentence\tscore\nx\t1\n")
     with pytest.raises(DataError, match=r"wrong.tsv: missing column\(s\) 'label'.*columns are: sentence, score"):
-        tasks.read_table(wrong, columns=tasks.Columns(None, None, "label"))
+        labelled.read_table(wrong, columns=labelled.Columns(None, None, "label"))
     with pytest.raises(DataError, match=r"missing column\(s\) 'question2'"):
-        tasks.read_table(wrong, columns=tasks.Columns("sentence", "question2", "score"))
+        labelled.read_table(wrong, columns=labelled.Columns("sentence", "question2", "score"))
     empty = tmp_path / "empty.tsv"
     empty.write_text("")
     with pytest.raises(DataError, match="empty.tsv: no examples"):
-        tasks.read_table(empty)
+        labelled.read_table(empty)
     with pytest.raises(DataError, match="not a number"):
-        tasks.read_table(train, "regression")
+        labelled.read_table(train, "regression")
     mc = tmp_path / "mc.jsonl"
     mc.write_text('{"context": "c", "question": "q", "options": ["a", "b"]}\n')
     with pytest.raises(DataError, match=r"mc.jsonl:1: missing field\(s\) answer"):
-        tasks.read_choices(mc)
+        labelled.read_choices(mc)
 
     # SQuAD answers not in their context are skipped, counted and reported
     raw = json.loads(SQUAD.read_text())
@@ -453,7 +453,7 @@ def test_resume_after_sigkill_is_exact(work, tmp_path, capsys):
     import sys
     import time
 
-    from xlnetcli.finetune import partial_dir
+    from xlnetcli.train.finetune import partial_dir
 
     train, valid, cfg = _resume_files(tmp_path)
     xlnet = str(Path(sys.executable).parent / "xlnet")
@@ -500,7 +500,7 @@ def test_sigterm_keeps_the_previous_result_until_the_new_one_completes(work, tmp
 
     from clitools import run_main
 
-    from xlnetcli.finetune import FinetuneTask, partial_dir
+    from xlnetcli.train.finetune import FinetuneTask, partial_dir
 
     train, valid, cfg = _resume_files(tmp_path)
     out = tmp_path / "out"
@@ -538,7 +538,7 @@ def test_out_of_memory_and_divergence_are_diagnosed(work, tmp_path, monkeypatch,
     loss stops before the update; both one line, and before the first checkpoint nothing is left behind."""
     from clitools import assert_one_line_error, run_main
 
-    from xlnetcli.finetune import FinetuneTask
+    from xlnetcli.train.finetune import FinetuneTask
 
     train, valid, cfg = _resume_files(tmp_path)
     argv = ["finetune", "--task", "classification", "--train", train, "--valid", valid, "--init", work / "init",
@@ -570,7 +570,7 @@ def test_sigkill_at_many_random_moments_then_resume_gives_the_uninterrupted_resu
     import sys
     import time
 
-    from xlnetcli.finetune import partial_dir
+    from xlnetcli.train.finetune import partial_dir
 
     kills_wanted = int(os.environ.get("XLNET_FAULT_KILLS", "20"))
     train, valid, cfg = _resume_files(tmp_path)

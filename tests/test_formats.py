@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from clitools import assert_one_line_error, run_main, settings_config
 
-import xlnetcli.corpus as corpus_mod
-from xlnetcli.corpus import FileStats, detect_format, expand_inputs, iter_file_text
+import xlnetcli.data.corpus as corpus_mod
+from xlnetcli.data.corpus import FileStats, detect_format, expand_inputs, iter_file_text
 from xlnetcli.config import TokenizerConfig
-from xlnetcli.errors import DataError, XLNetError
-from xlnetcli.shard import shard_corpus
-from xlnetcli.tokenizer import train_tokenizer
+from xlnetcli.core.errors import DataError, XLNetError
+from xlnetcli.data.shard import shard_corpus
+from xlnetcli.data.tokenizer import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "data" / "pydocs" / "corpus.txt"

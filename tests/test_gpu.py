@@ -191,7 +191,7 @@ def test_pretrain_on_cuda_resumes_exactly(builds, tmp_path, compile_):
 
     from test_pretrain import SMALL, TINY, _train_losses
     from xlnetcli.config import load_config
-    from xlnetcli.pretrain import pretrain
+    from xlnetcli.train.pretrain import pretrain
 
     rec = builds.pipeline(SMALL).records
     over = SMALL + ["train.max_steps=8", "train.save_every=4", "train.eval_every=4", "train.precision=bf16",

@@ -38,7 +38,7 @@ def small_tsv(path: Path, src: Path, n: int | None, labels: set[str] | None = No
 def cls_run(work, tmp_path_factory):  # noqa: F811
     """A 4-label classifier: 60 steps on the docstrings (5 s; 0.60 accuracy on 48 validation rows, 3 labels
     predicted)."""
-    from xlnetcli.finetune import finetune
+    from xlnetcli.train.finetune import finetune
 
     d = tmp_path_factory.mktemp("cls")
     train, valid = small_tsv(d / "train.tsv", TRAIN_TSV, None), small_tsv(d / "valid.tsv", VALID_TSV, 48)
@@ -49,8 +49,8 @@ def cls_run(work, tmp_path_factory):  # noqa: F811
 
 def encoded(run: Path, file: Path):
     """The rows `xlnet eval` feeds the model for ``file``: our tokenizer, our input layout."""
-    from xlnetcli.taskmodel import load_finetuned, load_task_data, tokenizer_dir_of
-    from xlnetcli.tokenizer import Tokenizer
+    from xlnetcli.evaluate.finetuned import load_finetuned, load_task_data, tokenizer_dir_of
+    from xlnetcli.data.tokenizer import Tokenizer
 
     model, cfg, meta = load_finetuned(run)
     tok = Tokenizer.load(tokenizer_dir_of(Path(meta["path"])))
@@ -93,7 +93,7 @@ def test_classifier_export_gives_eval_predictions_in_transformers(cls_run, tmp_p
     assert [hf.config.id2label[i] for i in probs.argmax(-1)] == [r["prediction"] for r in ours]
     want = np.array([[r["probabilities"][lab] for lab in LABELS] for r in ours])
     assert np.abs(probs - want).max() < 1e-4
-    from xlnetcli.finetune import predict
+    from xlnetcli.train.finetune import predict
 
     mine = predict(model, data, 16, torch.device("cpu"))["logits"]
     assert np.abs(logits.numpy() - mine).max() < 1e-4
@@ -164,7 +164,7 @@ def regression_tsv(path: Path, src: Path = TRAIN_TSV, n: int = 128) -> Path:
 
 
 def test_regression_export(work, tmp_path, capsys):  # noqa: F811
-    from xlnetcli.finetune import finetune
+    from xlnetcli.train.finetune import finetune
 
     train, valid = regression_tsv(tmp_path / "train.tsv"), regression_tsv(tmp_path / "valid.tsv", VALID_TSV, 32)
     finetune(ft_cfg("finetune.max_steps=8", "finetune.summary_type=first", "finetune.summary_use_proj=false"),
@@ -184,7 +184,7 @@ def test_regression_export(work, tmp_path, capsys):  # noqa: F811
 
 
 def test_multiple_choice_export(work, tmp_path, capsys):  # noqa: F811
-    from xlnetcli.finetune import finetune
+    from xlnetcli.train.finetune import finetune
 
     rng = random.Random(0)
     rows = pydocs_rows(TRAIN_TSV)
@@ -226,7 +226,7 @@ def same_beam(idx_a: np.ndarray, p_a: np.ndarray, idx_b: np.ndarray, p_b: np.nda
 def test_squad_export_gives_our_beam_in_transformers(work, tmp_path, capsys):  # noqa: F811
     """SquadHead is XLNetForQuestionAnswering's head parameter for parameter: the top-5 starts, their top-5 ends and
     the answerability logit agree, and so do the answers `xlnet eval` reads off them."""
-    from xlnetcli.finetune import finetune, predict
+    from xlnetcli.train.finetune import finetune, predict
 
     cfg = ft_cfg("finetune.max_seq_length=96", "finetune.batch_size=8", "finetune.micro_batch_size=8",
                  "finetune.max_steps=6", "finetune.doc_stride=32", "finetune.max_query_length=24",
@@ -258,7 +258,7 @@ def test_squad_export_gives_our_beam_in_transformers(work, tmp_path, capsys):  #
 def test_heads_transformers_cannot_represent(work, tmp_path, capsys):  # noqa: F811
     """summary_type mean (ours averages real tokens, transformers' the padding too) is refused with one line;
     --backbone-only exports the transformer as XLNetModel, which gives our hidden states."""
-    from xlnetcli.finetune import finetune
+    from xlnetcli.train.finetune import finetune
 
     train = small_tsv(tmp_path / "t.tsv", TRAIN_TSV, 64)
     finetune(ft_cfg("finetune.max_steps=1", "finetune.summary_type=mean"), "classification", train, None,
@@ -286,7 +286,7 @@ def test_transformers_heads_import(work, tmp_path, capsys):  # noqa: F811
     gives transformers' probabilities per label, and --init keeps its head with the rows put in our label order.
     A head with no xlnet task (XLNetForQuestionAnsweringSimple) is dropped on import, and the message says so."""
     from xlnetcli import api
-    from xlnetcli.finetune import tokenizer_dir_of
+    from xlnetcli.train.finetune import tokenizer_dir_of
 
     order = ["testing", "internet", "gui", "concurrency"]
     hc = transformers.XLNetConfig(vocab_size=2000, d_model=64, n_layer=2, n_head=2, d_inner=128, mem_len=None,

@@ -15,8 +15,8 @@ from xlnetcli import api
 from xlnetcli.checkpoint import load_lm_model, load_model_dir, resolve_checkpoint, save_model_dir, step_dir_name
 from xlnetcli.cli import main
 from xlnetcli.config import ModelConfig, config_from_dict
-from xlnetcli.errors import CheckpointError
-from xlnetcli.hf import mems_to_hf
+from xlnetcli.core.errors import CheckpointError
+from xlnetcli.checkpoint.hf_dir import mems_to_hf
 from xlnetcli.model import XLNetLMHeadModel
 
 transformers = pytest.importorskip("transformers")
@@ -35,7 +35,7 @@ def cli(*args) -> int:
 def tok_dir(tmp_path_factory):
     from clitools import settings_config
 
-    from xlnetcli.tokenizer import train_tokenizer
+    from xlnetcli.data.tokenizer import train_tokenizer
 
     out = tmp_path_factory.mktemp("tok") / "tokenizer"
     train_tokenizer(settings_config("tokenizer", vocab_size=400, threads=1), [ROOT / "tests" / "data" / "sample.txt"],
@@ -106,7 +106,7 @@ def test_export_loads_in_transformers_with_identical_outputs(ckpt, tmp_path):
     assert saved["model"]["mem_len"] == 12 and saved["model"]["reuse_len"] == 8
 
     # the tokenizer loads unmodified and splits text as ours does
-    from xlnetcli.tokenizer import Tokenizer
+    from xlnetcli.data.tokenizer import Tokenizer
 
     hf_tok = transformers.XLNetTokenizer.from_pretrained(out)
     ours_tok = Tokenizer.load(resolve_checkpoint(ckpt) / "tokenizer")
@@ -122,7 +122,7 @@ def test_export_of_a_real_pretraining_run_gives_our_logits_in_transformers(build
     without an attention mask (left padding, as XLNet pads)."""
     from test_pretrain import TINY
     from xlnetcli.config import load_config
-    from xlnetcli.pretrain import pretrain
+    from xlnetcli.train.pretrain import pretrain
 
     over = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "train.max_steps=3", "train.eval_every=0",
             "train.save_every=0", "train.warmup_steps=1"]
@@ -266,7 +266,7 @@ def test_checkpoint_errors(ckpt, tmp_path):
     assert cli("import", "--from-hf", str(tmp_path / "notxl"), "--out", str(tmp_path / "o")) == 2
     # export refuses a d_model that HF cannot express
     wide = ModelConfig(vocab_size=10, d_model=32, n_layer=1, n_head=2, d_head=8, d_inner=8)
-    from xlnetcli.hf import to_hf_config
+    from xlnetcli.checkpoint.hf_dir import to_hf_config
 
     with pytest.raises(CheckpointError, match="n_head\\*d_head == d_model"):
         to_hf_config(wide)

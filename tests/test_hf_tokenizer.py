@@ -20,9 +20,9 @@ from xlnetcli.checkpoint import save_model_dir, step_dir_name
 from xlnetcli.cli import main
 from xlnetcli.config import config_from_dict
 from xlnetcli.model import XLNetLMHeadModel
-from xlnetcli.special import CLS_ID, EOD_ID, PAD_ID, SEG_ID_PAD, SEP_ID
-from xlnetcli.tasks import build_pair, left_pad
-from xlnetcli.tokenizer import Tokenizer, hf_tokenizer_json, train_tokenizer
+from xlnetcli.data.special import CLS_ID, EOD_ID, PAD_ID, SEG_ID_PAD, SEP_ID
+from xlnetcli.data.labelled import build_pair, left_pad
+from xlnetcli.data.tokenizer import Tokenizer, hf_tokenizer_json, train_tokenizer
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -318,7 +318,7 @@ def test_normalisation_agrees_on_every_bmp_code_point(tok, tok_dir):
     """tokenizer.json's normalizer against ours followed by SentencePiece's, for each code point of the Basic
     Multilingual Plane between two letters. The few that differ are letters newer than one side's Unicode tables, and
     U+0344 in keep-accents models (NFC joins it to the letter before; SentencePiece maps it alone)."""
-    from xlnetcli.tokenizer import normalize_text
+    from xlnetcli.data.tokenizer import normalize_text
 
     norm = tokenizers.Tokenizer.from_file(str(tok_dir / "tokenizer.json")).normalizer
     bad = []

@@ -17,9 +17,9 @@ from clitools import assert_one_line_error, flip_bit
 
 from xlnetcli.checkpoint import load_model_dir, save_model_dir
 from xlnetcli.config import load_config
-from xlnetcli.errors import CheckpointError, DataError, XLNetError
-from xlnetcli.io import atomic_write_json, lock_path, output_lock
-from xlnetcli.runlog import read_metrics
+from xlnetcli.core.errors import CheckpointError, DataError, XLNetError
+from xlnetcli.core.files import atomic_write_json, lock_path, output_lock
+from xlnetcli.report.metrics_log import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -48,7 +48,7 @@ def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
 def pipeline(builds, tmp_path_factory) -> dict[str, Path]:
     """tokenizer -> shards -> records (shared, conftest.py: read only) -> a 4-step pretraining run of this module
     with checkpoints at steps 2 and 4."""
-    from xlnetcli.pretrain import pretrain
+    from xlnetcli.train.pretrain import pretrain
 
     tmp = tmp_path_factory.mktemp("integrity")
     torch.set_num_threads(1)
@@ -197,7 +197,7 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_on_load_and_resume(pipeline, t
 
 
 def test_a_flipped_bit_in_the_records_is_refused_when_pretraining_opens_them(pipeline, tmp_path):
-    from xlnetcli.records import open_records
+    from xlnetcli.data.record_format import open_records
 
     rec = tmp_path / "rec"
     shutil.copytree(pipeline["rec"], rec)
@@ -213,7 +213,7 @@ def test_a_flipped_bit_in_the_records_is_refused_when_pretraining_opens_them(pip
 
 
 def test_checkpoints_are_byte_reproducible_across_processes(pipeline, tmp_path):
-    from xlnetcli.io import sha256_file
+    from xlnetcli.core.files import sha256_file
 
     code = ("import sys, torch; from xlnetcli.checkpoint import load_model_dir, save_model_dir;"
             "from xlnetcli.model import XLNetLMHeadModel;"

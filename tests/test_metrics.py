@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from xlnetcli import metrics as M
+from xlnetcli.evaluate import metrics as M
 
 
 def test_accuracy_f1_mcc_binary():

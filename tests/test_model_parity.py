@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from xlnetcli.errors import XLNetError
-from xlnetcli.hf import mems_from_hf, mems_to_hf, to_hf_config, to_hf_state
-from xlnetcli.heads import SequenceSummary
+from xlnetcli.core.errors import XLNetError
+from xlnetcli.checkpoint.hf_dir import mems_from_hf, mems_to_hf, to_hf_config, to_hf_state
+from xlnetcli.model.heads import SequenceSummary
 from xlnetcli.model import XLNetLMHeadModel, named_config
 
 transformers = pytest.importorskip("transformers")

@@ -11,11 +11,11 @@ import torch
 
 from test_pretrain import TINY
 from xlnetcli.config import load_config
-from xlnetcli.data import PretrainStream, perm_mask_from_ranks, permutation_batch
-from xlnetcli.errors import ConfigError
+from xlnetcli.data.pretrain_stream import PretrainStream, perm_mask_from_ranks, permutation_batch
+from xlnetcli.core.errors import ConfigError
 from xlnetcli.model import XLNetLMHeadModel
-from xlnetcli.pretrain import pretrain
-from xlnetcli.special import CLS_ID, MASK_ID, SEP_ID
+from xlnetcli.train.pretrain import pretrain
+from xlnetcli.data.special import CLS_ID, MASK_ID, SEP_ID
 
 # 2 layers, d 64, seq 64 (reuse 32, memory 32), 10 targets, batch 8: a step takes a few milliseconds
 OVER = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "model.d_model=64",
@@ -87,7 +87,7 @@ def test_mlm_outputs_never_depend_on_the_original_target_tokens(records):
     """Rebuild two consecutive windows with every target's original token replaced by another one: logits, content
     stream and memories of both windows are bit-identical (the original token reaches nothing but the labels).
     And a change in the rest of a window never reaches its reuse part or its memory, which the next window reads."""
-    from xlnetcli.records import open_records
+    from xlnetcli.data.record_format import open_records
 
     meta, passes = open_records(records, "train")
     p = passes[0]
@@ -181,7 +181,7 @@ def test_flop_count_matches_the_executed_matmuls(records, objective):
     objective changes (mlm: L content rows, no query stream; plm and clm: L + P, the last layer P)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from xlnetcli.flops import forward_flops
+    from xlnetcli.model.flops import forward_flops
 
     cfg = _cfg(objective, "model.attn_impl=einsum", "model.bi_data=true")
     torch.manual_seed(0)
@@ -222,7 +222,7 @@ def test_each_objective_learns(records, tmp_path, objective):
     more than a nat, to the unigram level of these targets (5.3): 60 steps teach the marginal distribution, not yet
     the use of context (with this tiny model PLM passes the unigram level after about 400 steps). `xlnet eval` on the
     run's checkpoint reads the records with the run's objective: it reproduces the run's own last evaluation."""
-    from xlnetcli.evaluate import evaluate_plm_checkpoint
+    from xlnetcli.evaluate.checkpoint_eval import evaluate_plm_checkpoint
 
     cfg = _cfg(objective, "train.max_steps=60", "train.eval_every=60")
     res = pretrain(cfg, records, tmp_path / "run", quiet=True)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from test_model_parity import maxdiff, plm_batch, tiny_cfg
-from xlnetcli import dist
-from xlnetcli.flops import forward_flops, peak_tflops, train_flops
+from xlnetcli.core import dist
+from xlnetcli.model.flops import forward_flops, peak_tflops, train_flops
 from xlnetcli.model.kernels import _RelShift, resolve_impl
 from xlnetcli.model import XLNetLayer, XLNetLMHeadModel
 from xlnetcli.model.parallel import apply_activation_checkpointing, compile_layers, parallelize

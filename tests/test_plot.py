@@ -3,7 +3,7 @@ import json
 import pytest
 
 from xlnetcli.cli import main
-from xlnetcli.plot import plot_run
+from xlnetcli.report.plot import plot_run
 
 
 def _write_metrics(run):

@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from xlnetcli.config import load_config
-from xlnetcli.errors import ConfigError, DataError
-from xlnetcli.masking import sample_masks
-from xlnetcli.preprocess import _Params, build_row, preprocess, row_source
-from xlnetcli.records import open_records, segment_ids
-from xlnetcli.segments import Row, trim_lengths
-from xlnetcli.special import CLS_ID, SEP_ID
+from xlnetcli.core.errors import ConfigError, DataError
+from xlnetcli.data.masking import sample_masks
+from xlnetcli.data.preprocess import _Params, build_row, preprocess, row_source
+from xlnetcli.data.record_format import open_records, segment_ids
+from xlnetcli.data.segments import Row, trim_lengths
+from xlnetcli.data.special import CLS_ID, SEP_ID
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "data" / "pydocs" / "corpus.txt"
@@ -361,9 +361,9 @@ def test_max_gram_caps_span_lengths_with_the_same_one_over_n_law(max_gram):
 
 def test_max_gram_is_recorded_and_checked_by_pretrain(builds):
     """Records built with data.max_gram=1 say so in meta.json; pretraining them with another value is refused."""
-    from xlnetcli.errors import XLNetError
-    from xlnetcli.pretrain import check_records
-    from xlnetcli.records import read_meta
+    from xlnetcli.core.errors import XLNetError
+    from xlnetcli.train.pretrain import check_records
+    from xlnetcli.data.record_format import read_meta
 
     over = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "data.seq_len=64", "model.reuse_len=32",
             "data.num_predict=10", "train.global_batch_size=4", "train.micro_batch_size=2", "data.max_gram=1"]

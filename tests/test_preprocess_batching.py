@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xlnetcli.masking import mask_draw_width, masks_from_draws, sample_masks
-from xlnetcli.special import CLS_ID, SEP_ID
+from xlnetcli.data.masking import mask_draw_width, masks_from_draws, sample_masks
+from xlnetcli.data.special import CLS_ID, SEP_ID
 
 
 @settings(max_examples=30, deadline=None)

@@ -16,10 +16,10 @@ from safetensors.torch import load_file
 
 from clitools import run_main
 from xlnetcli.config import batch_plan, load_config
-from xlnetcli.errors import ConfigError, DataError, XLNetError
+from xlnetcli.core.errors import ConfigError, DataError, XLNetError
 from xlnetcli.checkpoint import load_train_state
-from xlnetcli.pretrain import evaluate_plm, list_checkpoints, pretrain
-from xlnetcli.runlog import read_metrics
+from xlnetcli.train.pretrain import evaluate_plm, list_checkpoints, pretrain
+from xlnetcli.report.metrics_log import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -96,7 +96,7 @@ def test_run_layout_eval_and_rotation(records, tmp_path):
     assert all(r["tokens_per_s"] > 0 and r["lr"] > 0 for r in train_rows)
     # the checkpoint loads as an LM model (as `xlnet eval` would) and evaluate_plm agrees with the logged figure
     from xlnetcli.checkpoint import load_lm_model
-    from xlnetcli.data import PretrainStream
+    from xlnetcli.data.pretrain_stream import PretrainStream
 
     model, *_ = load_lm_model(step)
     again = evaluate_plm(model, PretrainStream(records, "valid", 0, 1, 2, cfg.data.seed, dense=False, loop=False), 4)
@@ -150,7 +150,7 @@ def test_resume_from_a_format_1_train_state_as_earlier_versions_wrote_it(records
     grad scaler, an empty ``task`` for pretraining) resumes into the uninterrupted run's final step folder, byte for
     byte: the checkpointer reads entries by name."""
     from xlnetcli.checkpoint import TRAIN_STATE, save_tree
-    from xlnetcli.io import atomic_write_json, sha256_file
+    from xlnetcli.core.files import atomic_write_json, sha256_file
 
     cfg = _cfg("train.max_steps=6", "train.save_every=3", "train.keep_last=5", "train.eval_every=0")
     pretrain(cfg, records, tmp_path / "a", quiet=True)
@@ -245,7 +245,7 @@ def test_tiny_config_learns_on_real_text(builds, tmp_path):
             "train.eval_batches=8", "train.save_every=0", "train.log_every=50"]
     rec = builds.pipeline(over).records
     cfg = load_config(TINY, over)
-    from xlnetcli.data import PretrainStream
+    from xlnetcli.data.pretrain_stream import PretrainStream
     from xlnetcli.model import XLNetLMHeadModel
 
     torch.manual_seed(cfg.train.seed)
@@ -336,7 +336,7 @@ def test_nonfinite_loss_stops_with_diagnosis(records, tmp_path):
 
 
 def test_out_of_memory_is_one_line(records, tmp_path, monkeypatch):
-    import xlnetcli.pretrain as pt
+    import xlnetcli.train.pretrain as pt
 
     def boom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")

@@ -12,7 +12,7 @@ import torch
 
 from clitools import assert_one_line_error, run_main
 from xlnetcli.config import load_config
-from xlnetcli.errors import ConfigError
+from xlnetcli.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -108,7 +108,7 @@ def test_label_curve_rises_with_labelled_rows_and_is_plotted(env, capsys):
     assert small < large - 0.1 and large > 0.9, mean["curve"]  # measured 0.82 and 0.975 (all 300 rows: 0.965)
     assert stdout.splitlines()[-3].split()[0] == "20" and stdout.splitlines()[-1].split()[0] == "300"
 
-    from xlnetcli.probe import probe
+    from xlnetcli.evaluate.probe import probe
 
     noise = probe(env["run"], env["random_train"], env["random_valid"], device="cpu", train_sizes=[20, 100])
     for kind, r in noise["results"]["pretrained"].items():
@@ -123,7 +123,7 @@ def test_label_curve_rises_with_labelled_rows_and_is_plotted(env, capsys):
 
 
 def test_random_labels_give_chance(env):
-    from xlnetcli.probe import probe
+    from xlnetcli.evaluate.probe import probe
 
     res = probe(env["run"], env["random_train"], env["random_valid"], device="cpu")
     for kind, r in res["results"]["pretrained"].items():
@@ -135,7 +135,7 @@ def test_random_labels_give_chance(env):
 def test_l2_choice_never_reads_the_validation_file(env, tmp_path):
     """Flipping every validation label leaves the L2 choice, the held-out scores and the fitted probe unchanged;
     only the final validation accuracy turns into 1 - accuracy."""
-    from xlnetcli.probe import probe
+    from xlnetcli.evaluate.probe import probe
 
     text = env["random_valid"].read_text().splitlines()
     flip = {"a": "b", "b": "a"}
@@ -154,8 +154,8 @@ def test_probe_checkpoint_in_process_leaves_the_model_as_it_was(env):
     rows from one labelled file split deterministically. Mode, gradients and RNG states are untouched, and the
     result is the one of the same weights probed in eval mode."""
     from xlnetcli.model import XLNetLMHeadModel
-    from xlnetcli.probe import probe_checkpoint, read_rows, split_rows
-    from xlnetcli.tokenizer import Tokenizer
+    from xlnetcli.evaluate.probe import probe_checkpoint, read_rows, split_rows
+    from xlnetcli.data.tokenizer import Tokenizer
 
     rows = read_rows(env["planted_train"])
     tr, va = split_rows(rows, seed=3)
@@ -186,8 +186,8 @@ def test_held_out_splits_keep_rows_made_of_the_same_words_together():
     bags of words gets exactly the per-label draw."""
     import numpy as np
 
-    from xlnetcli.probe import _stratified, draw_rows, split_rows, word_bag_groups
-    from xlnetcli.tasks import TextExample
+    from xlnetcli.evaluate.probe import _stratified, draw_rows, split_rows, word_bag_groups
+    from xlnetcli.data.labelled import TextExample
 
     words = _lines()[:120]
     rows = []
@@ -256,11 +256,11 @@ def test_probe_config_keys_are_validated():
 
 _SHARDED = """
 import json, sys, torch
-from xlnetcli import dist
+from xlnetcli.core import dist
 from xlnetcli.config import load_config
 from xlnetcli.model import XLNetLMHeadModel, XLNetLayer
-from xlnetcli.probe import probe_checkpoint, read_rows, split_rows
-from xlnetcli.tokenizer import Tokenizer
+from xlnetcli.evaluate.probe import probe_checkpoint, read_rows, split_rows
+from xlnetcli.data.tokenizer import Tokenizer
 
 env = dist.init_distributed("cpu")
 cfg = load_config(sys.argv[1], json.loads(sys.argv[2]))
@@ -279,8 +279,8 @@ def test_probe_checkpoint_on_a_sharded_model(env, tmp_path):
 
     from test_pretrain import BIN, _env
     from xlnetcli.model import XLNetLMHeadModel
-    from xlnetcli.probe import probe_checkpoint, read_rows, split_rows
-    from xlnetcli.tokenizer import Tokenizer
+    from xlnetcli.evaluate.probe import probe_checkpoint, read_rows, split_rows
+    from xlnetcli.data.tokenizer import Tokenizer
 
     script = tmp_path / "sharded.py"
     script.write_text(_SHARDED)
@@ -303,8 +303,8 @@ def test_probe_checkpoint_on_a_sharded_model(env, tmp_path):
 def test_probe_during_pretraining_is_logged_plotted_and_leaves_training_unchanged(env, builds, tmp_path):
     """train.probe_every: probe rows at steps 0, 2, 4 in metrics.jsonl, a probe panel in the plot, and the training
     itself bit-identical to the same run without the probe (the probe draws from no RNG the run uses)."""
-    from xlnetcli.pretrain import pretrain
-    from xlnetcli.runlog import read_metrics
+    from xlnetcli.train.pretrain import pretrain
+    from xlnetcli.report.metrics_log import read_metrics
 
     over = SMALL + ["data.num_predict=10", "train.global_batch_size=4", "train.micro_batch_size=2",
                     "data.valid_fraction=0.05", "train.max_steps=4", "train.warmup_steps=1", "train.log_every=1",
@@ -332,6 +332,6 @@ def test_probe_during_pretraining_is_logged_plotted_and_leaves_training_unchange
         import matplotlib  # noqa: F401
     except ImportError:
         return
-    from xlnetcli.plot import plot_run
+    from xlnetcli.report.plot import plot_run
 
     assert plot_run(tmp_path / "probed").stat().st_size > 0

@@ -13,15 +13,15 @@ import pytest
 from clitools import assert_one_line_error, flip_bit, run_main, settings_config
 from click.testing import CliRunner
 
-import xlnetcli.corpus as corpus_mod
-import xlnetcli.shardfmt as shardfmt
+import xlnetcli.data.corpus as corpus_mod
+import xlnetcli.data.shard_format as shardfmt
 from xlnetcli.cli import cli
 from xlnetcli.config import TokenizerConfig
-from xlnetcli.errors import DataError, XLNetError
-from xlnetcli.shard import shard_corpus
-from xlnetcli.shardfmt import NpyStreamWriter, open_shards, read_manifest, verify_shards
-from xlnetcli.special import EOD_ID
-from xlnetcli.tokenizer import Tokenizer
+from xlnetcli.core.errors import DataError, XLNetError
+from xlnetcli.data.shard import shard_corpus
+from xlnetcli.data.shard_format import NpyStreamWriter, open_shards, read_manifest, verify_shards
+from xlnetcli.data.special import EOD_ID
+from xlnetcli.data.tokenizer import Tokenizer
 
 SAMPLE = Path(__file__).parent / "data" / "sample.txt"
 

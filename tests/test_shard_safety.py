@@ -18,10 +18,10 @@ import pytest
 from clitools import assert_one_line_error, flip_bit, run_main
 
 from xlnetcli.config import load_config
-from xlnetcli.errors import DataError, Terminated
-from xlnetcli.io import atomic_output_dir, remove_stale_temps, sigterm_as_interrupt
-from xlnetcli.preprocess import preprocess
-from xlnetcli.shardfmt import verify_shards
+from xlnetcli.core.errors import DataError, Terminated
+from xlnetcli.core.files import atomic_output_dir, remove_stale_temps, sigterm_as_interrupt
+from xlnetcli.data.preprocess import preprocess
+from xlnetcli.data.shard_format import verify_shards
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from xlnetcli.cli import cli
 from xlnetcli.config import Config
-from xlnetcli.errors import ConfigError, DataError, XLNetError
-from xlnetcli.special import EOD_ID, SPECIAL_PIECES
-from xlnetcli.tokenizer import (
+from xlnetcli.core.errors import ConfigError, DataError, XLNetError
+from xlnetcli.data.special import EOD_ID, SPECIAL_PIECES
+from xlnetcli.data.tokenizer import (
     USER_DEFINED_SYMBOLS,
     Tokenizer,
     normalize_block,
@@ -159,7 +159,7 @@ def _xlnet_spm(tmp_path: Path, train_file: str, lower: bool = False) -> bytes:
     (as Hugging Face's spiece.model was; xlnet's own trainer names its file .normalized.*.txt)."""
     import sentencepiece as spm
 
-    from xlnetcli.tokenizer import CONTROL_SYMBOLS
+    from xlnetcli.data.tokenizer import CONTROL_SYMBOLS
 
     src = tmp_path / train_file
     text = SAMPLE.read_text(encoding="utf-8")
@@ -205,7 +205,7 @@ def test_tokenizer_trained_here_without_its_metadata_is_refused(tmp_path, capsys
     assert_one_line_error(code, err, "xlnet_tokenizer.json", "recopy")
     import hashlib
 
-    from xlnetcli.tokenizer import _default_meta
+    from xlnetcli.data.tokenizer import _default_meta
 
     meta = _default_meta(hashlib.sha256(model).hexdigest(), {"uncased": True})
     (d / "tokenizer.json").write_text(json.dumps(meta))  # the metadata file's former name
@@ -353,7 +353,7 @@ def test_load_edited_options_or_corrupt_json(tok_dir, tmp_path):
     with pytest.raises(DataError, match="edited by hand"):
         Tokenizer.load(d)
     # consistent by hash but not with the options stored in the model file itself
-    from xlnetcli.tokenizer import _options_hash
+    from xlnetcli.data.tokenizer import _options_hash
 
     meta["options_sha256"] = _options_hash(meta)
     (d / "xlnet_tokenizer.json").write_text(json.dumps(meta))

@@ -14,9 +14,9 @@ import torch
 from clitools import assert_one_line_error, run_main
 
 from xlnetcli.config import config_to_dict, load_config
-from xlnetcli.errors import ConfigError, XLNetError
-from xlnetcli.pretrain import pretrain
-from xlnetcli.runlog import MetricsLogger, NullLogger, read_metrics
+from xlnetcli.core.errors import ConfigError, XLNetError
+from xlnetcli.train.pretrain import pretrain
+from xlnetcli.report.metrics_log import MetricsLogger, NullLogger, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -186,7 +186,7 @@ def test_mlflow_file_store_gets_the_metrics_jsonl_values_and_resume_continues(re
 def test_finetune_report_to_mlflow(builds, tmp_path, mlflow_store):
     """finetune.report_to is the finetuning run's own key (its train.* settings come from the checkpoint)."""
     from xlnetcli.checkpoint import save_model_dir
-    from xlnetcli.finetune import finetune
+    from xlnetcli.train.finetune import finetune
     from xlnetcli.model import XLNetLMHeadModel
 
     base = load_config(TINY, SMALL + ["model.mem_len=0", "model.reuse_len=0", "model.bi_data=false",

@@ -1,3 +1,3 @@
-from .cli import main
+from xlnetcli.cli import main
 
 main()

@@ -15,9 +15,9 @@ from typing import Any
 
 import click
 
-from . import __version__
-from .config import PRESETS, Config, check_override_sections, clip, load_config
-from .errors import Preempted, Terminated, XLNetError
+from xlnetcli import __version__
+from xlnetcli.config import PRESETS, Config, check_override_sections, clip, load_config
+from xlnetcli.core.errors import Preempted, Terminated, XLNetError
 
 DEFAULT_CONFIG = "tiny"  # the preset pretrain uses when neither --config, the run nor the records carry a config
 BUNDLED_CORPUS = Path(__file__).resolve().parents[2] / "data" / "pydocs" / "corpus.txt"
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         e.show()
         sys.exit(e.exit_code)
     except Preempted as e:  # SIGTERM: a checkpoint was written; not an error of the user's (said once, by rank 0)
-        from .log import is_rank0
+        from xlnetcli.core.console import is_rank0
 
         if is_rank0():
             click.echo(f"xlnet: {e}", err=True)
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("xlnet: interrupted", err=True)
         sys.exit(130)
     except OSError as e:
-        from .io import is_disk_full
+        from xlnetcli.core.files import is_disk_full
 
         if is_disk_full(e):
             click.echo(f"xlnet: error: disk full while writing {e.filename or 'output'}; free space and rerun", err=True)
@@ -194,7 +194,7 @@ def config_show_cmd(name: str | None, overrides: tuple[str, ...]) -> None:
     """Print the resolved YAML of a preset or file (the defaults without NAME) after --set overrides.
 
     Save it to start your own config: xlnet config show base --set train.lr=2e-4 > my.yaml"""
-    from .config import dump_config
+    from xlnetcli.config import dump_config
 
     click.echo(dump_config(resolve_config(name, overrides, "config show")), nl=False)
 
@@ -207,7 +207,7 @@ def config_show_cmd(name: str | None, overrides: tuple[str, ...]) -> None:
 def plot_cmd(run_dir: Path, out: Path | None) -> None:
     """Plot loss, learning rate and throughput curves of a run as a PNG; given the JSON of `xlnet probe
     --train-sizes ... --output FILE`, plot its label-efficiency curve instead."""
-    from .plot import plot_label_curve, plot_run
+    from xlnetcli.report.plot import plot_label_curve, plot_run
 
     click.echo(str(plot_label_curve(run_dir, out) if run_dir.is_file() else plot_run(run_dir, out)))
 
@@ -227,13 +227,13 @@ def pretrain_cmd(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None,
 
     Without --config the run's config (when resuming) or the records' config is used; --set overrides keys.
     """
-    from .pretrain import pretrain
+    from xlnetcli.train.pretrain import pretrain
 
     pretrain(cfg, data_dir, out_dir, resume=resume, device=device, quiet=quiet)
 
 
 def _pretrain_config_path(data_dir: Path, out_dir: Path, resume: str | None) -> Path | str:
-    from .pretrain import pretrain_config_path
+    from xlnetcli.train.pretrain import pretrain_config_path
 
     return pretrain_config_path(data_dir, out_dir, resume) or DEFAULT_CONFIG
 
@@ -253,9 +253,9 @@ def _pretrain_config_path(data_dir: Path, out_dir: Path, resume: str | None) -> 
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
 def export_cmd(ckpt: Path, fmt: str, out: Path, backbone_only: bool, overwrite: bool) -> None:
     """Export a checkpoint (run dir or step folder, pretrained or finetuned) as a Hugging Face directory."""
-    from .handoff import export_hf
-    from .hf import describe_export
-    from .log import console
+    from xlnetcli.interop.huggingface import export_hf
+    from xlnetcli.checkpoint.hf_dir import describe_export
+    from xlnetcli.core.console import console
 
     export_hf(ckpt, out, overwrite=overwrite, backbone_only=backbone_only)
     console.print(f"exported {ckpt} -> {out} as {describe_export(out)} (config.json, model.safetensors, spiece.model, "
@@ -269,9 +269,9 @@ def export_cmd(ckpt: Path, fmt: str, out: Path, backbone_only: bool, overwrite: 
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
 def import_cmd(hf_dir: Path, out: Path, overwrite: bool) -> None:
     """Turn a Hugging Face XLNet directory into an xlnet checkpoint folder (with its task head when it has one)."""
-    from .handoff import import_hf
-    from .hf import import_summary
-    from .log import console
+    from xlnetcli.interop.huggingface import import_hf
+    from xlnetcli.checkpoint.hf_dir import import_summary
+    from xlnetcli.core.console import console
 
     import_hf(hf_dir, out, overwrite=overwrite)
     console.print(f"imported {hf_dir} -> {out}: {import_summary(out)}")
@@ -304,8 +304,8 @@ def tokenize_train_cmd(cfg: Config, inputs: tuple[str, ...], out_dir: Path, text
     """Train a SentencePiece unigram tokenizer on text, JSONL or Parquet files, datasets folders, directories or globs.
 
     Files may be .gz or .zst compressed. Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
-    from .log import console
-    from .tokenizer import train_tokenizer
+    from xlnetcli.core.console import console
+    from xlnetcli.data.tokenizer import train_tokenizer
 
     tok = train_tokenizer(cfg, inputs_or_bundled(inputs), out_dir, overwrite=overwrite, quiet=quiet,
                           text_field=text_field)
@@ -321,7 +321,7 @@ def tokenize_train_cmd(cfg: Config, inputs: tuple[str, ...], out_dir: Path, text
 @click.option("--ids", "as_ids", is_flag=True, help="Print ids instead of pieces.")
 def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_ids: bool) -> None:
     """Print the pieces (or ids) of --text or of each line of FILE ('-' = stdin), one output line per input line."""
-    from .tokenizer import Tokenizer
+    from xlnetcli.data.tokenizer import Tokenizer
 
     if (text is None) == (file is None):
         raise XLNetError("pass either --text TEXT or a FILE to encode")
@@ -337,7 +337,7 @@ def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_
         for line in click.get_text_stream("stdin"):
             show(line)
     else:
-        from .corpus import expand_inputs, iter_lines
+        from xlnetcli.data.corpus import expand_inputs, iter_lines
 
         for line in iter_lines(expand_inputs([file])):
             show(line)
@@ -370,8 +370,8 @@ def shard_cmd(cfg: Config, inputs: tuple[str, ...], tok_path: Path, out_dir: Pat
     """Tokenise text, JSONL or Parquet files, datasets folders, directories or globs into N balanced shards + valid.
 
     Files may be .gz or .zst compressed. Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
-    from .log import console
-    from .shard import shard_corpus
+    from xlnetcli.core.console import console
+    from xlnetcli.data.shard import shard_corpus
 
     if valid_inputs and click.get_current_context().params["valid_fraction"] is not None:
         raise XLNetError("pass either --valid-fraction or --valid FILE, not both")
@@ -401,7 +401,7 @@ def column_options(f):
 
 
 def _columns(text_a: str | None, text_b: str | None, label: str | None):
-    from .tasks import Columns
+    from xlnetcli.data.labelled import Columns
 
     return Columns(text_a, text_b, label)
 
@@ -435,7 +435,7 @@ def finetune_cmd(cfg: Config, task: str, train_file: Path, valid_file: Path | No
     The architecture and tokenizer come from --init; finetuning settings from --config (presets glue, squad, race),
     else the checkpoint's own config, then --set finetune.KEY=VALUE.
     """
-    from .finetune import finetune
+    from xlnetcli.train.finetune import finetune
 
     finetune(cfg, task, train_file, valid_file, init, out_dir, columns=_columns(text_a_column, text_b_column,
              label_column), header=not no_header, overwrite=overwrite, device=device, quiet=quiet,
@@ -443,7 +443,7 @@ def finetune_cmd(cfg: Config, task: str, train_file: Path, valid_file: Path | No
 
 
 def _finetune_config_path(init: Path) -> Path | None:
-    from .finetune import finetune_config_path
+    from xlnetcli.train.finetune import finetune_config_path
 
     return finetune_config_path(init)
 
@@ -475,7 +475,7 @@ def eval_cmd(ckpt: Path, file: Path | None, data_dir: Path | None, split: str, b
     """
     import json
 
-    from .evaluate import evaluate
+    from xlnetcli.evaluate.checkpoint_eval import evaluate
 
     kwargs: dict = {"device": device}
     if data_dir is not None:
@@ -515,7 +515,7 @@ def probe_cmd(ckpt: Path, train_file: Path, valid_file: Path, baseline: str | No
 
     Prints a table of validation accuracies on stdout; --output writes the full result (held-out scores, L2) as JSON.
     """
-    from .probe import format_table, probe
+    from xlnetcli.evaluate.probe import format_table, probe
 
     try:
         sizes = [int(n) for n in train_sizes.split(",")] if train_sizes else []
@@ -546,8 +546,8 @@ def probe_cmd(ckpt: Path, train_file: Path, valid_file: Path, baseline: str | No
 @with_config("preprocess")
 def preprocess_cmd(cfg: Config, shards: Path, out: Path, workers: int, no_verify: bool, overwrite: bool) -> None:
     """Build permutation-LM records (examples, segment ids, prediction targets) from shards."""
-    from .log import print0
-    from .preprocess import preprocess
+    from xlnetcli.core.console import print0
+    from xlnetcli.data.preprocess import preprocess
 
     meta = preprocess(cfg, shards, out, overwrite=overwrite, workers=workers, verify=not no_verify)
     tr = meta["splits"]["train"]

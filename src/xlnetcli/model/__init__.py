@@ -2,8 +2,8 @@
 feed-forward block and the LM head run) and ``parallel.py`` (activation checkpointing, per-layer compile, DDP /
 FSDP2)."""
 
-from .parallel import apply_activation_checkpointing, compile_layers, parallelize, transformer_layers
-from .xlnet import (SIZES, FeedForward, LMOutput, RelativeAttention, XLNetLayer, XLNetLMHeadModel, XLNetModel,
+from xlnetcli.model.parallel import apply_activation_checkpointing, compile_layers, parallelize, transformer_layers
+from xlnetcli.model.xlnet import (SIZES, FeedForward, LMOutput, RelativeAttention, XLNetLayer, XLNetLMHeadModel, XLNetModel,
                     XLNetOutput, build_model, named_config, num_params)
 
 __all__ = [

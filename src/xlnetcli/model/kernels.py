@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..errors import XLNetError
+from xlnetcli.core.errors import XLNetError
 
 NEG_INF = -1e30  # additive mask value (as the original / HF); finite so fully masked rows stay finite
 IMPLS = ("fused", "einsum", "sdpa", "flex")

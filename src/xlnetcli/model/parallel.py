@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import dist
-from ..errors import ConfigError
-from .xlnet import XLNetLayer, XLNetModel
+from xlnetcli.core import dist
+from xlnetcli.core.errors import ConfigError
+from xlnetcli.model.xlnet import XLNetLayer, XLNetModel
 
 
 def transformer_layers(model: nn.Module) -> nn.ModuleList:

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..config import PRESETS, ModelConfig, load_config
-from ..errors import XLNetError
-from .kernels import AttnLayout, additive_mask, dropout_fn, feed_forward, lm_head, relative_attention, resolve_impl
+from xlnetcli.config import PRESETS, ModelConfig, load_config
+from xlnetcli.core.errors import XLNetError
+from xlnetcli.model.kernels import AttnLayout, additive_mask, dropout_fn, feed_forward, lm_head, relative_attention, resolve_impl
 
 # The named sizes are the pretraining presets (presets/{tiny,base,large}.yaml; presets/finetune/ holds task presets).
 SIZES: tuple[str, ...] = tuple(name for name, file in PRESETS.items() if "/" not in file)

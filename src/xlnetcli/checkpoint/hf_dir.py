@@ -1,0 +1,472 @@
+"""Hugging Face adapter: state-dict, config and head mappings, and reading an HF directory (docs/xlnet.md §7).
+Writing exports and importing into our checkpoint folders is handoff.py (this module knows no checkpoint folder).
+
+Our names are HF's names except: ``transformer.mask_emb`` is [d] (HF [1,1,d]); the LM bias is ``lm_bias`` (HF
+``lm_loss.bias``; ``lm_loss.weight`` is tied to the embedding and not stored); with ``untie_r=false`` the shared
+``transformer.r_{w,r,s}_bias`` become per-layer copies in HF (HF has no shared biases), so such a model imports back
+as ``untie_r=true`` with identical values. Tensors are copied unchanged: the round trip is bit-exact.
+HF memories are time-major [M,B,d]; ours are batch-first [B,M,d] (`mems_to_hf`, `mems_from_hf`).
+
+An export's config.json carries what released XLNet configs carry for inference: no memory length, no reuse length,
+no bi_data (in transformers those are properties of a pretraining batch, and with bi_data on a model splits every
+batch into forward and backward halves, which is wrong for inference). The values the model was pretrained with sit
+beside it in ``xlnet_pretraining.json`` (PRETRAINING_FILE), which transformers ignores and `xlnet import` restores.
+
+A finetuned checkpoint exports as the transformers class of its task with its head (HEAD_CLASS, `model_for_hf`):
+classification and regression -> XLNetForSequenceClassification (id2label from our label list, problem_type),
+multiple choice -> XLNetForMultipleChoice, SQuAD -> XLNetForQuestionAnswering; the parameter names are in
+``_SUMMARY_KEYS`` / ``_SQUAD_KEYS``, the run's task, labels and finetune settings in ``xlnet_finetune.json``
+(FINETUNE_FILE). `load_hf_dir` reads such a head back (`read_hf_head`), from our exports or from transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from xlnetcli.config import Config, FinetuneConfig, ModelConfig, config_from_dict, config_to_dict
+from xlnetcli.core.errors import CheckpointError, ConfigError
+
+BIASES = ("r_w_bias", "r_r_bias", "r_s_bias")
+
+
+# ---- state dicts ------------------------------------------------------------------------------------------------
+
+
+def to_hf_state(state: dict[str, torch.Tensor], mcfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict -> HF XLNetLMHeadModel names (without the tied lm_loss.weight)."""
+    out: dict[str, torch.Tensor] = {}
+    for k, v in state.items():
+        if k == "transformer.mask_emb":
+            out[k] = v.reshape(1, 1, -1)
+        elif k == "lm_bias":
+            out["lm_loss.bias"] = v
+        elif k.startswith("transformer.r_") and k.split(".")[-1] in BIASES:
+            for i in range(mcfg.n_layer):
+                out[f"transformer.layer.{i}.rel_attn.{k.split('.')[-1]}"] = v
+        else:
+            out[k] = v
+    return {k: v.detach().clone().contiguous() for k, v in out.items()}
+
+
+def from_hf_state(hf: dict[str, torch.Tensor], mcfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """HF XLNetLMHeadModel / XLNetModel state dict -> ours (for an untie_r=true ModelConfig)."""
+    if not any(k.startswith("transformer.") for k in hf):
+        hf = {f"transformer.{k}": v for k, v in hf.items()}  # a bare XLNetModel
+    out: dict[str, torch.Tensor] = {}
+    for k, v in hf.items():
+        if k == "lm_loss.weight":
+            continue  # tied to the word embedding
+        if k == "lm_loss.bias":
+            out["lm_bias"] = v
+        elif k == "transformer.mask_emb":
+            out[k] = v.reshape(-1)
+        elif k.startswith("transformer."):
+            out[k] = v
+        # other heads (sequence_summary, logits_proj, ...) are not part of the LM model: dropped
+    if "lm_bias" not in out:
+        out["lm_bias"] = torch.zeros(mcfg.vocab_size)
+    return {k: v.detach().clone().contiguous() for k, v in out.items()}
+
+
+def mems_to_hf(mems):
+    return None if mems is None else [m.transpose(0, 1).contiguous() for m in mems]
+
+
+def mems_from_hf(mems):
+    return None if mems is None else [m.transpose(0, 1).contiguous() for m in mems]
+
+
+# ---- configs ------------------------------------------------------------------------------------------------
+
+
+PRETRAINING_FILE = "xlnet_pretraining.json"
+# model keys that describe how a model was pretrained (batch layout, memory, objective), not what it computes on one
+# input
+PRETRAINING_KEYS = ("mem_len", "reuse_len", "bi_data", "dropatt", "clamp_len", "same_length", "objective")
+
+
+def to_hf_config(mcfg: ModelConfig, pretraining_layout: bool = False) -> dict[str, Any]:
+    """transformers' XLNetConfig values for our model config. Default: inference-safe (as released configs: no
+    memory or reuse length, bi_data off); ``pretraining_layout=True`` copies mem_len, reuse_len and bi_data (for
+    running transformers' model on our pretraining batches, as the parity tests and benchmarks do)."""
+    if mcfg.n_head * mcfg.d_head != mcfg.d_model:
+        raise CheckpointError(
+            f"HF XLNet needs n_head*d_head == d_model, got {mcfg.n_head}*{mcfg.d_head} != {mcfg.d_model}"
+        )
+    if mcfg.ff_activation not in ("gelu", "gelu_new", "relu"):
+        raise CheckpointError(f"ff_activation {mcfg.ff_activation!r} has no HF equivalent")
+    return {
+        "architectures": ["XLNetLMHeadModel"],
+        "model_type": "xlnet",
+        "vocab_size": mcfg.vocab_size,
+        "d_model": mcfg.d_model,
+        "n_layer": mcfg.n_layer,
+        "n_head": mcfg.n_head,
+        "d_head": mcfg.d_head,
+        "d_inner": mcfg.d_inner,
+        "ff_activation": mcfg.ff_activation,
+        "untie_r": True,
+        "attn_type": "bi",
+        "initializer_range": mcfg.initializer_range,
+        "layer_norm_eps": mcfg.layer_norm_eps,
+        "dropout": mcfg.dropout,  # HF uses it for attention probabilities too (no dropatt)
+        "mem_len": (mcfg.mem_len or None) if pretraining_layout else None,
+        "reuse_len": (mcfg.reuse_len or None) if pretraining_layout else None,
+        "bi_data": mcfg.bi_data if pretraining_layout else False,
+        "clamp_len": mcfg.clamp_len,
+        "same_length": mcfg.same_length,
+        "summary_type": "last",
+        "summary_use_proj": True,
+        "summary_activation": "tanh",
+        "summary_last_dropout": 0.1,
+        "start_n_top": 5,
+        "end_n_top": 5,
+        "pad_token_id": 5,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "tie_word_embeddings": True,
+    }
+
+
+def from_hf_config(hc: dict[str, Any]) -> ModelConfig:
+    try:
+        d_model, n_head = int(hc["d_model"]), int(hc["n_head"])
+        return ModelConfig(
+            vocab_size=int(hc["vocab_size"]),
+            d_model=d_model,
+            n_layer=int(hc["n_layer"]),
+            n_head=n_head,
+            d_head=int(hc.get("d_head") or d_model // n_head),
+            d_inner=int(hc["d_inner"]),
+            ff_activation=hc.get("ff_activation", "gelu"),
+            untie_r=True,
+            dropout=float(hc.get("dropout", 0.1)),
+            dropatt=float(hc.get("dropout", 0.1)),
+            layer_norm_eps=float(hc.get("layer_norm_eps", 1e-12)),
+            initializer_range=float(hc.get("initializer_range", 0.02)),
+            mem_len=int(hc.get("mem_len") or 0),
+            reuse_len=int(hc.get("reuse_len") or 0),
+            bi_data=bool(hc.get("bi_data", False)),
+            clamp_len=int(hc.get("clamp_len", -1)),
+            same_length=bool(hc.get("same_length", False)),
+            attn_impl="auto",
+        )
+    except KeyError as e:
+        raise CheckpointError(f"HF config.json lacks {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"HF config.json has an invalid value ({e})") from None
+
+
+def _with_pretraining_values(mcfg: ModelConfig, path: Path) -> ModelConfig:
+    """The pretraining layout written by our export (memory, reuse, bi_data, dropatt, objective), when the folder has
+    it."""
+    import dataclasses
+
+    if not path.is_file():
+        return mcfg
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))["model"]
+        return dataclasses.replace(mcfg, **{k: saved[k] for k in PRETRAINING_KEYS if k in saved})
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path}: not a valid pretraining record ({type(e).__name__}); remove it to import "
+                              "with inference settings") from None
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: {e}; remove it to import with inference settings") from None
+
+
+def _full_config(mcfg: ModelConfig, tok: dict[str, Any] | None = None,
+                 finetune: dict[str, Any] | None = None) -> Config:
+    import dataclasses
+
+    raw = {
+        "tokenizer": {"vocab_size": mcfg.vocab_size},
+        "model": dataclasses.asdict(mcfg),
+        "data": {"perm_size": None if mcfg.reuse_len else 512},
+        "train": {"micro_batch_size": 16},
+    }
+    if tok:
+        raw["tokenizer"].update(tok)
+    if finetune:
+        raw["finetune"] = dict(finetune)
+    return config_from_dict(raw)
+
+
+# ---- finetuning heads (heads.py <-> transformers' XLNetFor* classes) -----------------------------------------------
+
+
+FINETUNE_FILE = "xlnet_finetune.json"
+_RECORD_META = ("step", "metric", "value", "null_odds_threshold", "squad_v2")  # meta.json keys the record keeps
+HEAD_CLASS = {"classification": "XLNetForSequenceClassification", "regression": "XLNetForSequenceClassification",
+              "multiple-choice": "XLNetForMultipleChoice", "squad": "XLNetForQuestionAnswering"}
+# our head parameter -> transformers' (everything else is ``transformer.*`` on both sides). ClassificationHead:
+# SequenceSummary(last|first, dense + tanh, dropout) then a linear layer = XLNetSequenceSummary + logits_proj.
+_SUMMARY_KEYS = {
+    "head.summary.proj.weight": "sequence_summary.summary.weight",
+    "head.summary.proj.bias": "sequence_summary.summary.bias",
+    "head.out.weight": "logits_proj.weight",
+    "head.out.bias": "logits_proj.bias",
+}
+# SquadHead = XLNetPoolerStartLogits + XLNetPoolerEndLogits + XLNetPoolerAnswerClass (the original's layout)
+_SQUAD_KEYS = {
+    "head.start.weight": "start_logits.dense.weight",
+    "head.start.bias": "start_logits.dense.bias",
+    "head.end_dense.weight": "end_logits.dense_0.weight",
+    "head.end_dense.bias": "end_logits.dense_0.bias",
+    "head.end_ln.weight": "end_logits.LayerNorm.weight",
+    "head.end_ln.bias": "end_logits.LayerNorm.bias",
+    "head.end_out.weight": "end_logits.dense_1.weight",
+    "head.end_out.bias": "end_logits.dense_1.bias",
+    "head.cls_dense.weight": "answer_class.dense_0.weight",
+    "head.cls_dense.bias": "answer_class.dense_0.bias",
+    "head.cls_out.weight": "answer_class.dense_1.weight",
+}
+
+
+def head_keys(task: str, summary_use_proj: bool = True) -> dict[str, str]:
+    """Our head parameter names -> transformers' for ``task``."""
+    if task == "squad":
+        return dict(_SQUAD_KEYS)
+    return {k: v for k, v in _SUMMARY_KEYS.items() if summary_use_proj or ".proj." not in k}
+
+
+def head_mismatch(task: str, ft: FinetuneConfig) -> str | None:
+    """Why our head for ``task`` has no transformers class computing the same (None when one does)."""
+    if task == "squad":
+        return None
+    if ft.summary_type == "attn":
+        return ("finetune.summary_type 'attn' (a learned query over the tokens) has no transformers equivalent "
+                "(XLNetSequenceSummary does not implement attn)")
+    if ft.summary_type == "mean":
+        return ("finetune.summary_type 'mean' averages the real tokens; transformers' XLNetSequenceSummary averages "
+                "the padding too, so padded inputs would score differently")
+    return None
+
+
+def model_for_hf(cfg: Config, state: dict[str, torch.Tensor], meta: dict[str, Any], backbone_only: bool = False,
+                 where: str = "checkpoint") -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any] | None]:
+    """(config.json, transformers-named tensors, finetuning record or None) of a checkpoint: a pretrained model ->
+    XLNetLMHeadModel; a finetuned one -> the class of its task (HEAD_CLASS) with its head; ``backbone_only`` ->
+    XLNetModel (the transformer alone, keys without the ``transformer.`` prefix, as XLNetModel saves them)."""
+    hc = to_hf_config(cfg.model)
+    body = {k: v for k, v in state.items() if k.startswith("transformer.")}
+    if backbone_only:
+        hc["architectures"] = ["XLNetModel"]
+        return hc, {k[len("transformer."):]: v for k, v in to_hf_state(body, cfg.model).items()}, None
+    if meta.get("kind") != "finetune":
+        return hc, to_hf_state(state, cfg.model), None
+    task = meta.get("task")
+    if task not in HEAD_CLASS:
+        raise CheckpointError(f"{where}: meta.json names an unknown finetuning task {task!r}")
+    why = head_mismatch(task, cfg.finetune)
+    if why:
+        raise CheckpointError(f"{where}: {why}; the transformer carries over, the {task} head does not: pass "
+                              "--backbone-only to export the transformer alone (XLNetModel)")
+    ft = cfg.finetune
+    keys = head_keys(task, ft.summary_use_proj)
+    own = {k: v for k, v in state.items() if k.startswith("head.")}
+    if set(own) != set(keys):
+        odd = sorted(set(own) ^ set(keys))[0]
+        raise CheckpointError(f"{where}: the {task} head does not have the expected parameters ({odd}); the "
+                              "checkpoint does not match its config.yaml")
+    tensors = to_hf_state(body, cfg.model)
+    tensors.update({keys[k]: v.detach().clone().contiguous() for k, v in own.items()})
+    hc["architectures"] = [HEAD_CLASS[task]]
+    if task == "squad":
+        from xlnetcli.model.heads import SQUAD_TOP_K
+
+        hc.update(start_n_top=SQUAD_TOP_K, end_n_top=SQUAD_TOP_K)
+    else:
+        hc.update(summary_type=ft.summary_type, summary_use_proj=ft.summary_use_proj,
+                  summary_activation="tanh" if ft.summary_use_proj else "linear", summary_proj_to_labels=False,
+                  summary_last_dropout=ft.dropout)
+    labels = meta.get("labels")
+    if task == "classification":
+        if not labels or len(set(labels)) != len(labels) or own["head.out.weight"].shape[0] != len(labels):
+            raise CheckpointError(f"{where}: meta.json labels {labels!r} do not match the classification head")
+        hc.update(id2label={str(i): str(lab) for i, lab in enumerate(labels)},
+                  label2id={str(lab): i for i, lab in enumerate(labels)}, problem_type="single_label_classification")
+    elif task == "regression":
+        hc.update(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}, problem_type="regression")
+    record = {
+        "comment": "The xlnet finetuning run this model comes from (transformers ignores this file; `xlnet eval`, "
+                   "`import` and `finetune --init` read it).",
+        "task": task, "labels": labels, "finetune": config_to_dict(cfg)["finetune"],
+        **{k: meta[k] for k in _RECORD_META if meta.get(k) is not None},
+    }
+    return hc, tensors, record
+
+
+@dataclass
+class HFHead:
+    """The task head of an HF directory: ``task`` is None when it has no xlnet equivalent (``note`` says why)."""
+
+    arch: str
+    task: str | None = None
+    labels: list[str] | None = None
+    finetune: dict[str, Any] = field(default_factory=dict)  # the head's settings in cfg.finetune
+    note: str = ""
+
+
+def read_hf_head(hc: dict[str, Any], keys: set[str]) -> HFHead | None:
+    """The head of an HF XLNet directory from its config.json and parameter names; None for an LM or bare model."""
+    arch = (hc.get("architectures") or [None])[0]
+    if arch in (None, "XLNetLMHeadModel", "XLNetModel"):
+        return None
+    id2label = hc.get("id2label") or {}
+    try:
+        names = [str(id2label[k]) for k in sorted(id2label, key=int)] if id2label else \
+            [f"LABEL_{i}" for i in range(int(hc.get("num_labels", 2)))]
+    except (TypeError, ValueError):
+        return HFHead(arch, note="config.json has an invalid id2label")
+    problem = hc.get("problem_type")
+    if arch == "XLNetForQuestionAnswering":
+        task = "squad"
+    elif arch == "XLNetForMultipleChoice":
+        task = "multiple-choice"
+    elif arch == "XLNetForSequenceClassification":
+        if problem == "multi_label_classification":
+            return HFHead(arch, note="multi-label classification (a sigmoid per label) has no xlnet task")
+        task = "regression" if problem == "regression" or (problem is None and len(names) == 1) else "classification"
+        if task == "regression" and len(names) != 1:
+            return HFHead(arch, note=f"regression with {len(names)} outputs has no xlnet task (one output)")
+        if task == "classification" and (len(names) < 2 or len(set(names)) != len(names)):
+            return HFHead(arch, note=f"id2label {names} is not a list of 2 or more distinct labels")
+    else:
+        return HFHead(arch, note=f"{arch} has no xlnet task (classification, regression, multiple-choice, squad)")
+    ft: dict[str, Any] = {}
+    if task != "squad":
+        summary = hc.get("summary_type", "last")
+        summary = "last" if summary == "cls_index" else summary  # these classes pass no cls_index: the last token
+        proj = bool(hc.get("summary_use_proj", True))
+        act = hc.get("summary_activation", "tanh")
+        if summary not in ("last", "first"):
+            return HFHead(arch, note=f"summary_type {summary!r} differs from ours (we average real tokens only)")
+        if proj and hc.get("summary_proj_to_labels"):
+            return HFHead(arch, note="summary_proj_to_labels projects to the labels; ours projects to d_model")
+        if (proj and act != "tanh") or (not proj and act not in (None, "", "linear")):
+            return HFHead(arch, note=f"summary_activation {act!r} with summary_use_proj={proj} differs from ours "
+                                     "(tanh after the projection, none without)")
+        ft = {"summary_type": summary, "summary_use_proj": proj}
+    missing = [v for v in head_keys(task, ft.get("summary_use_proj", True)).values() if v not in keys]
+    if missing:
+        return HFHead(arch, note=f"the weights lack {missing[0]}")
+    return HFHead(arch, task, names if task == "classification" else None, ft)
+
+
+def _with_head(p: Path, hc: dict[str, Any], hf: dict[str, torch.Tensor], state: dict[str, torch.Tensor]
+               ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any] | None]:
+    """(state, meta, finetune section) of an HF directory: with its head in our names when it carries over."""
+    meta: dict[str, Any] = {"kind": "hf", "path": str(p)}
+    head = read_hf_head(hc, set(hf))
+    if head is None:
+        return state, meta, None
+    if head.task is None:
+        meta["dropped_head"] = f"{head.arch}: {head.note}"
+        return state, meta, None
+    record = _finetune_record(p / FINETUNE_FILE, head)
+    state = {k: v for k, v in state.items() if k.startswith("transformer.")}
+    keys = head_keys(head.task, head.finetune.get("summary_use_proj", True))
+    state.update({ours: hf[theirs].detach().clone().contiguous() for ours, theirs in keys.items()})
+    meta = {"kind": "finetune", "task": head.task, "labels": head.labels, "path": str(p), "hf_class": head.arch,
+            **{k: record[k] for k in _RECORD_META if k in record}}
+    return state, meta, {**record.get("finetune", {}), **head.finetune}
+
+
+def _finetune_record(path: Path, head: HFHead) -> dict[str, Any]:
+    """Our export's finetuning record when it belongs to this head (same task and labels), else {}."""
+    if not path.is_file():
+        return {}
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+        FinetuneConfig(**rec.get("finetune", {}))
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{path}: not a valid finetuning record ({type(e).__name__}); remove it to use the "
+                              "head with default finetune settings") from None
+    return rec if rec.get("task") == head.task and rec.get("labels") == head.labels else {}
+
+
+def hf_dir_task(path: str | Path) -> str | None:
+    """The xlnet task of an HF directory's head (None: a pretrained model, or a head that does not carry over)."""
+    p = Path(path)
+    try:
+        hc = json.loads((p / "config.json").read_text(encoding="utf-8"))
+        if (p / "model.safetensors").is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(p / "model.safetensors"), framework="pt") as f:
+                keys = set(f.keys())
+        else:
+            keys = set(torch.load(p / "pytorch_model.bin", map_location="meta", weights_only=True))
+    except Exception:  # noqa: BLE001 - unreadable: load_hf_dir reports it properly
+        return None
+    head = read_hf_head(hc, keys) if isinstance(hc, dict) else None
+    return head.task if head else None
+
+
+def describe_export(path: str | Path) -> str:
+    """One line about an export: its class, and its labels for a classifier."""
+    hc = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    arch = (hc.get("architectures") or ["XLNetLMHeadModel"])[0]
+    if hc.get("problem_type") == "single_label_classification":
+        labels = [hc["id2label"][k] for k in sorted(hc["id2label"], key=int)]
+        return f"{arch}, {len(labels)} labels: {', '.join(labels)}"
+    if hc.get("problem_type") == "regression":
+        return f"{arch}, regression (1 output)"
+    return arch
+
+
+def import_summary(out: str | Path) -> str:
+    """One line about an imported checkpoint: the task head it kept, or the head it dropped."""
+    meta = json.loads((Path(out) / "meta.json").read_text(encoding="utf-8"))
+    if meta.get("kind") == "finetune":
+        labels = meta.get("labels")
+        return (f"a finetuned {meta['task']} checkpoint with its {meta.get('hf_class', 'task')} head"
+                + (f" ({len(labels)} labels: {', '.join(labels)})" if labels else ""))
+    if meta.get("dropped_head"):
+        return f"the transformer only; head dropped ({meta['dropped_head']})"
+    return "a pretrained checkpoint"
+
+
+# ---- directories ------------------------------------------------------------------------------------------------
+
+
+def load_hf_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict[str, Any]]:
+    """(Config, our state dict, meta) from an HF XLNet directory (config.json + weights [+ spiece.model])."""
+    p = Path(path)
+    try:
+        hc = json.loads((p / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        raise CheckpointError(f"{p / 'config.json'}: missing or not valid JSON") from None
+    if hc.get("model_type", "xlnet") != "xlnet":
+        raise CheckpointError(f"{p} is a {hc.get('model_type')!r} model, not XLNet")
+    mcfg = from_hf_config(hc)
+    mcfg = _with_pretraining_values(mcfg, p / PRETRAINING_FILE)
+    if (p / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        try:
+            hf = load_file(str(p / "model.safetensors"))
+        except Exception as e:  # noqa: BLE001 - safetensors raises several types
+            raise CheckpointError(f"{p / 'model.safetensors'}: corrupt ({str(e).splitlines()[0][:100]})") from None
+    elif (p / "pytorch_model.bin").is_file():
+        try:
+            hf = torch.load(p / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"{p / 'pytorch_model.bin'}: unreadable ({str(e).splitlines()[0][:100]})") from None
+    else:
+        raise CheckpointError(f"{p} has config.json but no model.safetensors or pytorch_model.bin")
+    tok = {}
+    tc = p / "tokenizer_config.json"
+    if tc.is_file():
+        try:
+            t = json.loads(tc.read_text(encoding="utf-8"))
+            tok = {"uncased": bool(t.get("do_lower_case", False)), "keep_accents": bool(t.get("keep_accents", False))}
+        except (OSError, json.JSONDecodeError):
+            pass
+    state, meta, finetune = _with_head(p, hc, hf, from_hf_state(hf, mcfg))
+    return _full_config(mcfg, tok, finetune), state, meta

@@ -1,0 +1,222 @@
+"""Process-group setup for `torchrun` (single node or multi-node rendezvous) and small collective helpers.
+
+    env = init_distributed("auto")      # reads RANK / WORLD_SIZE / LOCAL_RANK (set by torchrun); 1 process otherwise
+    model = wrap_model(model, env, "ddp")   # or "fsdp" (FSDP2 fully_shard per layer, then the root)
+    ...
+    all_reduce_sum(t); barrier(); cleanup()
+
+Backend: nccl when the device is CUDA, gloo on CPU. Without torchrun (no WORLD_SIZE or WORLD_SIZE=1) no process group
+is created and every helper is a no-op, so the same training code runs in one plain process.
+Only rank 0 logs and writes files (`env.is_main`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+from xlnetcli.core.errors import XLNetError
+
+
+@dataclass
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    backend: str | None = None  # None: no process group (one process)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise XLNetError(f"environment variable {name}={value!r} is not an integer (set by torchrun)") from None
+
+
+def resolve_device(device: str | None, local_rank: int = 0) -> torch.device:
+    """'auto' (or None): cuda:<local_rank> when CUDA is available, else cpu. 'cuda' -> cuda:<local_rank>."""
+    if device in (None, "", "auto"):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        device = f"cuda:{local_rank}"
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise XLNetError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise XLNetError(f"device {device} requested but CUDA is not available; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise XLNetError(f"device {device} requested but only {torch.cuda.device_count()} CUDA device(s) exist")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise XLNetError("device mps requested but MPS is not available; use --device cpu")
+    return dev
+
+
+def init_distributed(device: str | None = "auto", timeout_s: float = 1800.0) -> DistEnv:
+    """Create the process group when launched by torchrun (WORLD_SIZE > 1); return this process's place in it."""
+    world = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    dev = resolve_device(device, local_rank)
+    if world <= 1:
+        return DistEnv(0, 1, 0, dev, None)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    if not tdist.is_initialized():
+        if "MASTER_ADDR" not in os.environ:
+            raise XLNetError("WORLD_SIZE > 1 but MASTER_ADDR is not set; launch with torchrun --nproc-per-node N ...")
+        kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout_s)}
+        if dev.type == "cuda":
+            kwargs["device_id"] = dev
+        tdist.init_process_group(**kwargs)
+    return DistEnv(tdist.get_rank(), tdist.get_world_size(), local_rank, dev, backend)
+
+
+def cleanup() -> None:
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.destroy_process_group()
+
+
+def _active() -> bool:
+    return tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1
+
+
+def barrier() -> None:
+    if _active():
+        tdist.barrier()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """In place sum over ranks (no-op in one process); returns ``t``."""
+    if _active():
+        tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
+    return t
+
+
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    if _active():
+        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    return t
+
+
+def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
+    if _active():
+        tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
+        t /= tdist.get_world_size()
+    return t
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s object on every rank (pickled)."""
+    if not _active():
+        return obj
+    box = [obj]
+    tdist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's object, in rank order, on every rank."""
+    if not _active():
+        return [obj]
+    out: list[Any] = [None] * tdist.get_world_size()
+    tdist.all_gather_object(out, obj)
+    return out
+
+
+def any_rank(flag: bool, device: torch.device | str = "cpu") -> bool:
+    """True on every rank when ``flag`` is True on at least one (e.g. a non-finite loss or an OOM on one rank)."""
+    if not _active():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    all_reduce_max(t)
+    return bool(t.item() > 0)
+
+
+def wrap_model(model: torch.nn.Module, env: DistEnv, strategy: str = "ddp",
+               layer_types: tuple[type, ...] = ()) -> torch.nn.Module:
+    """DDP (default) or FSDP2 ``fully_shard`` (each module of ``layer_types``, then the root); unchanged in one process.
+
+    Every rank must have built the same model (same seed); DDP also broadcasts rank 0's weights at construction.
+    """
+    if not env.distributed:
+        return model
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [env.device.index] if env.device.type == "cuda" else None
+        return DDP(model, device_ids=ids)
+    if strategy == "fsdp":
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:  # pragma: no cover - torch < 2.6
+            raise XLNetError("train.distributed=fsdp needs torch >= 2.6 (FSDP2 fully_shard); use ddp") from None
+        for module in model.modules():
+            if layer_types and isinstance(module, layer_types):
+                fully_shard(module)
+        fully_shard(model)
+        return model
+    raise XLNetError(f"train.distributed must be ddp or fsdp, got {strategy!r}")
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain module under DDP and torch.compile wrappers (FSDP2 shards in place: the module itself)."""
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        else:
+            return model
+
+
+def is_fsdp(model: torch.nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(unwrap(model), FSDPModule)
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak memory of this process so far: CUDA allocations on a GPU, resident set size on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def set_deterministic(enabled: bool) -> None:
+    """Bit-identical runs on GPUs: deterministic kernels (torch.use_deterministic_algorithms; an op without one warns
+    rather than fails) and cuBLAS's fixed workspace. CPU kernels are deterministic either way."""
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(enabled, warn_only=True)
+
+
+def autocast_ctx(device: torch.device, precision: str):
+    """Mixed precision for a forward pass: nothing for fp32, else torch.autocast in bf16 or fp16."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)

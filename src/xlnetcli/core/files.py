@@ -1,0 +1,334 @@
+"""Safe file output: nothing half-written. Write to a temporary sibling, fsync, then rename into place.
+
+Temporary files and folders are created private (tempfile's 0600/0700) and given the umask's usual modes (0666 and
+0777 without the umask's bits) before they are renamed into place, so outputs are shared as any other tool's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import stat
+import tempfile
+import threading
+import time
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from xlnetcli.core.errors import Terminated, XLNetError
+
+# Temporary output folders are named .<out>.xlnet-<host>-<pid>-<random>.tmp, so that a later run can tell the ones
+# whose writer is dead (killed: SIGKILL, OOM, power) from those of a live one, and remove only the former.
+TEMP_TAG = "xlnet"
+_TEMP_RE = re.compile(rf"\.{TEMP_TAG}-(?P<host>.+)-(?P<pid>\d+)-[a-z0-9_]+\.tmp$")
+_LEGACY_TEMP_RE = re.compile(r"\.[a-z0-9_]{8}\.tmp$")  # mkdtemp's default suffix, before the pid was recorded
+LEGACY_TEMP_AGE = 24 * 3600  # such folders are removed once this old (no pid to check)
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def umask() -> int:
+    """The process umask, read without changing it where Linux exposes it (threads may create files meanwhile)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def mkstemp_shared(**kwargs: Any) -> tuple[int, str]:
+    """tempfile.mkstemp, with the mode an ordinary open() would give (0666 & ~umask) instead of 0600."""
+    fd, name = tempfile.mkstemp(**kwargs)
+    os.fchmod(fd, 0o666 & ~umask())
+    return fd, name
+
+
+def mkdtemp_shared(**kwargs: Any) -> str:
+    """tempfile.mkdtemp, with the mode an ordinary mkdir would give (0777 & ~umask) instead of 0700."""
+    name = tempfile.mkdtemp(**kwargs)
+    os.chmod(name, 0o777 & ~umask())
+    return name
+
+
+def share_modes(root: Path) -> None:
+    """Give every file and folder under ``root`` the mode open()/mkdir would under the umask: some writers (tempfile,
+    safetensors) create 0600 files, which would keep a run from the rest of a team."""
+    mask = umask()
+    for p in [root, *root.rglob("*")]:
+        st = p.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            continue
+        mode = stat.S_IMODE(st.st_mode)
+        want = (0o777 if stat.S_ISDIR(st.st_mode) or mode & 0o111 else 0o666) & ~mask
+        if mode != want:
+            os.chmod(p, want)
+
+
+def ensure_open_files(needed: int, what: str) -> None:
+    """Make room for ``needed`` open files: raise the soft limit up to the hard one (as torchrun users would with
+    `ulimit -n`), or refuse in one line before any work."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return
+    if hard == resource.RLIM_INFINITY or needed <= hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else hard, hard))
+            return
+    raise XLNetError(f"{what} needs {needed} open files at once but the limit is {soft} (hard {hard}, see "
+                     "`ulimit -n`); use fewer or raise the limit")
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Replace a regular file in one rename. A symlink is followed (the link stays, its target is replaced); a
+    device, fifo or socket is written through (``--output /dev/stdout``), never replaced by a file."""
+    path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
+    if path.exists() and not path.is_file():
+        if path.is_dir():
+            raise XLNetError(f"{path} is a folder; pass a file path")
+        with open(path, "wb") as f:  # char/block device, fifo, socket
+            f.write(data)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = mkstemp_shared(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def check_output_dir(out: str | Path, overwrite: bool = False, what: str = "results",
+                     inputs: typing.Iterable[str | Path | None] = ()) -> Path:
+    """Refuse an output directory that already holds files unless ``overwrite``, a symlinked one (replacing it would
+    replace the link, not the folder it points to), and one that is, holds or lies inside one of ``inputs``."""
+    out = Path(out)
+    if out.is_symlink():
+        raise XLNetError(f"output path {out} is a symbolic link; pass the folder it points to ({out.resolve()})")
+    if out.exists() and not out.is_dir():
+        raise XLNetError(f"output path {out} exists and is not a directory")
+    check_output_not_input(out, inputs)
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise XLNetError(f"output directory {out} already holds {what}; pass --overwrite to replace it")
+    return out
+
+
+def check_output_not_input(out: str | Path, inputs: typing.Iterable[str | Path | None]) -> None:
+    """Refuse an output folder that is, contains or lies inside an input: replacing it would delete the input."""
+    o = Path(out).resolve()
+    for i in inputs:
+        if i is None:
+            continue
+        p = Path(i).resolve()
+        if o == p or o in p.parents or p in o.parents:
+            rel = "is" if o == p else ("holds" if o in p.parents else "lies inside")
+            raise XLNetError(f"output {out} {rel} the input {i}; choose an output folder apart from the inputs")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OSError:
+        return True
+    return True
+
+
+def lock_path(out: str | Path) -> Path:
+    out = Path(out)
+    return out.parent / f".{out.name}.lock"
+def remove_stale_temps(out: str | Path) -> list[Path]:
+    """Remove temporary folders of ``out`` left by killed writers on this host; returns those removed.
+
+    Only our own naming is touched: .<out>.xlnet-<host>-<pid>-<random>.tmp whose host is this one and whose pid is not
+    running (a live writer's folder is kept), and the older .<out>.<random>.tmp once a day old.
+    """
+    out = Path(out)
+    host = socket.gethostname()
+    removed = []
+    if not out.parent.is_dir():
+        return removed
+    for p in out.parent.glob(glob.escape(f".{out.name}.") + "*.tmp"):
+        rest = p.name[len(out.name) + 1:]
+        stale = False
+        m = _TEMP_RE.fullmatch(rest)
+        if m is not None:
+            stale = m["host"] == host and not _pid_alive(int(m["pid"]))
+        elif _LEGACY_TEMP_RE.fullmatch(rest):
+            with contextlib.suppress(OSError):
+                stale = time.time() - p.stat().st_mtime > LEGACY_TEMP_AGE
+        else:
+            stale = False
+        if stale and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises Terminated (a KeyboardInterrupt): cleanup runs as it does on Ctrl-C.
+
+    A second SIGTERM during that cleanup is ignored. Outside the main thread (signals cannot be set) it does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def output_lock(out: str | Path) -> Iterator[None]:
+    """One writer per output folder: ``.NAME.lock`` beside it holds the owner's host, pid and start time.
+
+    A second process gets a one-line error naming the owner. A lock left by a process that died on this host is
+    taken over; one from another host is reported (it may be alive), with the file to remove if it is not."""
+    path = lock_path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    host = socket.gethostname()
+    mine = json.dumps({"host": host, "pid": os.getpid(), "started": time.time()})
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+        except FileExistsError:
+            try:
+                owner = json.loads(path.read_text(encoding="utf-8"))
+                o_host, o_pid = str(owner["host"]), int(owner["pid"])
+            except (OSError, ValueError, KeyError, TypeError):
+                # unreadable: a writer killed between create and write; anything older than a minute is stale
+                with contextlib.suppress(OSError):
+                    if time.time() - path.stat().st_mtime > 60:
+                        path.unlink()
+                        continue
+                raise XLNetError(f"{out} is locked by another xlnet process ({path}); wait for it or remove the "
+                                 "lock file if no xlnet process is running") from None
+            if o_host == host and not _pid_alive(o_pid):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                continue
+            if o_host == host and o_pid == os.getpid():
+                raise XLNetError(f"{out} is already being written by this process")
+            where = f"process {o_pid}" + ("" if o_host == host else f" on {o_host}")
+            raise XLNetError(f"{out} is being written by another xlnet run ({where}); wait for it to finish or "
+                             f"choose another output (if that run is dead, remove {path})")
+        with os.fdopen(fd, "w") as f:
+            f.write(mine)
+        break
+    else:
+        raise XLNetError(f"could not take the lock {path}; remove it if no xlnet process is running")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            if json.loads(path.read_text(encoding="utf-8")).get("pid") == os.getpid():
+                path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_output_dir(out: str | Path, overwrite: bool = False, what: str = "results",
+                      inputs: typing.Iterable[str | Path | None] = (), lock: bool = True) -> Iterator[Path]:
+    """Yield a temporary directory next to ``out``; on success it replaces ``out`` in one rename.
+
+    On any error (including KeyboardInterrupt and a full disk) the temporary directory is removed and ``out`` is left
+    as it was: a previous result is replaced only once the new one is complete. ``lock`` holds ``output_lock(out)``
+    for the duration (a caller that already holds it passes False). Temporary folders of ``out`` left by killed runs
+    are removed first (remove_stale_temps)."""
+    with output_lock(out) if lock else contextlib.nullcontext():
+        with _atomic_output_dir(out, overwrite, what, tuple(inputs)) as tmp:
+            yield tmp
+
+
+@contextlib.contextmanager
+def _atomic_output_dir(out: str | Path, overwrite: bool, what: str, inputs: tuple) -> Iterator[Path]:
+    out = check_output_dir(out, overwrite, what, inputs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out)
+    tmp = Path(mkdtemp_shared(prefix=f".{out.name}.{TEMP_TAG}-{socket.gethostname()}-{os.getpid()}-",
+                              suffix=".tmp", dir=out.parent))
+    try:
+        yield tmp
+        share_modes(tmp)
+        commit_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def commit_dir(tmp: Path, out: Path) -> None:
+    """Make the finished folder ``tmp`` (a sibling of ``out``) become ``out``: fsync its files, then rename. A previous
+    ``out`` is moved aside first and removed only once the new one is in place."""
+    for p in tmp.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+    _fsync_dir(out.parent)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)

@@ -1,0 +1,589 @@
+"""Finetuning data: reading labelled files and building model inputs exactly as the original XLNet (docs/xlnet.md §9).
+
+Readers
+- ``read_table``: TSV / CSV / JSONL with named columns (text_a, optional text_b, label). Defaults find the columns
+  of the GLUE files as they are (SST-2 ``sentence``, MNLI ``sentence1/sentence2/gold_label``, STS-B ``score``,
+  QQP ``question1/question2/is_duplicate``, QNLI ``question/sentence``, MRPC ``#1 String/#2 String/Quality``).
+- ``read_choices``: JSONL multiple choice, one question per line: {"context" (or "article"), "question", "options":
+  [...], "answer": index | letter "A".. | option text}.
+- ``read_squad``: SQuAD v1.1 / v2.0 JSON.
+
+Encoders
+- classification / regression: ``[A <sep> B <sep> <cls>]`` (``[A <sep> <cls>]`` without B), the longer text trimmed
+  first (B on ties), segment ids A=0 B=1 <cls>=2, LEFT padding so <cls> is always the last position.
+- multiple choice: per option ``[context <sep> question+option <sep> <cls>]`` (a "_" blank in the question is filled
+  with the option), left padded; each option is built from a fresh copy of the context (original bug #204).
+- SQuAD: ``[paragraph window <sep> question <sep> <cls>]``, RIGHT padding, question cut to max_query_length,
+  windows every doc_stride tokens, answers located through per-piece character offsets.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xlnetcli.core.errors import DataError
+from xlnetcli.data.special import CLS_ID, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEG_ID_PAD, SEP_ID
+
+TASKS = ("classification", "regression", "multiple-choice", "squad")
+
+
+class _Cache:
+    """Encode each distinct text once (contexts repeat across options and questions)."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok = tok
+        self.ids: dict[str, list[int]] = {}
+
+    def __call__(self, text: str) -> list[int]:
+        got = self.ids.get(text)
+        if got is None:
+            got = self.ids[text] = list(self.tok.encode_ids(text))
+        return got
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Examples
+
+
+@dataclass
+class TextExample:
+    text_a: str
+    text_b: str | None
+    label: Any  # str (classification), float (regression) or None (unlabelled)
+    line: int = 0
+
+
+@dataclass
+class ChoiceExample:
+    id: str
+    context: str
+    question: str
+    options: list[str]
+    label: int | None
+    line: int = 0
+
+
+@dataclass
+class SquadExample:
+    qid: str
+    question: str
+    context: str
+    answers: list[str]  # gold texts (empty for unanswerable)
+    answer_starts: list[int]
+    is_impossible: bool
+
+
+@dataclass
+class Columns:
+    text_a: str | None = None  # None = find a known name (text_a, text, sentence, sentence1, question1, ...)
+    text_b: str | None = None  # None = find a known name; "" = no second text
+    label: str | None = None  # None = find a known name (label, gold_label, score, is_duplicate, Quality)
+
+
+_PAIR_NAMES = [("text_a", "text_b"), ("sentence1", "sentence2"), ("question1", "question2"),
+               ("#1 String", "#2 String"), ("question", "sentence"), ("premise", "hypothesis")]
+_SINGLE_NAMES = ["text_a", "text", "sentence", "sentence1", "question", "content", "review"]
+_LABEL_NAMES = ["label", "gold_label", "score", "is_duplicate", "Quality", "target", "y"]
+
+
+def _rows(path: Path, header: bool) -> tuple[list[str] | None, list[tuple[int, list[str] | dict]]]:
+    """(column names, [(line number, row)]) for a TSV/CSV (rows are lists) or JSONL (rows are dicts) file."""
+    if not path.is_file():
+        raise DataError(f"file not found: {path}")
+    suffix = path.suffix.lower()
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        rows: list[tuple[int, Any]] = []
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{path}:{i}: expected a JSON object per line")
+            rows.append((i, obj))
+        names = list(rows[0][1].keys()) if rows else None
+        return names, rows
+    if suffix == ".csv":
+        reader = csv.reader(text.splitlines())
+    else:  # .tsv, .txt and anything else: tab separated, no quoting (GLUE files contain bare quotes)
+        reader = csv.reader(text.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE)
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    try:
+        all_rows = [(i, r) for i, r in enumerate(reader, 1) if r and any(c.strip() for c in r)]
+    except csv.Error as e:
+        raise DataError(f"{path}: cannot parse as {suffix or 'TSV'} ({e})") from None
+    if not header:
+        return None, all_rows
+    if not all_rows:
+        return None, []
+    names = [c.strip() for c in all_rows[0][1]]
+    return names, all_rows[1:]
+
+
+def _pick(names: Sequence[str], want: str | None, candidates: Sequence[str]) -> str | None:
+    if want is not None:
+        return want
+    for c in candidates:
+        if c in names:
+            return c
+    return None
+
+
+def read_table(
+    path: str | Path,
+    task: str = "classification",
+    columns: Columns | None = None,
+    header: bool = True,
+    require_label: bool = True,
+) -> list[TextExample]:
+    """Read a classification/regression file. Columns are names, or 0-based indices with ``header=False``."""
+    path = Path(path)
+    columns = columns or Columns()
+    names, rows = _rows(path, header)
+    if not rows:
+        raise DataError(f"{path}: no examples (the file is empty or has only a header)")
+    is_json = isinstance(rows[0][1], dict)
+    if not header and not is_json:
+        width = len(rows[0][1])
+        names = [str(i) for i in range(width)]
+        col_a = columns.text_a if columns.text_a is not None else "0"
+        col_b = columns.text_b if columns.text_b is not None else ""
+        col_l = columns.label if columns.label is not None else (str(width - 1) if width > 1 else None)
+    else:
+        assert names is not None
+        if is_json:
+            names = sorted({k for _, r in rows for k in r})
+        col_a, col_b = columns.text_a, columns.text_b
+        if col_a is None:
+            for a, b in _PAIR_NAMES:
+                if a in names and b in names:
+                    col_a, col_b = a, (b if col_b is None else col_b)
+                    break
+            else:
+                col_a = _pick(names, None, _SINGLE_NAMES)
+        if col_b is None:
+            col_b = next((b for a, b in _PAIR_NAMES if a == col_a and b in names), "")
+        col_l = _pick(names, columns.label, _LABEL_NAMES)
+    missing = []
+    if col_a is None:
+        missing.append("text_a (none of: " + ", ".join(_SINGLE_NAMES) + ")")
+    elif col_a not in names:
+        missing.append(repr(col_a))
+    if col_b and col_b not in names:
+        missing.append(repr(col_b))
+    if require_label and (col_l is None or col_l not in names):
+        missing.append(repr(col_l) if col_l else "label (none of: " + ", ".join(_LABEL_NAMES) + ")")
+    if missing:
+        raise DataError(
+            f"{path}: missing column(s) {', '.join(missing)}; columns are: {', '.join(names)} "
+            "(choose with --text-a-column / --text-b-column / --label-column)"
+        )
+    has_label = col_l is not None and col_l in names
+    index = {n: i for i, n in enumerate(names)}
+    out = []
+    for line, row in rows:
+        if is_json:
+            get = row.get
+        else:
+            if len(row) < len(names):
+                raise DataError(f"{path}:{line}: {len(row)} fields, the header has {len(names)}")
+
+            def get(name: str, _row: list[str] = row) -> str:
+                return _row[index[name]]
+
+        a = get(col_a)
+        if a is None:
+            raise DataError(f"{path}:{line}: no {col_a!r} field")
+        b = get(col_b) if col_b else None
+        label: Any = None
+        if has_label:
+            raw = get(col_l)
+            if raw is None or (isinstance(raw, str) and not raw.strip()):
+                if require_label:
+                    raise DataError(f"{path}:{line}: empty label in column {col_l!r}")
+            elif task == "regression":
+                try:
+                    label = float(raw)
+                except (TypeError, ValueError):
+                    raise DataError(f"{path}:{line}: regression label {raw!r} is not a number") from None
+            else:
+                label = str(raw).strip()
+        out.append(TextExample(str(a), None if b is None else str(b), label, line))
+    return out
+
+
+def build_label_list(train: Sequence[TextExample]) -> list[str]:
+    labels = {ex.label for ex in train if ex.label is not None}
+    try:
+        return sorted(labels, key=lambda s: (0, float(s), s))
+    except ValueError:
+        return sorted(labels)
+
+
+def check_labels(examples: Sequence[TextExample], label_list: Sequence[str], path: str | Path,
+                 train_path: str | Path | None = None) -> None:
+    known = set(label_list)
+    unseen: dict[str, int] = {}
+    for ex in examples:
+        if ex.label is not None and ex.label not in known:
+            unseen[ex.label] = unseen.get(ex.label, 0) + 1
+    if unseen:
+        shown = ", ".join(f"{k!r} ({v}x)" for k, v in sorted(unseen.items())[:5])
+        where = f"the training file {train_path}" if train_path else "the training data"
+        raise DataError(f"{path}: label(s) never seen in {where}: {shown}; known labels: {', '.join(label_list)}")
+
+
+def _answer_index(raw: Any, options: list[str], path: Path, line: int) -> int:
+    if isinstance(raw, bool):
+        raise DataError(f"{path}:{line}: answer {raw!r} is not an option index, letter or text")
+    if isinstance(raw, int):
+        idx = raw
+    elif isinstance(raw, str) and len(raw.strip()) == 1 and raw.strip().upper().isalpha():
+        idx = ord(raw.strip().upper()) - ord("A")
+    elif isinstance(raw, str) and raw.strip().isdigit():
+        idx = int(raw.strip())
+    elif isinstance(raw, str) and raw in options:
+        idx = options.index(raw)
+    else:
+        raise DataError(f"{path}:{line}: answer {raw!r} is not an option index, letter or text")
+    if not 0 <= idx < len(options):
+        raise DataError(f"{path}:{line}: answer {raw!r} out of range for {len(options)} options")
+    return idx
+
+
+def read_choices(path: str | Path, require_label: bool = True) -> list[ChoiceExample]:
+    path = Path(path)
+    if path.suffix.lower() not in (".jsonl", ".json", ".ndjson"):
+        raise DataError(f"{path}: multiple choice data must be JSONL (context, question, options, answer)")
+    _, rows = _rows(path, True)
+    if not rows:
+        raise DataError(f"{path}: no examples (the file is empty)")
+    out = []
+    for line, row in rows:
+        context = row.get("context", row.get("article"))
+        missing = [k for k, v in (("context", context), ("question", row.get("question")),
+                                  ("options", row.get("options"))) if v is None]
+        if require_label and row.get("answer") is None:
+            missing.append("answer")
+        if missing:
+            raise DataError(f"{path}:{line}: missing field(s) {', '.join(missing)} "
+                            "(each line needs context, question, options, answer)")
+        options = row["options"]
+        if not isinstance(options, list) or len(options) < 2 or not all(isinstance(o, str) for o in options):
+            raise DataError(f"{path}:{line}: options must be a list of at least 2 strings")
+        label = None if row.get("answer") is None else _answer_index(row["answer"], options, path, line)
+        out.append(ChoiceExample(str(row.get("id", line)), str(context), str(row["question"]), options, label, line))
+    return out
+
+
+def read_squad(path: str | Path) -> list[SquadExample]:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"file not found: {path}")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: not a SQuAD JSON file ({e})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("data"), list):
+        raise DataError(f"{path}: not a SQuAD JSON file (expected {{\"data\": [{{\"paragraphs\": ...}}]}})")
+    out = []
+    try:
+        for article in raw["data"]:
+            for para in article["paragraphs"]:
+                context = para["context"]
+                for qa in para["qas"]:
+                    impossible = bool(qa.get("is_impossible", False))
+                    answers = [] if impossible else qa.get("answers", [])
+                    out.append(SquadExample(
+                        qid=str(qa["id"]), question=qa["question"], context=context,
+                        answers=[a["text"] for a in answers], answer_starts=[int(a["answer_start"]) for a in answers],
+                        is_impossible=impossible or not answers,
+                    ))
+    except (KeyError, TypeError) as e:
+        raise DataError(f"{path}: malformed SQuAD entry (missing {e})") from None
+    if not out:
+        raise DataError(f"{path}: no questions")
+    return out
+
+
+def squad_is_v2(path: str | Path) -> bool:
+    raw = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+    return any("is_impossible" in qa for a in raw["data"] for p in a["paragraphs"] for qa in p["qas"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Encoding: classification, regression, multiple choice
+
+
+def truncate_pair(a: list[int], b: list[int], max_total: int) -> bool:
+    """Trim the longer list from its end (b on ties) until len(a) + len(b) <= max_total. True if anything was cut."""
+    cut = False
+    while len(a) + len(b) > max_total:
+        cut = True
+        if len(a) > len(b):
+            a.pop()
+        else:
+            b.pop()
+    return cut
+
+
+def build_pair(a: list[int], b: list[int] | None, max_len: int) -> tuple[list[int], list[int], bool]:
+    """[A <sep> B <sep> <cls>] (or [A <sep> <cls>]) ids and segment ids, unpadded. Copies its inputs."""
+    a = list(a)
+    if b is None:
+        cut = len(a) > max_len - 2
+        a = a[: max_len - 2]
+        return a + [SEP_ID, CLS_ID], [SEG_ID_A] * (len(a) + 1) + [SEG_ID_CLS], cut
+    b = list(b)
+    cut = truncate_pair(a, b, max_len - 3)
+    ids = a + [SEP_ID] + b + [SEP_ID, CLS_ID]
+    seg = [SEG_ID_A] * (len(a) + 1) + [SEG_ID_B] * (len(b) + 1) + [SEG_ID_CLS]
+    return ids, seg, cut
+
+
+def left_pad(ids: list[int], seg: list[int], max_len: int) -> tuple[list[int], list[int], list[int]]:
+    n = max_len - len(ids)
+    return [PAD_ID] * n + ids, [SEG_ID_PAD] * n + seg, [0] * n + [1] * len(ids)
+
+
+@dataclass
+class Encoded:
+    arrays: dict[str, np.ndarray]
+    n_truncated: int = 0
+    n_examples: int = 0
+    n_skipped: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.arrays.values())))
+
+
+def encode_texts(tok: Any, examples: Sequence[TextExample], max_len: int, task: str,
+                 label_list: Sequence[str] | None = None) -> Encoded:
+    if max_len < 4:
+        raise DataError(f"finetune.max_seq_length must be >= 4, got {max_len}")
+    enc = _Cache(tok)
+    label_index = {lab: i for i, lab in enumerate(label_list or [])}
+    n = len(examples)
+    ids_arr = np.full((n, max_len), PAD_ID, dtype=np.int64)
+    seg_arr = np.full((n, max_len), SEG_ID_PAD, dtype=np.int64)
+    mask_arr = np.zeros((n, max_len), dtype=np.float32)
+    labels = np.zeros(n, dtype=np.float32 if task == "regression" else np.int64)
+    has_label = np.zeros(n, dtype=bool)
+    n_cut = 0
+    for i, ex in enumerate(examples):
+        ids, seg, cut = build_pair(enc(ex.text_a), None if ex.text_b is None else enc(ex.text_b), max_len)
+        n_cut += cut
+        ids, seg, mask = left_pad(ids, seg, max_len)
+        ids_arr[i], seg_arr[i], mask_arr[i] = ids, seg, mask
+        if ex.label is not None:
+            has_label[i] = True
+            labels[i] = ex.label if task == "regression" else label_index.get(ex.label, -1)
+    arrays = {"input_ids": ids_arr, "token_type_ids": seg_arr, "attention_mask": mask_arr, "labels": labels}
+    return Encoded(arrays, n_truncated=n_cut, n_examples=n, extra={"has_label": has_label})
+
+
+def encode_choices(tok: Any, examples: Sequence[ChoiceExample], max_len: int) -> Encoded:
+    enc = _Cache(tok)
+    n = len(examples)
+    k = max(len(ex.options) for ex in examples)
+    ids_arr = np.full((n, k, max_len), PAD_ID, dtype=np.int64)
+    seg_arr = np.full((n, k, max_len), SEG_ID_PAD, dtype=np.int64)
+    mask_arr = np.zeros((n, k, max_len), dtype=np.float32)
+    option_mask = np.zeros((n, k), dtype=np.float32)
+    labels = np.zeros(n, dtype=np.int64)
+    n_cut = 0
+    for i, ex in enumerate(examples):
+        context = enc(ex.context)
+        cut_any = False
+        for j, option in enumerate(ex.options):
+            qa = ex.question.replace("_", option) if "_" in ex.question else f"{ex.question} {option}"
+            ids, seg, cut = build_pair(context, enc(qa), max_len)  # build_pair copies: no leak across options
+            cut_any |= cut
+            ids, seg, mask = left_pad(ids, seg, max_len)
+            ids_arr[i, j], seg_arr[i, j], mask_arr[i, j] = ids, seg, mask
+            option_mask[i, j] = 1.0
+        n_cut += cut_any
+        labels[i] = -1 if ex.label is None else ex.label
+    arrays = {"input_ids": ids_arr, "token_type_ids": seg_arr, "attention_mask": mask_arr,
+              "option_mask": option_mask, "labels": labels}
+    return Encoded(arrays, n_truncated=n_cut, n_examples=n)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SQuAD
+
+_WORD = re.compile(r"\S+")
+
+
+def tokenize_with_offsets(tok: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids of ``text`` and the character span [start, end) of each token in ``text``.
+
+    SentencePiece never lets a piece cross whitespace, so encoding word by word gives the same pieces as encoding the
+    whole text. Within a word, piece offsets are exact when normalisation kept the word's length (the usual case);
+    otherwise every piece of that word maps to the whole word.
+    """
+    ids: list[int] = []
+    offsets: list[tuple[int, int]] = []
+    normalize = getattr(tok, "normalize", None)
+    for m in _WORD.finditer(text):
+        word, w0 = m.group(), m.start()
+        wids = list(tok.encode_ids(word))
+        if not wids:
+            continue
+        pieces = list(tok.encode_pieces(word))
+        norm = normalize(word) if normalize else word
+        stripped = [p.replace("\u2581", "") for p in pieces]
+        exact = len(pieces) == len(wids) and len(norm) == len(word) and "".join(stripped).lower() == norm.lower()
+        pos = w0
+        for j, tid in enumerate(wids):
+            if exact:
+                offsets.append((pos, pos + len(stripped[j])))
+                pos += len(stripped[j])
+            else:
+                offsets.append((w0, w0 + len(word)))
+            ids.append(tid)
+    return ids, offsets
+
+
+def _find_answer(context: str, text: str, start: int) -> tuple[int, int] | None:
+    """Character span of ``text`` in ``context``: at the given start if it matches, else the nearest occurrence."""
+    text = text.strip()
+    if not text:
+        return None
+    if context[start:start + len(text)] == text:
+        return start, start + len(text)
+    hits = [m.start() for m in re.finditer(re.escape(text), context)]
+    if not hits:
+        return None
+    h = min(hits, key=lambda h: abs(h - start))
+    return h, h + len(text)
+
+
+def _max_context(spans: list[tuple[int, int]], span_index: int, pos: int) -> bool:
+    """Is span ``span_index`` the one where token ``pos`` has the most context (min of left/right, +0.01*length)?"""
+    best, best_i = None, None
+    for i, (s, length) in enumerate(spans):
+        if not s <= pos < s + length:
+            continue
+        score = min(pos - s, s + length - 1 - pos) + 0.01 * length
+        if best is None or score > best:
+            best, best_i = score, i
+    return best_i == span_index
+
+
+def encode_squad(tok: Any, examples: Sequence[SquadExample], max_len: int, doc_stride: int,
+                 max_query_length: int, training: bool) -> Encoded:
+    """Features (one per paragraph window) plus what post-processing needs (``extra``)."""
+    if max_len < max_query_length + 8:
+        raise DataError(f"finetune.max_seq_length ({max_len}) must exceed max_query_length ({max_query_length}) + 8")
+    feats: dict[str, list] = {k: [] for k in ("input_ids", "token_type_ids", "attention_mask", "p_mask",
+                                               "cls_index", "start_positions", "end_positions", "is_impossible")}
+    meta: list[dict] = []  # per feature: example index, token -> char offsets, max-context flags
+    n_skipped = n_query_cut = n_windows_extra = 0
+    para_cache: dict[str, tuple[list[int], list[tuple[int, int]]]] = {}
+    for ei, ex in enumerate(examples):
+        if ex.context not in para_cache:
+            para_cache[ex.context] = tokenize_with_offsets(tok, ex.context)
+        doc_ids, doc_offsets = para_cache[ex.context]
+        q_ids = list(tok.encode_ids(ex.question))
+        if len(q_ids) > max_query_length:
+            q_ids = q_ids[:max_query_length]
+            n_query_cut += 1
+        tok_start = tok_end = None
+        if training and not ex.is_impossible:
+            found = _find_answer(ex.context, ex.answers[0], ex.answer_starts[0])
+            if found is not None:
+                c0, c1 = found
+                inside = [i for i, (s, e) in enumerate(doc_offsets) if s < c1 and e > c0]
+                if inside:
+                    tok_start, tok_end = inside[0], inside[-1]
+            if tok_start is None:
+                n_skipped += 1  # answer not found in its context: skip the question (counted, reported)
+                continue
+        max_doc = max_len - len(q_ids) - 3
+        spans: list[tuple[int, int]] = []
+        s = 0
+        while True:
+            length = min(len(doc_ids) - s, max_doc)
+            spans.append((s, length))
+            if s + length >= len(doc_ids):
+                break
+            s += min(length, doc_stride)
+        n_windows_extra += len(spans) - 1
+        for si, (s, length) in enumerate(spans):
+            ids = doc_ids[s:s + length] + [SEP_ID] + q_ids + [SEP_ID, CLS_ID]
+            seg = [SEG_ID_A] * (length + 1) + [SEG_ID_B] * (len(q_ids) + 1) + [SEG_ID_CLS]
+            p_mask = [0] * length + [1] * (len(q_ids) + 2) + [0]
+            cls_index = len(ids) - 1
+            pad = max_len - len(ids)
+            feats["input_ids"].append(ids + [PAD_ID] * pad)
+            feats["token_type_ids"].append(seg + [SEG_ID_PAD] * pad)
+            feats["attention_mask"].append([1] * len(ids) + [0] * pad)
+            feats["p_mask"].append(p_mask + [1] * pad)
+            feats["cls_index"].append(cls_index)
+            impossible = True
+            start = end = cls_index
+            if tok_start is not None and s <= tok_start and tok_end < s + length:
+                impossible, start, end = False, tok_start - s, tok_end - s
+            feats["start_positions"].append(start)
+            feats["end_positions"].append(end)
+            feats["is_impossible"].append(float(impossible))
+            meta.append({
+                "example": ei,
+                "offsets": doc_offsets[s:s + length],
+                "max_context": [_max_context(spans, si, s + t) for t in range(length)],
+            })
+    if not meta:
+        raise DataError("no SQuAD features: every answer was missing from its context")
+    dtypes = {"attention_mask": np.float32, "p_mask": np.float32, "is_impossible": np.float32}
+    arrays = {k: np.asarray(v, dtype=dtypes.get(k, np.int64)) for k, v in feats.items()}
+    arrays["feature_index"] = np.arange(len(meta), dtype=np.int64)
+    return Encoded(arrays, n_truncated=n_query_cut, n_examples=len(examples), n_skipped=n_skipped,
+                   extra={"meta": meta, "windows_extra": n_windows_extra})
+
+
+def squad_predictions(examples: Sequence[SquadExample], enc: Encoded, outputs: dict[str, np.ndarray],
+                      max_answer_length: int) -> tuple[dict[str, str], dict[str, float]]:
+    """Best non-null answer text and null odds (min over windows of the answerability logit) per question.
+
+    outputs (per feature): start_top_log_probs / start_top_index [N, k], end_top_log_probs / end_top_index [N, k, k]
+    (end candidates for each start candidate), cls_logits [N].
+    """
+    meta = enc.extra["meta"]
+    best: dict[int, tuple[float, str]] = {}
+    null: dict[int, float] = {}
+    for f, m in enumerate(meta):
+        ei = m["example"]
+        ctx = examples[ei].context
+        null[ei] = min(null.get(ei, float("inf")), float(outputs["cls_logits"][f]))
+        n_doc = len(m["offsets"])
+        for i in range(outputs["start_top_index"].shape[1]):
+            s = int(outputs["start_top_index"][f, i])
+            if s >= n_doc or not m["max_context"][s]:
+                continue
+            for j in range(outputs["end_top_index"].shape[2]):
+                e = int(outputs["end_top_index"][f, i, j])
+                if e >= n_doc or e < s or e - s + 1 > max_answer_length:
+                    continue
+                score = float(outputs["start_top_log_probs"][f, i]) + float(outputs["end_top_log_probs"][f, i, j])
+                if ei not in best or score > best[ei][0]:
+                    best[ei] = (score, ctx[m["offsets"][s][0]:m["offsets"][e][1]])
+    preds = {ex.qid: best.get(i, (0.0, ""))[1] for i, ex in enumerate(examples)}
+    odds = {ex.qid: null.get(i, 0.0) for i, ex in enumerate(examples)}
+    return preds, odds

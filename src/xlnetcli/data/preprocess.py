@@ -1,0 +1,268 @@
+"""`xlnet preprocess`: shards -> permutation-LM records, built as the original data_utils did (docs/xlnet.md §2-4).
+
+    preprocess(cfg, "shards/", "records/", workers=4)       # what `xlnet preprocess` calls
+
+This module is the orchestration; the pieces live in their own files: shardfmt.py reads the shards, segments.py
+does the A/B split, masking.py the span masking, records.py writes the records format (documented there).
+
+Layout of the examples (the original's ``create_tfrecords``):
+- the token stream of a pass (the shards concatenated in a per-pass shuffled order, sentence ids flipped so they keep
+  alternating across shard joins) is cut into contiguous rows: G = train.global_batch_size rows, or G/2 rows with
+  bi_data, each then used forward and time-reversed. With bi_data, rows are grouped in blocks of
+  train.micro_batch_size (one device's batch): [mb/2 forward rows ; the same rows reversed] (``row_source``).
+- row g, step s: ``inp = row[sR : sR+R]`` then an A/B split of the text after it, giving
+  ``[inp | A | <sep> | B | <sep> | <cls>]`` (length L) with |A| + |B| = L - R - 3 exactly.
+- prediction targets: span masking with n ~ p(n) ∝ 1/n (n <= 5), each span inside about n*alpha/beta tokens, goal
+  num_predict - num_predict//2 in the reuse part and num_predict//2 in the rest; then single positions top up.
+
+Each row draws from its own generator (seed, split, pass, row), so the records are the same for any --workers.
+Memory is bounded: shards and records are read and written with pread/pwrite in blocks of STEP_BLOCK steps of the
+job's rows (span masks sampled for all their segments at once); a random B span is one pread per window.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xlnetcli.config import Config, save_config, split_num_predict, validate
+from xlnetcli.core.errors import DataError
+from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_not_input
+from xlnetcli.core.console import print0, step_progress
+from xlnetcli.data.masking import MAX_GRAM, mask_draw_width, masks_from_draws, word_start_table
+from xlnetcli.data.record_format import FORMAT_VERSION, PassWriter, checksums, create_pass
+from xlnetcli.data.segments import Row, split_block
+from xlnetcli.data.shard_format import PassStream, check_shards, split_files
+
+STEP_BLOCK = 256  # windows of one row built together (bounds memory: STEP_BLOCK x L tokens)
+_SPLIT_IDS = {"train": 0, "valid": 1}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Building rows
+
+
+@dataclass
+class _Params:
+    seq_len: int
+    reuse_len: int
+    num_predict: int
+    alpha: int
+    beta: int
+    mode: str
+    seed: int
+    dtype: str
+    max_gram: int = MAX_GRAM
+
+
+def _row_rng(seed: int, split: str, pass_id: int, row: int) -> np.random.Generator:
+    return np.random.default_rng([seed, _SPLIT_IDS[split], pass_id, row, 0x584C4E])
+
+
+def build_rows(
+    rows: Sequence[Row], rngs: Sequence[np.random.Generator], p: _Params, ws_table: np.ndarray, s0: int, s1: int
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Examples of steps s0..s1 of several rows, masks sampled for all their segments at once.
+
+    Each row draws from its own generator in a fixed order (split uniforms, then the mask uniforms of each part), and
+    a segment's mask depends only on its own draws: the output is the same however rows are grouped (workers)."""
+    L, R = p.seq_len, p.reuse_len
+    goal0, goal1 = split_num_predict(p.num_predict)
+    n = s1 - s0
+    built, d0, d1 = [], [], []
+    for row, rng in zip(rows, rngs):
+        built.append(split_block(row, L, R, rng.random((n, 3)), s0, s1))
+        d0.append(rng.random((n, mask_draw_width(goal0))))
+        d1.append(rng.random((n, mask_draw_width(goal1))))
+
+    def reading_order(a: int, b: int) -> np.ndarray:  # segments in reading order (backward rows flipped back)
+        return np.concatenate([t[:, a:b][:, ::-1] if row.reverse else t[:, a:b] for row, (t, _, _) in zip(rows, built)])
+
+    m0 = masks_from_draws(reading_order(0, R), ws_table, goal0, p.alpha, p.beta, p.mode, np.concatenate(d0),
+                          max_gram=p.max_gram)
+    m1 = masks_from_draws(reading_order(R, L), ws_table, goal1, p.alpha, p.beta, p.mode, np.concatenate(d1),
+                          max_gram=p.max_gram)
+    out = []
+    for k, (row, (t, alen, label)) in enumerate(zip(rows, built)):
+        masked = np.empty((n, L), bool)
+        a, b = m0[k * n : (k + 1) * n], m1[k * n : (k + 1) * n]
+        masked[:, :R] = a[:, ::-1] if row.reverse else a
+        masked[:, R:] = b[:, ::-1] if row.reverse else b
+        out.append((t, alen, label, masked))
+    return out
+
+
+def build_row(
+    row: Row, steps: int, p: _Params, rng: np.random.Generator, ws_table: np.ndarray, s0: int = 0, s1: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Examples of steps s0..s1 of one row: tokens [n, L], alen [n], label [n], masked [n, L] bool."""
+    return build_rows([row], [rng], p, ws_table, s0, steps if s1 is None else s1)[0]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Whole passes
+
+
+@dataclass
+class _Job:
+    entries: list[tuple[str, str]]
+    order: list[int]
+    out_prefix: str
+    split: str
+    pass_id: int
+    rows: list[int]
+    n_rows_fwd: int
+    row_len: int
+    steps: int
+    bi_data: bool
+    micro_batch_size: int
+    params: _Params
+    ws_path: str
+    vocab_size: int
+
+
+def row_source(g: int, bi_data: bool, mb: int) -> tuple[int, bool]:
+    """(forward row index, reversed?) of output row g. bi_data: blocks of mb = [mb/2 forward ; same reversed]."""
+    if not bi_data:
+        return g, False
+    half = mb // 2
+    block, k = divmod(g, mb)
+    return block * half + (k % half), k >= half
+
+
+def _run_job(job: _Job) -> int:
+    ws_table = np.load(job.ws_path)
+    stream = PassStream([(Path(a), Path(b)) for a, b in job.entries], job.order)
+    out = PassWriter(job.out_prefix, job.steps, job.params.seq_len)
+    done = 0
+    try:
+        srcs = [row_source(g, job.bi_data, job.micro_batch_size) for g in job.rows]
+        rows = [Row(stream, f, job.row_len, rev) for f, rev in srcs]
+        rngs = [_row_rng(job.params.seed, job.split, job.pass_id, g) for g in job.rows]
+        for s0 in range(0, job.steps, STEP_BLOCK):
+            s1 = min(job.steps, s0 + STEP_BLOCK)
+            for g, (tok, alen, label, masked) in zip(job.rows, build_rows(rows, rngs, job.params, ws_table, s0, s1)):
+                if tok.size and int(tok.max()) >= job.vocab_size:
+                    raise DataError(
+                        f"shard token id {int(tok.max())} >= vocab size {job.vocab_size}: the shards were made with "
+                        "another tokenizer; rerun `xlnet shard` with this tokenizer"
+                    )
+                out.write(g, s0, tok, alen, label, masked)
+                done += s1 - s0
+    finally:
+        out.close()
+        stream.close()
+    return done
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def preprocess(cfg: Config, shards: str | Path, out: str | Path, *, overwrite: bool = False, workers: int = 1,
+               quiet: bool = False, verify: bool = True) -> dict:
+    """Build records from a shard directory with ``cfg`` (data.passes, data.mask_mode, the window and batch
+    layout; saved as config.yaml); returns meta.json's content. ``verify`` checks every shard file's sha256 against
+    manifest.json first (a flipped byte is refused, naming the file, instead of being trained on)."""
+    shards = Path(shards)
+    check_output_not_input(out, [shards])
+    passes, mode = cfg.data.passes, cfg.data.mask_mode
+    plan = validate(cfg, stage="preprocess")
+    manifest, sha = check_shards(shards, cfg.model.vocab_size, verify=verify, workers=workers)
+    vocab = int(manifest["vocab_size"])
+    tok_dir = shards / "tokenizer"
+    ws_table = word_start_table(tok_dir)
+    if len(ws_table) < vocab:
+        raise DataError(f"{tok_dir}: tokenizer has {len(ws_table)} pieces, the manifest says {vocab}")
+
+    L, R = cfg.data.seq_len, cfg.model.reuse_len
+    G, mb, bi, n_fwd = plan.global_batch_size, plan.micro_batch_size, plan.bi_data, plan.forward_rows
+    dtype = manifest["dtype"]  # uint16 | uint32 (read_manifest checks it)
+    params = _Params(L, R, cfg.data.num_predict, cfg.data.mask_alpha, cfg.data.mask_beta, mode, cfg.data.seed, dtype,
+                     cfg.data.max_gram)
+
+    plans = {}
+    for split in ("train", "valid"):
+        paths, total = split_files(shards, manifest, split)
+        need = n_fwd * L
+        if total < need:
+            if split == "train":
+                raise DataError(
+                    f"corpus too small for one window: {n_fwd} rows x seq_len {L} need {need} tokens, the train split "
+                    f"has {total}; add text or lower train.global_batch_size / data.seq_len"
+                )
+            print0(f"[yellow]valid split skipped: {total} tokens, one window per row needs {need}[/yellow]")
+            continue
+        row_len = total // n_fwd
+        steps = (row_len - L) // R + 1
+        plans[split] = (paths, total, row_len, steps)
+
+    meta: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "seq_len": L,
+        "reuse_len": R,
+        "perm_size": cfg.perm_size,
+        "bi_data": bi,
+        "num_predict": cfg.data.num_predict,
+        "num_predict_reuse": plan.num_predict_reuse,
+        "mask_alpha": cfg.data.mask_alpha,
+        "mask_beta": cfg.data.mask_beta,
+        "mask_mode": mode,
+        "max_gram": cfg.data.max_gram,
+        "seed": cfg.data.seed,
+        "tokenizer_sha256": sha,
+        "vocab_size": vocab,
+        "dtype": dtype,
+        "global_batch_size": G,
+        "micro_batch_size": mb,
+        "passes": passes,
+        "layout": "rows [G, steps, L]; bi_data blocks of micro_batch_size = [forward half ; same rows reversed]",
+        "splits": {},
+    }
+    total_examples = sum(passes * G * s for (_, _, _, s) in plans.values())
+    with atomic_output_dir(out, overwrite, "records") as tmp:
+        ws_path = tmp / ".word_start.npy"
+        np.save(ws_path, ws_table)
+        jobs = []
+        for split, (paths, total, row_len, steps) in plans.items():
+            (tmp / split).mkdir()
+            files = []
+            for pass_id in range(passes):
+                order = list(np.random.default_rng([cfg.data.seed, _SPLIT_IDS[split], pass_id]).permutation(len(paths)))
+                prefix = tmp / split / f"pass_{pass_id:03d}"
+                create_pass(prefix, G, steps, L, dtype)
+                files.append(f"{split}/pass_{pass_id:03d}")
+                chunk = max(1, min(mb, G // max(1, workers)))
+                for g0 in range(0, G, chunk):
+                    jobs.append(
+                        _Job(paths, [int(x) for x in order], str(prefix), split, pass_id, list(range(g0, min(G, g0 + chunk))),
+                             n_fwd, row_len, steps, bi, mb, params, str(ws_path), vocab)
+                    )
+            meta["splits"][split] = {
+                "tokens": total, "rows": G, "row_len": row_len, "steps_per_pass": steps, "passes": passes,
+                "examples": passes * G * steps, "files": files,
+            }
+        with step_progress(quiet) as bar:
+            task = bar.add_task("preprocess", total=total_examples, info="examples")
+            if workers <= 1:
+                for job in jobs:
+                    bar.advance(task, _run_job(job))
+            else:
+                import multiprocessing as mp
+
+                with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as ex:
+                    for n in ex.map(_run_job, jobs):
+                        bar.advance(task, n)
+        ws_path.unlink()
+        meta["sha256"] = checksums(tmp)
+        shutil.copytree(tok_dir, tmp / "tokenizer")
+        # the config these records were made with, as used: `xlnet pretrain` without --config reads it back
+        save_config(cfg, tmp)
+        atomic_write_json(tmp / "meta.json", meta)
+    return meta

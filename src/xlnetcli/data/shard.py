@@ -1,0 +1,441 @@
+"""Corpus sharding: text files -> N balanced, memory-mappable shards of token ids + sentence ids (docs/xlnet.md §2).
+
+Pipeline (streaming, memory bounded by a few chunks whatever the corpus size):
+  parent: read files in order -> decode UTF-8 (replace-and-count) -> cut ~256 KiB chunks at blank lines
+  workers (the parent + workers-1 helper processes; the parent encodes a chunk when the helpers are busy):
+           normalise + batch-encode a chunk -> flat token ids with one <eod> per document, sentence parity, doc sizes
+  parent: takes results in chunk order; assigns each document to valid (hash of (seed, document index) <
+          valid_fraction, or every document of a --valid file) or to the train shard with the fewest tokens so far;
+          appends it to that shard's .npy files.
+Chunk boundaries, document indices and the assignment depend only on the inputs, the tokenizer and the seed, never on
+the number of workers: the output is byte-identical for any --workers.
+
+Output directory (the shard format, read back by shardfmt.py; atomic: written to a temporary sibling, renamed into
+place on success):
+  manifest.json, config.yaml, tokenizer/, train/shard_NNNNN.{tokens,sentid}.npy, valid/shard_00000.{tokens,sentid}.npy
+Sentence ids (uint8 0/1) flip at every input line, continuing across documents within a shard; a document's <eod>
+shares the id of its last line.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import compress
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xlnetcli.config import Config, replace, save_config
+from xlnetcli.data.corpus import FileStats, ReadStats, expand_inputs, iter_chunks, total_size
+from xlnetcli.core.errors import DataError, XLNetError
+from xlnetcli.core.files import (atomic_output_dir, atomic_write_json, check_output_dir, check_output_not_input, ensure_open_files,
+                 is_disk_full, sha256_file, sigterm_as_interrupt)
+from xlnetcli.core.console import byte_progress, console
+from xlnetcli.data.shard_format import FORMAT_VERSION, NpyStreamWriter
+from xlnetcli.data.special import EOD_ID
+from xlnetcli.data.tokenizer import Tokenizer, normalize_block
+
+CHUNK_CHARS = 1 << 18  # ~256 KiB of text per work item: thousands of lines per SentencePiece batch, little IPC
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# worker side
+
+
+@dataclass
+class ChunkResult:
+    tokens: np.ndarray  # output dtype, <eod> after each document
+    sentid: np.ndarray  # uint8 line parity within each document (document's first line = 0)
+    doc_tokens: np.ndarray  # int64 tokens per document (incl. <eod>)
+    doc_lines: np.ndarray  # int64 lines (sentences) per document
+    n_chars: int
+
+
+def encode_chunk(tok: Tokenizer, text: str, dtype: np.dtype) -> ChunkResult:
+    """Normalise and encode one chunk of corpus text (documents separated by blank lines)."""
+    lines = normalize_block(text, tok.uncased, tok.keep_accents)
+    line_len = np.fromiter(map(len, lines), dtype=np.int64, count=len(lines))
+    nonempty = line_len > 0
+    n = int(nonempty.sum())
+    if n == 0:
+        z = np.zeros(0, np.int64)
+        return ChunkResult(np.zeros(0, dtype), np.zeros(0, np.uint8), z, z, len(text))
+    # A document starts at a non-empty line preceded by a blank line (or the chunk start).
+    starts = nonempty.copy()
+    starts[1:] &= ~nonempty[:-1]
+    starts = starts[nonempty]  # per non-empty line
+    doc_of_line = np.cumsum(starts) - 1
+    first_line = np.flatnonzero(starts)
+    n_docs = first_line.size
+    parity = ((np.arange(n) - first_line[doc_of_line]) & 1).astype(np.uint8)
+
+    flat, tok_len = tok.encode_normalized_batch(list(compress(lines, nonempty.tolist())))
+    doc_lines = np.bincount(doc_of_line, minlength=n_docs).astype(np.int64)
+    last_line = np.cumsum(doc_lines) - 1
+    line_end = np.cumsum(tok_len)  # token offset just past each line
+    doc_end = line_end[last_line]  # where each document's <eod> goes (before the insertion)
+    tokens = np.insert(flat.astype(dtype, copy=False), doc_end, EOD_ID)
+    sentid = np.insert(np.repeat(parity, tok_len), doc_end, parity[last_line])
+    doc_tokens = np.diff(doc_end, prepend=0) + 1
+    return ChunkResult(tokens, sentid, doc_tokens, doc_lines, len(text))
+
+
+_WORKER: tuple[Tokenizer, np.dtype] | None = None
+
+
+def _die_with_parent(parent: int) -> None:
+    """End this worker as soon as its parent dies (SIGKILL, OOM), quietly: no BrokenPipeError traceback later."""
+    import signal
+
+    try:  # Linux: the kernel sends SIGTERM (default action: exit) when the parent dies
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) != 0:
+            raise OSError
+    except (OSError, AttributeError):  # elsewhere: a watcher thread
+        import threading
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(0.2)
+            os._exit(0)
+
+        threading.Thread(target=watch, daemon=True).start()
+    if os.getppid() != parent:  # died before the above took effect
+        os._exit(0)
+
+
+def _init_worker(model_bytes: bytes, meta: dict[str, Any], dtype: str, parent: int | None = None) -> None:
+    import signal
+
+    # The parent handles Ctrl-C / SIGTERM (cleanup) and terminates the pool: workers just stop, without a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if parent is not None:
+        _die_with_parent(parent)
+    global _WORKER
+    _WORKER = (Tokenizer(model_bytes, meta), np.dtype(dtype))
+    _WORKER[0].fix_mask  # noqa: B018 - build the lookup once per worker
+
+
+def _work(text: str) -> ChunkResult:
+    assert _WORKER is not None
+    return encode_chunk(_WORKER[0], text, _WORKER[1])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# output
+
+
+class _Shard:
+    """One output shard: tokens + sentid writers, counters and the running sentence parity."""
+
+    def __init__(self, directory: Path, split: str, index: int, dtype: np.dtype) -> None:
+        self.rel_tokens = f"{split}/shard_{index:05d}.tokens.npy"
+        self.rel_sentid = f"{split}/shard_{index:05d}.sentid.npy"
+        self.tokens = NpyStreamWriter(directory / self.rel_tokens, dtype)
+        self.sentid = NpyStreamWriter(directory / self.rel_sentid, np.uint8)
+        self.n_tokens = 0
+        self.n_sentences = 0
+        self.n_documents = 0
+        self.last_sent = 1  # so that the first line of the shard gets sentence id 0
+
+    def close(self) -> None:
+        self.tokens.close()
+        self.sentid.close()
+
+    def entry(self, directory: Path) -> dict[str, Any]:
+        return {"tokens_file": self.rel_tokens, "sentid_file": self.rel_sentid, "tokens": self.n_tokens,
+                "sentences": self.n_sentences, "documents": self.n_documents,
+                "sha256": {"tokens": sha256_file(directory / self.rel_tokens),
+                           "sentid": sha256_file(directory / self.rel_sentid)}}
+
+
+def _uniform_hash(seed: int, index: np.ndarray) -> np.ndarray:
+    """splitmix64 of (seed, document index) -> float64 in [0, 1). Deterministic across platforms."""
+    with np.errstate(over="ignore"):
+        x = index.astype(np.uint64) + np.uint64((seed * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+class _Assigner:
+    """Routes documents of each chunk result to shards, in order; keeps the shards balanced by tokens."""
+
+    def __init__(self, train: list[_Shard], valid: _Shard, seed: int, valid_fraction: float) -> None:
+        self.train = train
+        self.valid = valid
+        self.seed = seed
+        self.valid_fraction = valid_fraction
+        self.doc_index = 0  # global document counter over the whole input, in input order
+        self.lines_total = 0
+
+    def add(self, res: ChunkResult, force_valid: bool) -> None:
+        nd = res.doc_tokens.size
+        if nd == 0:
+            return
+        if force_valid:
+            to_valid = np.ones(nd, dtype=bool)
+        elif self.valid_fraction > 0:
+            to_valid = _uniform_hash(self.seed, np.arange(self.doc_index, self.doc_index + nd)) < self.valid_fraction
+        else:
+            to_valid = np.zeros(nd, dtype=bool)
+        self.doc_index += nd
+        self.lines_total += int(res.doc_lines.sum())
+        shards = self.train
+        n_train = len(shards)
+        doc_off = np.concatenate([[0], np.cumsum(res.doc_tokens)]).tolist()
+        # last-line parity within each document = parity of its <eod> (relative ids, first line 0)
+        last_rel = res.sentid[res.doc_tokens.cumsum() - 1].astype(np.int64)
+        # Greedy balance: each train document goes to the shard with the fewest tokens so far (the first such shard).
+        # Sequential by nature; the loop does only that, everything else is vectorised per shard below.
+        if n_train == 1:
+            target = np.where(to_valid, 1, 0).astype(np.int64)
+        else:
+            tl: list[int] = [0] * nd
+            loads = [s.n_tokens for s in shards]
+            index, mn = loads.index, min
+            for d, (v, n) in enumerate(zip(to_valid.tolist(), res.doc_tokens.tolist())):
+                if v:
+                    tl[d] = n_train
+                else:
+                    m = mn(loads)
+                    t = index(m)
+                    loads[t] = m + n
+                    tl[d] = t
+            target = np.asarray(tl, dtype=np.int64)
+        # Sentence ids continue across documents within a shard: a document's first line differs from the shard's
+        # previous token. flip[d] = 1 - (shard's last id before d) = XOR over the shard's earlier documents.
+        order = np.argsort(target, kind="stable")
+        per_docs = np.bincount(target, minlength=n_train + 1)
+        gb = np.concatenate([[0], np.cumsum(per_docs)]).tolist()
+        per_tok = np.bincount(target, weights=res.doc_tokens, minlength=n_train + 1).astype(np.int64).tolist()
+        per_lines = np.bincount(target, weights=res.doc_lines, minlength=n_train + 1).astype(np.int64).tolist()
+        flip = np.empty(nd, dtype=np.uint8)
+        for t in np.flatnonzero(per_docs).tolist():
+            sh = self.valid if t == n_train else shards[t]
+            idx = order[gb[t]:gb[t + 1]]
+            g = 1 ^ last_rel[idx]
+            f = ((1 - sh.last_sent) ^ (np.cumsum(g) - g)) & 1
+            flip[idx] = f
+            sh.last_sent = int(last_rel[idx[-1]] ^ f[-1])
+            sh.n_tokens += per_tok[t]
+            sh.n_sentences += per_lines[t]
+            sh.n_documents += gb[t + 1] - gb[t]
+        sentid = res.sentid ^ np.repeat(flip, res.doc_tokens)
+        used = np.flatnonzero(per_docs).tolist()
+        if len(used) == 1:
+            parts = {used[0]: (res.tokens, sentid)}
+        else:  # one gather puts each shard's documents (in order) next to each other
+            lens = res.doc_tokens[order]
+            starts = np.asarray(doc_off[:-1], dtype=np.int64)[order]
+            idx = np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(lens) - lens), lens)
+            toks, sids = res.tokens[idx], sentid[idx]
+            bounds = np.concatenate([[0], np.cumsum(per_tok)]).tolist()
+            parts = {t: (toks[bounds[t]:bounds[t + 1]], sids[bounds[t]:bounds[t + 1]]) for t in used}
+        for t, (tk, sd) in parts.items():
+            sh = self.valid if t == n_train else shards[t]
+            sh.tokens.write(tk)
+            sh.sentid.write(sd)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the command
+
+
+@dataclass
+class ShardSummary:
+    out_dir: Path
+    files: int
+    bytes: int
+    seconds: float
+    tokens: dict[str, int]
+    documents: dict[str, int]
+    invalid_utf8_bytes: int
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / max(self.seconds, 1e-9)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(self.tokens.values()) / max(self.seconds, 1e-9)
+
+
+def _chunk_stream(files: list[tuple[Path, bool]], stats: ReadStats, chunk_chars: int,
+                  on_bytes, text_field: str = "text") -> Iterator[tuple[str, bool]]:
+    for path, is_valid in files:
+        fs = FileStats(path)
+        stats.files.append(fs)
+        for text in iter_chunks(path, fs, chunk_chars, on_bytes=on_bytes, text_field=text_field):
+            yield text, is_valid
+
+
+def shard_corpus(cfg: Config, inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.PathLike[str],
+                 tokenizer: str | os.PathLike[str] | Tokenizer, *, shards: int = 1, workers: int = 1,
+                 valid_inputs: Iterable[str | os.PathLike[str]] = (), overwrite: bool = False, quiet: bool = False,
+                 chunk_chars: int = CHUNK_CHARS, text_field: str = "text") -> ShardSummary:
+    """Tokenise ``inputs`` into ``shards`` train shards (+ a valid shard) under ``out_dir``; see the module doc.
+
+    ``cfg.data.valid_fraction`` of the documents are held out for validation (none with ``valid_inputs``, which are
+    the validation split instead), chosen by ``cfg.data.seed``; ``cfg`` is saved as config.yaml. Inputs may be text,
+    JSONL, Parquet or datasets folders (corpus.py); ``text_field`` names their text field."""
+    if shards < 1:
+        raise XLNetError(f"--shards must be >= 1, got {shards}")
+    if workers < 1:
+        raise XLNetError(f"--workers must be >= 1, got {workers}")
+    ensure_open_files(2 * (shards + 1) + 4 * workers + 64, f"--shards {shards}")  # each shard: 2 files open
+    check_output_dir(out_dir, overwrite, "shards")
+    tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tokenizer)
+    valid_inputs = list(valid_inputs)
+    train_files = expand_inputs(inputs)
+    valid_files = expand_inputs(valid_inputs) if valid_inputs else []
+    tok_path = None if isinstance(tokenizer, Tokenizer) else tokenizer
+    check_output_not_input(out_dir, [*train_files, *valid_files, tok_path])
+    valid_set = {p.resolve() for p in valid_files}
+    overlap = [p for p in train_files if p.resolve() in valid_set]
+    if overlap:
+        raise DataError(f"{overlap[0]} is both a training input and a --valid file")
+    if valid_files:
+        cfg = replace(cfg, data={"valid_fraction": 0.0})
+    valid_fraction, seed = cfg.data.valid_fraction, cfg.data.seed
+    all_files = [(p, False) for p in train_files] + [(p, True) for p in valid_files]
+    dtype = np.dtype(np.uint16) if tok.vocab_size <= 1 << 16 else np.dtype(np.uint32)
+    nbytes = total_size(p for p, _ in all_files)
+    stats = ReadStats()
+    t0 = time.perf_counter()
+    out = Path(out_dir)
+    pool = None
+    try:
+        with sigterm_as_interrupt(), atomic_output_dir(out, overwrite, "shards") as tmp, byte_progress(quiet) as prog:
+            (tmp / "train").mkdir()
+            (tmp / "valid").mkdir()
+            train = [_Shard(tmp, "train", i, dtype) for i in range(shards)]
+            valid = _Shard(tmp, "valid", 0, dtype)
+            assigner = _Assigner(train, valid, seed, valid_fraction)
+            task = prog.add_task("sharding", total=nbytes, info="")
+            n_tok = 0
+
+            def consume(res: ChunkResult, is_valid: bool) -> None:
+                nonlocal n_tok
+                assigner.add(res, is_valid)
+                n_tok += res.tokens.size
+                prog.update(task, info=f"{n_tok / 1e6:.2f}M tokens")
+
+            chunks = _chunk_stream(all_files, stats, chunk_chars, lambda n: prog.advance(task, n), text_field)
+            if workers == 1:
+                tok.fix_mask  # noqa: B018
+                for text, is_valid in chunks:
+                    consume(encode_chunk(tok, text, dtype), is_valid)
+            else:
+                import multiprocessing as mp
+
+                from xlnetcli.data.tokenizer import _combining_table
+
+                _combining_table()  # built once here, inherited by forked workers
+
+                ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+                # The main process is one of the `workers` encoders: it encodes a chunk itself whenever the helpers
+                # already hold enough work, so N workers = N busy processes (not N helpers + a mostly idle parent
+                # competing for the same cores), and its own serial work (read, assign, write) fills the gaps.
+                helpers = workers - 1
+                pool = ctx.Pool(helpers, initializer=_init_worker,
+                                initargs=(tok.model_bytes, tok.meta, dtype.str, os.getpid()))
+                tok.fix_mask  # noqa: B018
+                pending: collections.deque = collections.deque()  # (AsyncResult | ChunkResult, is_valid), in order
+                in_flight: collections.deque = collections.deque()  # AsyncResults not yet consumed
+                busy = 2 * helpers  # tasks queued per helper: one running, one ready to start
+                window = 4 * workers + 4  # bounded read-ahead: memory stays a few chunks whatever the corpus
+
+                def drain(block: bool) -> None:
+                    while pending:
+                        r, v = pending[0]
+                        if isinstance(r, ChunkResult):
+                            res = r
+                        elif block or r.ready():
+                            res = r.get()
+                            in_flight.remove(r)
+                        else:
+                            return
+                        pending.popleft()
+                        consume(res, v)
+                        block = False
+
+                for text, is_valid in chunks:
+                    if sum(not r.ready() for r in in_flight) < busy:
+                        r = pool.apply_async(_work, (text,))
+                        in_flight.append(r)
+                        pending.append((r, is_valid))
+                    else:
+                        pending.append((encode_chunk(tok, text, dtype), is_valid))
+                    drain(block=False)
+                    if len(pending) >= window:
+                        drain(block=True)
+                while pending:
+                    drain(block=True)
+                pool.close()
+                pool.join()
+                pool = None
+            for s in [*train, valid]:
+                s.close()
+            for w in stats.warnings():
+                console.print(w)
+            n_train = sum(s.n_tokens for s in train)
+            if assigner.doc_index == 0:
+                raise DataError(f"the corpus ({len(all_files)} file(s)) holds no text: nothing to shard")
+            if n_train == 0:
+                raise DataError("every document went to the validation split; lower --valid-fraction")
+            empty = [i for i, s in enumerate(train) if s.n_documents == 0]
+            if empty:
+                raise DataError(f"only {assigner.doc_index} document(s) for {shards} shards; use fewer --shards")
+            if valid_fraction > 0 and valid.n_documents == 0 and not quiet:
+                console.print(f"warning: no document fell into the validation split (valid_fraction "
+                              f"{valid_fraction}, {assigner.doc_index} documents)")
+            manifest = {
+                "format_version": FORMAT_VERSION,
+                "tokenizer_sha256": tok.sha256,
+                "vocab_size": tok.vocab_size,
+                "dtype": dtype.name,
+                "seed": seed,
+                "valid_fraction": valid_fraction,
+                "splits": {"train": [s.entry(tmp) for s in train],
+                           "valid": [valid.entry(tmp)] if valid.n_documents else []},
+                "inputs": {"train": [str(p) for p in train_files], "valid": [str(p) for p in valid_files]},
+                "bytes": nbytes,
+                "invalid_utf8_bytes": stats.bad_bytes,
+            }
+            if not valid.n_documents:
+                for rel in (valid.rel_tokens, valid.rel_sentid):
+                    (tmp / rel).unlink()
+            tok.save(tmp / "tokenizer")
+            save_config(cfg, tmp)
+            atomic_write_json(tmp / "manifest.json", manifest)
+    except OSError as e:
+        if is_disk_full(e):
+            raise XLNetError(f"disk full while writing shards to {out}; free space and rerun "
+                             "(nothing was written)") from None
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise XLNetError(f"cannot write to {out}: {e.strerror}") from None
+        raise
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    seconds = time.perf_counter() - t0
+    return ShardSummary(out, len(all_files), nbytes, seconds,
+                        {"train": n_train, "valid": valid.n_tokens},
+                        {"train": sum(s.n_documents for s in train), "valid": valid.n_documents}, stats.bad_bytes)
+
+
+__all__ = ["shard_corpus", "encode_chunk", "ShardSummary", "CHUNK_CHARS"]

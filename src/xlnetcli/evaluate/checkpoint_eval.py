@@ -1,0 +1,131 @@
+"""`xlnet eval`: score a checkpoint.
+
+    evaluate_plm_checkpoint("runs/pre", "records/")                 # PLM loss, perplexity, target accuracy
+    evaluate_task("runs/sst2", "dev.tsv", predict="preds.jsonl")    # the task's metrics (+ predictions)
+
+(a) a pretrained checkpoint on held-out preprocessed records -> {"loss", "ppl", "acc", "targets", "batches"};
+(b) a finetuned checkpoint on a labelled file -> accuracy / macro_f1 / mcc (classification), pearson / spearman / mse
+    (regression), accuracy (multiple choice), exact / f1 with HasAns / NoAns splits and the null-odds threshold
+    search (SQuAD, official normalisation);
+(c) ``predict``: one prediction per example as JSONL (or TSV: index/id and prediction) -- labels are then optional.
+Results are returned and, with ``output``, written as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from xlnetcli.core import dist
+from xlnetcli.data import labelled
+from xlnetcli.core.errors import DataError, XLNetError
+from xlnetcli.core.files import atomic_write_json, atomic_write_text
+
+
+def _is_finetuned(path: Path) -> bool:
+    from xlnetcli.checkpoint import is_hf_dir, read_meta, resolve_checkpoint
+
+    p = resolve_checkpoint(path)
+    if is_hf_dir(p):  # an export with a task head (XLNetForSequenceClassification, ...)
+        from xlnetcli.checkpoint.hf_dir import hf_dir_task
+
+        return hf_dir_task(p) is not None
+    return read_meta(p).get("kind") == "finetune"  # no meta.json: {} (a pretrained folder)
+
+
+def evaluate(checkpoint: str | Path, file: str | Path | None = None, data: str | Path | None = None,
+             predict: str | Path | None = None, output: str | Path | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Dispatch: a finetuned checkpoint needs ``file``; a pretrained one needs ``data`` (records)."""
+    ckpt = Path(checkpoint)
+    if _is_finetuned(ckpt):
+        if file is None:
+            raise XLNetError(f"{ckpt} is a finetuned checkpoint: pass --file FILE (the labelled data to score)")
+        res = evaluate_task(ckpt, file, predict=predict, **kwargs)
+    else:
+        if data is None:
+            raise XLNetError(f"{ckpt} is a pretrained checkpoint: pass --data RECORDS_DIR (from `xlnet preprocess`)")
+        if predict is not None:
+            raise XLNetError("--predict needs a finetuned checkpoint (from `xlnet finetune`)")
+        res = evaluate_plm_checkpoint(ckpt, data, **{k: v for k, v in kwargs.items()
+                                                      if k in ("split", "batches", "device", "precision")})
+    if output is not None:
+        atomic_write_json(output, res)
+    return res
+
+
+def evaluate_plm_checkpoint(checkpoint: str | Path, records: str | Path, split: str = "valid",
+                            batches: int | None = None, device: str | None = "auto",
+                            precision: str | None = None) -> dict[str, Any]:
+    """PLM loss / perplexity / target accuracy of a pretrained checkpoint on preprocessed records."""
+    from xlnetcli.checkpoint import load_lm_model, resolve_checkpoint
+    from xlnetcli.data.pretrain_stream import PretrainStream
+    from xlnetcli.evaluate.lm_loss import evaluate_plm, read_records_meta
+
+    dev = dist.resolve_device(device)
+    meta = read_records_meta(records)
+    model, cfg, _ = load_lm_model(checkpoint, dev, overrides={"bi_data": bool(meta.get("bi_data", False)),
+                                                             "dropout": 0.0, "dropatt": 0.0})
+    mb = int(meta.get("micro_batch_size", cfg.train.micro_batch_size))
+    stream = PretrainStream(records, split, 0, 1, mb, cfg.data.seed, loop=False, objective=cfg.model.objective)
+    n = batches if batches is not None else 10**9
+    res = evaluate_plm(model, stream, n, precision or ("bf16" if dev.type == "cuda" else "fp32"), dev)
+    if res["targets"] == 0:
+        raise DataError(f"{records}: the {split} split has no batches to evaluate")
+    return {"kind": "plm", "checkpoint": str(resolve_checkpoint(checkpoint)), "records": str(records),
+            "split": split, **res}
+
+
+def evaluate_task(checkpoint: str | Path, file: str | Path, predict: str | Path | None = None,
+                  columns: labelled.Columns | None = None, header: bool = True, device: str | None = "auto",
+                  batch_size: int | None = None, precision: str | None = None,
+                  null_odds_threshold: float | None = None, quiet: bool = True) -> dict[str, Any]:
+    """The task metrics of a finetuned checkpoint on ``file``; with ``predict`` also write the predictions."""
+    from xlnetcli.evaluate.finetuned import load_finetuned, load_task_data, predict as run_predict, primary_metric, score, \
+        tokenizer_dir_of
+    from xlnetcli.data.tokenizer import Tokenizer
+
+    dev = dist.resolve_device(device)
+    model, cfg, meta = load_finetuned(checkpoint, dev)
+    task = meta["task"]
+    ckpt = Path(meta["path"])
+    tok = Tokenizer.load(tokenizer_dir_of(ckpt))
+    labels = meta.get("labels")
+    data = load_task_data(task, file, tok, cfg, labels, columns, header, training=False,
+                          require_label=predict is None, train_path="the finetuning data")
+    if len(data) == 0:
+        raise DataError(f"{file}: no examples")
+    thresh = null_odds_threshold if null_odds_threshold is not None else float(meta.get("null_odds_threshold", 0.0))
+    bs = batch_size or cfg.finetune.micro_batch_size * 2
+    try:
+        outputs = run_predict(model, data, bs, dev, precision or cfg.finetune.precision)
+    except torch.OutOfMemoryError:
+        raise XLNetError(f"out of memory evaluating with batch {bs}; pass --batch-size smaller") from None
+    metrics, rows = score(data, outputs, labels, cfg, thresh)
+    res: dict[str, Any] = {"kind": task, "checkpoint": str(ckpt), "file": str(file), "examples": len(data.examples),
+                           "metrics": metrics, "notes": data.notes}
+    if metrics:
+        res["metric"], res["value"] = primary_metric(task, metrics)
+    if task == "squad" and data.squad_v2:
+        res["null_odds_threshold"] = thresh
+    if predict is not None:
+        write_predictions(predict, rows)
+        res["predictions"] = str(predict)
+    return res
+
+
+def write_predictions(path: str | Path, rows: list[dict]) -> None:
+    """JSONL (one object per example), or TSV (index/id and prediction) when the name ends in .tsv."""
+    path = Path(path)
+    if path.suffix.lower() == ".tsv":
+        key = "id" if rows and "id" in rows[0] else "index"
+        lines = [f"{key}\tprediction"]
+        for r in rows:
+            p = r["prediction"]
+            p = p.replace("\t", " ").replace("\n", " ") if isinstance(p, str) else p
+            lines.append(f"{r[key]}\t{p}")
+        atomic_write_text(path, "\n".join(lines) + "\n")
+    else:
+        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

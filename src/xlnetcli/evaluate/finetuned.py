@@ -1,0 +1,213 @@
+"""A finetuned model and its data, below finetune.py (training) and evaluate.py (`xlnet eval --file`).
+
+    data = load_task_data("classification", "dev.tsv", tok, cfg, label_list)   # read and encode a task file
+    model, cfg, meta = load_finetuned("runs/sst2")                               # a finetuned checkpoint
+    outputs = predict(model, data, batch_size, device)                          # raw head outputs per row
+    metrics, rows = score(data, outputs, label_list, cfg)                       # task metrics + one row per example
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from xlnetcli.core import dist
+from xlnetcli.data import labelled
+from xlnetcli.config import Config
+from xlnetcli.core.dist import autocast_ctx
+from xlnetcli.core.errors import CheckpointError, ConfigError
+from xlnetcli.evaluate.metrics import PRIMARY_METRIC, classification_metrics, regression_metrics, squad_evaluate
+
+
+@dataclass
+class TaskData:
+    """Examples of one file, encoded for the model."""
+
+    task: str
+    path: str
+    examples: list
+    enc: labelled.Encoded
+    labels_present: bool = True
+    squad_v2: bool = False
+    notes: list[str] = field(default_factory=list)
+    label_list: list[str] | None = None  # classification: the label of each class index
+
+    def __len__(self) -> int:
+        return len(self.enc)
+
+
+def load_task_data(task: str, path: str | Path, tok: Any, cfg: Config, label_list: list[str] | None = None,
+                   columns: labelled.Columns | None = None, header: bool = True, training: bool = False,
+                   require_label: bool = True, train_path: str | Path | None = None) -> TaskData:
+    """Read and encode a labelled (or, with ``require_label=False``, unlabelled) file for ``task``."""
+    ft = cfg.finetune
+    path = Path(path)
+    notes: list[str] = []
+    if task in ("classification", "regression"):
+        examples = labelled.read_table(path, task, columns, header, require_label)
+        if task == "classification" and label_list is None and training:
+            label_list = labelled.build_label_list(examples)  # the training file defines the classes
+        elif task == "classification" and label_list is not None:
+            labelled.check_labels(examples, label_list, path, train_path)
+        enc = labelled.encode_texts(tok, examples, ft.max_seq_length, task, label_list)
+        present = all(ex.label is not None for ex in examples)
+        data = TaskData(task, str(path), examples, enc, present, label_list=label_list)
+    elif task == "multiple-choice":
+        examples = labelled.read_choices(path, require_label)
+        enc = labelled.encode_choices(tok, examples, ft.max_seq_length)
+        data = TaskData(task, str(path), examples, enc, all(ex.label is not None for ex in examples))
+    elif task == "squad":
+        examples = labelled.read_squad(path)
+        enc = labelled.encode_squad(tok, examples, ft.max_seq_length, ft.doc_stride, ft.max_query_length, training)
+        data = TaskData(task, str(path), examples, enc, True, any(ex.is_impossible for ex in examples))
+        if enc.n_skipped:
+            notes.append(f"{enc.n_skipped} of {len(examples)} questions skipped: answer text not found in its "
+                         "context")
+        if enc.extra["windows_extra"]:
+            notes.append(f"{enc.extra['windows_extra']} extra windows for paragraphs longer than "
+                         f"{ft.max_seq_length} tokens (doc_stride {ft.doc_stride})")
+        if enc.n_truncated:
+            notes.append(f"{enc.n_truncated} questions cut to {ft.max_query_length} tokens (max_query_length)")
+    else:
+        raise ConfigError(f"unknown task {task!r} (choose from {', '.join(labelled.TASKS)})")
+    if task != "squad" and enc.n_truncated:
+        notes.append(f"{enc.n_truncated} of {enc.n_examples} examples truncated to {ft.max_seq_length} tokens "
+                     "(finetune.max_seq_length); the longer text is cut first")
+    data.notes = notes
+    return data
+
+
+def tokenizer_dir_of(ckpt: Path) -> Path:
+    """The tokenizer that belongs to a checkpoint folder (our tokenizer/ or an HF directory's spiece.model)."""
+    if (ckpt / "tokenizer" / "spiece.model").is_file():
+        return ckpt / "tokenizer"
+    if (ckpt / "spiece.model").is_file():
+        return ckpt
+    raise CheckpointError(f"{ckpt} has no tokenizer (expected tokenizer/spiece.model or spiece.model)")
+
+
+def build_finetune_model(run_cfg: Config, task: str, n_labels: int) -> torch.nn.Module:
+    from xlnetcli.model.heads import FinetuneModel
+
+    return FinetuneModel(run_cfg.model, run_cfg.finetune, task, n_labels)
+
+
+def load_pretrained_into(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
+    """Copy the ``transformer.*`` weights of a pretrained (LM) or finetuned checkpoint into ``model.transformer``."""
+    from xlnetcli.checkpoint import load_state
+
+    sub = {k[len("transformer."):]: v for k, v in state.items() if k.startswith("transformer.")}
+    if not sub:
+        raise CheckpointError(f"{where} holds no transformer.* weights (not an XLNet checkpoint)")
+    load_state(model.transformer, sub, where=where)
+
+
+def load_finetuned(path: str | Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, Config, dict]:
+    """(FinetuneModel in eval mode, Config, meta) from a finetuning run directory or its step folder."""
+    from xlnetcli.checkpoint import load_model_dir, load_state
+
+    cfg, state, meta = load_model_dir(path)
+    if meta.get("kind") != "finetune" or meta.get("task") not in labelled.TASKS:
+        raise CheckpointError(f"{meta.get('path', path)} is not a finetuned checkpoint (meta.json kind "
+                              f"{meta.get('kind')!r}); pass a pretrained checkpoint with --data RECORDS instead")
+    model = build_finetune_model(cfg, meta["task"], len(meta.get("labels") or []) or 1)
+    load_state(model, state, where=f"checkpoint {meta.get('path', path)}")
+    model.to(device).eval()
+    return model, cfg, meta
+
+
+TRAIN_KEYS = {
+    "classification": ("input_ids", "token_type_ids", "attention_mask", "labels"),
+    "regression": ("input_ids", "token_type_ids", "attention_mask", "labels"),
+    "multiple-choice": ("input_ids", "token_type_ids", "attention_mask", "option_mask", "labels"),
+    "squad": ("input_ids", "token_type_ids", "attention_mask", "p_mask", "cls_index", "start_positions",
+              "end_positions", "is_impossible"),
+}
+PREDICT_KEYS = {**TRAIN_KEYS, "squad": ("input_ids", "token_type_ids", "attention_mask", "p_mask", "cls_index")}
+
+
+def make_batch(enc: labelled.Encoded, idx: np.ndarray, keys: tuple[str, ...], device: torch.device) -> dict:
+    return {k: torch.from_numpy(enc.arrays[k][idx]).to(device, non_blocking=True) for k in keys}
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, data: TaskData, batch_size: int, device: torch.device,
+            precision: str = "fp32") -> dict[str, np.ndarray]:
+    """Raw outputs for every row of ``data`` (logits, or the SQuAD top-k starts/ends and answerability logits)."""
+    net = dist.unwrap(model)
+    was_training = net.training
+    net.eval()
+    keys = tuple(k for k in PREDICT_KEYS[data.task] if k != "labels")
+    chunks: dict[str, list[np.ndarray]] = {}
+    try:
+        for s in range(0, len(data), batch_size):
+            idx = np.arange(s, min(s + batch_size, len(data)))
+            with autocast_ctx(device, precision):
+                out = net(make_batch(data.enc, idx, keys, device))
+            for k, v in out.items():
+                if isinstance(v, torch.Tensor) and k != "loss":
+                    chunks.setdefault(k, []).append(v.float().cpu().numpy() if v.is_floating_point()
+                                                    else v.cpu().numpy())
+    finally:
+        if was_training:
+            net.train()
+    return {k: np.concatenate(v) for k, v in chunks.items()}
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def score(data: TaskData, outputs: dict[str, np.ndarray], label_list: list[str] | None, cfg: Config,
+          null_threshold: float = 0.0) -> tuple[dict[str, float], list[dict]]:
+    """(metrics, one prediction row per example). Metrics are empty when the file has no labels."""
+    task = data.task
+    rows: list[dict] = []
+    metrics: dict[str, float] = {}
+    if task == "classification":
+        assert label_list is not None
+        probs = _softmax(outputs["logits"])
+        pred = [label_list[i] for i in probs.argmax(-1)]
+        for i, ex in enumerate(data.examples):
+            rows.append({"index": i, "prediction": pred[i], "label": ex.label,
+                         "probabilities": {lab: round(float(p), 6) for lab, p in zip(label_list, probs[i])}})
+        if data.labels_present:
+            metrics = classification_metrics(pred, [ex.label for ex in data.examples])
+    elif task == "regression":
+        pred = outputs["logits"][:, 0].astype(float).tolist()
+        rows = [{"index": i, "prediction": p, "label": ex.label} for i, (p, ex) in enumerate(zip(pred, data.examples))]
+        if data.labels_present:
+            metrics = regression_metrics(pred, [float(ex.label) for ex in data.examples])
+    elif task == "multiple-choice":
+        probs = _softmax(outputs["logits"])
+        pred = probs.argmax(-1).tolist()
+        for i, ex in enumerate(data.examples):
+            rows.append({"id": ex.id, "prediction": pred[i], "label": ex.label,
+                         "probabilities": [round(float(p), 6) for p in probs[i][: len(ex.options)]]})
+        if data.labels_present:
+            metrics = {"accuracy": float(np.mean([p == ex.label for p, ex in zip(pred, data.examples)]))}
+    else:
+        best, odds = labelled.squad_predictions(data.examples, data.enc, outputs, cfg.finetune.max_answer_length)
+        gold = {ex.qid: ex.answers for ex in data.examples}
+        if data.squad_v2:
+            metrics = squad_evaluate(gold, best, odds, null_threshold)
+            final = {q: ("" if odds[q] > null_threshold else best[q]) for q in best}
+        else:
+            metrics = squad_evaluate(gold, best)
+            final = best
+        for ex in data.examples:
+            rows.append({"id": ex.qid, "prediction": final[ex.qid], "best_non_null": best[ex.qid],
+                         "null_odds": round(odds[ex.qid], 6), "answers": ex.answers})
+    return metrics, rows
+
+
+def primary_metric(task: str, metrics: dict[str, float]) -> tuple[str, float]:
+    name = PRIMARY_METRIC[task]
+    if task == "squad" and "best_f1" in metrics:
+        name = "best_f1"
+    return name, float(metrics.get(name, float("nan")))

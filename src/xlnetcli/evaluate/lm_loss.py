@@ -1,0 +1,135 @@
+"""The permutation-LM objective on preprocessed records, below pretrain.py (training) and evaluate.py (`xlnet eval`).
+
+    inputs = model_inputs(batch, device)         # a PretrainStream micro-batch on the device (perm_mask built there)
+    out = forward(model, inputs, mems)           # loss and new memories; the query stream only (docs/xlnet.md)
+    evaluate_plm(model, stream, n_batches)       # held-out loss, perplexity and target accuracy
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from xlnetcli.core import dist
+from xlnetcli.core.dist import autocast_ctx
+from xlnetcli.core.errors import DataError
+from xlnetcli.data.record_format import read_meta
+
+
+def read_records_meta(data_dir: str | Path) -> dict:
+    """A records folder's meta.json (how it was preprocessed), or a one-line DataError."""
+    if not Path(data_dir).is_dir():
+        raise DataError(f"records folder {data_dir} does not exist; create it with xlnet preprocess")
+    return read_meta(data_dir)
+
+
+MODEL_INPUTS = ("input_ids", "token_type_ids", "perm_mask", "target_index", "labels", "label_mask")
+
+
+def model_inputs(batch: dict, device: torch.device) -> dict:
+    """Move a stream micro-batch to ``device``. A compact batch (dense=False) carries the factorisation order as two
+    [B, L] rank vectors; the [B, L, L] perm_mask is built on the device (data.perm_mask_from_ranks)."""
+    out = {k: batch[k].to(device, non_blocking=True) for k in MODEL_INPUTS if k in batch}
+    if "perm_mask" not in out and "perm_q_rank" in batch:
+        q = batch["perm_q_rank"].to(device, non_blocking=True)
+        k = batch["perm_k_rank"].to(device, non_blocking=True)
+        out["perm_mask"] = q[:, :, None] <= k[:, None, :]
+    if "target_index" not in out and "target_mapping" in batch:
+        out["target_mapping"] = batch["target_mapping"].to(device, non_blocking=True)
+    return out
+
+
+def carried_mems(mem_len: int, out: Any) -> list | None:
+    """The memories the next segment attends to. ``mem_len`` 0 means no memory in training and evaluation, as in the
+    original's ``_cache_mem`` (the model itself then keeps every past state, as transformers does at inference)."""
+    if mem_len == 0 or out.mems is None:
+        return None
+    return [m.detach() for m in out.mems]
+
+
+class Memories:
+    """Transformer-XL memory of each micro-batch index ``a`` of this rank: the hidden states of the previous segment
+    of the same rows, carried from step to step (the segment-level recurrence of the paper's §2.4). In a checkpoint
+    they are keyed by the global micro-batch index ``rank * accumulation + a`` and stored on the CPU."""
+
+    def __init__(self, mem_len: int, accumulation: int, rank: int, device: torch.device) -> None:
+        self.mem_len, self.device, self.first = mem_len, device, rank * accumulation
+        self.mems: list[list | None] = [None] * accumulation
+
+    def __getitem__(self, micro: int) -> list | None:
+        return self.mems[micro]
+
+    def carry(self, micro: int, out: Any) -> None:
+        """Keep what micro-batch ``micro``'s next segment attends to."""
+        self.mems[micro] = carried_mems(self.mem_len, out)
+
+    def state_dict(self) -> dict:
+        return {self.first + a: None if m is None else [x.detach().to("cpu") for x in m]
+                for a, m in enumerate(self.mems)}
+
+    def load_state_dict(self, state: dict) -> None:
+        for a in range(len(self.mems)):
+            m = state.get(self.first + a)
+            self.mems[a] = None if m is None else [x.to(self.device) for x in m]
+
+
+def forward(model: torch.nn.Module, inputs: dict, mems: list | None) -> Any:
+    # The PLM loss reads only the query stream: the last layer's content stream is skipped.
+    return model(**inputs, mems=mems, need_hidden=False)
+
+
+@torch.no_grad()
+def evaluate_plm(model: torch.nn.Module, stream: Any, n_batches: int, precision: str = "fp32",
+                 device: torch.device | str | None = None) -> dict:
+    """PLM loss, perplexity and target accuracy over the first ``n_batches`` micro-batches of ``stream``.
+
+    Memory is carried across the stream's batches per micro-batch index, as in training. Counts are summed over all
+    ranks (each rank reads its own rows). Returns {"loss", "ppl", "acc", "targets", "batches"}.
+    """
+    net = dist.unwrap(model)
+    was_training = net.training
+    net.eval()
+    if device is None:
+        device = next(net.parameters()).device
+    device = torch.device(device)
+    mems: dict[int, list | None] = {}
+    totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss*targets, correct, targets, batches
+    try:
+        it = iter(stream)
+        for _ in range(n_batches):
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            a = int(batch.get("micro_index", 0))
+            inputs = model_inputs(batch, device)
+            labels, label_mask = inputs.pop("labels"), inputs.pop("label_mask")
+            with autocast_ctx(device, precision):
+                out = forward(net, inputs, mems.get(a))
+            mems[a] = carried_mems(net.config.mem_len, out)
+            logits = out.logits.float()
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
+            w = label_mask.float()
+            totals[0] += (nll * w).sum().double()
+            totals[1] += ((logits.argmax(-1) == labels).float() * w).sum().double()
+            totals[2] += w.sum().double()
+            totals[3] += 1
+    finally:
+        if was_training:
+            net.train()
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+    dist.all_reduce_sum(totals)
+    loss_sum, correct, n, batches = totals.tolist()
+    loss = loss_sum / n if n else float("nan")
+    return {
+        "loss": loss,
+        "ppl": math.exp(min(loss, 50.0)) if n else float("nan"),
+        "acc": correct / n if n else float("nan"),
+        "targets": int(n),
+        "batches": int(batches),
+    }

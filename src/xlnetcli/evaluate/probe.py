@@ -1,0 +1,401 @@
+"""`xlnet probe`: linear probes on frozen features, a measure of what pretraining put into the representations.
+
+    res = probe("runs/tiny", "task_train.tsv", "task_valid.tsv", baseline="random", output="probe.json")
+    res["results"]["pretrained"]["mean"]["accuracy"], res["results"]["random"]["mean"]["accuracy"]
+
+Features (no finetuning, the model in eval mode): each example is encoded exactly as finetuning encodes it
+(tasks.py: ``[A <sep> B <sep> <cls>]``, left padded, so ``<cls>`` is the last position), run through the content
+stream once, and read at the last layer as
+- ``mean``: the mean over the example's real (non-pad) positions;
+- ``cls``: the ``<cls>`` position (what the finetuning summary ``last`` reads).
+
+Classifier: multinomial logistic regression on standardised features, fitted by full-batch L-BFGS (float64, on the
+CPU: deterministic). The L2 strength is picked from ``L2_GRID`` on a stratified held-out part of the training file
+(never the validation file; rows made of the same words stay on one side of that split, so the held-out score of a
+word-order task is not spoiled by the other version of a sentence sitting in the fitted part); the probe is then
+refitted on the whole training file with that strength and scored once on the validation file.
+``baseline="random"`` repeats everything for the same architecture at its random initialisation (``train.seed`` of
+the checkpoint's config: for one of our runs, exactly its step-0 weights).
+
+Label efficiency (``train_sizes``, ``--train-sizes 50,200,800``): the same probe refitted on stratified draws of
+``n`` training rows (``CURVE_DRAWS`` draws per size, L2 chosen again within each draw), scored on the whole validation
+file, from the features computed once: accuracy against the number of labelled examples, the view where a
+pretrained start shows most (``xlnet plot probe.json`` draws it).
+
+``probe_checkpoint(model, tokenizer, train_rows, valid_rows)`` is the same probe on a model object, for use during
+pretraining (``train.probe_file`` / ``train.probe_every``; ``split_rows`` makes the deterministic train/valid split of
+that one file). It leaves the model's mode, its gradients and every RNG untouched::
+
+    train_rows, valid_rows = split_rows(read_rows(cfg.train.probe_file), seed=cfg.train.seed)   # once
+    res = probe_checkpoint(model, tokenizer, train_rows, valid_rows, cfg.finetune.max_seq_length)  # all ranks (FSDP)
+    logger.log(step, "probe", mean=res["accuracy"]["mean"], cls=res["accuracy"]["cls"])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from xlnetcli.data import labelled
+from xlnetcli.core.errors import DataError, XLNetError
+
+FEATURES = ("mean", "cls")
+L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # penalty 0.5 * l2 * ||W||^2 added to the mean cross entropy
+HELDOUT_FRACTION = 0.2  # share of the training file held out to choose the L2 strength
+CURVE_DRAWS = 3  # draws of the training rows per size of the label-efficiency curve
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rows
+
+
+def read_rows(path: str | Path, columns: labelled.Columns | None = None, header: bool = True) -> list[labelled.TextExample]:
+    """Labelled classification rows of a TSV/CSV/JSONL file (the finetuning reader and its column rules)."""
+    return labelled.read_table(path, "classification", columns, header, require_label=True)
+
+
+def split_rows(rows: Sequence[labelled.TextExample], fraction: float = 0.3, seed: int = 0
+               ) -> tuple[list[labelled.TextExample], list[labelled.TextExample]]:
+    """(train, valid) parts of one labelled file, stratified by label, rows with the same bag of words on the same
+    side (``word_bag_groups``), and a pure function of (rows, seed): the split ``train.probe_file`` is probed with
+    during pretraining."""
+    labels = np.array([r.label for r in rows], dtype=object)
+    rest, held = _stratified(labels, fraction, seed, word_bag_groups(rows))
+    return [rows[i] for i in rest], [rows[i] for i in held]
+
+
+def draw_rows(rows: Sequence[labelled.TextExample], n: int, seed: int = 0) -> list[labelled.TextExample]:
+    """About ``n`` rows, stratified by label, drawn row by row from ``seed``, the way ``label_curve`` draws the rows
+    it fits on (for finetuning on a few labelled rows)."""
+    _, idx = _stratified(np.array([r.label for r in rows], dtype=object), n / len(rows), seed)
+    return [rows[i] for i in idx]
+
+
+def word_bag_groups(rows: Sequence[labelled.TextExample]) -> np.ndarray:
+    """One group id per row; rows made of the same words (as a multiset: duplicates, or a sentence and its reordered
+    copy in a word-order task) share it. Held-out splits keep a group on one side, so a held-out score never rewards
+    recognising a text seen in training."""
+    ids: dict[tuple[str, ...], int] = {}
+    return np.array([ids.setdefault(tuple(sorted(f"{r.text_a} {r.text_b or ''}".split())), len(ids)) for r in rows],
+                    dtype=np.int64)
+
+
+def _stratified(labels: np.ndarray, fraction: float, seed: int, groups: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, held-out) indices, sorted: about ``fraction`` of every class with at least two examples is held out
+    (at least one of it), the order within a class drawn from ``seed``. With ``groups`` (one id per row), rows of a
+    group are held out or kept together: groups are visited in an order drawn from ``seed`` and held out while no
+    class goes past its share (a class's share is then an upper bound). Without shared ids it is the per-class draw."""
+    rng = np.random.default_rng(seed)
+    n_held: dict[Any, int] = {}
+    for lab in sorted(set(labels.tolist()), key=str):
+        n = int((labels == lab).sum())
+        n_held[lab] = 0 if n < 2 else min(n - 1, max(1, int(round(fraction * n))))
+    held: list[int] = []
+    if groups is None or len(np.unique(groups)) == len(labels):
+        for lab in (lab for lab in sorted(n_held, key=str) if n_held[lab]):
+            held.extend(rng.permutation(np.flatnonzero(labels == lab))[: n_held[lab]].tolist())
+    else:
+        members: dict[int, list[int]] = {}
+        for i, g in enumerate(groups.tolist()):
+            members.setdefault(g, []).append(i)
+        taken = dict.fromkeys(n_held, 0)
+        for g in rng.permutation(sorted(members)).tolist():
+            counts: dict[Any, int] = {}
+            for i in members[g]:
+                counts[labels[i]] = counts.get(labels[i], 0) + 1
+            if all(taken[lab] + c <= n_held[lab] for lab, c in counts.items()):
+                held.extend(members[g])
+                for lab, c in counts.items():
+                    taken[lab] += c
+    held_arr = np.array(sorted(held), dtype=np.int64)
+    kept = np.setdiff1d(np.arange(len(labels)), held_arr)
+    return kept, held_arr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Features
+
+
+@torch.no_grad()
+def extract_features(model: torch.nn.Module, enc: labelled.Encoded, batch_size: int = 64) -> dict[str, np.ndarray]:
+    """{"mean": [N, d], "cls": [N, d]} float64 features of encoded examples from the last layer's content stream.
+
+    ``model``: an XLNetLMHeadModel, a finetuning model or a bare XLNetModel (its ``transformer`` is used). Runs in
+    eval mode without memory and without bi_data (as finetuning does); the model's mode is restored."""
+    from xlnetcli.core import dist
+
+    net = dist.unwrap(model)
+    transformer = getattr(net, "transformer", net)
+    was_training = net.training
+    net.eval()
+    # FSDP2: the transformer is called below the root, so the root's own parameters (embeddings) are gathered here;
+    # each sharded layer gathers its own when called
+    sharded = dist.is_fsdp(net) and transformer is not net
+    if sharded:
+        net.unshard()
+    device = next(transformer.parameters()).device
+    a = enc.arrays
+    n = len(enc)
+    out: dict[str, list[np.ndarray]] = {k: [] for k in FEATURES}
+    try:
+        for s in range(0, n, batch_size):
+            sl = slice(s, min(n, s + batch_size))
+            ids = torch.from_numpy(a["input_ids"][sl]).to(device)
+            seg = torch.from_numpy(a["token_type_ids"][sl]).to(device)
+            mask = torch.from_numpy(a["attention_mask"][sl]).to(device)
+            hidden = transformer(ids, token_type_ids=seg, attention_mask=mask, mems=None, return_mems=False,
+                                 bi_data=False).hidden.double()
+            m = mask.double()[:, :, None]
+            out["mean"].append(((hidden * m).sum(1) / m.sum(1).clamp_min(1.0)).cpu().numpy())
+            out["cls"].append(hidden[:, -1].cpu().numpy())  # left padding: <cls> is always last
+    finally:
+        if sharded:
+            net.reshard()
+        if was_training:
+            net.train()
+    return {k: np.concatenate(v) for k, v in out.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Logistic regression
+
+
+class _Standardizer:
+    def __init__(self, x: torch.Tensor) -> None:
+        self.mu = x.mean(0)
+        sd = x.std(0, unbiased=False)
+        self.sd = torch.where(sd > 1e-8 * (1.0 + self.mu.abs()), sd, torch.ones_like(sd))  # constant columns stay 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mu) / self.sd
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, n_classes: int, l2: float, max_iter: int = 200
+                 ) -> tuple[_Standardizer, torch.Tensor, torch.Tensor]:
+    """Multinomial logistic regression on standardised ``x`` [n, d]: minimises mean cross entropy +
+    0.5 * l2 * ||W||^2 (bias not penalised) with full-batch L-BFGS (strong Wolfe line search), in float64."""
+    xt = torch.as_tensor(x, dtype=torch.float64)
+    yt = torch.as_tensor(y, dtype=torch.long)
+    std = _Standardizer(xt)
+    z = std(xt)
+    w = torch.zeros(z.shape[1], n_classes, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(n_classes, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=max_iter, history_size=20, tolerance_grad=1e-9,
+                            tolerance_change=1e-12, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(z @ w + b, yt) + 0.5 * l2 * (w * w).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    return std, w.detach(), b.detach()
+
+
+def _accuracy(model: tuple[_Standardizer, torch.Tensor, torch.Tensor], x: np.ndarray, y: np.ndarray) -> float:
+    std, w, b = model
+    pred = (std(torch.as_tensor(x, dtype=torch.float64)) @ w + b).argmax(-1).numpy()
+    return float((pred == y).mean()) if len(y) else float("nan")
+
+
+def linear_probe(x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, y_valid: np.ndarray,
+                 n_classes: int, l2_grid: Sequence[float] = L2_GRID, heldout_fraction: float = HELDOUT_FRACTION,
+                 seed: int = 0, groups: np.ndarray | None = None) -> dict[str, Any]:
+    """Choose L2 on a stratified held-out part of the training set (``groups``: one id per training row, rows of a
+    group never split, see ``word_bag_groups``), refit on all of it, score the validation set.
+
+    Returns {"accuracy" (validation), "train_accuracy" (the refitted probe on its own training set), "l2" (chosen),
+    "heldout" {l2: held-out accuracy}}. The validation arrays are read once, after everything else is fixed."""
+    fit_idx, held_idx = _stratified(y_train, heldout_fraction, seed, groups)
+    if len(held_idx) == 0 or len(fit_idx) == 0:
+        raise DataError("the probe's training file needs at least 2 examples of some label to hold out for choosing "
+                        "the L2 strength")
+    scores = {}
+    for l2 in l2_grid:
+        clf = fit_logistic(x_train[fit_idx], y_train[fit_idx], n_classes, l2)
+        scores[l2] = _accuracy(clf, x_train[held_idx], y_train[held_idx])
+    best = max(scores.values())
+    l2 = max(v for v, s in scores.items() if s == best)  # ties: the stronger penalty
+    clf = fit_logistic(x_train, y_train, n_classes, l2)
+    return {"accuracy": _accuracy(clf, x_valid, y_valid), "train_accuracy": _accuracy(clf, x_train, y_train),
+            "l2": l2, "heldout": {f"{k:g}": v for k, v in scores.items()}}
+
+
+def label_curve(x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, y_valid: np.ndarray,
+                n_classes: int, sizes: Sequence[int], l2_grid: Sequence[float] = L2_GRID, draws: int = CURVE_DRAWS,
+                seed: int = 0, groups: np.ndarray | None = None) -> list[dict[str, Any]]:
+    """``linear_probe`` on stratified draws of ``n`` training rows for each ``n`` in ``sizes`` (smaller than the
+    training set; draw ``k`` uses seed ``seed + k``): [{"n", "accuracy" (mean over draws), "accuracies"}]."""
+    out = []
+    for n in sorted(set(sizes)):
+        if n >= len(y_train):
+            continue
+        accs = []
+        for k in range(draws):
+            _, rows = _stratified(y_train, n / len(y_train), seed + k)
+            accs.append(linear_probe(x_train[rows], y_train[rows], x_valid, y_valid, n_classes, l2_grid, seed=seed,
+                                     groups=None if groups is None else groups[rows])["accuracy"])
+        out.append({"n": n, "accuracy": float(np.mean(accs)), "accuracies": accs})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Probing a model object (pretraining) and a checkpoint (`xlnet probe`)
+
+
+def _labels(train_rows: Sequence[labelled.TextExample], valid_rows: Sequence[labelled.TextExample],
+            train_name: str, valid_name: str) -> list[str]:
+    if not train_rows:
+        raise DataError(f"{train_name}: no examples to train the probe on")
+    if not valid_rows:
+        raise DataError(f"{valid_name}: no examples to score the probe on")
+    label_list = labelled.build_label_list(train_rows)
+    if len(label_list) < 2:
+        raise DataError(f"{train_name}: the probe needs at least 2 different labels, found {len(label_list)} "
+                        f"({', '.join(label_list)})")
+    labelled.check_labels(valid_rows, label_list, valid_name, train_name)
+    return label_list
+
+
+def probe_checkpoint(model: torch.nn.Module, tokenizer: Any, train_rows: Sequence[labelled.TextExample],
+                     valid_rows: Sequence[labelled.TextExample], max_seq_length: int = 128, batch_size: int = 64,
+                     l2_grid: Sequence[float] = L2_GRID, seed: int = 0, label_list: Sequence[str] | None = None,
+                     train_sizes: Sequence[int] = ()) -> dict[str, Any]:
+    """Linear probes (``mean`` and ``cls`` features) of ``model`` on labelled rows.
+
+    Returns {"accuracy": {"mean": a, "cls": a}, "features": {kind: linear_probe result}, "labels", "train_examples",
+    "valid_examples", "majority" (validation accuracy of always answering the training file's commonest label),
+    "truncated"}; with ``train_sizes``, each feature's result also holds "curve" (``label_curve``). Every process of
+    a sharded (FSDP) model must call it together: the forward pass gathers weights."""
+    if label_list is None:
+        label_list = _labels(train_rows, valid_rows, "probe training rows", "probe validation rows")
+    tr = labelled.encode_texts(tokenizer, train_rows, max_seq_length, "classification", label_list)
+    va = labelled.encode_texts(tokenizer, valid_rows, max_seq_length, "classification", label_list)
+    y_tr, y_va = tr.arrays["labels"], va.arrays["labels"]
+    f_tr, f_va = extract_features(model, tr, batch_size), extract_features(model, va, batch_size)
+    groups = word_bag_groups(train_rows)
+    feats = {k: linear_probe(f_tr[k], y_tr, f_va[k], y_va, len(label_list), l2_grid, seed=seed, groups=groups)
+             for k in FEATURES}
+    if train_sizes:
+        for k in FEATURES:
+            feats[k]["curve"] = label_curve(f_tr[k], y_tr, f_va[k], y_va, len(label_list), train_sizes, l2_grid,
+                                            seed=seed, groups=groups)
+    commonest = int(np.bincount(y_tr, minlength=len(label_list)).argmax())
+    return {
+        "accuracy": {k: v["accuracy"] for k, v in feats.items()},
+        "features": feats,
+        "labels": list(label_list),
+        "train_examples": len(train_rows),
+        "valid_examples": len(valid_rows),
+        "majority": float((y_va == commonest).mean()),
+        "truncated": tr.n_truncated + va.n_truncated,
+    }
+
+
+def random_init_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """The same architecture at its random initialisation from ``seed`` (the global RNG is left as it was)."""
+    from xlnetcli.model import XLNetLMHeadModel
+
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        fresh = XLNetLMHeadModel(model.config)  # built on the CPU, as pretraining does, then moved
+    return fresh.to(device).eval()
+
+
+def probe(checkpoint: str | Path, train: str | Path, valid: str | Path, baseline: str | None = None,
+          output: str | Path | None = None, columns: labelled.Columns | None = None, header: bool = True,
+          max_seq_length: int | None = None, batch_size: int = 64, seed: int = 0,
+          device: str | None = "auto", train_sizes: Sequence[int] = ()) -> dict[str, Any]:
+    """Probe a checkpoint (run folder, step folder or HF directory) with ``train``/``valid`` labelled files; with
+    ``output``, also write the result as JSON (``format_table`` renders it for a terminal). ``baseline="random"``
+    adds the same architecture from random init. ``max_seq_length`` defaults to the checkpoint's
+    finetune.max_seq_length. ``train_sizes`` adds the label-efficiency curve (``label_curve``) of every model."""
+    from xlnetcli.checkpoint import lm
+    from xlnetcli.core import dist
+    from xlnetcli.core.files import atomic_write_json
+
+    if baseline not in (None, "random"):
+        raise XLNetError(f"--baseline takes 'random', got {baseline!r}")
+    if batch_size < 1:
+        raise XLNetError(f"--batch-size must be >= 1, got {batch_size}")
+    if any(n < 4 for n in train_sizes):
+        raise XLNetError(f"--train-sizes must each be >= 4 (some to fit, some to choose L2 on), got "
+                         f"{','.join(map(str, train_sizes))}")
+    train_rows = read_rows(train, columns, header)
+    valid_rows = read_rows(valid, columns, header)
+    label_list = _labels(train_rows, valid_rows, str(train), str(valid))
+    dev = dist.resolve_device(device)
+    xl = lm.load(checkpoint, device=dev)
+    tok = xl.tokenizer
+    if tok is None:
+        raise XLNetError(f"{xl.path} has no tokenizer (expected tokenizer/spiece.model or spiece.model)")
+    if tok.vocab_size > xl.config.model.vocab_size:
+        raise XLNetError(f"{xl.path}: the tokenizer has {tok.vocab_size} pieces but the model only "
+                         f"{xl.config.model.vocab_size} embeddings")
+    max_len = max_seq_length or xl.config.finetune.max_seq_length
+    if max_len < 4:
+        raise XLNetError(f"--max-seq-length must be >= 4, got {max_len}")
+    models = {"pretrained": xl.model}
+    if baseline == "random":
+        models["random"] = random_init_like(xl.model, xl.config.train.seed)
+    results = {name: probe_checkpoint(m, tok, train_rows, valid_rows, max_len, batch_size, seed=seed,
+                                      label_list=label_list, train_sizes=train_sizes) for name, m in models.items()}
+    first = results["pretrained"]
+    res: dict[str, Any] = {
+        "kind": "probe",
+        "checkpoint": str(xl.path),
+        "step": xl.meta.get("step"),
+        "objective": xl.config.model.objective,
+        "train": str(train),
+        "valid": str(valid),
+        "train_examples": first["train_examples"],
+        "valid_examples": first["valid_examples"],
+        "labels": label_list,
+        "majority": first["majority"],
+        "max_seq_length": max_len,
+        "truncated": first["truncated"],
+        "seed": seed,
+        "random_init_seed": xl.config.train.seed if baseline == "random" else None,
+        "results": {name: r["features"] for name, r in results.items()},
+    }
+    if output is not None:
+        atomic_write_json(output, res)
+    return res
+
+
+def format_table(res: dict[str, Any]) -> str:
+    """The result of ``probe`` as a few plain lines: one per feature kind, one column per model."""
+    names = list(res["results"])
+    step = f" (step {res['step']})" if res.get("step") is not None else ""
+    lines = [f"linear probe of {res['checkpoint']}{step}: {res['train_examples']} training / "
+             f"{res['valid_examples']} validation examples, {len(res['labels'])} labels, majority-class accuracy "
+             f"{res['majority']:.3f}"]
+    if res["truncated"]:
+        lines.append(f"  {res['truncated']} examples truncated to {res['max_seq_length']} tokens")
+    lines.append("features  " + "".join(f"{n:>12}" for n in names) + "   (L2 chosen on held-out training rows)")
+    for kind in FEATURES:
+        cells = "".join(f"{res['results'][n][kind]['accuracy']:>12.3f}" for n in names)
+        l2s = ", ".join(f"{n} {res['results'][n][kind]['l2']:g}" for n in names)
+        lines.append(f"{kind:<10}{cells}   ({l2s})")
+    sizes = [pt["n"] for pt in res["results"][names[0]][FEATURES[0]].get("curve", [])]
+    if sizes:
+        lines.append(f"label efficiency: validation accuracy from n training rows (mean of {CURVE_DRAWS} draws)")
+        lines.append("n         " + "".join(f"{f'{n} {kind}':>17}" for n in names for kind in FEATURES))
+        for i, n_rows in enumerate(sizes + [res["train_examples"]]):
+            cells = "".join(f"{_curve_point(res['results'][n][kind], i):>17.3f}" for n in names for kind in FEATURES)
+            lines.append(f"{n_rows:<10}{cells}")
+    return "\n".join(lines)
+
+
+def _curve_point(result: dict[str, Any], i: int) -> float:
+    """The i-th point of a feature's label-efficiency curve, the full training file after the drawn sizes."""
+    curve = result["curve"]
+    return curve[i]["accuracy"] if i < len(curve) else result["accuracy"]

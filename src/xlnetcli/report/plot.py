@@ -1,0 +1,136 @@
+"""`xlnet plot RUN_DIR`: loss, learning-rate and throughput curves of a pretraining or finetuning run as a PNG.
+
+Reads the run's metrics.jsonl (rows {"step", "split", ...}). `xlnet plot PROBE_JSON` draws the label-efficiency
+curve of an `xlnet probe --train-sizes ... --output PROBE_JSON` result instead (accuracy against labelled examples).
+matplotlib is an optional extra (`pip install xlnetcli[plot]`); pretrain and finetune call `maybe_plot` at the end,
+which does nothing when it is missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from xlnetcli.core.errors import DataError, XLNetError
+from xlnetcli.report.metrics_log import read_metrics
+
+# Metric names, most preferred first, for each panel.
+LOSS_KEYS = ("loss", "plm_loss")
+EVAL_KEYS = ("loss", "plm_loss", "accuracy", "metric")
+THROUGHPUT_KEYS = ("tokens_per_s", "examples_per_s")
+
+
+def _series(rows: list[dict], split: str, keys: tuple[str, ...]) -> tuple[str, list[int], list[float]] | None:
+    for key in keys:
+        pts = [(r["step"], r[key]) for r in rows if r.get("split") == split and isinstance(r.get(key), (int, float))]
+        if pts:
+            return key, [p[0] for p in pts], [float(p[1]) for p in pts]
+    return None
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write ``RUN_DIR/curves.png`` (or ``out``) and return its path."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise DataError(f"run directory not found: {run_dir}")
+    rows = read_metrics(run_dir)
+    if not rows:
+        raise DataError(f"no metrics in {run_dir} (expected {run_dir / 'metrics.jsonl'} from xlnet pretrain/finetune)")
+    plt = _pyplot()
+    panels = [
+        ("loss", [("train", _series(rows, "train", LOSS_KEYS)), ("eval", _series(rows, "eval", EVAL_KEYS[:2]))]),
+        ("learning rate", [("train", _series(rows, "train", ("lr",)))]),
+        ("throughput", [("train", _series(rows, "train", THROUGHPUT_KEYS))]),
+    ]
+    eval_metric = _series(rows, "eval", ("accuracy", "metric", "f1", "pearson"))
+    if eval_metric:
+        panels.append(("eval " + eval_metric[0], [("eval", eval_metric)]))
+    # linear-probe accuracy during pretraining (train.probe_every): when the representation starts to pay off
+    probe = [("probe", _series(rows, "probe", (key,))) for key in ("mean", "cls")]
+    if any(d for _, d in probe):
+        panels.append(("probe accuracy", probe))
+    panels = [(title, [(s, d) for s, d in lines if d]) for title, lines in panels]
+    panels = [p for p in panels if p[1]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    for ax, (title, lines) in zip(axes[0], panels):
+        for split, (key, steps, values) in lines:
+            ax.plot(steps, values, marker="o" if split == "eval" else None, markersize=3, label=f"{split} {key}")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(run_dir.name, fontsize=10)
+    return _save(plt, fig, Path(out) if out else run_dir / "curves.png")
+
+
+def plot_label_curve(probe_json: str | Path, out: str | Path | None = None) -> Path:
+    """Write the label-efficiency curve of a probe result (``xlnet probe --train-sizes``) to ``out`` (default: the
+    JSON's path with .png): validation accuracy against training rows, one line per model and feature."""
+    import json
+
+    probe_json = Path(probe_json)
+    try:
+        res = json.loads(probe_json.read_text(encoding="utf-8"))
+        results = res["results"]
+        curves = {(name, f"{kind} features"): [(pt["n"], pt["accuracy"]) for pt in r["curve"]]
+                  + [(res["train_examples"], r["accuracy"])]
+                  for name, feats in results.items() for kind, r in feats.items()}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{probe_json}: not a probe result with a label-efficiency curve (xlnet probe "
+                        f"--train-sizes N,N --output FILE): {e}") from None
+    return plot_curves(curves, Path(out) if out else probe_json.with_suffix(".png"),
+                       "validation accuracy (linear probe)", f"label efficiency: {Path(res['valid']).name}",
+                       majority=res["majority"])
+
+
+def plot_curves(curves: dict[tuple[str, str], list[tuple[int, float]]], out: str | Path, ylabel: str, title: str,
+                majority: float | None = None) -> Path:
+    """Accuracy against labelled examples (log scale) as a PNG: one line per (model, what) key, a colour per
+    ``what``, solid for "pretrained" and dashed otherwise; ``majority`` adds the majority-class line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    kinds = list(dict.fromkeys(kind for _, kind in curves))
+    for (name, kind), pts in curves.items():
+        ax.plot([n for n, _ in pts], [a for _, a in pts], marker="o", markersize=4, color=f"C{kinds.index(kind)}",
+                linestyle="-" if name == "pretrained" else "--", label=f"{name}, {kind}")
+    if majority is not None:
+        ax.axhline(majority, color="grey", linewidth=0.8, label="majority class")
+    ax.set_xscale("log")
+    ax.set_xlabel("labelled training examples")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    return _save(plt, fig, Path(out))
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise XLNetError("xlnet plot needs matplotlib: pip install 'xlnetcli[plot]'") from None
+    return plt
+
+
+def _save(plt, fig, out: Path) -> Path:
+    """Save through a temporary file, so a failed save never leaves a half-written PNG."""
+    fig.tight_layout()
+    tmp = out.with_name(f".{out.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(out)
+    return out
+
+
+def maybe_plot(run_dir: str | Path) -> Path | None:
+    """Plot at the end of a run when matplotlib is installed; never fails the run."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return None
+    try:
+        return plot_run(run_dir)
+    except XLNetError:
+        return None

@@ -1,0 +1,595 @@
+"""The training engine shared by pretraining and finetuning.
+
+    engine = Engine(model, task, plan, env, run_dir, cfg, tokenizer_dir, resume_from=step_folder)
+    engine.setup()          # resume weights and train state, distributed wrapping, optimizer, run folder
+    summary = engine.fit()  # train_step -> log -> validate -> save, until max_steps, an early stop or SIGTERM
+
+Shaped after torchtitan's ``Trainer.train()`` (a short loop of train_step, validator, checkpointer) and litgpt's
+setup -> fit -> validate. The engine owns what both trainings share: gradient accumulation (DDP's ``no_sync`` on all
+but the last micro-batch), mixed precision (autocast, and a ``GradScaler`` that is a pass-through unless fp16 on CUDA),
+global-norm clipping, the AdamW step and the lr schedule (optim.py), the cadence of logging, evaluation and
+checkpoints, out-of-memory and non-finite diagnosis, throughput / MFU / peak memory, the progress bar (or one plain
+line per interval when stderr is not a terminal), distributed wrapping (parallel.py), preemption and exact resume.
+The device is synchronised once per optimizer step (loss and gradient norm, to refuse a non-finite update), never
+per micro-batch.
+
+A task (``pretrain.PretrainTask``, ``finetune.FinetuneTask``) supplies what differs:
+
+    name, loss_name                    progress-bar label; what the loss is called in messages ("PLM loss")
+    next_batch(step, micro)            micro-batch ``micro`` of optimizer step ``step``, on the device
+    loss(model, batch, micro)          the scalar loss of one micro-batch (called under autocast)
+    eval_due(step), evaluate(model, step, log) -> Evaluation | None
+    log_extras(step)                   extra fields of a train row (finetuning: epoch)
+    step_meta(step)                    meta.json of a step folder
+    states(), rank_states()            its stateful objects, shared by the ranks (finetuning: "task", the example
+                                       order and the best so far) and of one rank (pretraining: "data", the records
+                                       cursor, and "mems", the Transformer-XL memories)
+    keep_last, pinned_steps(with_state)  which step folders stay after a save (rotation, the best checkpoint)
+
+Everything kept across steps is one collection of stateful objects (``state_dict()`` / ``load_state_dict()``), saved
+and loaded by ``checkpoint.Checkpointer``: {model, train (step, tokens seen, loss window), optimizer, scaler,
+**task.states()} once, and {rng, **task.rank_states()} of every rank. A resumable step folder (written to a temporary
+folder and renamed) holds model.safetensors, config.yaml, tokenizer/, meta.json and train_state.safetensors; the
+lr schedule is a function of the step (optim.lr_factor).
+
+SIGTERM (what schedulers send before they kill) finishes the current optimizer step (its evaluation included), writes a
+checkpoint and raises ``Preempted`` (exit code 75); ``--resume`` then continues exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import signal
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
+
+from xlnetcli.core import dist
+from xlnetcli.checkpoint import (MODEL, PROGRESS, TRAIN_STATE, Checkpointer, ModelState, OptimizerState, Stateful,
+                         resumable_steps, step_folders)
+from xlnetcli.config import Config, config_to_dict, load_config, save_config
+from xlnetcli.core.dist import autocast_ctx
+from xlnetcli.core.errors import CheckpointError, ConfigError, Preempted, XLNetError
+from xlnetcli.model.flops import device_peak_tflops
+from xlnetcli.core.files import atomic_write_text
+from xlnetcli.core.console import console, duration, progress_is_live, step_progress
+from xlnetcli.train.optim import build_optimizer, lr_factor, set_lr
+from xlnetcli.model import parallelize
+from xlnetcli.report.metrics_log import MetricsLogger, NullLogger, read_metrics
+
+
+@dataclass
+class TrainPlan:
+    """What the engine needs from a config section (``train`` for pretraining, ``finetune`` for finetuning)."""
+
+    section: str  # the config section; messages name its keys
+    max_steps: int
+    lr: float
+    warmup_steps: int
+    clip_norm: float
+    precision: str
+    micro_batch_size: int
+    global_batch_size: int
+    accumulation: int
+    seq_len: int
+    tokens_per_step: int
+    log_every: int
+    save_every: int  # steps between resumable checkpoints (0: only at the end, or at evaluations with save_on_eval)
+    weight_decay: float
+    adam_eps: float
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    schedule: str = "linear"
+    min_lr_ratio: float = 0.0
+    layer_decay: float = 1.0
+    n_layer: int | None = None
+    micro_multiple: int = 1  # micro-batch sizes must be multiples of this (2 with bi_data)
+    activation_checkpointing: bool | None = None  # None: the section has no such key
+    save_on_eval: bool = False  # also write a resumable checkpoint at every evaluation step
+    compile: bool = False
+    distributed: str = "ddp"
+    flops_per_token: float | None = None  # model FLOPs of a training step per token (flops.py), for MFU
+    peak_tflops: float = 0.0  # configured device peak (0: from the GPU's name)
+    lengths: str = ""  # out-of-memory advice: the length keys to lower, with their values
+    warmup_hint: str = ""  # divergence advice about warmup
+    resume_hint: str = "--resume {step}"  # how to continue from a checkpoint of step {step}
+
+
+@dataclass
+class Evaluation:
+    """What a task's evaluation tells the engine: its metrics, whether to keep the model of this step (a new best),
+    and whether to stop (early stopping)."""
+
+    metrics: dict | None = None
+    keep_model: bool = False
+    stop: bool = False
+
+
+class Task(Protocol):
+    name: str
+    loss_name: str
+
+    def next_batch(self, step: int, micro: int) -> Any: ...
+    def loss(self, model: torch.nn.Module, batch: Any, micro: int) -> torch.Tensor: ...
+    def eval_due(self, step: int) -> bool: ...
+    def evaluate(self, model: torch.nn.Module, step: int, log: Callable[..., None]) -> Evaluation | None: ...
+    def log_extras(self, step: int) -> dict: ...
+    def step_meta(self, step: int) -> dict: ...
+    def states(self) -> dict[str, Stateful]: ...
+    def rank_states(self) -> dict[str, Stateful]: ...
+    keep_last: int
+    def pinned_steps(self, with_state: bool) -> set[int]: ...
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# RNG state (tensors and plain values only: the train state is loaded with weights_only=True)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        with contextlib.suppress(Exception):
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class RandomState:
+    """This process's random number generators (python, numpy, torch, CUDA): dropout masks and sampling continue
+    after a resume as they would have."""
+
+    def state_dict(self) -> dict:
+        return rng_state()
+
+    def load_state_dict(self, state: dict) -> None:
+        set_rng_state(state)
+
+
+@dataclass
+class TrainProgress:
+    """The engine's counters (torchtitan's train_state): optimizer steps done, tokens trained on, the losses of the
+    steps since the last train row (their mean is logged), and the batch layout they were counted under."""
+
+    world_size: int
+    accumulation: int
+    step: int = 0
+    tokens_seen: int = 0
+    log_window: list[float] = field(default_factory=list)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "tokens_seen": self.tokens_seen, "world_size": self.world_size,
+                "accumulation": self.accumulation, "log_window": list(self.log_window)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self.tokens_seen = int(state.get("tokens_seen", 0))
+        self.log_window = [float(v) for v in state.get("log_window", [])]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Run folders: which checkpoint to resume from, rotation, clean-up
+
+
+def run_config_file(run_dir: str | Path) -> Path | None:
+    """The run's config.yaml or, when it was removed, the latest checkpoint's copy (every step folder has one)."""
+    run_cfg = Path(run_dir) / "config.yaml"
+    if run_cfg.is_file():
+        return run_cfg
+    return next((p / "config.yaml" for _, p in reversed(step_folders(run_dir)) if (p / "config.yaml").is_file()),
+                None)
+
+
+def config_diff(a: dict, b: dict, ignore: set[str] = frozenset()) -> list[tuple[str, Any, Any]]:
+    out = []
+    for section in a:
+        for key in a[section]:
+            dotted = f"{section}.{key}"
+            if dotted in ignore:
+                continue
+            va, vb = a[section].get(key), b.get(section, {}).get(key)
+            if va != vb:
+                out.append((dotted, va, vb))
+    return out
+
+
+def resume_point(cfg: Config, run_dir: Path, resume: str | None, what: str, sections: tuple[str, ...],
+                 mutable: set[str], same_config: str) -> tuple[int, Path] | None:
+    """Refuse to mix runs; return the checkpoint to resume from (step, folder), or None to start afresh.
+
+    ``what`` names the run ("pretraining run"); ``sections`` are the config sections that must agree on resume except
+    the ``mutable`` keys; ``same_config`` tells the user how to resume with the run's own config."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise XLNetError(f"output path {run_dir} exists and is not a folder")
+    run_cfg = run_config_file(run_dir)
+    ckpts = resumable_steps(run_dir)
+    if run_cfg is None:
+        junk = [p for p in run_dir.iterdir() if not p.name.startswith(".")] if run_dir.is_dir() else []
+        if junk:
+            raise XLNetError(f"output folder {run_dir} is not empty and holds no {what}; choose another --out")
+        if resume not in (None, "latest"):
+            raise CheckpointError(f"nothing to resume: {run_dir} holds no {what}")
+        return None
+    try:
+        old = load_config(run_cfg)
+    except ConfigError as e:
+        raise CheckpointError(f"{run_cfg} is not a valid config ({e}); choose another --out") from None
+    if resume is None:
+        last = f" (last checkpoint step {ckpts[-1][0]})" if ckpts else ""
+        raise XLNetError(f"output folder {run_dir} already holds a {what}{last}; pass --resume to continue it "
+                         "or choose another --out")
+    have = {k: v for k, v in config_to_dict(old).items() if k in sections}
+    diff = config_diff(have, config_to_dict(cfg), mutable)
+    if diff:
+        key, was, now = diff[0]
+        more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""
+        raise XLNetError(f"output folder {run_dir} holds a run with {key}={was!r} but this config has "
+                         f"{key}={now!r}{more}; {same_config}")
+    if not ckpts:
+        weights_only = step_folders(run_dir)
+        if weights_only:
+            raise CheckpointError(
+                f"{weights_only[-1][1]} has weights but no {TRAIN_STATE}, so the run cannot continue exactly "
+                "(restore the file, or use those weights elsewhere and train in another --out)")
+        if resume == "latest":
+            return None  # killed before the first checkpoint: start again in the same folder
+        raise CheckpointError(f"no checkpoint step {resume} in {run_dir}: it holds no checkpoint yet")
+    if resume == "latest":
+        return ckpts[-1]
+    try:
+        want = int(resume)
+    except ValueError:
+        raise XLNetError(f"--resume takes 'latest' or a step number, got {resume!r}") from None
+    for step, path in ckpts:
+        if step == want:
+            return step, path
+    have_steps = ", ".join(str(s) for s, _ in ckpts)
+    raise CheckpointError(f"no checkpoint step {want} in {run_dir} (have: {have_steps})")
+
+
+def truncate_metrics(run_dir: Path, step: int) -> None:
+    """On resume drop the metric rows logged after the checkpoint (they will be logged again, identically)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return
+    rows = [r for r in read_metrics(run_dir) if r.get("step", 0) <= step]
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def printer(enabled: bool) -> Callable[..., None]:
+    """console.print, one unwrapped line per message (rank 0, not quiet); a no-op otherwise."""
+    if not enabled:
+        return lambda *a, **k: None
+    return lambda *a, **k: console.print(*a, soft_wrap=True, **k)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Diagnosis messages
+
+
+def oom_message(plan: TrainPlan, world: int, device: torch.device, where: str) -> str:
+    mb, multiple, s = plan.micro_batch_size, plan.micro_multiple, plan.section
+    smaller = max(multiple, (mb // 2) // multiple * multiple)
+    tips = []
+    if smaller < mb:
+        tips.append(f"--set {s}.micro_batch_size={smaller} (accumulation becomes "
+                    f"{plan.global_batch_size // (smaller * world)}, same global batch)")
+    if plan.activation_checkpointing is False:
+        tips.append(f"--set {s}.activation_checkpointing=true")
+    if plan.precision == "fp32" and device.type == "cuda":
+        tips.append(f"--set {s}.precision=bf16")
+    tips.append(f"or lower {plan.lengths}")
+    return (f"out of memory on {device} during {where} with micro-batch {mb} x seq {plan.seq_len} "
+            f"(accumulation {plan.accumulation}, {world} process(es)); try " + ", ".join(tips))
+
+
+def _nonfinite_grad_name(model: torch.nn.Module) -> str | None:
+    for name, p in dist.unwrap(model).named_parameters():
+        g = p.grad
+        if g is None:
+            continue
+        if hasattr(g, "to_local"):
+            g = g.to_local()
+        if not torch.isfinite(g).all():
+            return name
+    return None
+
+
+class _PreemptionGuard:
+    """Turns SIGTERM into a request to stop after the current optimizer step (on every rank once any rank got it)."""
+
+    def __init__(self) -> None:
+        self.flag = False
+        self._old: Any = None
+
+    def __enter__(self) -> _PreemptionGuard:
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._handler)
+        return self
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.flag = True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+
+    def requested(self, device: torch.device) -> bool:
+        return dist.any_rank(self.flag, device)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The engine
+
+
+class Engine:
+    def __init__(self, model: torch.nn.Module, task: Task, plan: TrainPlan, env: dist.DistEnv, run_dir: Path,
+                 cfg: Config, tokenizer_dir: Path | None = None, quiet: bool = False,
+                 resume_from: Path | None = None, report_to: str = "auto") -> None:
+        self.model, self.task, self.plan, self.env = model, task, plan, env
+        self.report_to = report_to  # trackers besides metrics.jsonl (runlog.py)
+        self.run_dir, self.cfg, self.tokenizer_dir = run_dir, cfg, tokenizer_dir
+        self.quiet, self.resume_from = quiet, resume_from
+        self.main = env.is_main
+        self.say = printer(self.main and not quiet)
+        self.progress = TrainProgress(env.world_size, plan.accumulation)
+        self.last_loss = float("nan")
+        self.result: dict[str, Any] = {"out": str(run_dir), "eval": None}
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps done."""
+        return self.progress.step
+
+    # ---- setup: wrap, optimizer, the checkpointed collection, resume, run folder ---------------------------------
+
+    def setup(self) -> Engine:
+        plan, env, dev = self.plan, self.env, self.env.device
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")  # no in-place use
+        self.model = parallelize(self.model, env, bool(plan.activation_checkpointing), plan.compile, plan.distributed)
+        self.ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
+        self.fused = dev.type == "cuda"
+        self.optimizer = build_optimizer(self.model, plan.lr, plan.weight_decay, plan.adam_betas, plan.adam_eps,
+                                         plan.layer_decay, plan.n_layer, fused=self.fused)
+        self.scaler = torch.amp.GradScaler(dev.type, enabled=plan.precision == "fp16" and dev.type == "cuda")
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.device_peak = device_peak_tflops(dev, plan.peak_tflops)  # for the logged MFU (None on CPU)
+        self.checkpointer = Checkpointer(
+            self.run_dir,
+            {MODEL: ModelState(self.model), PROGRESS: self.progress, "optimizer": OptimizerState(self.model,
+             self.optimizer), "scaler": self.scaler, **self.task.states()},
+            {"rng": RandomState(), **self.task.rank_states()},
+            self.cfg, env, self.tokenizer_dir, self.task.keep_last, plan.resume_hint)
+        if self.resume_from is not None:
+            self.checkpointer.load(self.resume_from)
+        if self.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.checkpointer.remove_stale_temp()
+            if self.resume_from is None:
+                (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+            else:
+                truncate_metrics(self.run_dir, self.step)
+            save_config(self.cfg, self.run_dir)
+        dist.barrier()
+        self.logger = MetricsLogger(self.run_dir, self.report_to, self.cfg) if self.main else NullLogger()
+        return self
+
+    def describe(self) -> str:
+        """The device line of a run's header."""
+        env, dev, plan = self.env, self.env.device, self.plan
+        threads = f", {torch.get_num_threads()} threads" if dev.type == "cpu" else ""
+        precision = plan.precision + (" + grad scaler" if self.scaler.is_enabled() else "")
+        return (f"{dev}{threads} ({env.backend or 'single process'}{', ' + plan.distributed if env.distributed else ''})"
+                f", precision {precision}, fused AdamW {self.fused}, compile {plan.compile}, activation checkpointing "
+                f"{bool(plan.activation_checkpointing)}")
+
+    # ---- one optimizer step --------------------------------------------------------------------------------------
+
+    def train_step(self) -> tuple[float, float, float]:
+        """Accumulate the step's micro-batches, clip, check, step. Returns (mean loss over ranks, grad norm, lr)."""
+        plan, task, dev = self.plan, self.task, self.env.device
+        accum = plan.accumulation
+        factor = lr_factor(self.step, plan.warmup_steps, plan.max_steps, plan.schedule, plan.min_lr_ratio)
+        lr = set_lr(self.optimizer, plan.lr, factor)
+        losses = []
+        try:
+            for a in range(accum):
+                batch = task.next_batch(self.step, a)
+                sync = contextlib.nullcontext() if (not self.ddp or a == accum - 1) else self.model.no_sync()
+                with sync:
+                    with autocast_ctx(dev, plan.precision):
+                        loss = task.loss(self.model, batch, a)
+                    self.scaler.scale(loss / accum).backward()
+                losses.append(loss.detach().float())
+            self.scaler.unscale_(self.optimizer)
+            if plan.clip_norm > 0:
+                gnorm = torch.nn.utils.clip_grad_norm_(self.params, plan.clip_norm, foreach=True)
+            else:
+                gnorm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+            if hasattr(gnorm, "full_tensor"):
+                gnorm = gnorm.full_tensor()
+            step_losses = torch.stack(losses)
+            mean_loss = dist.all_reduce_mean(step_losses.mean().clone())
+            loss_v, gnorm_v = float(mean_loss), float(gnorm)  # the one device sync of a step
+            if not math.isfinite(loss_v) or (not math.isfinite(gnorm_v) and not self.scaler.is_enabled()):
+                self._raise_nonfinite(loss_v, gnorm_v, step_losses)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+        except torch.OutOfMemoryError:
+            raise XLNetError(oom_message(plan, self.env.world_size, dev, f"training step {self.step + 1}")) from None
+        return loss_v, gnorm_v, lr
+
+    def _raise_nonfinite(self, loss_v: float, gnorm_v: float, step_losses: torch.Tensor) -> None:
+        plan, name = self.plan, self.task.loss_name
+        if not math.isfinite(loss_v):
+            bad = [i for i, v in enumerate(step_losses.tolist()) if not math.isfinite(v)]
+            if bad:
+                what = f"{name} is {step_losses[bad[0]].item()} on micro-batch {bad[0]} of rank {self.env.rank}"
+            else:
+                what = f"{name} is {loss_v} on another rank"
+        else:
+            where = _nonfinite_grad_name(self.model)
+            what = (f"gradient norm is {gnorm_v} (first non-finite gradient: {where or 'on another rank'}; "
+                    f"loss {loss_v:.4f})")
+        raise XLNetError(
+            f"training diverged at step {self.step + 1}: {what}; the update was not applied; {self.checkpointer.last_good_text()}; "
+            f"try a lower {plan.section}.lr (now {plan.lr:g}), {plan.warmup_hint} or {plan.section}.precision=fp32"
+        )
+
+    # ---- evaluation and checkpoints ------------------------------------------------------------------------------
+
+    def validate(self, step: int) -> Evaluation | None:
+        try:
+            ev = self.task.evaluate(self.model, step, self.logger.log)
+        except torch.OutOfMemoryError:
+            raise XLNetError(oom_message(self.plan, self.env.world_size, self.env.device, "evaluation")) from None
+        if ev is not None and ev.metrics is not None:
+            self.result["eval_start" if step == 0 else "eval"] = ev.metrics
+        return ev
+
+    def save(self, step: int, with_state: bool = True) -> Path:
+        """Write step folder ``step`` (with train_state.safetensors when ``with_state``); the task's rotation and
+        pinned steps decide which folders stay. A full disk is a one-line error naming the last good checkpoint."""
+        meta = {**self.task.step_meta(step), "step": step, "tokens_seen": self.progress.tokens_seen}
+        return self.checkpointer.save(step, with_state, meta, self.task.pinned_steps(with_state))
+
+    # ---- the loop --------------------------------------------------------------------------------------------------
+
+    def fit(self, stop_after: int | None = None) -> dict:
+        """Train until max_steps (or an early stop); ``stop_after``: return after this many steps of this call (the run
+        is then not finished). Returns {"step", "loss", "eval", "tokens_per_s", "elapsed_s", "complete", ...}."""
+        plan, task, dev = self.plan, self.task, self.env.device
+        result = self.result
+        if self.step >= plan.max_steps:
+            return self._already_complete()
+        live = progress_is_live(self.quiet or not self.main)
+        progress = step_progress(quiet=self.quiet or not self.main)
+        t0 = t_log = time.perf_counter()
+        steps_since_log = steps_this_call = 0
+        t_excluded = 0.0
+        first_step = self.step
+        stopped_early = False
+        self.model.train()
+        with _PreemptionGuard() as guard:
+            if self.step == 0 and task.eval_due(0):  # baseline: the initial weights, logged as step 0
+                self.validate(0)
+                self.model.train()
+            with progress:
+                bar = progress.add_task(task.name, total=plan.max_steps, completed=self.step, info="")
+                while self.step < plan.max_steps:
+                    if stop_after is not None and steps_this_call >= stop_after:
+                        break
+                    loss_v, gnorm_v, lr = self.train_step()
+                    self.progress.step += 1
+                    step = self.step
+                    steps_this_call += 1
+                    steps_since_log += 1
+                    self.progress.tokens_seen += plan.tokens_per_step
+                    self.progress.log_window.append(loss_v)
+                    now = time.perf_counter()
+                    if step % plan.log_every == 0 or step == plan.max_steps:
+                        tps = plan.tokens_per_step * steps_since_log / max(now - t_log, 1e-9)
+                        eta = (plan.max_steps - step) * (now - t0 - t_excluded) / max(steps_this_call, 1)
+                        info = self._log(step, gnorm_v, lr, tps, eta, live)
+                        progress.update(bar, completed=step, info=info)
+                        t_log, steps_since_log = now, 0
+                    else:
+                        progress.update(bar, completed=step)
+                    t_pause = time.perf_counter()
+                    due = task.eval_due(step)
+                    ev = self.validate(step) if due else None
+                    stop = bool(ev and ev.stop)
+                    preempt = guard.requested(dev)
+                    final = step >= plan.max_steps or stop
+                    with_state = (bool(plan.save_every and step % plan.save_every == 0) or final or preempt
+                                  or (plan.save_on_eval and due))
+                    if with_state or (ev is not None and ev.keep_model):
+                        self.save(step, with_state)
+                    paused = time.perf_counter() - t_pause
+                    t_log += paused  # throughput counts data + step time only, not evaluation or checkpoint writing
+                    t_excluded += paused
+                    if preempt and not final:
+                        self.logger.close()
+                        raise Preempted(f"stopped on SIGTERM after step {step} of {plan.max_steps}: checkpoint "
+                                        f"{self.checkpointer.last_good} written; continue with "
+                                        f"{plan.resume_hint.format(step=step)}")
+                    if stop:
+                        stopped_early = True
+                        break
+        elapsed = time.perf_counter() - t0 - t_excluded
+        self.logger.close()
+        done = self.step - first_step
+        result.update(step=self.step, loss=self._recent_loss(), elapsed_s=elapsed, stopped_early=stopped_early,
+                      complete=self.step >= plan.max_steps or stopped_early, already_complete=False,
+                      tokens_per_s=plan.tokens_per_step * done / elapsed if elapsed > 0 and done else 0.0)
+        return result
+
+    def _log(self, step: int, gnorm_v: float, lr: float, tps: float, eta: float, live: bool) -> str:
+        """A train row (loss: the mean over the steps since the last row); a plain line when there is no bar."""
+        plan, dev = self.plan, self.env.device
+        window = self.progress.log_window
+        loss = sum(window) / len(window)
+        window.clear()
+        self.last_loss = loss
+        mfu = None
+        if self.device_peak and plan.flops_per_token:
+            mfu = tps * plan.flops_per_token / (self.env.world_size * self.device_peak * 1e12)
+        mem = dist.peak_memory_gib(dev)
+        extras = self.task.log_extras(step)
+        self.logger.log(step, "train", loss=loss, lr=lr, grad_norm=gnorm_v, tokens_per_s=round(tps, 1),
+                        tokens=self.progress.tokens_seen, peak_mem_gib=round(mem, 3),
+                        **({"mfu": round(mfu, 4)} if mfu is not None else {}), **extras)
+        if not live:  # a log file: one plain line per interval (the terminal has the progress bar)
+            self.say(f"step {step}/{plan.max_steps} loss {loss:.4f} lr {lr:.2e} grad_norm {gnorm_v:.3f} "
+                     f"{tps:,.0f} tokens/s" + (f" MFU {100 * mfu:.1f}%" if mfu is not None else "")
+                     + f" peak {mem:.2f} GiB ETA {duration(eta)}"
+                     + "".join(f" {k} {v}" for k, v in extras.items()))
+        return f"loss {loss:.4f} lr {lr:.2e} {tps:,.0f} tok/s"
+
+    def _recent_loss(self) -> float:
+        """The training loss to report at the end: the last row's mean, or the mean of the steps after it."""
+        if window := self.progress.log_window:
+            return sum(window) / len(window)
+        return self.last_loss
+
+    def _already_complete(self) -> dict:
+        """Resuming a run that has reached max_steps: nothing to train; report its last logged figures."""
+        self.logger.close()
+        rows = read_metrics(self.run_dir) if self.main else []
+        train = [r for r in rows if r.get("split") == "train"]
+        evals = [r for r in rows if r.get("split") == "eval"]
+        drop = ("step", "split", "time")
+        self.result.update(step=self.step, loss=train[-1]["loss"] if train else float("nan"),
+                           eval={k: v for k, v in evals[-1].items() if k not in drop} if evals else None,
+                           elapsed_s=0.0, tokens_per_s=0.0, complete=True, already_complete=True,
+                           stopped_early=False, checkpoint=str(self.resume_from))
+        return self.result

@@ -1,0 +1,336 @@
+"""Pretraining: permutation language modelling on preprocessed records, with memory carried across steps.
+
+    from xlnetcli.config import load_config
+    from xlnetcli.train.pretrain import pretrain
+    summary = pretrain(load_config("configs/tiny.yaml"), "records/", "runs/tiny", resume=None)
+
+The loop, precision, checkpoints and resume are the engine's (engine.py); this module supplies the pretraining task:
+the records stream, the PLM loss with memories, held-out evaluation, and which step folders to keep.
+
+Batch maths: ``train.global_batch_size`` rows (parallel text streams, fixed for the run) per optimizer step;
+each of W processes runs A = global / (micro * W) micro-batches and accumulates gradients. Micro-batch a of rank r
+reads rows [(r*A + a)*micro, (r*A + a + 1)*micro), so memory is kept per micro-batch index a (``mems[a]``) and always
+continues the same rows' text. The loss is the PLM cross entropy of the query stream on the predicted tokens.
+
+Run folder::
+
+    out/
+      config.yaml            resolved config of the run (a different config is refused unless resuming this run)
+      metrics.jsonl          one JSON object per log line (split train / eval); TensorBoard in tensorboard/ if installed
+      step_0000200/          a checkpoint (written to a temporary folder, fsynced, renamed; the last K are kept)
+        model.safetensors config.yaml tokenizer/ meta.json
+        train_state.safetensors       optimizer, grad scaler, step, RNG states, data cursors and memories of every rank
+
+The task's stateful objects are its records stream (``data``: the cursor) and its ``Memories`` (``mems``), both of
+each rank; the engine checkpoints them with everything else it keeps (engine.py).
+
+``resume="latest"`` (or a step number) continues exactly: same data, same dropout masks, same memories.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from xlnetcli.core import dist
+from xlnetcli.checkpoint import TRAIN_STATE, load_train_state  # noqa: F401  (re-exported)
+from xlnetcli.config import Config, config_to_dict, validate
+from xlnetcli.train.engine import (Engine, Evaluation, TrainPlan, printer, resumable_steps, resume_point, run_config_file,
+                     seed_everything)
+from xlnetcli.core.errors import ConfigError, DataError
+from xlnetcli.model.flops import train_flops
+from xlnetcli.core.files import check_output_not_input, output_lock
+from xlnetcli.model import XLNetLMHeadModel, num_params
+from xlnetcli.evaluate.lm_loss import Memories, evaluate_plm, read_records_meta
+from xlnetcli.evaluate.lm_loss import forward as _forward
+from xlnetcli.evaluate.lm_loss import model_inputs as _model_inputs
+from xlnetcli.report.metrics_log import require_trackers
+
+# train.* keys that may change when resuming a run (they do not change what is computed, only how often we
+# log/evaluate/save, how long we train, or how the same maths is executed).
+RESUME_MUTABLE = {
+    "train.max_steps", "train.eval_every", "train.eval_batches", "train.save_every", "train.keep_last",
+    "train.log_every", "train.compile", "train.activation_checkpointing", "train.distributed", "train.deterministic",
+    "train.peak_tflops", "train.report_to", "train.probe_file", "train.probe_every",
+}
+
+# records meta key -> config key it must agree with
+RECORD_KEYS = {
+    "seq_len": "data.seq_len",
+    "reuse_len": "model.reuse_len",
+    "bi_data": "model.bi_data",
+    "num_predict": "data.num_predict",
+    "mask_alpha": "data.mask_alpha",
+    "mask_beta": "data.mask_beta",
+    "mask_mode": "data.mask_mode",
+    "max_gram": "data.max_gram",
+    "perm_size": "data.perm_size",
+    "global_batch_size": "train.global_batch_size",
+    "micro_batch_size": "train.micro_batch_size",
+}
+
+
+def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
+    """Resumable step folders of a run (with train_state.safetensors), oldest first."""
+    return resumable_steps(out_dir)
+
+
+def _get(cfg_dict: dict, dotted: str) -> Any:
+    section, key = dotted.split(".")
+    return cfg_dict[section][key]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Config resolution and input checks
+
+
+def pretrain_config_path(data_dir: str | Path, out_dir: str | Path, resume: str | None) -> Path | None:
+    """Which YAML to load when the user gave no --config: the run's own config when resuming, else the records'."""
+    if resume is not None and (run_cfg := run_config_file(out_dir)) is not None:
+        return run_cfg
+    if (Path(data_dir) / "config.yaml").is_file():
+        return Path(data_dir) / "config.yaml"
+    return None
+
+
+def check_records(cfg: Config, meta: dict, data_dir: str | Path) -> None:
+    """The records must have been made with the settings this config trains with (docs/xlnet.md §10)."""
+    want = config_to_dict(cfg)
+    want["data"]["perm_size"] = cfg.perm_size
+    for rkey, ckey in RECORD_KEYS.items():
+        if rkey not in meta:
+            continue
+        if rkey == "micro_batch_size" and not cfg.model.bi_data:
+            continue  # without bi_data any micro-batch works: rows are independent streams
+        have, need = meta[rkey], _get(want, ckey)
+        if have != need:
+            raise DataError(
+                f"records in {data_dir} were preprocessed with {rkey}={have!r} but the config has {ckey}={need!r}; "
+                f"re-run xlnet preprocess with this config, or pass --set {ckey}={have}"
+            )
+    vocab = meta.get("vocab_size")
+    if vocab is not None and vocab != cfg.model.vocab_size:
+        raise DataError(
+            f"records in {data_dir} use a tokenizer with vocab_size={vocab} but the config has "
+            f"model.vocab_size={cfg.model.vocab_size}; pass --set model.vocab_size={vocab} --set tokenizer.vocab_size={vocab}"
+        )
+
+
+def check_run_dir(cfg: Config, out_dir: Path, resume: str | None) -> tuple[int, Path] | None:
+    """Refuse to mix runs; return the checkpoint to resume from (step, folder) or None for a fresh start."""
+    return resume_point(cfg, out_dir, resume, "pretraining run", ("tokenizer", "model", "data", "train"),
+                        RESUME_MUTABLE, "resume with the run's config (omit --config) or choose another --out")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The pretraining task
+
+
+def build_lm_model(cfg: Config) -> torch.nn.Module:
+    return XLNetLMHeadModel(cfg.model)
+
+
+class PretrainTask:
+    """The engine's task for pretraining: the records stream of this rank, the PLM loss with one memory per
+    micro-batch index, held-out evaluation on the valid split, and the last ``train.keep_last`` step folders."""
+
+    name = "pretrain"
+    loss_name = "PLM loss"
+
+    def __init__(self, cfg: Config, data_dir: Path, meta: dict, env: dist.DistEnv, accum: int, say: Any) -> None:
+        from xlnetcli.data.pretrain_stream import PretrainStream
+
+        t = cfg.train
+        self.cfg, self.data_dir, self.meta, self.env, self.accum, self.say = cfg, data_dir, meta, env, accum, say
+        self.stream = PretrainStream(data_dir, "train", env.rank, env.world_size, t.micro_batch_size, cfg.data.seed,
+                                     dense=False, objective=cfg.model.objective)
+        self.mems = Memories(cfg.model.mem_len, accum, env.rank, env.device)
+        self.keep_last = t.keep_last
+        self._it: Any = None
+        self.probe_rows: tuple | None = None  # (train, valid) rows of train.probe_file, probed every probe_every
+        if t.probe_every:
+            from xlnetcli.evaluate.probe import read_rows, split_rows
+            from xlnetcli.data.tokenizer import Tokenizer
+
+            self.probe_rows = split_rows(read_rows(t.probe_file), seed=t.seed)
+            self.probe_tok = Tokenizer.load(data_dir / "tokenizer")
+
+    def next_batch(self, step: int, micro: int) -> dict:
+        if self._it is None:
+            self._it = iter(self.stream)
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            raise DataError(
+                f"records in {self.data_dir} ran out at step {step} of {self.cfg.train.max_steps}; preprocess with "
+                "more data.passes or lower train.max_steps"
+            ) from None
+        return _model_inputs(batch, self.env.device)
+
+    def loss(self, model: torch.nn.Module, batch: dict, micro: int) -> torch.Tensor:
+        out = _forward(model, batch, self.mems[micro])
+        self.mems.carry(micro, out)
+        return out.loss
+
+    def _due(self, every: int, step: int) -> bool:
+        return bool(every) and (step % every == 0 or step == self.cfg.train.max_steps)
+
+    def eval_due(self, step: int) -> bool:
+        return self._due(self.cfg.train.eval_every, step) or self._due(self.cfg.train.probe_every, step)
+
+    def evaluate(self, model: torch.nn.Module, step: int, log: Any) -> Evaluation | None:
+        if self._due(self.cfg.train.probe_every, step):
+            self.probe(model, step, log)
+        return self._evaluate_plm(model, step, log) if self._due(self.cfg.train.eval_every, step) else None
+
+    def probe(self, model: torch.nn.Module, step: int, log: Any) -> None:
+        """Linear-probe accuracy of the frozen features on train.probe_file (probe.py): does the representation pay
+        off yet? Every rank takes part (FSDP gathers), rank 0 logs."""
+        from xlnetcli.evaluate.probe import probe_checkpoint
+
+        train_rows, valid_rows = self.probe_rows
+        res = probe_checkpoint(dist.unwrap(model), self.probe_tok,
+                               train_rows, valid_rows, self.cfg.finetune.max_seq_length, seed=self.cfg.train.seed)
+        acc = res["accuracy"]
+        log(step, "probe", mean=acc["mean"], cls=acc["cls"], examples=len(valid_rows))
+        self.say(f"  step {step}: probe accuracy mean {acc['mean']:.3f} cls {acc['cls']:.3f}"
+                 + (" (initial weights)" if step == 0 else ""))
+
+    def _evaluate_plm(self, model: torch.nn.Module, step: int, log: Any) -> Evaluation | None:
+        from xlnetcli.data.pretrain_stream import PretrainStream
+
+        t = self.cfg.train
+        if "valid" not in self.meta.get("splits", {"valid": None}):
+            return None
+        vstream = PretrainStream(self.data_dir, "valid", self.env.rank, self.env.world_size, t.micro_batch_size,
+                                 self.cfg.data.seed, dense=False, loop=False, objective=self.cfg.model.objective)
+        res = evaluate_plm(model, vstream, t.eval_batches * self.accum, t.precision, self.env.device)
+        if res["targets"] == 0:
+            return None
+        log(step, "eval", loss=res["loss"], ppl=res["ppl"], acc=res["acc"], targets=res["targets"])
+        self.say(f"  step {step}: eval loss {res['loss']:.4f} ppl {res['ppl']:.2f} acc {res['acc']:.3f}"
+                 + (" (initial weights)" if step == 0 else ""))
+        return Evaluation(metrics=res)
+
+    def log_extras(self, step: int) -> dict:
+        return {}
+
+    def step_meta(self, step: int) -> dict:
+        return {"kind": "pretrain"}
+
+    def states(self) -> dict:
+        return {}
+
+    def rank_states(self) -> dict:
+        return {"data": self.stream, "mems": self.mems}
+
+    def pinned_steps(self, with_state: bool) -> set[int]:
+        return set()  # only the last train.keep_last step folders stay
+
+
+def pretrain_plan(cfg: Config, accum: int) -> TrainPlan:
+    t, L = cfg.train, cfg.data.seq_len
+    return TrainPlan(
+        section="train", max_steps=t.max_steps, lr=t.lr, warmup_steps=t.warmup_steps, schedule=t.schedule,
+        min_lr_ratio=t.min_lr_ratio, clip_norm=t.clip_norm, precision=t.precision,
+        micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size, accumulation=accum, seq_len=L,
+        tokens_per_step=t.global_batch_size * L, log_every=t.log_every, save_every=t.save_every,
+        weight_decay=t.weight_decay, adam_betas=t.adam_betas, adam_eps=t.adam_eps,
+        micro_multiple=2 if cfg.model.bi_data else 1, activation_checkpointing=t.activation_checkpointing,
+        compile=t.compile, distributed=t.distributed, peak_tflops=t.peak_tflops,
+        # model FLOPs per token at full memory (flops.py), for the logged MFU
+        flops_per_token=train_flops(cfg.model, t.micro_batch_size, L, cfg.model.mem_len, cfg.data.num_predict) / (
+            t.micro_batch_size * L),
+        lengths=f"data.seq_len / model.mem_len ({L}/{cfg.model.mem_len})",
+        warmup_hint="more train.warmup_steps",
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def pretrain(cfg: Config, data_dir: str | Path, out_dir: str | Path, resume: str | None = None,
+             device: str | None = "auto", quiet: bool = False, stop_after: int | None = None) -> dict:
+    """Pretrain (or resume) a run; returns {"step", "loss", "eval", "tokens_per_s", "out", "complete"}.
+
+    ``stop_after``: return after this many optimizer steps of this call (tests, benchmarks); the run is not finished.
+    On SIGTERM the run stops after the current step with a checkpoint and raises errors.Preempted (exit code 75).
+    """
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    env = dist.init_distributed(device)
+    created_group = env.distributed
+    try:
+        check_output_not_input(out_dir, [data_dir])
+        # one writer per run folder (rank 0 holds the lock for all ranks of a torchrun job)
+        with output_lock(out_dir) if env.rank == 0 else contextlib.nullcontext():
+            return _pretrain(cfg, data_dir, out_dir, resume, env, quiet, stop_after)
+    finally:
+        if created_group:
+            dist.cleanup()
+
+
+def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, env: dist.DistEnv, quiet: bool,
+              stop_after: int | None) -> dict:
+    t = cfg.train
+    main = env.is_main
+    dev = env.device
+
+    # ---- checks before any work ---------------------------------------------------------------------------
+    meta = read_records_meta(data_dir)
+    check_records(cfg, meta, data_dir)
+    accum = validate(cfg, env.world_size, stage="pretrain").accumulation
+    require_trackers(t.report_to)
+    if t.precision == "fp16" and dev.type == "cpu":
+        raise ConfigError("train.precision=fp16 needs a CUDA device (use bf16 or fp32 on CPU)")
+    start = check_run_dir(cfg, out_dir, resume)
+    start = dist.broadcast_object(start)
+
+    # ---- model (the same init on every rank), then each rank draws its own dropout masks -------------------
+    dist.set_deterministic(t.deterministic)
+    seed_everything(t.seed)
+    model = build_lm_model(cfg).to(dev)
+    n_params, n_nonemb = num_params(model), num_params(model, embedding=False)
+    seed_everything(t.seed + 7919 * env.rank)
+
+    say = printer(main and not quiet)
+    plan = pretrain_plan(cfg, accum)
+    task = PretrainTask(cfg, data_dir, meta, env, accum, say)
+    engine = Engine(model, task, plan, env, out_dir, cfg, data_dir / "tokenizer", quiet,
+                    resume_from=start[1] if start is not None else None, report_to=t.report_to).setup()
+    step = engine.step
+    if step >= t.max_steps:
+        result = engine.fit()  # nothing to train: the run's last logged figures
+        say(f"run {out_dir} is already complete: step {step} of {t.max_steps}, final checkpoint "
+            f"{result['checkpoint']}; nothing to resume (raise train.max_steps to train further)")
+        return result
+
+    say(f"[bold]xlnet pretrain[/bold] {'resuming at step ' + str(step) if step else 'from scratch'} -> {out_dir}")
+    say(f"  model      {n_params / 1e6:.2f}M parameters ({n_nonemb / 1e6:.2f}M without embeddings), "
+        f"{cfg.model.n_layer} layers, d_model {cfg.model.d_model}, seq {cfg.data.seq_len} "
+        f"(reuse {cfg.model.reuse_len}, mem {cfg.model.mem_len}), {cfg.data.num_predict} targets, "
+        f"bi_data {cfg.model.bi_data}")
+    say(f"  batch      global {t.global_batch_size} = micro {t.micro_batch_size} x accumulation {accum} x "
+        f"{env.world_size} process(es); {plan.tokens_per_step:,} tokens per step, {t.max_steps:,} steps")
+    say(f"  device     {engine.describe()}, deterministic {t.deterministic}")
+    spp = meta.get("splits", {}).get("train", {}).get("steps_per_pass")
+    if spp:
+        passes = meta.get("passes", 1)
+        say(f"  data       {data_dir}: {spp:,} steps per pass x {passes} pass(es)"
+            + (f"; passes repeat (new factorisation orders) after step {spp * passes:,}"
+               if spp * passes < t.max_steps else ""))
+    say(f"  optimizer  AdamW lr {t.lr:g}, warmup {t.warmup_steps}, {t.schedule} decay to x{t.min_lr_ratio:g}, "
+        f"wd {t.weight_decay:g}, clip {t.clip_norm:g}; eval every {t.eval_every}, save every {t.save_every}")
+
+    result = engine.fit(stop_after)
+    if main and result["complete"]:
+        from xlnetcli.report.plot import maybe_plot
+
+        result["plot"] = str(maybe_plot(out_dir) or "")
+    if main and not quiet and result["complete"]:
+        say(f"done: {result['step']} steps, last loss {result['loss']:.4f}, {result['tokens_per_s']:,.0f} tokens/s; "
+            f"checkpoints in {out_dir}")
+    return result
