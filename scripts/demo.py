@@ -25,7 +25,7 @@ DEMO = ROOT / "demo"
 CORPUS = "data/pydocs/corpus.txt"
 TASK_TRAIN, TASK_VALID = "data/pydocs/order_train.tsv", "data/pydocs/order_valid.tsv"
 TRAIN_SIZES = (50, 200, 800)  # the probe's label-efficiency curve (and the whole training file)
-CONFIG = "tiny"  # the packaged preset (src/xlnetcli/presets/tiny.yaml)
+CONFIG = "tiny"  # the packaged preset (src/xlnetcli/config/presets/tiny.yaml)
 # The small-budget recipe measured in BENCHMARKS.md ("Small-budget recipe"): the tiny preset at depth 2 for 1000
 # steps (more steps in less time than 4 layers for 600).
 RECIPE = {"model.n_layer": 2, "train.max_steps": 1000, "train.warmup_steps": 100, "train.eval_every": 250}

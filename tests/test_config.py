@@ -21,7 +21,7 @@ from xlnetcli.config import (
 from xlnetcli.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESET_DIR = ROOT / "src" / "xlnetcli" / "presets"
+PRESET_DIR = ROOT / "src" / "xlnetcli" / "config" / "presets"
 SHIPPED = sorted(PRESET_DIR.rglob("*.yaml"))
 
 

@@ -25,7 +25,7 @@ SAMPLE = ROOT / "tests" / "data" / "sample.txt"
 
 def test_presets_are_package_data():
     """Every preset is a resource of the installed package and pyproject ships it in wheels and sdists."""
-    root = importlib.resources.files("xlnetcli") / "presets"
+    root = importlib.resources.files("xlnetcli") / "config" / "presets"
     for rel in PRESETS.values():
         res = root.joinpath(*rel.split("/"))
         assert res.is_file(), rel
@@ -33,7 +33,7 @@ def test_presets_are_package_data():
     tomllib = pytest.importorskip("tomllib")
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["xlnetcli"]
     for rel in PRESETS.values():
-        assert any(fnmatch.fnmatch(f"presets/{rel}", pat) for pat in patterns), f"presets/{rel} is not package data"
+        assert any(fnmatch.fnmatch(f"config/presets/{rel}", pat) for pat in patterns), f"config/presets/{rel} is not package data"
 
 
 def test_wheel_ships_the_presets_and_runs_them_without_a_checkout(tmp_path):
@@ -50,7 +50,7 @@ def test_wheel_ships_the_presets_and_runs_them_without_a_checkout(tmp_path):
                     "-w", str(tmp_path / "dist")], check=True, env=env, capture_output=True)
     wheel = next((tmp_path / "dist").glob("xlnetcli-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {f"xlnetcli/presets/{rel}" for rel in PRESETS.values()} <= names
+    assert {f"xlnetcli/config/presets/{rel}" for rel in PRESETS.values()} <= names
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
                    check=True, env=env, capture_output=True)
