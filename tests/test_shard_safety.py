@@ -19,7 +19,8 @@ from clitools import assert_one_line_error, flip_bit, run_main
 
 from xlnetcli.config import load_config
 from xlnetcli.core.errors import DataError, Terminated
-from xlnetcli.core.files import atomic_output_dir, remove_stale_temps, sigterm_as_interrupt
+from xlnetcli.core.files import atomic_output_dir, remove_stale_temps
+from xlnetcli.core.signals import sigterm_as_interrupt
 from xlnetcli.data.preprocess import preprocess
 from xlnetcli.data.shard_format import verify_shards
 
@@ -103,16 +104,13 @@ def test_remove_stale_temps_only_touches_dead_writers_of_this_host(tmp_path):
     live = tmp_path / f".shards.xlnet-{host}-{os.getpid()}-k2j4h5g6.tmp"
     other_host = tmp_path / f".shards.xlnet-{host}x-{_dead_pid()}-q1w2e3r4.tmp"
     other_out = tmp_path / f".shards2.xlnet-{host}-{_dead_pid()}-abcdefgh.tmp"
-    legacy_old, legacy_new = tmp_path / ".shards.h8sk2la0.tmp", tmp_path / ".shards.p0o9i8u7.tmp"
     not_ours = tmp_path / ".shards.backup.tmp"
-    for d in (dead, live, other_host, other_out, legacy_old, legacy_new, not_ours):
+    for d in (dead, live, other_host, other_out, not_ours):
         (d / "train").mkdir(parents=True)
         (d / "train" / "x.npy").write_bytes(b"x" * 100)
-    old = time.time() - 2 * 24 * 3600
-    os.utime(legacy_old, (old, old))
-    assert sorted(remove_stale_temps(out)) == sorted([dead, legacy_old])
-    assert not dead.exists() and not legacy_old.exists()
-    for d in (live, other_host, other_out, legacy_new, not_ours):
+    assert remove_stale_temps(out) == [dead]
+    assert not dead.exists()
+    for d in (live, other_host, other_out, not_ours):
         assert d.is_dir(), d
     with atomic_output_dir(out) as tmp:  # our own name: host and pid inside
         assert tmp.name.startswith(f".shards.xlnet-{host}-{os.getpid()}-") and tmp.name.endswith(".tmp")

@@ -14,25 +14,27 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import stat
 import tempfile
-import threading
 import time
 import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from xlnetcli.core.errors import Terminated, XLNetError
+try:
+    import resource
+except ImportError:  # pragma: no cover - not on POSIX
+    resource = None  # type: ignore[assignment]
+
+from xlnetcli.core.errors import XLNetError
+from xlnetcli.core.signals import pid_alive
 
 # Temporary output folders are named .<out>.xlnet-<host>-<pid>-<random>.tmp, so that a later run can tell the ones
 # whose writer is dead (killed: SIGKILL, OOM, power) from those of a live one, and remove only the former.
 TEMP_TAG = "xlnet"
 _TEMP_RE = re.compile(rf"\.{TEMP_TAG}-(?P<host>.+)-(?P<pid>\d+)-[a-z0-9_]+\.tmp$")
-_LEGACY_TEMP_RE = re.compile(r"\.[a-z0-9_]{8}\.tmp$")  # mkdtemp's default suffix, before the pid was recorded
-LEGACY_TEMP_AGE = 24 * 3600  # such folders are removed once this old (no pid to check)
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -95,9 +97,7 @@ def share_modes(root: Path) -> None:
 def ensure_open_files(needed: int, what: str) -> None:
     """Make room for ``needed`` open files: raise the soft limit up to the hard one (as torchrun users would with
     `ulimit -n`), or refuse in one line before any work."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not on POSIX
+    if resource is None:  # pragma: no cover - not on POSIX
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or needed <= soft:
@@ -172,26 +172,16 @@ def check_output_not_input(out: str | Path, inputs: typing.Iterable[str | Path |
             raise XLNetError(f"output {out} {rel} the input {i}; choose an output folder apart from the inputs")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    except OSError:
-        return True
-    return True
-
-
 def lock_path(out: str | Path) -> Path:
     out = Path(out)
     return out.parent / f".{out.name}.lock"
+
+
 def remove_stale_temps(out: str | Path) -> list[Path]:
     """Remove temporary folders of ``out`` left by killed writers on this host; returns those removed.
 
     Only our own naming is touched: .<out>.xlnet-<host>-<pid>-<random>.tmp whose host is this one and whose pid is not
-    running (a live writer's folder is kept), and the older .<out>.<random>.tmp once a day old.
+    running (a live writer's folder is kept).
     """
     out = Path(out)
     host = socket.gethostname()
@@ -200,40 +190,12 @@ def remove_stale_temps(out: str | Path) -> list[Path]:
         return removed
     for p in out.parent.glob(glob.escape(f".{out.name}.") + "*.tmp"):
         rest = p.name[len(out.name) + 1:]
-        stale = False
         m = _TEMP_RE.fullmatch(rest)
-        if m is not None:
-            stale = m["host"] == host and not _pid_alive(int(m["pid"]))
-        elif _LEGACY_TEMP_RE.fullmatch(rest):
-            with contextlib.suppress(OSError):
-                stale = time.time() - p.stat().st_mtime > LEGACY_TEMP_AGE
-        else:
-            stale = False
+        stale = m is not None and m["host"] == host and not pid_alive(int(m["pid"]))
         if stale and p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     return removed
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises Terminated (a KeyboardInterrupt): cleanup runs as it does on Ctrl-C.
-
-    A second SIGTERM during that cleanup is ignored. Outside the main thread (signals cannot be set) it does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Terminated()
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 @contextlib.contextmanager
@@ -261,7 +223,7 @@ def output_lock(out: str | Path) -> Iterator[None]:
                         continue
                 raise XLNetError(f"{out} is locked by another xlnet process ({path}); wait for it or remove the "
                                  "lock file if no xlnet process is running") from None
-            if o_host == host and not _pid_alive(o_pid):
+            if o_host == host and not pid_alive(o_pid):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
                 continue

@@ -738,7 +738,8 @@ def train_tokenizer(cfg: Config, inputs: Iterable[str | os.PathLike[str]], out_d
     import sentencepiece as spm
 
     from xlnetcli.data.corpus import ReadStats, expand_inputs, iter_lines, total_size
-    from xlnetcli.core.files import atomic_output_dir, check_output_dir, check_output_not_input, sigterm_as_interrupt
+    from xlnetcli.core.files import atomic_output_dir, check_output_dir, check_output_not_input
+    from xlnetcli.core.signals import sigterm_as_interrupt
     from xlnetcli.core.console import byte_progress, console
 
     check_output_dir(out_dir, overwrite, "a tokenizer")
