@@ -10,7 +10,7 @@ Pipeline (streaming, memory bounded by a few chunks whatever the corpus size):
 Chunk boundaries, document indices and the assignment depend only on the inputs, the tokenizer and the seed, never on
 the number of workers: the output is byte-identical for any --workers.
 
-Output directory (the shard format, read back by shardfmt.py; atomic: written to a temporary sibling, renamed into
+Output directory (the shard format, read back by shard_format.py; atomic: written to a temporary sibling, renamed into
 place on success):
   manifest.json, config.yaml, tokenizer/, train/shard_NNNNN.{tokens,sentid}.npy, valid/shard_00000.{tokens,sentid}.npy
 Sentence ids (uint8 0/1) flip at every input line, continuing across documents within a shard; a document's <eod>
@@ -20,10 +20,12 @@ shares the id of its last line.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
+import multiprocessing as mp
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import compress
 from pathlib import Path
@@ -32,14 +34,15 @@ from typing import Any
 import numpy as np
 
 from xlnetcli.config import Config, replace, save_config
-from xlnetcli.data.corpus import FileStats, ReadStats, expand_inputs, iter_chunks, total_size
-from xlnetcli.core.errors import DataError, XLNetError
-from xlnetcli.core.files import (atomic_output_dir, atomic_write_json, check_output_dir, check_output_not_input, ensure_open_files,
-                 is_disk_full, sha256_file, sigterm_as_interrupt)
 from xlnetcli.core.console import byte_progress, console
+from xlnetcli.core.errors import DataError, XLNetError
+from xlnetcli.core.files import (atomic_output_dir, atomic_write_json, check_output_dir, check_output_not_input,
+                                 ensure_open_files, is_disk_full, sha256_file)
+from xlnetcli.core.signals import quiet_pool_worker, sigterm_as_interrupt
+from xlnetcli.data.corpus import FileStats, ReadStats, expand_inputs, iter_chunks, total_size
 from xlnetcli.data.shard_format import FORMAT_VERSION, NpyStreamWriter
 from xlnetcli.data.special import EOD_ID
-from xlnetcli.data.tokenizer import Tokenizer, normalize_block
+from xlnetcli.data.tokenizer import Tokenizer, _combining_table, normalize_block
 
 CHUNK_CHARS = 1 << 18  # ~256 KiB of text per work item: thousands of lines per SentencePiece batch, little IPC
 
@@ -89,38 +92,8 @@ def encode_chunk(tok: Tokenizer, text: str, dtype: np.dtype) -> ChunkResult:
 _WORKER: tuple[Tokenizer, np.dtype] | None = None
 
 
-def _die_with_parent(parent: int) -> None:
-    """End this worker as soon as its parent dies (SIGKILL, OOM), quietly: no BrokenPipeError traceback later."""
-    import signal
-
-    try:  # Linux: the kernel sends SIGTERM (default action: exit) when the parent dies
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        if libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) != 0:
-            raise OSError
-    except (OSError, AttributeError):  # elsewhere: a watcher thread
-        import threading
-
-        def watch() -> None:
-            while os.getppid() == parent:
-                time.sleep(0.2)
-            os._exit(0)
-
-        threading.Thread(target=watch, daemon=True).start()
-    if os.getppid() != parent:  # died before the above took effect
-        os._exit(0)
-
-
 def _init_worker(model_bytes: bytes, meta: dict[str, Any], dtype: str, parent: int | None = None) -> None:
-    import signal
-
-    # The parent handles Ctrl-C / SIGTERM (cleanup) and terminates the pool: workers just stop, without a traceback.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if parent is not None:
-        _die_with_parent(parent)
+    quiet_pool_worker(parent)
     global _WORKER
     _WORKER = (Tokenizer(model_bytes, meta), np.dtype(dtype))
     _WORKER[0].fix_mask  # noqa: B018 - build the lookup once per worker
@@ -129,6 +102,69 @@ def _init_worker(model_bytes: bytes, meta: dict[str, Any], dtype: str, parent: i
 def _work(text: str) -> ChunkResult:
     assert _WORKER is not None
     return encode_chunk(_WORKER[0], text, _WORKER[1])
+
+
+class _EncoderPool:
+    """``workers`` encoders that return chunk results in input order: the main process and ``workers - 1`` helper
+    processes.
+
+    The main process is one of the encoders: it encodes a chunk itself whenever the helpers already hold enough work,
+    so N workers = N busy processes (not N helpers + a mostly idle parent competing for the same cores), and its own
+    serial work (read, assign, write) fills the gaps. Read-ahead is bounded: memory stays a few chunks whatever the
+    corpus."""
+
+    def __init__(self, tok: Tokenizer, dtype: np.dtype, workers: int) -> None:
+        self.tok, self.dtype = tok, dtype
+        _combining_table()  # built once here, inherited by forked workers
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        helpers = workers - 1
+        self.pool: Any = ctx.Pool(helpers, initializer=_init_worker,
+                                  initargs=(tok.model_bytes, tok.meta, dtype.str, os.getpid()))
+        tok.fix_mask  # noqa: B018
+        self.pending: collections.deque = collections.deque()  # (AsyncResult | ChunkResult, is_valid), in order
+        self.in_flight: collections.deque = collections.deque()  # AsyncResults not yet taken
+        self.busy = 2 * helpers  # tasks queued per helper: one running, one ready to start
+        self.window = 4 * workers + 4  # most chunks read ahead of the one being assigned
+
+    def encode(self, chunks: Iterable[tuple[str, bool]]) -> Iterator[tuple[ChunkResult, bool]]:
+        """Each chunk's result with its is_valid flag, in the order of ``chunks``; closes the pool at the end."""
+        for text, is_valid in chunks:
+            if sum(not r.ready() for r in self.in_flight) < self.busy:
+                r = self.pool.apply_async(_work, (text,))
+                self.in_flight.append(r)
+                self.pending.append((r, is_valid))
+            else:
+                self.pending.append((encode_chunk(self.tok, text, self.dtype), is_valid))
+            yield from self._take(block=False)
+            if len(self.pending) >= self.window:
+                yield from self._take(block=True)
+        while self.pending:
+            yield from self._take(block=True)
+        self.pool.close()
+        self.pool.join()
+        self.pool = None
+
+    def _take(self, block: bool) -> Iterator[tuple[ChunkResult, bool]]:
+        """The finished results at the head of the queue (with ``block``, waits for the first one)."""
+        while self.pending:
+            r, is_valid = self.pending[0]
+            if isinstance(r, ChunkResult):
+                res = r
+            elif block or r.ready():
+                res = r.get()
+                self.in_flight.remove(r)
+            else:
+                return
+            self.pending.popleft()
+            yield res, is_valid
+            block = False
+
+    def terminate(self) -> None:
+        """Stop the helpers now (on an error or an interrupt); nothing once the pool is closed."""
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -185,46 +221,62 @@ class _Assigner:
         nd = res.doc_tokens.size
         if nd == 0:
             return
-        if force_valid:
-            to_valid = np.ones(nd, dtype=bool)
-        elif self.valid_fraction > 0:
-            to_valid = _uniform_hash(self.seed, np.arange(self.doc_index, self.doc_index + nd)) < self.valid_fraction
-        else:
-            to_valid = np.zeros(nd, dtype=bool)
+        to_valid = self._to_valid(nd, force_valid)
         self.doc_index += nd
         self.lines_total += int(res.doc_lines.sum())
-        shards = self.train
-        n_train = len(shards)
-        doc_off = np.concatenate([[0], np.cumsum(res.doc_tokens)]).tolist()
+        target = self._targets(to_valid, res.doc_tokens)
+        order = np.argsort(target, kind="stable")  # documents grouped by shard, input order within each
+        per_docs = np.bincount(target, minlength=len(self.train) + 1)
+        per_tok = np.bincount(target, weights=res.doc_tokens, minlength=len(self.train) + 1).astype(np.int64).tolist()
+        sentid = self._continue_sentences(res, target, order, per_docs, per_tok)
+        self._write(res, sentid, order, per_docs, per_tok)
+
+    def _shard(self, t: int) -> _Shard:
+        """Target index -> shard: the train shards, then the valid one (index len(train))."""
+        return self.valid if t == len(self.train) else self.train[t]
+
+    def _to_valid(self, nd: int, force_valid: bool) -> np.ndarray:
+        """Which of the next ``nd`` documents go to the valid split: all of a --valid file's, else a seeded hash of the
+        document index below valid_fraction."""
+        if force_valid:
+            return np.ones(nd, dtype=bool)
+        if self.valid_fraction > 0:
+            return _uniform_hash(self.seed, np.arange(self.doc_index, self.doc_index + nd)) < self.valid_fraction
+        return np.zeros(nd, dtype=bool)
+
+    def _targets(self, to_valid: np.ndarray, doc_tokens: np.ndarray) -> np.ndarray:
+        """Target shard per document. Greedy balance: each train document goes to the shard with the fewest tokens so
+        far (the first such shard). Sequential by nature; the loop does only that, the rest is vectorised per shard."""
+        n_train = len(self.train)
+        if n_train == 1:
+            return np.where(to_valid, 1, 0).astype(np.int64)
+        tl: list[int] = [0] * to_valid.size
+        loads = [s.n_tokens for s in self.train]
+        index, mn = loads.index, min
+        for d, (v, n) in enumerate(zip(to_valid.tolist(), doc_tokens.tolist())):
+            if v:
+                tl[d] = n_train
+            else:
+                m = mn(loads)
+                t = index(m)
+                loads[t] = m + n
+                tl[d] = t
+        return np.asarray(tl, dtype=np.int64)
+
+    def _continue_sentences(self, res: ChunkResult, target: np.ndarray, order: np.ndarray, per_docs: np.ndarray,
+                            per_tok: list[int]) -> np.ndarray:
+        """The chunk's sentence ids as they continue in each shard, and the shards' counters advanced.
+
+        Sentence ids continue across documents within a shard: a document's first line differs from the shard's
+        previous token. flip[d] = 1 - (shard's last id before d) = XOR over the shard's earlier documents."""
+        n_train = len(self.train)
         # last-line parity within each document = parity of its <eod> (relative ids, first line 0)
         last_rel = res.sentid[res.doc_tokens.cumsum() - 1].astype(np.int64)
-        # Greedy balance: each train document goes to the shard with the fewest tokens so far (the first such shard).
-        # Sequential by nature; the loop does only that, everything else is vectorised per shard below.
-        if n_train == 1:
-            target = np.where(to_valid, 1, 0).astype(np.int64)
-        else:
-            tl: list[int] = [0] * nd
-            loads = [s.n_tokens for s in shards]
-            index, mn = loads.index, min
-            for d, (v, n) in enumerate(zip(to_valid.tolist(), res.doc_tokens.tolist())):
-                if v:
-                    tl[d] = n_train
-                else:
-                    m = mn(loads)
-                    t = index(m)
-                    loads[t] = m + n
-                    tl[d] = t
-            target = np.asarray(tl, dtype=np.int64)
-        # Sentence ids continue across documents within a shard: a document's first line differs from the shard's
-        # previous token. flip[d] = 1 - (shard's last id before d) = XOR over the shard's earlier documents.
-        order = np.argsort(target, kind="stable")
-        per_docs = np.bincount(target, minlength=n_train + 1)
         gb = np.concatenate([[0], np.cumsum(per_docs)]).tolist()
-        per_tok = np.bincount(target, weights=res.doc_tokens, minlength=n_train + 1).astype(np.int64).tolist()
         per_lines = np.bincount(target, weights=res.doc_lines, minlength=n_train + 1).astype(np.int64).tolist()
-        flip = np.empty(nd, dtype=np.uint8)
+        flip = np.empty(res.doc_tokens.size, dtype=np.uint8)
         for t in np.flatnonzero(per_docs).tolist():
-            sh = self.valid if t == n_train else shards[t]
+            sh = self._shard(t)
             idx = order[gb[t]:gb[t + 1]]
             g = 1 ^ last_rel[idx]
             f = ((1 - sh.last_sent) ^ (np.cumsum(g) - g)) & 1
@@ -233,11 +285,16 @@ class _Assigner:
             sh.n_tokens += per_tok[t]
             sh.n_sentences += per_lines[t]
             sh.n_documents += gb[t + 1] - gb[t]
-        sentid = res.sentid ^ np.repeat(flip, res.doc_tokens)
+        return res.sentid ^ np.repeat(flip, res.doc_tokens)
+
+    def _write(self, res: ChunkResult, sentid: np.ndarray, order: np.ndarray, per_docs: np.ndarray,
+               per_tok: list[int]) -> None:
+        """Append each shard's documents (in input order) to its files."""
         used = np.flatnonzero(per_docs).tolist()
         if len(used) == 1:
             parts = {used[0]: (res.tokens, sentid)}
         else:  # one gather puts each shard's documents (in order) next to each other
+            doc_off = np.concatenate([[0], np.cumsum(res.doc_tokens)]).tolist()
             lens = res.doc_tokens[order]
             starts = np.asarray(doc_off[:-1], dtype=np.int64)[order]
             idx = np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(lens) - lens), lens)
@@ -245,7 +302,7 @@ class _Assigner:
             bounds = np.concatenate([[0], np.cumsum(per_tok)]).tolist()
             parts = {t: (toks[bounds[t]:bounds[t + 1]], sids[bounds[t]:bounds[t + 1]]) for t in used}
         for t, (tk, sd) in parts.items():
-            sh = self.valid if t == n_train else shards[t]
+            sh = self._shard(t)
             sh.tokens.write(tk)
             sh.sentid.write(sd)
 
@@ -298,129 +355,121 @@ def shard_corpus(cfg: Config, inputs: Iterable[str | os.PathLike[str]], out_dir:
     ensure_open_files(2 * (shards + 1) + 4 * workers + 64, f"--shards {shards}")  # each shard: 2 files open
     check_output_dir(out_dir, overwrite, "shards")
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tokenizer)
-    valid_inputs = list(valid_inputs)
-    train_files = expand_inputs(inputs)
-    valid_files = expand_inputs(valid_inputs) if valid_inputs else []
     tok_path = None if isinstance(tokenizer, Tokenizer) else tokenizer
-    check_output_not_input(out_dir, [*train_files, *valid_files, tok_path])
-    valid_set = {p.resolve() for p in valid_files}
-    overlap = [p for p in train_files if p.resolve() in valid_set]
-    if overlap:
-        raise DataError(f"{overlap[0]} is both a training input and a --valid file")
+    train_files, valid_files = _input_files(inputs, valid_inputs, out_dir, tok_path)
     if valid_files:
         cfg = replace(cfg, data={"valid_fraction": 0.0})
-    valid_fraction, seed = cfg.data.valid_fraction, cfg.data.seed
     all_files = [(p, False) for p in train_files] + [(p, True) for p in valid_files]
     dtype = np.dtype(np.uint16) if tok.vocab_size <= 1 << 16 else np.dtype(np.uint32)
     nbytes = total_size(p for p, _ in all_files)
     stats = ReadStats()
     t0 = time.perf_counter()
     out = Path(out_dir)
-    pool = None
+    with (_write_errors(out), sigterm_as_interrupt(), atomic_output_dir(out, overwrite, "shards") as tmp,
+          byte_progress(quiet) as prog):
+        (tmp / "train").mkdir()
+        (tmp / "valid").mkdir()
+        train = [_Shard(tmp, "train", i, dtype) for i in range(shards)]
+        valid = _Shard(tmp, "valid", 0, dtype)
+        assigner = _Assigner(train, valid, cfg.data.seed, cfg.data.valid_fraction)
+        task = prog.add_task("sharding", total=nbytes, info="")
+        n_tok = 0
+
+        def assign(res: ChunkResult, is_valid: bool) -> None:
+            nonlocal n_tok
+            assigner.add(res, is_valid)
+            n_tok += res.tokens.size
+            prog.update(task, info=f"{n_tok / 1e6:.2f}M tokens")
+
+        chunks = _chunk_stream(all_files, stats, chunk_chars, lambda n: prog.advance(task, n), text_field)
+        _encode_in_order(chunks, tok, dtype, workers, assign)
+        for s in [*train, valid]:
+            s.close()
+        for w in stats.warnings():
+            console.print(w)
+        _check_split(assigner, len(all_files), quiet)
+        _finish_output(tmp, cfg, tok, dtype, assigner, {"train": train_files, "valid": valid_files}, nbytes, stats)
+    seconds = time.perf_counter() - t0
+    return ShardSummary(out, len(all_files), nbytes, seconds,
+                        {"train": sum(s.n_tokens for s in train), "valid": valid.n_tokens},
+                        {"train": sum(s.n_documents for s in train), "valid": valid.n_documents}, stats.bad_bytes)
+
+
+def _input_files(inputs: Iterable[str | os.PathLike[str]], valid_inputs: Iterable[str | os.PathLike[str]],
+                 out_dir: str | os.PathLike[str], tok_path: str | os.PathLike[str] | None) -> tuple[list[Path],
+                                                                                                   list[Path]]:
+    """(train files, --valid files), expanded; refuses an output among the inputs and a file in both lists."""
+    valid_inputs = list(valid_inputs)
+    train_files = expand_inputs(inputs)
+    valid_files = expand_inputs(valid_inputs) if valid_inputs else []
+    check_output_not_input(out_dir, [*train_files, *valid_files, tok_path])
+    valid_set = {p.resolve() for p in valid_files}
+    overlap = [p for p in train_files if p.resolve() in valid_set]
+    if overlap:
+        raise DataError(f"{overlap[0]} is both a training input and a --valid file")
+    return train_files, valid_files
+
+
+def _encode_in_order(chunks: Iterable[tuple[str, bool]], tok: Tokenizer, dtype: np.dtype, workers: int,
+                     assign: Callable[[ChunkResult, bool], None]) -> None:
+    """Encode every chunk (here, or with ``workers`` encoders) and pass each result to ``assign`` in input order."""
+    if workers == 1:
+        tok.fix_mask  # noqa: B018
+        for text, is_valid in chunks:
+            assign(encode_chunk(tok, text, dtype), is_valid)
+        return
+    encoders = _EncoderPool(tok, dtype, workers)
     try:
-        with sigterm_as_interrupt(), atomic_output_dir(out, overwrite, "shards") as tmp, byte_progress(quiet) as prog:
-            (tmp / "train").mkdir()
-            (tmp / "valid").mkdir()
-            train = [_Shard(tmp, "train", i, dtype) for i in range(shards)]
-            valid = _Shard(tmp, "valid", 0, dtype)
-            assigner = _Assigner(train, valid, seed, valid_fraction)
-            task = prog.add_task("sharding", total=nbytes, info="")
-            n_tok = 0
+        for res, is_valid in encoders.encode(chunks):
+            assign(res, is_valid)
+    finally:
+        encoders.terminate()
 
-            def consume(res: ChunkResult, is_valid: bool) -> None:
-                nonlocal n_tok
-                assigner.add(res, is_valid)
-                n_tok += res.tokens.size
-                prog.update(task, info=f"{n_tok / 1e6:.2f}M tokens")
 
-            chunks = _chunk_stream(all_files, stats, chunk_chars, lambda n: prog.advance(task, n), text_field)
-            if workers == 1:
-                tok.fix_mask  # noqa: B018
-                for text, is_valid in chunks:
-                    consume(encode_chunk(tok, text, dtype), is_valid)
-            else:
-                import multiprocessing as mp
+def _check_split(assigner: _Assigner, n_files: int, quiet: bool) -> None:
+    """Refuse a corpus without text, an empty train split or an empty train shard; warn of an empty valid split."""
+    n_docs = assigner.doc_index
+    if n_docs == 0:
+        raise DataError(f"the corpus ({n_files} file(s)) holds no text: nothing to shard")
+    if sum(s.n_tokens for s in assigner.train) == 0:
+        raise DataError("every document went to the validation split; lower --valid-fraction")
+    if any(s.n_documents == 0 for s in assigner.train):
+        raise DataError(f"only {n_docs} document(s) for {len(assigner.train)} shards; use fewer --shards")
+    if assigner.valid_fraction > 0 and assigner.valid.n_documents == 0 and not quiet:
+        console.print(f"warning: no document fell into the validation split (valid_fraction "
+                      f"{assigner.valid_fraction}, {n_docs} documents)")
 
-                from xlnetcli.data.tokenizer import _combining_table
 
-                _combining_table()  # built once here, inherited by forked workers
+def _finish_output(tmp: Path, cfg: Config, tok: Tokenizer, dtype: np.dtype, assigner: _Assigner,
+                   inputs: dict[str, list[Path]], nbytes: int, stats: ReadStats) -> None:
+    """Write manifest.json, the tokenizer and config.yaml beside the closed shards (no valid files if none)."""
+    train, valid = assigner.train, assigner.valid
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "tokenizer_sha256": tok.sha256,
+        "vocab_size": tok.vocab_size,
+        "dtype": dtype.name,
+        "seed": assigner.seed,
+        "valid_fraction": assigner.valid_fraction,
+        "splits": {"train": [s.entry(tmp) for s in train],
+                   "valid": [valid.entry(tmp)] if valid.n_documents else []},
+        "inputs": {split: [str(p) for p in files] for split, files in inputs.items()},
+        "bytes": nbytes,
+        "invalid_utf8_bytes": stats.bad_bytes,
+    }
+    if not valid.n_documents:
+        for rel in (valid.rel_tokens, valid.rel_sentid):
+            (tmp / rel).unlink()
+    tok.save(tmp / "tokenizer")
+    save_config(cfg, tmp)
+    atomic_write_json(tmp / "manifest.json", manifest)
 
-                ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-                # The main process is one of the `workers` encoders: it encodes a chunk itself whenever the helpers
-                # already hold enough work, so N workers = N busy processes (not N helpers + a mostly idle parent
-                # competing for the same cores), and its own serial work (read, assign, write) fills the gaps.
-                helpers = workers - 1
-                pool = ctx.Pool(helpers, initializer=_init_worker,
-                                initargs=(tok.model_bytes, tok.meta, dtype.str, os.getpid()))
-                tok.fix_mask  # noqa: B018
-                pending: collections.deque = collections.deque()  # (AsyncResult | ChunkResult, is_valid), in order
-                in_flight: collections.deque = collections.deque()  # AsyncResults not yet consumed
-                busy = 2 * helpers  # tasks queued per helper: one running, one ready to start
-                window = 4 * workers + 4  # bounded read-ahead: memory stays a few chunks whatever the corpus
 
-                def drain(block: bool) -> None:
-                    while pending:
-                        r, v = pending[0]
-                        if isinstance(r, ChunkResult):
-                            res = r
-                        elif block or r.ready():
-                            res = r.get()
-                            in_flight.remove(r)
-                        else:
-                            return
-                        pending.popleft()
-                        consume(res, v)
-                        block = False
-
-                for text, is_valid in chunks:
-                    if sum(not r.ready() for r in in_flight) < busy:
-                        r = pool.apply_async(_work, (text,))
-                        in_flight.append(r)
-                        pending.append((r, is_valid))
-                    else:
-                        pending.append((encode_chunk(tok, text, dtype), is_valid))
-                    drain(block=False)
-                    if len(pending) >= window:
-                        drain(block=True)
-                while pending:
-                    drain(block=True)
-                pool.close()
-                pool.join()
-                pool = None
-            for s in [*train, valid]:
-                s.close()
-            for w in stats.warnings():
-                console.print(w)
-            n_train = sum(s.n_tokens for s in train)
-            if assigner.doc_index == 0:
-                raise DataError(f"the corpus ({len(all_files)} file(s)) holds no text: nothing to shard")
-            if n_train == 0:
-                raise DataError("every document went to the validation split; lower --valid-fraction")
-            empty = [i for i, s in enumerate(train) if s.n_documents == 0]
-            if empty:
-                raise DataError(f"only {assigner.doc_index} document(s) for {shards} shards; use fewer --shards")
-            if valid_fraction > 0 and valid.n_documents == 0 and not quiet:
-                console.print(f"warning: no document fell into the validation split (valid_fraction "
-                              f"{valid_fraction}, {assigner.doc_index} documents)")
-            manifest = {
-                "format_version": FORMAT_VERSION,
-                "tokenizer_sha256": tok.sha256,
-                "vocab_size": tok.vocab_size,
-                "dtype": dtype.name,
-                "seed": seed,
-                "valid_fraction": valid_fraction,
-                "splits": {"train": [s.entry(tmp) for s in train],
-                           "valid": [valid.entry(tmp)] if valid.n_documents else []},
-                "inputs": {"train": [str(p) for p in train_files], "valid": [str(p) for p in valid_files]},
-                "bytes": nbytes,
-                "invalid_utf8_bytes": stats.bad_bytes,
-            }
-            if not valid.n_documents:
-                for rel in (valid.rel_tokens, valid.rel_sentid):
-                    (tmp / rel).unlink()
-            tok.save(tmp / "tokenizer")
-            save_config(cfg, tmp)
-            atomic_write_json(tmp / "manifest.json", manifest)
+@contextlib.contextmanager
+def _write_errors(out: Path) -> Iterator[None]:
+    """A full disk or a folder we may not write to, as one line."""
+    try:
+        yield
     except OSError as e:
         if is_disk_full(e):
             raise XLNetError(f"disk full while writing shards to {out}; free space and rerun "
@@ -428,14 +477,6 @@ def shard_corpus(cfg: Config, inputs: Iterable[str | os.PathLike[str]], out_dir:
         if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise XLNetError(f"cannot write to {out}: {e.strerror}") from None
         raise
-    finally:
-        if pool is not None:
-            pool.terminate()
-            pool.join()
-    seconds = time.perf_counter() - t0
-    return ShardSummary(out, len(all_files), nbytes, seconds,
-                        {"train": n_train, "valid": valid.n_tokens},
-                        {"train": sum(s.n_documents for s in train), "valid": valid.n_documents}, stats.bad_bytes)
 
 
 __all__ = ["shard_corpus", "encode_chunk", "ShardSummary", "CHUNK_CHARS"]
