@@ -15,6 +15,7 @@ import string
 from pathlib import Path
 
 import numpy as np
+import sentencepiece as spm
 
 from xlnetcli.core.errors import DataError
 from xlnetcli.data.special import CLS_ID, SEP_ID
@@ -35,8 +36,7 @@ def word_start_table(tokenizer_dir: Path) -> np.ndarray:
     """bool [vocab]: the piece starts a word (docs/xlnet.md §4): where spans may begin and end."""
     if (tokenizer_dir / "xlnet_tokenizer.json").is_file() or (tokenizer_dir / "tokenizer.json").is_file():
         return np.asarray(Tokenizer.load(tokenizer_dir).word_start_mask(), dtype=bool)
-    import sentencepiece as spm  # a bare SentencePiece model (no metadata file): the same rule from its pieces
-
+    # a bare SentencePiece model (no metadata file): the same rule from its pieces
     model = tokenizer_dir / "spiece.model"
     if not model.is_file():
         raise DataError(f"tokenizer model missing: {model}")
@@ -107,110 +107,149 @@ def masks_from_draws(
     mask = np.zeros((N, n), bool)
     if N == 0 or n == 0:
         return mask
+    words = _WordStarts(seg, word_start, mode)
+    begins, ends = _sample_spans(words, goal, alpha, beta, mode, draws, max_gram)
+    if len(begins):
+        lengths = ends - begins
+        begins -= begins // words.width  # [N, n + 1] -> [N, n] positions (spans never reach the sentinel)
+        span_of_target = np.repeat(begins - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+        mask.reshape(-1)[span_of_target + np.arange(int(lengths.sum()))] = True
+    functional = words.functional - words.functional // words.width  # <sep>/<cls> in [N, n] positions
+    if mode == "word":
+        mask.reshape(-1)[functional] = False
+    if top_up:
+        _top_up(mask, functional if mode == "word" else functional[:0], goal, draws)
+    return mask
+
+
+class _WordStarts:
+    """Where words start in N segments of n pieces, laid out flat as [N, n + 1]: segment r occupies
+    [r*(n+1), r*(n+1) + n], and position n is a sentinel word start that ends every segment's last word.
+
+    ``positions``: sorted flat positions of the word starts. ``next_start``: per flat position, the index in
+    ``positions`` of the next word start at or after it. ``sentinel``: per segment, the index of its sentinel.
+    ``pieces_before``: per word start, the pieces before it (differences within a segment count the pieces of
+    whole words; in "word" mode <sep>/<cls> do not count). ``functional``: flat positions of <sep>/<cls>, which
+    are word starts too."""
+
+    def __init__(self, seg: np.ndarray, word_start: np.ndarray, mode: str) -> None:
+        N, n = seg.shape
+        self.width = n + 1
+        codes = word_start.astype(np.uint8)  # 1 = word start, 3 = <sep>/<cls> (functional; a word start too)
+        codes[[i for i in (SEP_ID, CLS_ID) if i < len(codes)]] = 3
+        code_grid = np.empty((N, self.width), np.uint8)
+        code_grid[:, :n] = codes.take(seg)
+        code_grid[:, n] = 1
+        self.functional = np.flatnonzero(code_grid == 3)
+        is_start = code_grid.reshape(-1)
+        is_start[self.functional] = 1
+        is_start = is_start.view(bool)  # 0/1 bytes
+        self.positions = np.flatnonzero(is_start)
+        self.next_start = np.cumsum(is_start, dtype=np.int32)
+        self.next_start -= is_start
+        self.sentinel = self.next_start[np.arange(N) * self.width + n]
+        self.pieces_before = self.positions
+        if mode == "word" and len(self.functional):  # subtract the <sep>/<cls> word starts before each word start
+            functional_start = np.zeros(len(self.positions) + 1, np.int32)
+            functional_start[self.next_start[self.functional] + 1] = 1
+            self.pieces_before = self.positions - np.cumsum(functional_start, dtype=np.int32)[:-1]
+
+
+def _sample_spans(words: _WordStarts, goal: int, alpha: int, beta: int, mode: str, draws: np.ndarray,
+                  max_gram: int) -> tuple[np.ndarray, np.ndarray]:
+    """(begins, ends): flat [N, n + 1] positions of the spans chosen, every segment's in order.
+
+    Span-based partial prediction (XLNet §2.3, the original ``_sample_mask``): from a cursor, draw a span length of
+    n_units ~ 1/n and a context of n_units*alpha/beta tokens; the span starts at the first word start at or after
+    cursor + left (left uniform in the context) and the cursor moves past the span and the rest of its context. Until
+    ``goal`` targets are chosen or the segment ends. Hot loop: every step is one array operation over the segments
+    still active, so it stays whole."""
+    N, width = len(words.sentinel), words.width
+    n = width - 1
     K = goal + 5
-    M = n + 1  # flat layout: segment r occupies [r*M, r*M + n], position n a sentinel word start
-    codes = word_start.astype(np.uint8)  # 1 = word start, 3 = <sep>/<cls> (functional; a word start too)
-    codes[[i for i in (SEP_ID, CLS_ID) if i < len(codes)]] = 3
-    wsx = np.empty((N, M), np.uint8)
-    wsx[:, :n] = codes.take(seg)
-    wsx[:, n] = 1
-    fpos = np.flatnonzero(wsx == 3)  # flat positions of <sep>/<cls> in the [N, M] layout
-    wx = wsx.reshape(-1)
-    wx[fpos] = 1
-    wx = wx.view(bool)  # 0/1 bytes
-    wflat = np.flatnonzero(wx)  # sorted flat positions of word starts
-    nxtw = np.cumsum(wx, dtype=np.int32)  # index in wflat of the next word start at or after each flat position
-    nxtw -= wx
-    wsent = nxtw[np.arange(N) * M + n]  # index in wflat of each segment's sentinel
-    cw = wflat  # pieces before each word start (differences within a segment count pieces)
-    if mode == "word" and len(fpos):  # count non-functional pieces only: subtract <sep>/<cls> word starts before
-        isf = np.zeros(len(wflat) + 1, np.int32)
-        isf[nxtw[fpos] + 1] = 1
-        cw = wflat - np.cumsum(isf, dtype=np.int32)[:-1]
-    # the loop state, in flat [N, M] positions; compacted to the segments still active
-    act = np.arange(N) if goal > 0 else np.arange(0)
-    cur = act * M
-    row_end = cur + n
-    sent = wsent[act]
-    count = np.zeros(len(act), np.int64)
-    u_n = np.ascontiguousarray(draws[:, :K].T)  # [K, N]: draw k of every segment contiguous
-    u_l = np.ascontiguousarray(draws[:, K : 2 * K].T)
-    ctx_of = np.arange(MAX_GRAM + 1) * alpha // beta
+    active = np.arange(N) if goal > 0 else np.arange(0)  # the loop's state, compacted to the segments still active
+    cursor = active * width
+    row_end = cursor + n
+    sentinel = words.sentinel[active]
+    n_chosen = np.zeros(len(active), np.int64)
+    u_length = np.ascontiguousarray(draws[:, :K].T)  # [K, N]: draw k of every segment contiguous
+    u_left = np.ascontiguousarray(draws[:, K : 2 * K].T)
+    context_of = np.arange(MAX_GRAM + 1) * alpha // beta
     cdf = ngram_cdf(max_gram)
-    begs, ends = [], []
-    it = 0
-    while len(act):
-        col = it % K
-        left = goal - count
-        ng = np.minimum(np.searchsorted(cdf, u_n[col][act], side="right") + 1, max_gram)
-        np.minimum(ng, left, out=ng)
-        ctx = ctx_of[ng]
-        lctx = np.minimum((u_l[col][act] * ctx).astype(np.int64), ctx - 1)
-        j = nxtw[np.minimum(cur + lctx, row_end)]  # next word start at or after cur + l
-        if mode == "original":
-            beg = wflat[j]
-            end = beg + ng
-            cnt = ng
-            ok = end < row_end
+    begins, ends = [], []
+    step = 0
+    while len(active):
+        col = step % K
+        remaining = goal - n_chosen
+        n_units = np.minimum(np.searchsorted(cdf, u_length[col][active], side="right") + 1, max_gram)
+        np.minimum(n_units, remaining, out=n_units)
+        context = context_of[n_units]
+        left = np.minimum((u_left[col][active] * context).astype(np.int64), context - 1)
+        first_word = words.next_start[np.minimum(cursor + left, row_end)]  # next word start at or after cursor + left
+        begin = words.positions[first_word]
+        if mode == "original":  # n_units subword pieces from a word start (the original's bug #220)
+            end = begin + n_units
+            n_targets = n_units
+            placed = end < row_end
         else:
-            # end after k_fit words: the most words (<= n) whose non-functional pieces keep the count <= goal
-            cj = cw[j]
-            fit = cw[np.minimum(j[:, None] + _KK, sent[:, None])] <= (cj + left)[:, None]
-            k_fit = (fit & (_KK <= ng[:, None])).sum(1)
-            je = np.minimum(j + k_fit, sent)
-            beg = wflat[j]
-            end = wflat[je]
-            cnt = cw[je] - cj
-            ok = (je > j) & (end < row_end)
-        count += np.where(ok, cnt, 0) if not ok.all() else cnt
-        nxt_cur = end + (ctx - lctx)
-        keep = ok & (count < goal) & (nxt_cur < row_end)
-        if not ok.all():
-            beg, end = beg[ok], end[ok]
-        begs.append(beg)
+            # whole-word spans: end after the most words (<= n_units) whose non-functional pieces keep the count
+            # <= goal
+            pieces_at_first = words.pieces_before[first_word]
+            fits = (words.pieces_before[np.minimum(first_word[:, None] + _KK, sentinel[:, None])]
+                    <= (pieces_at_first + remaining)[:, None])
+            n_words = (fits & (_KK <= n_units[:, None])).sum(1)
+            end_word = np.minimum(first_word + n_words, sentinel)
+            end = words.positions[end_word]
+            n_targets = words.pieces_before[end_word] - pieces_at_first
+            placed = (end_word > first_word) & (end < row_end)
+        n_chosen += np.where(placed, n_targets, 0) if not placed.all() else n_targets
+        next_cursor = end + (context - left)
+        still_active = placed & (n_chosen < goal) & (next_cursor < row_end)
+        if not placed.all():
+            begin, end = begin[placed], end[placed]
+        begins.append(begin)
         ends.append(end)
-        if keep.all():
-            cur = nxt_cur
+        if still_active.all():
+            cursor = next_cursor
         else:
-            act, cur, row_end, sent, count = act[keep], nxt_cur[keep], row_end[keep], sent[keep], count[keep]
-        it += 1
-    if begs:
-        b = np.concatenate(begs)
-        lens = np.concatenate(ends) - b
-        if len(b):
-            b -= b // M  # [N, M] -> [N, n] positions (spans never reach the sentinel)
-            starts = np.repeat(b - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
-            mask.reshape(-1)[starts + np.arange(int(lens.sum()))] = True
-    fseg = fpos - fpos // M  # <sep>/<cls> in [N, n] positions
-    if mode == "word":
-        mask.reshape(-1)[fseg] = False
-    if not top_up:
-        return mask
-    # top up with single random positions until the goal is reached: candidates drawn uniformly in order, the first
-    # eligible distinct ones taken (a uniform subset); segments whose candidates run short use an exact draw
+            active, cursor, row_end = active[still_active], next_cursor[still_active], row_end[still_active]
+            sentinel, n_chosen = sentinel[still_active], n_chosen[still_active]
+        step += 1
+    if not begins:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(begins), np.concatenate(ends)
+
+
+def _top_up(mask: np.ndarray, functional: np.ndarray, goal: int, draws: np.ndarray) -> None:
+    """Add single random positions to ``mask`` [N, n] (in place) until each segment has ``goal`` targets, never a
+    position in ``functional`` (flat [N, n]).
+
+    The candidates are each segment's last draws, in order: the first eligible distinct ones are taken (a uniform
+    subset); a segment whose candidates run short gets an exact draw, seeded by its own first two uniforms."""
+    N, n = mask.shape
+    K = goal + 5
     eligible = ~mask
-    if mode == "word":
-        eligible.reshape(-1)[fseg] = False
-    need = goal - mask.sum(1)
-    sel = np.flatnonzero(need > 0)
-    if len(sel) == 0:
-        return mask
-    T = draws.shape[1] - 2 * K
-    cand = np.minimum((draws[sel, 2 * K:] * n).astype(np.int64), n - 1)  # [S, T]
-    flat = sel[:, None] * n + cand
-    ok = eligible.reshape(-1)[flat]
-    loc = (np.arange(len(sel)) * n)[:, None] + cand  # first occurrence of each candidate in its row
-    first = np.full(len(sel) * n, T, np.int16)
-    np.minimum.at(first, loc.reshape(-1), np.broadcast_to(np.arange(T, dtype=np.int16), loc.shape).reshape(-1))
-    ok &= first[loc] == np.arange(T)[None, :]
-    csum = np.cumsum(ok, axis=1)
-    take = ok & (csum <= need[sel, None])
-    mask.reshape(-1)[flat[take]] = True
-    short = np.flatnonzero(csum[:, -1] < need[sel])
-    for r in sel[short]:
-        el = np.flatnonzero(eligible[r] & ~mask[r])
+    eligible.reshape(-1)[functional] = False
+    missing = goal - mask.sum(1)
+    rows = np.flatnonzero(missing > 0)
+    if len(rows) == 0:
+        return
+    n_cand = draws.shape[1] - 2 * K
+    candidates = np.minimum((draws[rows, 2 * K:] * n).astype(np.int64), n - 1)  # [S, n_cand]
+    flat_cand = rows[:, None] * n + candidates
+    usable = eligible.reshape(-1)[flat_cand]
+    # a candidate counts once: its first draw in its row wins
+    cell = (np.arange(len(rows)) * n)[:, None] + candidates
+    first_draw = np.full(len(rows) * n, n_cand, np.int16)
+    np.minimum.at(first_draw, cell.reshape(-1),
+                  np.broadcast_to(np.arange(n_cand, dtype=np.int16), cell.shape).reshape(-1))
+    usable &= first_draw[cell] == np.arange(n_cand)[None, :]
+    n_usable = np.cumsum(usable, axis=1)
+    mask.reshape(-1)[flat_cand[usable & (n_usable <= missing[rows, None])]] = True
+    ran_short = np.flatnonzero(n_usable[:, -1] < missing[rows])
+    for r in rows[ran_short]:
+        free = np.flatnonzero(eligible[r] & ~mask[r])
         k = int(goal - mask[r].sum())
         seed = [int(x * 2**53) for x in draws[r, :2]]
-        pick = np.random.default_rng(seed).permutation(el)[: max(0, k)]
+        pick = np.random.default_rng(seed).permutation(free)[: max(0, k)]
         mask[r, pick] = True
-    return mask
