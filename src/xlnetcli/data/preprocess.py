@@ -2,8 +2,8 @@
 
     preprocess(cfg, "shards/", "records/", workers=4)       # what `xlnet preprocess` calls
 
-This module is the orchestration; the pieces live in their own files: shardfmt.py reads the shards, segments.py
-does the A/B split, masking.py the span masking, records.py writes the records format (documented there).
+This module is the orchestration; the pieces live in their own files: shard_format.py reads the shards, segments.py
+does the A/B split, masking.py the span masking, record_format.py writes the records format (documented there).
 
 Layout of the examples (the original's ``create_tfrecords``):
 - the token stream of a pass (the shards concatenated in a per-pass shuffled order, sentence ids flipped so they keep
@@ -22,6 +22,7 @@ job's rows (span masks sampled for all their segments at once); a random B span 
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import shutil
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from xlnetcli.config import Config, save_config, split_num_predict, validate
+from xlnetcli.config import BatchPlan, Config, save_config, split_num_predict, validate
 from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_not_input
 from xlnetcli.core.console import print0, step_progress
@@ -172,7 +173,6 @@ def preprocess(cfg: Config, shards: str | Path, out: str | Path, *, overwrite: b
     manifest.json first (a flipped byte is refused, naming the file, instead of being trained on)."""
     shards = Path(shards)
     check_output_not_input(out, [shards])
-    passes, mode = cfg.data.passes, cfg.data.mask_mode
     plan = validate(cfg, stage="preprocess")
     manifest, sha = check_shards(shards, cfg.model.vocab_size, verify=verify, workers=workers)
     vocab = int(manifest["vocab_size"])
@@ -180,14 +180,48 @@ def preprocess(cfg: Config, shards: str | Path, out: str | Path, *, overwrite: b
     ws_table = word_start_table(tok_dir)
     if len(ws_table) < vocab:
         raise DataError(f"{tok_dir}: tokenizer has {len(ws_table)} pieces, the manifest says {vocab}")
-
-    L, R = cfg.data.seq_len, cfg.model.reuse_len
-    G, mb, bi, n_fwd = plan.global_batch_size, plan.micro_batch_size, plan.bi_data, plan.forward_rows
     dtype = manifest["dtype"]  # uint16 | uint32 (read_manifest checks it)
-    params = _Params(L, R, cfg.data.num_predict, cfg.data.mask_alpha, cfg.data.mask_beta, mode, cfg.data.seed, dtype,
-                     cfg.data.max_gram)
+    params = _Params(cfg.data.seq_len, cfg.model.reuse_len, cfg.data.num_predict, cfg.data.mask_alpha,
+                     cfg.data.mask_beta, cfg.data.mask_mode, cfg.data.seed, dtype, cfg.data.max_gram)
+    splits = _split_layouts(shards, manifest, plan.forward_rows, cfg.data.seq_len, cfg.model.reuse_len)
+    meta = _records_meta(cfg, plan, sha, vocab, dtype)
+    G, passes = plan.global_batch_size, cfg.data.passes
+    total_examples = sum(passes * G * s.steps for s in splits.values())
+    with atomic_output_dir(out, overwrite, "records") as tmp:
+        ws_path = tmp / ".word_start.npy"
+        np.save(ws_path, ws_table)
+        jobs = []
+        for split, layout in splits.items():
+            files, split_jobs = _create_passes(tmp, cfg, plan, split, layout, workers, params, ws_path, vocab)
+            jobs += split_jobs
+            meta["splits"][split] = {
+                "tokens": layout.total, "rows": G, "row_len": layout.row_len, "steps_per_pass": layout.steps,
+                "passes": passes, "examples": passes * G * layout.steps, "files": files,
+            }
+        _run_jobs(jobs, workers, quiet, total_examples)
+        ws_path.unlink()
+        meta["sha256"] = checksums(tmp)
+        shutil.copytree(tok_dir, tmp / "tokenizer")
+        # the config these records were made with, as used: `xlnet pretrain` without --config reads it back
+        save_config(cfg, tmp)
+        atomic_write_json(tmp / "meta.json", meta)
+    return meta
 
-    plans = {}
+
+@dataclass
+class _SplitLayout:
+    """One split's token stream cut into rows: ``steps`` windows of each row of ``row_len`` tokens."""
+
+    paths: list[tuple[str, str]]
+    total: int
+    row_len: int
+    steps: int
+
+
+def _split_layouts(shards: Path, manifest: dict, n_fwd: int, L: int, R: int) -> dict[str, _SplitLayout]:
+    """Row layout of each split that holds one window per forward row (a valid split too small is skipped, with a
+    line; a train split too small is refused)."""
+    layouts = {}
     for split in ("train", "valid"):
         paths, total = split_files(shards, manifest, split)
         need = n_fwd * L
@@ -200,69 +234,66 @@ def preprocess(cfg: Config, shards: str | Path, out: str | Path, *, overwrite: b
             print0(f"[yellow]valid split skipped: {total} tokens, one window per row needs {need}[/yellow]")
             continue
         row_len = total // n_fwd
-        steps = (row_len - L) // R + 1
-        plans[split] = (paths, total, row_len, steps)
+        layouts[split] = _SplitLayout(paths, total, row_len, (row_len - L) // R + 1)
+    return layouts
 
-    meta: dict[str, Any] = {
+
+def _records_meta(cfg: Config, plan: BatchPlan, sha: str, vocab: int, dtype: str) -> dict[str, Any]:
+    """meta.json without its per-split entries and checksums (filled in as the records are written)."""
+    return {
         "format_version": FORMAT_VERSION,
-        "seq_len": L,
-        "reuse_len": R,
+        "seq_len": cfg.data.seq_len,
+        "reuse_len": cfg.model.reuse_len,
         "perm_size": cfg.perm_size,
-        "bi_data": bi,
+        "bi_data": plan.bi_data,
         "num_predict": cfg.data.num_predict,
         "num_predict_reuse": plan.num_predict_reuse,
         "mask_alpha": cfg.data.mask_alpha,
         "mask_beta": cfg.data.mask_beta,
-        "mask_mode": mode,
+        "mask_mode": cfg.data.mask_mode,
         "max_gram": cfg.data.max_gram,
         "seed": cfg.data.seed,
         "tokenizer_sha256": sha,
         "vocab_size": vocab,
         "dtype": dtype,
-        "global_batch_size": G,
-        "micro_batch_size": mb,
-        "passes": passes,
+        "global_batch_size": plan.global_batch_size,
+        "micro_batch_size": plan.micro_batch_size,
+        "passes": cfg.data.passes,
         "layout": "rows [G, steps, L]; bi_data blocks of micro_batch_size = [forward half ; same rows reversed]",
         "splits": {},
     }
-    total_examples = sum(passes * G * s for (_, _, _, s) in plans.values())
-    with atomic_output_dir(out, overwrite, "records") as tmp:
-        ws_path = tmp / ".word_start.npy"
-        np.save(ws_path, ws_table)
-        jobs = []
-        for split, (paths, total, row_len, steps) in plans.items():
-            (tmp / split).mkdir()
-            files = []
-            for pass_id in range(passes):
-                order = list(np.random.default_rng([cfg.data.seed, _SPLIT_IDS[split], pass_id]).permutation(len(paths)))
-                prefix = tmp / split / f"pass_{pass_id:03d}"
-                create_pass(prefix, G, steps, L, dtype)
-                files.append(f"{split}/pass_{pass_id:03d}")
-                chunk = max(1, min(mb, G // max(1, workers)))
-                for g0 in range(0, G, chunk):
-                    jobs.append(
-                        _Job(paths, [int(x) for x in order], str(prefix), split, pass_id, list(range(g0, min(G, g0 + chunk))),
-                             n_fwd, row_len, steps, bi, mb, params, str(ws_path), vocab)
-                    )
-            meta["splits"][split] = {
-                "tokens": total, "rows": G, "row_len": row_len, "steps_per_pass": steps, "passes": passes,
-                "examples": passes * G * steps, "files": files,
-            }
-        with step_progress(quiet) as bar:
-            task = bar.add_task("preprocess", total=total_examples, info="examples")
-            if workers <= 1:
-                for job in jobs:
-                    bar.advance(task, _run_job(job))
-            else:
-                import multiprocessing as mp
 
-                with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as ex:
-                    for n in ex.map(_run_job, jobs):
-                        bar.advance(task, n)
-        ws_path.unlink()
-        meta["sha256"] = checksums(tmp)
-        shutil.copytree(tok_dir, tmp / "tokenizer")
-        # the config these records were made with, as used: `xlnet pretrain` without --config reads it back
-        save_config(cfg, tmp)
-        atomic_write_json(tmp / "meta.json", meta)
-    return meta
+
+def _create_passes(tmp: Path, cfg: Config, plan: BatchPlan, split: str, layout: _SplitLayout, workers: int,
+                   params: _Params, ws_path: Path, vocab: int) -> tuple[list[str], list[_Job]]:
+    """Create the split's pass files (each pass reads the shards in its own seeded order); returns their names and
+    the jobs that fill them, a few rows each."""
+    (tmp / split).mkdir()
+    G, mb = plan.global_batch_size, plan.micro_batch_size
+    files, jobs = [], []
+    for pass_id in range(cfg.data.passes):
+        order = list(np.random.default_rng([cfg.data.seed, _SPLIT_IDS[split], pass_id]).permutation(len(layout.paths)))
+        prefix = tmp / split / f"pass_{pass_id:03d}"
+        create_pass(prefix, G, layout.steps, cfg.data.seq_len, params.dtype)
+        files.append(f"{split}/pass_{pass_id:03d}")
+        chunk = max(1, min(mb, G // max(1, workers)))
+        for g0 in range(0, G, chunk):
+            jobs.append(
+                _Job(layout.paths, [int(x) for x in order], str(prefix), split, pass_id,
+                     list(range(g0, min(G, g0 + chunk))), plan.forward_rows, layout.row_len, layout.steps,
+                     plan.bi_data, mb, params, str(ws_path), vocab)
+            )
+    return files, jobs
+
+
+def _run_jobs(jobs: list[_Job], workers: int, quiet: bool, total_examples: int) -> None:
+    """Run the jobs here or in ``workers`` forked processes, with a progress bar over the examples."""
+    with step_progress(quiet) as bar:
+        task = bar.add_task("preprocess", total=total_examples, info="examples")
+        if workers <= 1:
+            for job in jobs:
+                bar.advance(task, _run_job(job))
+        else:
+            with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as ex:
+                for n in ex.map(_run_job, jobs):
+                    bar.advance(task, n)
