@@ -6,7 +6,7 @@
 (docs/xlnet.md §3): A ends at a sentence boundary after the window; B is its true continuation (label 1) or, with
 probability 1/2, a random span of the row extended to sentence boundaries (label 0); the longer of A, B is trimmed
 (``trim_lengths``). The scans are done on sentence-boundary positions, vectorised over the windows of a block.
-A ``Row`` is one contiguous row of a pass's token stream (shardfmt.PassStream), read forward or time-reversed.
+A ``Row`` is one contiguous row of a pass's token stream (shard_format.PassStream), read forward or time-reversed.
 """
 
 from __future__ import annotations
@@ -121,14 +121,45 @@ def split_block(row: Row, seq_len: int, reuse_len: int, U: np.ndarray, s0: int, 
     hi = min(row.len, (s1 - 1) * R + L + 2 * tot + 64)
     blk_t, blk_s = row.read(lo, hi)
     bpos = _boundaries(blk_s, lo)
-    nb = len(bpos)
     scan = _RowScanner(row, 4 * L)
     i = (s0 + np.arange(n, dtype=np.int64)) * R
     begin = i + R
+    a_end, end_idx, lab0 = _cut_a(row, bpos, begin, tot, hi, scan, U)
+    b_begin, b_end = a_end.copy(), end_idx.copy()  # label 1: B is the true continuation
+    z = np.flatnonzero(lab0)
+    w = min(tot + 2 * _CHUNK, row.len)
+    b_chunks = _RandomB(row, z, w, tot - (a_end[z] - begin[z]), U[z, 2], scan, blk_t.dtype)
+    b_begin[z], b_end[z] = b_chunks.begin, b_chunks.end
+    la, lb = trim_lengths_np(a_end - begin, b_end - b_begin, tot)
+    b_chunks.cover(b_begin[z], lb[z])
+    # assemble: [inp | A] is row[i : i + R + la] (in the block), B is right-aligned before the final <sep> <cls>
+    # (|A| + |B| = tot): both read as rows of a sliding window over one buffer, then merged at R + la
+    src = np.concatenate([np.zeros(L, blk_t.dtype), blk_t, b_chunks.tokens.reshape(-1)])
+    off_b = b_begin - lo + L
+    if len(z):
+        off_b[z] = L + len(blk_t) + np.arange(len(z)) * w + (b_begin[z] - b_chunks.starts)
+    win = np.lib.stride_tricks.sliding_window_view(src, L - 2)
+    out = np.empty((n, L), blk_t.dtype)
+    out[:, : L - 2] = win[i - lo + L]
+    np.copyto(out[:, : L - 2], win[off_b - (R + la + 1)], where=np.arange(L - 2)[None, :] > (R + la)[:, None])
+    out[np.arange(n), R + la] = SEP_ID
+    out[:, L - 2] = SEP_ID
+    out[:, L - 1] = CLS_ID
+    return out, la, (~lab0).astype(np.uint8)
+
+
+def _cut_a(row: Row, bpos: np.ndarray, begin: np.ndarray, tot: int, hi: int, scan: _RowScanner, U: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(A's end, the first boundary at or after begin + tot, label-0 windows) per window starting A at ``begin``.
+
+    A ends at a sentence boundary in (begin, begin + tot) drawn uniformly (U[:, 1]); with none, A runs to the first
+    boundary after and B is random (label 0), as it is with probability 1/2 (U[:, 0]). ``bpos``: the boundaries of
+    the block read up to ``hi``; beyond it ``scan`` reads on."""
+    nb = len(bpos)
     j0 = np.searchsorted(bpos, begin + 1, "left")  # cut points: boundaries in (begin, begin + tot)
     j1 = np.searchsorted(bpos, begin + tot, "left")
     nc = j1 - j0
-    end_idx = np.empty(n, np.int64)  # first boundary at or after begin + tot
+    end_idx = np.empty(len(begin), np.int64)  # first boundary at or after begin + tot
     inb = j1 < nb
     end_idx[inb] = bpos[j1[inb]]
     for k in np.flatnonzero(~inb).tolist():
@@ -136,18 +167,28 @@ def split_block(row: Row, seq_len: int, reuse_len: int, U: np.ndarray, s0: int, 
     lab0 = (nc == 0) | (U[:, 0] < 0.5)
     pick = j0 + np.minimum((U[:, 1] * nc).astype(np.int64), nc - 1)
     a_end = np.where(nc == 0, end_idx, bpos[np.clip(pick, 0, max(nb - 1, 0))] if nb else 0)
-    b_begin, b_end = a_end.copy(), end_idx.copy()  # label 1: B is the true continuation
-    # label 0: B is a random span of the row, extended to sentence boundaries (read around it: one pread per window)
-    z = np.flatnonzero(lab0)
-    w = min(tot + 2 * _CHUNK, row.len)
-    cs = np.zeros(len(z), np.int64)
-    chunk_t = np.empty((0, w), blk_t.dtype)
-    if len(z):
-        b_len = np.maximum(1, tot - (a_end[z] - begin[z]))
-        bb = np.minimum((U[z, 2] * (row.len - b_len)).astype(np.int64), row.len - 1 - b_len)
+    return a_end, end_idx, lab0
+
+
+class _RandomB:
+    """Label-0 B segments: a random span of the row of ``tot - |A|`` tokens (at least 1), extended to sentence
+    boundaries. Each is read with ``_CHUNK`` tokens either side, one pread per window, into ``tokens`` [k, width]
+    starting at row positions ``starts``; a boundary outside that chunk is found by a longer scan."""
+
+    def __init__(self, row: Row, windows: np.ndarray, width: int, want: np.ndarray, u_begin: np.ndarray,
+                 scan: _RowScanner, dtype: np.dtype) -> None:
+        self.row, self.width = row, width
+        self.starts = np.zeros(len(windows), np.int64)
+        self.tokens = np.empty((0, width), dtype)
+        self.begin = self.end = np.zeros(0, np.int64)
+        if not len(windows):
+            return
+        w = width
+        b_len = np.maximum(1, want)
+        bb = np.minimum((u_begin * (row.len - b_len)).astype(np.int64), row.len - 1 - b_len)
         be = bb + b_len
-        cs = np.clip(bb - _CHUNK, 0, row.len - w)
-        chunk_t, chunk_s = row.read_many(cs, w)
+        cs = self.starts = np.clip(bb - _CHUNK, 0, row.len - w)
+        self.tokens, chunk_s = row.read_many(cs, w)
         d = chunk_s[:, 1:] != chunk_s[:, :-1]  # boundary at row position cs + q, q = 1..w-1
         q = np.arange(1, w)[None, :]
         m = d & (q <= (bb - cs)[:, None])  # largest boundary <= bb
@@ -165,26 +206,16 @@ def split_block(row: Row, seq_len: int, reuse_len: int, U: np.ndarray, s0: int, 
                 prev[k] = scan.prev_boundary(int(bb[k]))
             if bad2[k]:
                 nxt[k] = scan.next_boundary(int(be[k]), limit)
-        b_begin[z], b_end[z] = prev, nxt
-    la, lb = trim_lengths_np(a_end - begin, b_end - b_begin, tot)
-    if len(z):  # B outside its chunk (boundary found by a longer scan): read a chunk starting at B
-        out_of = (b_begin[z] < cs) | (b_begin[z] + lb[z] > cs + w)
+        self.begin, self.end = prev, nxt
+
+    def cover(self, b_begin: np.ndarray, b_len: np.ndarray) -> None:
+        """Re-read the chunk of a trimmed B [b_begin, b_begin + b_len) that its chunk does not hold (its boundary was
+        found by a longer scan), starting at B."""
+        if not len(b_begin):
+            return
+        out_of = (b_begin < self.starts) | (b_begin + b_len > self.starts + self.width)
         if out_of.any():
             o = np.flatnonzero(out_of)
-            cs[o] = np.minimum(b_begin[z[o]], row.len - w)
-            chunk_t = chunk_t.copy()
-            chunk_t[o] = row.read_many(cs[o], w)[0]
-    # assemble: [inp | A] is row[i : i + R + la] (in the block), B is right-aligned before the final <sep> <cls>
-    # (|A| + |B| = tot): both read as rows of a sliding window over one buffer, then merged at R + la
-    src = np.concatenate([np.zeros(L, blk_t.dtype), blk_t, chunk_t.reshape(-1)])
-    off_b = b_begin - lo + L
-    if len(z):
-        off_b[z] = L + len(blk_t) + np.arange(len(z)) * w + (b_begin[z] - cs)
-    win = np.lib.stride_tricks.sliding_window_view(src, L - 2)
-    out = np.empty((n, L), blk_t.dtype)
-    out[:, : L - 2] = win[i - lo + L]
-    np.copyto(out[:, : L - 2], win[off_b - (R + la + 1)], where=np.arange(L - 2)[None, :] > (R + la)[:, None])
-    out[np.arange(n), R + la] = SEP_ID
-    out[:, L - 2] = SEP_ID
-    out[:, L - 1] = CLS_ID
-    return out, la, (~lab0).astype(np.uint8)
+            self.starts[o] = np.minimum(b_begin[o], self.row.len - self.width)
+            self.tokens = self.tokens.copy()
+            self.tokens[o] = self.row.read_many(self.starts[o], self.width)[0]
