@@ -158,41 +158,8 @@ def read_table(
     if not rows:
         raise DataError(f"{path}: no examples (the file is empty or has only a header)")
     is_json = isinstance(rows[0][1], dict)
-    if not header and not is_json:
-        width = len(rows[0][1])
-        names = [str(i) for i in range(width)]
-        col_a = columns.text_a if columns.text_a is not None else "0"
-        col_b = columns.text_b if columns.text_b is not None else ""
-        col_l = columns.label if columns.label is not None else (str(width - 1) if width > 1 else None)
-    else:
-        assert names is not None
-        if is_json:
-            names = sorted({k for _, r in rows for k in r})
-        col_a, col_b = columns.text_a, columns.text_b
-        if col_a is None:
-            for a, b in _PAIR_NAMES:
-                if a in names and b in names:
-                    col_a, col_b = a, (b if col_b is None else col_b)
-                    break
-            else:
-                col_a = _pick(names, None, _SINGLE_NAMES)
-        if col_b is None:
-            col_b = next((b for a, b in _PAIR_NAMES if a == col_a and b in names), "")
-        col_l = _pick(names, columns.label, _LABEL_NAMES)
-    missing = []
-    if col_a is None:
-        missing.append("text_a (none of: " + ", ".join(_SINGLE_NAMES) + ")")
-    elif col_a not in names:
-        missing.append(repr(col_a))
-    if col_b and col_b not in names:
-        missing.append(repr(col_b))
-    if require_label and (col_l is None or col_l not in names):
-        missing.append(repr(col_l) if col_l else "label (none of: " + ", ".join(_LABEL_NAMES) + ")")
-    if missing:
-        raise DataError(
-            f"{path}: missing column(s) {', '.join(missing)}; columns are: {', '.join(names)} "
-            "(choose with --text-a-column / --text-b-column / --label-column)"
-        )
+    names, col_a, col_b, col_l = _choose_columns(names, rows, header, is_json, columns)
+    _check_columns(path, names, col_a, col_b, col_l, require_label)
     has_label = col_l is not None and col_l in names
     index = {n: i for i, n in enumerate(names)}
     out = []
@@ -210,21 +177,68 @@ def read_table(
         if a is None:
             raise DataError(f"{path}:{line}: no {col_a!r} field")
         b = get(col_b) if col_b else None
-        label: Any = None
-        if has_label:
-            raw = get(col_l)
-            if raw is None or (isinstance(raw, str) and not raw.strip()):
-                if require_label:
-                    raise DataError(f"{path}:{line}: empty label in column {col_l!r}")
-            elif task == "regression":
-                try:
-                    label = float(raw)
-                except (TypeError, ValueError):
-                    raise DataError(f"{path}:{line}: regression label {raw!r} is not a number") from None
-            else:
-                label = str(raw).strip()
+        label = _parse_label(get(col_l), f"{path}:{line}", col_l, task, require_label) if has_label else None
         out.append(TextExample(str(a), None if b is None else str(b), label, line))
     return out
+
+
+def _choose_columns(names: list[str] | None, rows: list, header: bool, is_json: bool, columns: Columns
+                    ) -> tuple[list[str], Any, Any, Any]:
+    """(column names, text_a, text_b, label): the columns asked for, else the usual names (``_PAIR_NAMES``,
+    ``_SINGLE_NAMES``, ``_LABEL_NAMES``); without a header, indices: text_a 0, label the last."""
+    if not header and not is_json:
+        width = len(rows[0][1])
+        names = [str(i) for i in range(width)]
+        col_a = columns.text_a if columns.text_a is not None else "0"
+        col_b = columns.text_b if columns.text_b is not None else ""
+        col_l = columns.label if columns.label is not None else (str(width - 1) if width > 1 else None)
+        return names, col_a, col_b, col_l
+    assert names is not None
+    if is_json:
+        names = sorted({k for _, r in rows for k in r})
+    col_a, col_b = columns.text_a, columns.text_b
+    if col_a is None:
+        for a, b in _PAIR_NAMES:
+            if a in names and b in names:
+                col_a, col_b = a, (b if col_b is None else col_b)
+                break
+        else:
+            col_a = _pick(names, None, _SINGLE_NAMES)
+    if col_b is None:
+        col_b = next((b for a, b in _PAIR_NAMES if a == col_a and b in names), "")
+    return names, col_a, col_b, _pick(names, columns.label, _LABEL_NAMES)
+
+
+def _check_columns(path: Path, names: list[str], col_a: Any, col_b: Any, col_l: Any, require_label: bool) -> None:
+    """Refuse, in one line naming the file's columns, a text or (required) label column the file lacks."""
+    missing = []
+    if col_a is None:
+        missing.append("text_a (none of: " + ", ".join(_SINGLE_NAMES) + ")")
+    elif col_a not in names:
+        missing.append(repr(col_a))
+    if col_b and col_b not in names:
+        missing.append(repr(col_b))
+    if require_label and (col_l is None or col_l not in names):
+        missing.append(repr(col_l) if col_l else "label (none of: " + ", ".join(_LABEL_NAMES) + ")")
+    if missing:
+        raise DataError(
+            f"{path}: missing column(s) {', '.join(missing)}; columns are: {', '.join(names)} "
+            "(choose with --text-a-column / --text-b-column / --label-column)"
+        )
+
+
+def _parse_label(raw: Any, where: str, col_l: str, task: str, require_label: bool) -> Any:
+    """A label cell: a float for regression, else the stripped string; None if empty (refused if required)."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        if require_label:
+            raise DataError(f"{where}: empty label in column {col_l!r}")
+        return None
+    if task == "regression":
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            raise DataError(f"{where}: regression label {raw!r} is not a number") from None
+    return str(raw).strip()
 
 
 def build_label_list(train: Sequence[TextExample]) -> list[str]:
@@ -505,45 +519,16 @@ def encode_squad(tok: Any, examples: Sequence[SquadExample], max_len: int, doc_s
         if len(q_ids) > max_query_length:
             q_ids = q_ids[:max_query_length]
             n_query_cut += 1
-        tok_start = tok_end = None
+        answer = None
         if training and not ex.is_impossible:
-            found = _find_answer(ex.context, ex.answers[0], ex.answer_starts[0])
-            if found is not None:
-                c0, c1 = found
-                inside = [i for i, (s, e) in enumerate(doc_offsets) if s < c1 and e > c0]
-                if inside:
-                    tok_start, tok_end = inside[0], inside[-1]
-            if tok_start is None:
+            answer = _answer_tokens(ex, doc_offsets)
+            if answer is None:
                 n_skipped += 1  # answer not found in its context: skip the question (counted, reported)
                 continue
-        max_doc = max_len - len(q_ids) - 3
-        spans: list[tuple[int, int]] = []
-        s = 0
-        while True:
-            length = min(len(doc_ids) - s, max_doc)
-            spans.append((s, length))
-            if s + length >= len(doc_ids):
-                break
-            s += min(length, doc_stride)
+        spans = _doc_spans(len(doc_ids), max_len - len(q_ids) - 3, doc_stride)
         n_windows_extra += len(spans) - 1
         for si, (s, length) in enumerate(spans):
-            ids = doc_ids[s:s + length] + [SEP_ID] + q_ids + [SEP_ID, CLS_ID]
-            seg = [SEG_ID_A] * (length + 1) + [SEG_ID_B] * (len(q_ids) + 1) + [SEG_ID_CLS]
-            p_mask = [0] * length + [1] * (len(q_ids) + 2) + [0]
-            cls_index = len(ids) - 1
-            pad = max_len - len(ids)
-            feats["input_ids"].append(ids + [PAD_ID] * pad)
-            feats["token_type_ids"].append(seg + [SEG_ID_PAD] * pad)
-            feats["attention_mask"].append([1] * len(ids) + [0] * pad)
-            feats["p_mask"].append(p_mask + [1] * pad)
-            feats["cls_index"].append(cls_index)
-            impossible = True
-            start = end = cls_index
-            if tok_start is not None and s <= tok_start and tok_end < s + length:
-                impossible, start, end = False, tok_start - s, tok_end - s
-            feats["start_positions"].append(start)
-            feats["end_positions"].append(end)
-            feats["is_impossible"].append(float(impossible))
+            _add_window(feats, doc_ids[s:s + length], q_ids, max_len, answer, s)
             meta.append({
                 "example": ei,
                 "offsets": doc_offsets[s:s + length],
@@ -556,6 +541,52 @@ def encode_squad(tok: Any, examples: Sequence[SquadExample], max_len: int, doc_s
     arrays["feature_index"] = np.arange(len(meta), dtype=np.int64)
     return Encoded(arrays, n_truncated=n_query_cut, n_examples=len(examples), n_skipped=n_skipped,
                    extra={"meta": meta, "windows_extra": n_windows_extra})
+
+
+def _answer_tokens(ex: SquadExample, doc_offsets: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """(first, last) context token of the first answer, or None if it is not found in its context."""
+    found = _find_answer(ex.context, ex.answers[0], ex.answer_starts[0])
+    if found is None:
+        return None
+    c0, c1 = found
+    inside = [i for i, (s, e) in enumerate(doc_offsets) if s < c1 and e > c0]
+    return (inside[0], inside[-1]) if inside else None
+
+
+def _doc_spans(n_doc: int, max_doc: int, doc_stride: int) -> list[tuple[int, int]]:
+    """(start, length) windows of at most ``max_doc`` context tokens, ``doc_stride`` apart, covering the context."""
+    spans: list[tuple[int, int]] = []
+    s = 0
+    while True:
+        length = min(n_doc - s, max_doc)
+        spans.append((s, length))
+        if s + length >= n_doc:
+            return spans
+        s += min(length, doc_stride)
+
+
+def _add_window(feats: dict[str, list], doc: list[int], q_ids: list[int], max_len: int,
+                answer: tuple[int, int] | None, s: int) -> None:
+    """Append one window's feature: [context | <sep> | question | <sep> | <cls>] padded to ``max_len`` (XLNet puts
+    <cls> last); the answer's positions in the window, or <cls>'s when it is not inside (impossible)."""
+    length = len(doc)
+    ids = doc + [SEP_ID] + q_ids + [SEP_ID, CLS_ID]
+    seg = [SEG_ID_A] * (length + 1) + [SEG_ID_B] * (len(q_ids) + 1) + [SEG_ID_CLS]
+    p_mask = [0] * length + [1] * (len(q_ids) + 2) + [0]
+    cls_index = len(ids) - 1
+    pad = max_len - len(ids)
+    feats["input_ids"].append(ids + [PAD_ID] * pad)
+    feats["token_type_ids"].append(seg + [SEG_ID_PAD] * pad)
+    feats["attention_mask"].append([1] * len(ids) + [0] * pad)
+    feats["p_mask"].append(p_mask + [1] * pad)
+    feats["cls_index"].append(cls_index)
+    impossible = True
+    start = end = cls_index
+    if answer is not None and s <= answer[0] and answer[1] < s + length:
+        impossible, start, end = False, answer[0] - s, answer[1] - s
+    feats["start_positions"].append(start)
+    feats["end_positions"].append(end)
+    feats["is_impossible"].append(float(impossible))
 
 
 def squad_predictions(examples: Sequence[SquadExample], enc: Encoded, outputs: dict[str, np.ndarray],
