@@ -47,7 +47,7 @@ from xlnetcli.model.flops import forward_flops
 from xlnetcli.core.files import atomic_write_json, check_output_dir, check_output_not_input, commit_dir, output_lock, sha256_file
 from xlnetcli.evaluate.finetuned import (TRAIN_KEYS, TaskData, build_finetune_model, load_pretrained_into, load_task_data, make_batch,
                         predict, primary_metric, score, tokenizer_dir_of)
-from xlnetcli.report.metrics_log import require_trackers
+from xlnetcli.report.trackers import require_trackers
 from xlnetcli.data.tokenizer import Tokenizer
 
 # finetune.* keys that may change when resuming (how often resumable checkpoints are written)

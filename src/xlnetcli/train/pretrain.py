@@ -47,7 +47,7 @@ from xlnetcli.model import XLNetLMHeadModel, num_params
 from xlnetcli.evaluate.lm_loss import Memories, evaluate_plm, read_records_meta
 from xlnetcli.evaluate.lm_loss import forward as _forward
 from xlnetcli.evaluate.lm_loss import model_inputs as _model_inputs
-from xlnetcli.report.metrics_log import require_trackers
+from xlnetcli.report.trackers import require_trackers
 
 # train.* keys that may change when resuming a run (they do not change what is computed, only how often we
 # log/evaluate/save, how long we train, or how the same maths is executed).
