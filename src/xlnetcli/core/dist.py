@@ -20,6 +20,12 @@ from typing import Any
 
 import torch
 import torch.distributed as tdist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+try:
+    import resource
+except ImportError:  # pragma: no cover - not on POSIX
+    resource = None  # type: ignore[assignment]
 
 from xlnetcli.core.errors import XLNetError
 
@@ -162,12 +168,10 @@ def wrap_model(model: torch.nn.Module, env: DistEnv, strategy: str = "ddp",
     if not env.distributed:
         return model
     if strategy == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         ids = [env.device.index] if env.device.type == "cuda" else None
         return DDP(model, device_ids=ids)
     if strategy == "fsdp":
-        try:
+        try:  # imported here: torch.distributed.fsdp takes seconds to import and only FSDP runs need it
             from torch.distributed.fsdp import fully_shard
         except ImportError:  # pragma: no cover - torch < 2.6
             raise XLNetError("train.distributed=fsdp needs torch >= 2.6 (FSDP2 fully_shard); use ddp") from None
@@ -184,14 +188,14 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     while True:
         if hasattr(model, "_orig_mod"):
             model = model._orig_mod
-        elif isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        elif isinstance(model, DDP):
             model = model.module
         else:
             return model
 
 
 def is_fsdp(model: torch.nn.Module) -> bool:
-    try:
+    try:  # lazy, as in wrap_model
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # pragma: no cover
         return False
@@ -202,8 +206,8 @@ def peak_memory_gib(device: torch.device) -> float:
     """Peak memory of this process so far: CUDA allocations on a GPU, resident set size on the CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
-    import resource
-
+    if resource is None:  # pragma: no cover - not on POSIX
+        return 0.0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 

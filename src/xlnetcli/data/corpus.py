@@ -179,6 +179,8 @@ def _require_reader(fmt: InputFormat) -> None:
         _zstd_module()
 
 
+# Optional formats import their package on first use (here and in the readers below): pyarrow, datasets and zstandard
+# are heavy, and each is an extra.
 def _import_pyarrow_parquet():
     try:
         import pyarrow.parquet as pq

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -270,8 +271,6 @@ def verify_shards(shard_dir: str | os.PathLike[str], manifest: dict[str, Any] | 
             raise DataError(f"{p} does not match manifest.json (sha256 differs): corrupted; rerun `xlnet shard`")
 
     if workers > 1 and len(files) > 1:
-        from concurrent.futures import ThreadPoolExecutor
-
         with ThreadPoolExecutor(min(workers, len(files))) as ex:
             for _ in ex.map(check, files):
                 pass

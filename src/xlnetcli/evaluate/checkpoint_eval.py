@@ -19,19 +19,22 @@ from typing import Any
 
 import torch
 
+from xlnetcli.checkpoint import is_hf_dir, load_lm_model, read_meta, resolve_checkpoint
+from xlnetcli.checkpoint.hf_dir import hf_dir_task
 from xlnetcli.core import dist
-from xlnetcli.data import labelled
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_write_json, atomic_write_text
+from xlnetcli.data import labelled
+from xlnetcli.data.pretrain_stream import PretrainStream
+from xlnetcli.data.tokenizer import Tokenizer
+from xlnetcli.evaluate.finetuned import load_finetuned, load_task_data, primary_metric, score, tokenizer_dir_of
+from xlnetcli.evaluate.finetuned import predict as run_predict
+from xlnetcli.evaluate.lm_loss import evaluate_plm, read_records_meta
 
 
 def _is_finetuned(path: Path) -> bool:
-    from xlnetcli.checkpoint import is_hf_dir, read_meta, resolve_checkpoint
-
     p = resolve_checkpoint(path)
     if is_hf_dir(p):  # an export with a task head (XLNetForSequenceClassification, ...)
-        from xlnetcli.checkpoint.hf_dir import hf_dir_task
-
         return hf_dir_task(p) is not None
     return read_meta(p).get("kind") == "finetune"  # no meta.json: {} (a pretrained folder)
 
@@ -60,10 +63,6 @@ def evaluate_plm_checkpoint(checkpoint: str | Path, records: str | Path, split: 
                             batches: int | None = None, device: str | None = "auto",
                             precision: str | None = None) -> dict[str, Any]:
     """PLM loss / perplexity / target accuracy of a pretrained checkpoint on preprocessed records."""
-    from xlnetcli.checkpoint import load_lm_model, resolve_checkpoint
-    from xlnetcli.data.pretrain_stream import PretrainStream
-    from xlnetcli.evaluate.lm_loss import evaluate_plm, read_records_meta
-
     dev = dist.resolve_device(device)
     meta = read_records_meta(records)
     model, cfg, _ = load_lm_model(checkpoint, dev, overrides={"bi_data": bool(meta.get("bi_data", False)),
@@ -83,10 +82,6 @@ def evaluate_task(checkpoint: str | Path, file: str | Path, predict: str | Path 
                   batch_size: int | None = None, precision: str | None = None,
                   null_odds_threshold: float | None = None, quiet: bool = True) -> dict[str, Any]:
     """The task metrics of a finetuned checkpoint on ``file``; with ``predict`` also write the predictions."""
-    from xlnetcli.evaluate.finetuned import load_finetuned, load_task_data, predict as run_predict, primary_metric, score, \
-        tokenizer_dir_of
-    from xlnetcli.data.tokenizer import Tokenizer
-
     dev = dist.resolve_device(device)
     model, cfg, meta = load_finetuned(checkpoint, dev)
     task = meta["task"]

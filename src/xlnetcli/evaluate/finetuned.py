@@ -15,11 +15,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from xlnetcli.core import dist
-from xlnetcli.data import labelled
+from xlnetcli.checkpoint import load_model_dir, load_state
 from xlnetcli.config import Config
+from xlnetcli.core import dist
 from xlnetcli.core.dist import autocast_ctx
 from xlnetcli.core.errors import CheckpointError, ConfigError
+from xlnetcli.data import labelled
+from xlnetcli.model.heads import FinetuneModel
 from xlnetcli.evaluate.metrics import PRIMARY_METRIC, classification_metrics, regression_metrics, squad_evaluate
 
 
@@ -91,15 +93,11 @@ def tokenizer_dir_of(ckpt: Path) -> Path:
 
 
 def build_finetune_model(run_cfg: Config, task: str, n_labels: int) -> torch.nn.Module:
-    from xlnetcli.model.heads import FinetuneModel
-
     return FinetuneModel(run_cfg.model, run_cfg.finetune, task, n_labels)
 
 
 def load_pretrained_into(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
     """Copy the ``transformer.*`` weights of a pretrained (LM) or finetuned checkpoint into ``model.transformer``."""
-    from xlnetcli.checkpoint import load_state
-
     sub = {k[len("transformer."):]: v for k, v in state.items() if k.startswith("transformer.")}
     if not sub:
         raise CheckpointError(f"{where} holds no transformer.* weights (not an XLNet checkpoint)")
@@ -108,8 +106,6 @@ def load_pretrained_into(model: torch.nn.Module, state: dict[str, torch.Tensor],
 
 def load_finetuned(path: str | Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, Config, dict]:
     """(FinetuneModel in eval mode, Config, meta) from a finetuning run directory or its step folder."""
-    from xlnetcli.checkpoint import load_model_dir, load_state
-
     cfg, state, meta = load_model_dir(path)
     if meta.get("kind") != "finetune" or meta.get("task") not in labelled.TASKS:
         raise CheckpointError(f"{meta.get('path', path)} is not a finetuned checkpoint (meta.json kind "

@@ -40,8 +40,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from xlnetcli.data import labelled
+from xlnetcli.checkpoint import lm
+from xlnetcli.core import dist
 from xlnetcli.core.errors import DataError, XLNetError
+from xlnetcli.core.files import atomic_write_json
+from xlnetcli.data import labelled
+from xlnetcli.model import XLNetLMHeadModel
 
 FEATURES = ("mean", "cls")
 L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # penalty 0.5 * l2 * ||W||^2 added to the mean cross entropy
@@ -127,8 +131,6 @@ def extract_features(model: torch.nn.Module, enc: labelled.Encoded, batch_size: 
 
     ``model``: an XLNetLMHeadModel, a finetuning model or a bare XLNetModel (its ``transformer`` is used). Runs in
     eval mode without memory and without bi_data (as finetuning does); the model's mode is restored."""
-    from xlnetcli.core import dist
-
     net = dist.unwrap(model)
     transformer = getattr(net, "transformer", net)
     was_training = net.training
@@ -301,8 +303,6 @@ def probe_checkpoint(model: torch.nn.Module, tokenizer: Any, train_rows: Sequenc
 
 def random_init_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     """The same architecture at its random initialisation from ``seed`` (the global RNG is left as it was)."""
-    from xlnetcli.model import XLNetLMHeadModel
-
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -318,10 +318,6 @@ def probe(checkpoint: str | Path, train: str | Path, valid: str | Path, baseline
     ``output``, also write the result as JSON (``format_table`` renders it for a terminal). ``baseline="random"``
     adds the same architecture from random init. ``max_seq_length`` defaults to the checkpoint's
     finetune.max_seq_length. ``train_sizes`` adds the label-efficiency curve (``label_curve``) of every model."""
-    from xlnetcli.checkpoint import lm
-    from xlnetcli.core import dist
-    from xlnetcli.core.files import atomic_write_json
-
     if baseline not in (None, "random"):
         raise XLNetError(f"--baseline takes 'random', got {baseline!r}")
     if batch_size < 1:

@@ -1,35 +1,36 @@
 """The Hugging Face handoff: `xlnet export` (our checkpoint -> a directory transformers loads, with its task head
 and tokenizer) and `xlnet import` (an HF XLNet directory -> our checkpoint). The mappings themselves (state dict,
-config, heads) are in hf.py, which knows nothing of our checkpoint folders."""
+config, heads) are in checkpoint/hf_dir.py, which knows nothing of our checkpoint folders."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 
 from xlnetcli.checkpoint import load_model_dir, load_state, resolve_checkpoint, save_model_dir
+from xlnetcli.checkpoint.hf_dir import FINETUNE_FILE, PRETRAINING_FILE, PRETRAINING_KEYS, load_hf_dir, model_for_hf
 from xlnetcli.config import Config
 from xlnetcli.core.errors import CheckpointError
-from xlnetcli.checkpoint.hf_dir import (FINETUNE_FILE, PRETRAINING_FILE, PRETRAINING_KEYS, load_hf_dir, model_for_hf)
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_not_input, output_lock
+from xlnetcli.data.tokenizer import copy_tokenizer
+from xlnetcli.model import XLNetLMHeadModel
+from xlnetcli.model.heads import FinetuneModel
 
 
 def _model_for_import(cfg: Config, state: dict[str, torch.Tensor], hf_meta: dict[str, Any], p: Path
                       ) -> tuple[torch.nn.Module, dict[str, Any]]:
     src = str(p.resolve())
     if hf_meta.get("kind") == "finetune":
-        from xlnetcli.model.heads import FinetuneModel
-
         task, labels = hf_meta["task"], hf_meta.get("labels")
         model: torch.nn.Module = FinetuneModel(cfg.model, cfg.finetune, task, len(labels or []) or 1)
         meta = {"kind": "finetune", "task": task, "labels": labels, "step": hf_meta.get("step", 0), "source": src,
                 **{k: hf_meta[k] for k in ("hf_class", "metric", "value", "null_odds_threshold", "squad_v2")
                    if k in hf_meta}}
     else:
-        from xlnetcli.model import XLNetLMHeadModel
-
         model = XLNetLMHeadModel(cfg.model)
         meta = {"kind": "import", "step": 0, "source": src}
         if "dropped_head" in hf_meta:
@@ -43,10 +44,6 @@ def export_hf(ckpt: str | Path, out: str | Path, overwrite: bool = False, backbo
     """Write config.json, model.safetensors and the tokenizer folder's files (spiece.model, tokenizer.json, ...)
     loadable by transformers: a pretrained checkpoint as XLNetLMHeadModel, a finetuned one as its task's class with
     its head (`model_for_hf`), either as XLNetModel (the transformer alone) with ``backbone_only``."""
-    from safetensors.torch import save_file
-
-    from xlnetcli.data.tokenizer import copy_tokenizer
-
     src = resolve_checkpoint(ckpt)
     cfg, state, meta = load_model_dir(src)
     hc, hf_state, finetune_record = model_for_hf(cfg, state, meta, backbone_only, where=str(src))
@@ -72,10 +69,6 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False) -> P
     """An HF XLNet directory -> our checkpoint folder (model.safetensors, config.yaml, tokenizer/, meta.json): a
     finetuned checkpoint (task, labels, head) when its head carries over (`read_hf_head`), else the pretrained model
     (a head that does not carry over is dropped: `import_summary` says which)."""
-    import tempfile
-
-    from xlnetcli.data.tokenizer import copy_tokenizer
-
     p = Path(hf_dir)
     if not (p / "config.json").is_file():
         raise CheckpointError(f"{p} is not an HF model directory (no config.json)")

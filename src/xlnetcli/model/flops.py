@@ -25,6 +25,8 @@ figure, as in the PaLM paper's appendix B.
 
 from __future__ import annotations
 
+import torch
+
 from xlnetcli.config import ModelConfig
 
 # bf16 dense peak (TFLOP/s) of known accelerators, from their data sheets (no sparsity).
@@ -83,6 +85,4 @@ def device_peak_tflops(device, configured: float = 0.0) -> float | None:
         return configured
     if getattr(device, "type", "cpu") != "cuda":
         return None
-    import torch
-
     return peak_tflops(torch.cuda.get_device_name(device))

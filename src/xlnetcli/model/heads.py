@@ -25,6 +25,7 @@ from torch import nn
 
 from xlnetcli.config import FinetuneConfig, ModelConfig
 from xlnetcli.core.errors import XLNetError
+from xlnetcli.model.xlnet import XLNetModel
 
 NEG = -1e30
 SQUAD_TOP_K = 5  # start and end candidates kept at inference (the original's start_n_top = end_n_top = 5)
@@ -143,8 +144,6 @@ class FinetuneModel(nn.Module):
 
     def __init__(self, model_cfg: ModelConfig, ft: FinetuneConfig, task: str, n_labels: int = 1) -> None:
         super().__init__()
-        from xlnetcli.model import XLNetModel
-
         self.task = task
         self.transformer = XLNetModel(model_cfg)
         d = model_cfg.d_model

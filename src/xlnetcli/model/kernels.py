@@ -186,7 +186,7 @@ def _flex_attention(q, k, v, kr, r_w, r_r, r_s, seg, layout: AttnLayout, dropatt
     if dropatt > 0:
         raise XLNetError("model.attn_impl=flex has no attention dropout; set model.dropatt=0 or use attn_impl=sdpa")
     if _FLEX is None:
-        from torch.nn.attention.flex_attention import flex_attention
+        from torch.nn.attention.flex_attention import flex_attention  # here: torch >= 2.5 only (we allow 2.4)
 
         _FLEX = torch.compile(flex_attention, dynamic=False)
     B, H, N, D = q.shape

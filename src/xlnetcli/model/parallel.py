@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
 from xlnetcli.core import dist
 from xlnetcli.core.errors import ConfigError
@@ -31,8 +32,6 @@ def transformer_layers(model: nn.Module) -> nn.ModuleList:
 
 def apply_activation_checkpointing(model: nn.Module) -> None:
     """Wrap every layer so that backward recomputes it (state-dict keys are unchanged by the wrapper)."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
-
     layers = transformer_layers(model)
     for i, layer in enumerate(layers):
         layers[i] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
@@ -41,7 +40,7 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
 def compile_layers(model: nn.Module, **kwargs) -> None:
     """``torch.compile`` each layer in place (kwargs go to torch.compile). Static shapes: a pretraining run sees a few
     (memory length 0, reuse_len, mem_len; the last layer's query rows), each compiled once."""
-    import torch._dynamo
+    import torch._dynamo  # here: importing dynamo takes seconds, and only compiled runs need it
 
     kwargs.setdefault("dynamic", False)
     # one graph per (memory length, stream layout, train/eval): more than dynamo's default of 8 in a long run

@@ -8,6 +8,7 @@ which does nothing when it is missing.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from xlnetcli.core.errors import DataError, XLNetError
@@ -65,8 +66,6 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 def plot_label_curve(probe_json: str | Path, out: str | Path | None = None) -> Path:
     """Write the label-efficiency curve of a probe result (``xlnet probe --train-sizes``) to ``out`` (default: the
     JSON's path with .png): validation accuracy against training rows, one line per model and feature."""
-    import json
-
     probe_json = Path(probe_json)
     try:
         res = json.loads(probe_json.read_text(encoding="utf-8"))
@@ -104,7 +103,7 @@ def plot_curves(curves: dict[tuple[str, str], list[tuple[int, float]]], out: str
 
 
 def _pyplot():
-    try:
+    try:  # matplotlib is imported only to draw: heavy, and an optional extra
         import matplotlib
 
         matplotlib.use("Agg")
