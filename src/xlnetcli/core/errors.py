@@ -22,7 +22,7 @@ class CheckpointError(XLNetError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived: unwinds like Ctrl-C, so temporary outputs are removed (see core/signals.py sigterm_as_interrupt)."""
+    """SIGTERM arrived: unwinds like Ctrl-C, so temporary outputs are removed (signals.sigterm_as_interrupt)."""
 
 
 class Preempted(XLNetError):

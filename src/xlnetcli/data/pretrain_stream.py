@@ -1,4 +1,4 @@
-"""The pretraining data stream: records (records.py) + the factorisation order sampled online (docs/xlnet.md §5).
+"""The pretraining data stream: records (record_format.py) + the factorisation order sampled online (docs/xlnet.md §5).
 
     stream = PretrainStream("records/", "train", rank=0, world=1, micro_batch_size=8, seed=1234)
     for batch in stream:            # micro-batches in (step, micro_index) order, forever (passes repeat)

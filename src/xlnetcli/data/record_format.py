@@ -1,4 +1,5 @@
-"""The records format (`xlnet preprocess` writes it, data.py reads it): meta.json and one set of .npy files per pass.
+"""The records format (`xlnet preprocess` writes it, pretrain_stream.py reads it): meta.json and one set of .npy
+files per pass.
 
     meta, passes = open_records("records/", "train")    # one PassRecords of memmaps per pass, checksums verified
     passes[0].tokens[g, s]                               # [L] token ids of row g at step s
@@ -16,7 +17,7 @@ Records directory::
     valid/...
 
 An example is ``[inp | A | <sep> | B | <sep> | <cls>]`` (docs/xlnet.md §3); nothing L x L is stored: the
-factorisation order is sampled online by data.py each time an example is read.
+factorisation order is sampled online by pretrain_stream.py each time an example is read.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A finetuned model and its data, below finetune.py (training) and evaluate.py (`xlnet eval --file`).
+"""A finetuned model and its data, below finetune.py (training) and checkpoint_eval.py (`xlnet eval --file`).
 
     data = load_task_data("classification", "dev.tsv", tok, cfg, label_list)   # read and encode a task file
     model, cfg, meta = load_finetuned("runs/sst2")                               # a finetuned checkpoint

@@ -1,4 +1,5 @@
-"""The permutation-LM objective on preprocessed records, below pretrain.py (training) and evaluate.py (`xlnet eval`).
+"""The permutation-LM objective on preprocessed records, below pretrain.py (training) and checkpoint_eval.py
+(`xlnet eval`).
 
     inputs = model_inputs(batch, device)         # a PretrainStream micro-batch on the device (perm_mask built there)
     out = forward(model, inputs, mems)           # loss and new memories; the query stream only (docs/xlnet.md)

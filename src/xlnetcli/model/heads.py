@@ -8,7 +8,7 @@
   dense(1, no bias); loss = 0.5 * (start + end) + 0.5 * cls.
 
 State-dict names: ``transformer.*`` (exactly the pretrained XLNetModel's) and ``head.*``. Each head is a transformers
-class's head parameter for parameter (hf.py maps the names): ClassificationHead with summary last/first =
+class's head parameter for parameter (checkpoint/hf_dir.py maps the names): ClassificationHead with summary last/first =
 XLNetForSequenceClassification / XLNetForMultipleChoice, SquadHead = XLNetForQuestionAnswering (the same inference
 beam; transformers' training loss feeds the gold start, not softmax(start), to the answerability head).
 `carry_head` keeps a finetuned --init checkpoint's head when it fits the new run.
