@@ -6,12 +6,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from xlnetcli.cli import COMMAND_SECTIONS, check_override_sections
 from xlnetcli.config import (
-    COMMAND_SECTIONS,
     PRESETS,
     SECTIONS,
     Config,
-    check_override_sections,
     config_to_dict,
     load_config,
     preset_path,
