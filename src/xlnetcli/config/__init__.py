@@ -7,7 +7,7 @@ The presets (tiny, base, large; finetune: glue, squad, race) ship in the package
 This module only names what other packages use.
 """
 
-from xlnetcli.config.checks import BatchPlan, batch_plan, split_num_predict, validate
+from xlnetcli.config.checks import BatchPlan, batch_plan, check_config, split_num_predict
 from xlnetcli.config.loading import (
     PRESETS,
     config_from_dict,
@@ -33,7 +33,7 @@ from xlnetcli.config.schema import (
 
 __all__ = [
     "OBJECTIVES", "PRESETS", "SECTIONS", "BatchPlan", "Config", "DataConfig", "FinetuneConfig", "ModelConfig",
-    "TokenizerConfig", "TrainConfig", "batch_plan", "config_from_dict", "config_to_dict",
+    "TokenizerConfig", "TrainConfig", "batch_plan", "check_config", "config_from_dict", "config_to_dict",
     "dump_config", "load_config", "parse_override", "preset_path", "replace", "save_config", "split_num_predict",
-    "validate", "yaml_load",
+    "yaml_load",
 ]

@@ -1,4 +1,4 @@
-"""Config checks: every key's type and range, and the checks that span keys or sections (``validate``).
+"""Config checks: every key's type and range, and the checks that span keys or sections (``check_config``).
 
 Every message is one line naming the key, the allowed values and a setting that works. The pretraining batch maths
 (``batch_plan``) lives here too: it is the check that the batch sizes divide, and the plan the stages run.
@@ -153,11 +153,11 @@ def batch_plan(cfg: Config, world: int = 1) -> BatchPlan:
     return BatchPlan(g, mb, world, g // (mb * world), bi, g // 2 if bi else g, reuse, rest)
 
 
-# the stages that ask validate() for more than every config satisfies
+# the stages that ask check_config() for more than every config satisfies
 STAGES = ("preprocess", "pretrain", "finetune")
 
 
-def validate(cfg: Config, world: int = 1, stage: str | None = None) -> BatchPlan:
+def check_config(cfg: Config, world: int = 1, stage: str | None = None) -> BatchPlan:
     """Every check that spans keys or sections, in one place; returns the pretraining batch plan on ``world``
     processes. A check that fails raises a one-line ConfigError naming the keys and a setting that works.
 
@@ -166,7 +166,7 @@ def validate(cfg: Config, world: int = 1, stage: str | None = None) -> BatchPlan
     read permutation-LM records (a reuse part to predict in, span targets that fit both parts); ``pretrain`` and
     ``finetune`` split their batch over ``world`` processes."""
     if stage is not None and stage not in STAGES:
-        raise ValueError(f"validate: unknown stage {stage!r} (stages: {', '.join(STAGES)})")
+        raise ValueError(f"check_config: unknown stage {stage!r} (stages: {', '.join(STAGES)})")
     m, d, t, ft = cfg.model, cfg.data, cfg.train, cfg.finetune
     L, R = d.seq_len, m.reuse_len
     # one window: [reuse part | A <sep> B <sep> <cls>], the factorisation order in blocks of perm_size (§2, §4)

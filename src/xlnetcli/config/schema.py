@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from xlnetcli.config.checks import canonical_report_to, check_ranges, validate
+from xlnetcli.config.checks import canonical_report_to, check_config, check_ranges
 from xlnetcli.core.errors import ConfigError
 from xlnetcli.core.text import short
 
@@ -205,7 +205,7 @@ class Config:
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
     def __post_init__(self) -> None:
-        validate(self)  # what every config must satisfy (one process, no particular stage)
+        check_config(self)  # what every config must satisfy (one process, no particular stage)
 
     @property
     def perm_size(self) -> int:

@@ -40,7 +40,7 @@ import torch
 from xlnetcli.core import dist
 from xlnetcli.data import labelled
 from xlnetcli.checkpoint import TRAIN_STATE, step_dir_name, step_folders
-from xlnetcli.config import Config, config_from_dict, config_to_dict, validate
+from xlnetcli.config import Config, check_config, config_from_dict, config_to_dict
 from xlnetcli.train.engine import Engine, Evaluation, TrainPlan, printer, resumable_steps, resume_point
 from xlnetcli.core.errors import CheckpointError, ConfigError, DataError, XLNetError
 from xlnetcli.model.flops import forward_flops
@@ -404,7 +404,7 @@ def _finetune(cfg: Config, task: str, train: Path, valid: Path | None, init: Pat
 
     # batch maths
     world = env.world_size
-    validate(run_cfg, world, stage="finetune")
+    check_config(run_cfg, world, stage="finetune")
     accum = ft.batch_size // (ft.micro_batch_size * world)
     n_train = len(train_data)
     steps_per_epoch = max(1, math.ceil(n_train / ft.batch_size))
