@@ -182,6 +182,8 @@ class FinetuneConfig:
     summary_type: Literal["last", "first", "mean", "attn"] = "last"  # sequence summary for classification heads
     summary_use_proj: bool = True  # dense(d, tanh) projection on the summary
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    peak_tflops: float = ranged(0.0, "[0, inf)")  # as train.peak_tflops (the logged MFU), for finetuning runs
+    log_every: int = ranged(10, "[1, inf)")  # steps between metric lines
     eval_every: int = ranged(0, "[0, inf)")  # steps between evaluations (0 = every epoch)
     early_stopping_patience: int = ranged(0, "[0, inf)")  # stop after this many evaluations without gain (0 = off)
     save_every: int = ranged(0, "[0, inf)")  # steps between resumable checkpoints (0 = at every evaluation)
