@@ -209,7 +209,8 @@ def _one_line(message: str) -> str:
 # ---- config ----
 @cli.group("config", cls=_Group)
 def config_group() -> None:
-    """Print presets and resolved configs (presets ship in the package: tiny, base, large, glue, squad, race)."""
+    """Print presets and resolved configs (presets ship in the package: tiny, base, large, glue, squad, race,
+    demo)."""
 
 
 @config_group.command("show")

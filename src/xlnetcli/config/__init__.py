@@ -3,7 +3,8 @@
     cfg = load_config("tiny", ["train.lr=1e-3", "model.dropout=0.0"])   # a preset name or a YAML path
     save_config(cfg, out_dir)        # written next to every output as config.yaml
 
-The presets (tiny, base, large; finetune: glue, squad, race) ship in the package (``config/presets/``).
+The presets (tiny, base, large; finetune: glue, squad, race; demo: what `make demo` runs) ship in the package
+(``config/presets/``).
 This module only names what other packages use.
 """
 

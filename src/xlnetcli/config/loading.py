@@ -24,7 +24,7 @@ from xlnetcli.core.files import atomic_write_text
 from xlnetcli.core.text import clip, short
 
 # Presets shipped in the package (xlnetcli/config/presets/), accepted by name wherever a config file is. Each file
-# stands alone (no inheritance): what it says is what a run gets.
+# stands alone (no inheritance): what it says is what a run gets. demo is what `make demo` runs (tiny, 2 layers).
 PRESETS = {
     "tiny": "tiny.yaml",
     "base": "base.yaml",
@@ -32,6 +32,7 @@ PRESETS = {
     "glue": "finetune/glue.yaml",
     "squad": "finetune/squad.yaml",
     "race": "finetune/race.yaml",
+    "demo": "demo.yaml",
 }
 
 
