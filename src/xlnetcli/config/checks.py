@@ -30,6 +30,7 @@ def check_ranges(obj: Any, section: str) -> None:
 
 
 def check_value(f: dataclasses.Field, value: Any, key: str) -> None:
+    """``value`` of field ``f`` (each element of a tuple) inside the field's declared range, if it declares one."""
     rng = f.metadata.get("range")
     if rng is None or value is None:
         return
