@@ -6,7 +6,9 @@ The task (data/pydocs/order_*.tsv, see NOTICE.md there): is a sentence as writte
 swapped? Its sentences come from modules left out of the pretraining corpus, and each appears in both versions, so
 a bag of words is at chance by construction: the labels depend on word order only.
 Every step is the real `xlnet` command (printed before it runs), so the demo doubles as a worked example.
-Outputs go to demo/ (replaced on every run). Set DEMO_STEPS to change the pretraining length (default: RECIPE's).
+Every step runs the packaged preset `demo` (src/xlnetcli/config/presets/demo.yaml), so `--config demo` gives anyone
+the recipe behind the figures. Outputs go to demo/ (replaced on every run). Set DEMO_STEPS to change the pretraining
+length (default: the preset's train.max_steps).
 """
 
 from __future__ import annotations
@@ -20,19 +22,27 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "demo"
 CORPUS = "data/pydocs/corpus.txt"
 TASK_TRAIN, TASK_VALID = "data/pydocs/order_train.tsv", "data/pydocs/order_valid.tsv"
 TRAIN_SIZES = (50, 200, 800)  # the probe's label-efficiency curve (and the whole training file)
-CONFIG = "tiny"  # the packaged preset (src/xlnetcli/config/presets/tiny.yaml)
-# The small-budget recipe measured in BENCHMARKS.md ("Small-budget recipe"): the tiny preset at depth 2 for 1000
-# steps (more steps in less time than 4 layers for 600).
-RECIPE = {"model.n_layer": 2, "train.max_steps": 1000, "train.warmup_steps": 100, "train.eval_every": 250}
-# The classifier reads the mean of the last layer instead of <cls>: a swap leaves its trace at the swapped
-# positions, and the mean carries it from the first step (the frozen probe's mean row); both starts use it.
-FINETUNE_SETS = ["--set", "finetune.summary_type=mean"]
+# The packaged preset: the tiny model at depth 2 for 1000 steps, finetuned with a mean-pooled summary (why: its
+# comments and BENCHMARKS.md, "Small-budget recipe")
+CONFIG = "demo"
 XLNET = str(Path(sys.executable).with_name("xlnet"))
+
+
+def demo_steps_sets(steps: str | None) -> list[str]:
+    """The --set items of DEMO_STEPS for pretrain (none when unset): its length, with warmup and evaluations scaled
+    as the preset's (a tenth, a quarter)."""
+    if not steps:
+        return []
+    n = int(steps)
+    return ["--set", f"train.max_steps={n}", "--set", f"train.warmup_steps={n // 10}",
+            "--set", f"train.eval_every={max(1, n // 4)}"]
 
 
 def run(*args: str, capture: bool = False) -> str:
@@ -56,12 +66,7 @@ def main() -> None:
     if DEMO.exists():
         shutil.rmtree(DEMO)
     DEMO.mkdir()
-    recipe = dict(RECIPE)
-    if os.environ.get("DEMO_STEPS"):
-        steps = int(os.environ["DEMO_STEPS"])
-        recipe.update({"train.max_steps": steps, "train.warmup_steps": steps // 10,
-                       "train.eval_every": max(1, steps // 4)})
-    pre_sets = [arg for key, value in recipe.items() for arg in ("--set", f"{key}={value}")]
+    pre_sets = demo_steps_sets(os.environ.get("DEMO_STEPS"))
 
     run("tokenize", "train", CORPUS, "--out", "demo/tokenizer", "--config", CONFIG)
     run("tokenize", "encode", "--tokenizer", "demo/tokenizer", "--text",
@@ -76,8 +81,7 @@ def main() -> None:
     run("probe", "demo/pretrain", "--train", TASK_TRAIN, "--valid", TASK_VALID, "--baseline", "random",
         "--train-sizes", ",".join(map(str, TRAIN_SIZES)), "--output", "demo/probe.json")
     run("plot", "demo/probe.json")
-    common = ["--task", "classification", "--train", TASK_TRAIN, "--valid", TASK_VALID, "--config", CONFIG,
-              *FINETUNE_SETS]
+    common = ["--task", "classification", "--train", TASK_TRAIN, "--valid", TASK_VALID, "--config", CONFIG]
     run("finetune", *common, "--init", "demo/pretrain", "--out", "demo/finetune")
     run("finetune", *common, "--init", "demo/pretrain", "--from-scratch", "--out", "demo/finetune_scratch")
     for name in ("finetune", "finetune_scratch"):
@@ -107,7 +111,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"xlnet demo: tiny config, {recipe['model.n_layer']} layers, on the Python docs corpus (CPU); "
+    n_layer = yaml.safe_load((DEMO / "pretrain" / "config.yaml").read_text())["model"]["n_layer"]
+    table = Table(title=f"xlnet demo: tiny config, {n_layer} layers, on the Python docs corpus (CPU); "
                         "task: a sentence as written, or with adjacent words swapped")
     table.add_column("measure")
     table.add_column("value", justify="right")

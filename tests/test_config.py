@@ -6,17 +6,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from xlnetcli.cli import COMMAND_SECTIONS, check_override_sections
 from xlnetcli.config import (
-    COMMAND_SECTIONS,
     PRESETS,
     SECTIONS,
     Config,
-    check_override_sections,
+    check_config,
     config_to_dict,
     load_config,
     preset_path,
     save_config,
-    validate,
 )
 from xlnetcli.core.errors import ConfigError
 
@@ -264,23 +263,23 @@ def test_override_of_an_unused_section_is_refused_with_a_hint():
     assert set(COMMAND_SECTIONS["config show"]) == set(SECTIONS)
 
 
-def test_validate_adds_what_each_stage_needs():
+def test_check_config_adds_what_each_stage_needs():
     """One function holds the cross-key checks: a config valid for one process may not be for a stage's world."""
     cfg = load_config("tiny", ["train.global_batch_size=16", "train.micro_batch_size=8",
                                "finetune.batch_size=16", "finetune.micro_batch_size=8"])
-    assert validate(cfg, 2, stage="pretrain").accumulation == 1
+    assert check_config(cfg, 2, stage="pretrain").accumulation == 1
     with pytest.raises(ConfigError, match=r"train.global_batch_size=16 must be a multiple of .* x 3 process"):
-        validate(cfg, 3, stage="pretrain")
+        check_config(cfg, 3, stage="pretrain")
     with pytest.raises(ConfigError, match=r"finetune.micro_batch_size \(8\) x processes \(3\)$"):
-        validate(cfg, 3, stage="finetune")
-    assert validate(cfg, 3, stage="preprocess").world == 1  # records are laid out for any number of processes
+        check_config(cfg, 3, stage="finetune")
+    assert check_config(cfg, 3, stage="preprocess").world == 1  # records are laid out for any number of processes
     no_reuse = load_config("tiny", ["model.reuse_len=0", "data.perm_size=64", "finetune.batch_size=8",
                                     "finetune.micro_batch_size=2"])
-    assert validate(no_reuse, 4, stage="finetune")  # fine to finetune from (an HF import has no reuse_len)
+    assert check_config(no_reuse, 4, stage="finetune")  # fine to finetune from (an HF import has no reuse_len)
     with pytest.raises(ConfigError, match="model.reuse_len must be >= 1 for pretraining records"):
-        validate(no_reuse, stage="preprocess")
+        check_config(no_reuse, stage="preprocess")
     with pytest.raises(ConfigError, match=r"data.mask_alpha \(1\) must be >= data.mask_beta \(2\)"):
-        validate(load_config("tiny", ["data.mask_alpha=1", "data.mask_beta=2"]), stage="pretrain")
+        check_config(load_config("tiny", ["data.mask_alpha=1", "data.mask_beta=2"]), stage="pretrain")
 
 
 def test_a_setting_option_is_blamed_as_the_user_wrote_it():

@@ -156,3 +156,40 @@ def test_outputs_honour_the_umask(tmp_path, capsys, mask, file_mode, dir_mode):
         assert dirs == {dir_mode}, (name, sorted(oct(m) for m in dirs))
     if mask == 0o022:
         assert (w / "run" / "step_0000002" / "model.safetensors").is_file()
+
+
+# ---- the demo preset ----------------------------------------------------------------------------------------------
+
+# what scripts/demo.py set on top of the tiny preset before the demo preset existed (its RECIPE and FINETUNE_SETS)
+DEMO_SETS = ["model.n_layer=2", "train.max_steps=1000", "train.warmup_steps=100", "train.eval_every=250",
+             "finetune.summary_type=mean"]
+
+
+def test_demo_preset_is_tiny_with_the_demo_recipe(capsys):
+    """`--config demo` resolves to exactly what `--config tiny` with the demo's --set items gave (the README's
+    figures), and its file is tiny.yaml with those keys and nothing else changed."""
+    assert load_config("demo") == load_config("tiny", DEMO_SETS)
+    tiny = yaml.safe_load((ROOT / "configs" / PRESETS["tiny"]).read_text())
+    for item in DEMO_SETS:
+        dotted, value = item.split("=")
+        section, key = dotted.split(".")
+        tiny[section][key] = yaml.safe_load(value)
+    assert yaml.safe_load((ROOT / "configs" / PRESETS["demo"]).read_text()) == tiny
+    code, demo, _ = run_main(capsys, "config", "show", "demo")
+    assert code == 0
+    code, recipe, _ = run_main(capsys, "config", "show", "tiny", *[a for s in DEMO_SETS for a in ("--set", s)])
+    assert code == 0 and demo == recipe
+
+
+def test_make_demo_runs_the_demo_preset():
+    """scripts/demo.py passes --config demo and no --set (DEMO_STEPS aside, whose rule gives the preset's own steps)."""
+    import importlib.util
+    import inspect
+
+    spec = importlib.util.spec_from_file_location("demo_script", ROOT / "scripts" / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    assert demo.CONFIG == "demo" and demo.demo_steps_sets(None) == [] and demo.demo_steps_sets("") == []
+    sets = demo.demo_steps_sets("1000")
+    assert load_config("demo", sets[1::2]) == load_config("demo")
+    assert "--set" not in inspect.getsource(demo.main)

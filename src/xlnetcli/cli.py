@@ -7,17 +7,19 @@ exit with code 2, without a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
 from xlnetcli import __version__
-from xlnetcli.config import PRESETS, Config, check_override_sections, clip, load_config
-from xlnetcli.core.errors import Preempted, Terminated, XLNetError
+from xlnetcli.config import PRESETS, SECTIONS, Config, load_config, parse_override
+from xlnetcli.core.errors import ConfigError, Preempted, Terminated, XLNetError
+from xlnetcli.core.text import clip
 
 DEFAULT_CONFIG = "tiny"  # the preset pretrain uses when neither --config, the run nor the records carry a config
 BUNDLED_CORPUS = Path(__file__).resolve().parents[2] / "data" / "pydocs" / "corpus.txt"
@@ -77,6 +79,30 @@ SETTING_OPTIONS: dict[str, dict[str, str]] = {
     "pretrain": {},
     "finetune": {},
 }
+
+# The config sections each command reads: a --set key of another section would be silently ignored, so it is refused.
+# preprocess and pretrain write the resolved config next to their outputs, where the next command picks it up.
+COMMAND_SECTIONS = {
+    "tokenize train": ("tokenizer",),
+    "shard": ("data",),
+    "preprocess": ("tokenizer", "model", "data", "train"),
+    "pretrain": ("tokenizer", "model", "data", "train"),
+    "finetune": ("finetune",),
+    "config show": tuple(SECTIONS),
+}
+
+
+def check_override_sections(overrides: Sequence[str], command: str) -> None:
+    """Refuse ``--set`` keys of sections ``xlnet COMMAND`` does not read (they would be silently ignored)."""
+    sections = COMMAND_SECTIONS[command]
+    for item in overrides:
+        section, key, _ = parse_override(item)
+        if section in SECTIONS and section not in sections:
+            reads = ", ".join(f"{s}.*" for s in sections)
+            alt = next((s for s in sections if key in {f.name for f in dataclasses.fields(SECTIONS[s])}), None)
+            hint = f"; did you mean {alt}.{key}?" if alt else ""
+            raise ConfigError(f"--set {clip(item)}: xlnet {command} reads {reads}; {section}.{clip(key)} is "
+                              f"not used{hint}")
 
 
 def _as_given(ctx: click.Context, name: str, value: Any) -> str:
@@ -183,7 +209,8 @@ def _one_line(message: str) -> str:
 # ---- config ----
 @cli.group("config", cls=_Group)
 def config_group() -> None:
-    """Print presets and resolved configs (presets ship in the package: tiny, base, large, glue, squad, race)."""
+    """Print presets and resolved configs (presets ship in the package: tiny, base, large, glue, squad, race,
+    demo)."""
 
 
 @config_group.command("show")

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from xlnetcli.config import BatchPlan, Config, save_config, split_num_predict, validate
+from xlnetcli.config import BatchPlan, Config, check_config, save_config, split_num_predict
 from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_not_input
 from xlnetcli.core.console import print0, step_progress
@@ -173,7 +173,7 @@ def preprocess(cfg: Config, shards: str | Path, out: str | Path, *, overwrite: b
     manifest.json first (a flipped byte is refused, naming the file, instead of being trained on)."""
     shards = Path(shards)
     check_output_not_input(out, [shards])
-    plan = validate(cfg, stage="preprocess")
+    plan = check_config(cfg, stage="preprocess")
     manifest, sha = check_shards(shards, cfg.model.vocab_size, verify=verify, workers=workers)
     vocab = int(manifest["vocab_size"])
     tok_dir = shards / "tokenizer"

@@ -40,7 +40,7 @@ import torch
 from xlnetcli.core import dist
 from xlnetcli.data import labelled
 from xlnetcli.checkpoint import TRAIN_STATE, step_dir_name, step_folders
-from xlnetcli.config import Config, config_from_dict, config_to_dict, validate
+from xlnetcli.config import Config, check_config, config_from_dict, config_to_dict
 from xlnetcli.train.engine import Engine, Evaluation, TrainPlan, printer, resumable_steps, resume_point
 from xlnetcli.core.errors import CheckpointError, ConfigError, DataError, XLNetError
 from xlnetcli.model.flops import forward_flops
@@ -50,8 +50,9 @@ from xlnetcli.evaluate.finetuned import (TRAIN_KEYS, TaskData, build_finetune_mo
 from xlnetcli.report.trackers import require_trackers
 from xlnetcli.data.tokenizer import Tokenizer
 
-# finetune.* keys that may change when resuming (how often resumable checkpoints are written)
-RESUME_MUTABLE = {"finetune.save_every", "finetune.report_to"}
+# finetune.* keys that may change when resuming (how often metric lines and resumable checkpoints are written, where
+# metrics go, the device peak behind the logged MFU: nothing that changes what is computed)
+RESUME_MUTABLE = {"finetune.save_every", "finetune.report_to", "finetune.log_every", "finetune.peak_tflops"}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -266,11 +267,11 @@ def finetune_plan(run_cfg: Config, train: TaskData, accum: int, total: int, warm
         section="finetune", max_steps=total, lr=ft.lr, warmup_steps=warmup, clip_norm=ft.clip_norm,
         precision=ft.precision, micro_batch_size=ft.micro_batch_size, global_batch_size=ft.batch_size,
         accumulation=accum, seq_len=L, tokens_per_step=ft.batch_size * rows * L,
-        log_every=max(1, run_cfg.train.log_every), save_every=ft.save_every, save_on_eval=ft.save_every == 0,
+        log_every=ft.log_every, save_every=ft.save_every, save_on_eval=ft.save_every == 0,
         weight_decay=ft.weight_decay, adam_eps=ft.adam_eps, layer_decay=ft.layer_decay, n_layer=m.n_layer,
         # the content stream over every position, no memory, no LM head (flops.py), for the logged MFU
         flops_per_token=3.0 * forward_flops(m, mb_rows, L, 0, 0, last_layer_query_only=False) / (mb_rows * L),
-        peak_tflops=run_cfg.train.peak_tflops, lengths=f"finetune.max_seq_length ({ft.max_seq_length})",
+        peak_tflops=ft.peak_tflops, lengths=f"finetune.max_seq_length ({ft.max_seq_length})",
         warmup_hint="a larger finetune.warmup_ratio", resume_hint="--resume",
     )
 
@@ -404,7 +405,7 @@ def _finetune(cfg: Config, task: str, train: Path, valid: Path | None, init: Pat
 
     # batch maths
     world = env.world_size
-    validate(run_cfg, world, stage="finetune")
+    check_config(run_cfg, world, stage="finetune")
     accum = ft.batch_size // (ft.micro_batch_size * world)
     n_train = len(train_data)
     steps_per_epoch = max(1, math.ceil(n_train / ft.batch_size))

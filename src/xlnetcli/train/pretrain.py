@@ -37,7 +37,7 @@ import torch
 
 from xlnetcli.core import dist
 from xlnetcli.checkpoint import TRAIN_STATE, load_train_state  # noqa: F401  (re-exported)
-from xlnetcli.config import Config, config_to_dict, validate
+from xlnetcli.config import Config, check_config, config_to_dict
 from xlnetcli.train.engine import (Engine, Evaluation, TrainPlan, printer, resumable_steps, resume_point, run_config_file,
                      seed_everything)
 from xlnetcli.core.errors import ConfigError, DataError
@@ -282,7 +282,7 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     # ---- checks before any work ---------------------------------------------------------------------------
     meta = read_records_meta(data_dir)
     check_records(cfg, meta, data_dir)
-    accum = validate(cfg, env.world_size, stage="pretrain").accumulation
+    accum = check_config(cfg, env.world_size, stage="pretrain").accumulation
     require_trackers(t.report_to)
     if t.precision == "fp16" and dev.type == "cpu":
         raise ConfigError("train.precision=fp16 needs a CUDA device (use bf16 or fp32 on CPU)")

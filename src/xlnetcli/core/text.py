@@ -1,0 +1,21 @@
+"""Bounded text for one-line messages: a value of any size (a YAML alias bomb, a 100 KB ``--set``) is cut before it
+reaches the terminal."""
+
+from __future__ import annotations
+
+import reprlib
+from typing import Any
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 4, 40, 40
+
+
+def short(value: Any, limit: int = 60) -> str:
+    """A bounded repr for messages: a huge or deeply nested value (an alias bomb) never reaches the terminal."""
+    return clip(_REPR.repr(value), limit)
+
+
+def clip(text: Any, limit: int = 60) -> str:
+    """``text`` as a string of at most ``limit`` characters, "..." marking a cut."""
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
