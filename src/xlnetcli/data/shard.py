@@ -39,7 +39,7 @@ from xlnetcli.core.files import (atomic_output_dir, atomic_write_json, check_out
 from xlnetcli.core.console import byte_progress, console
 from xlnetcli.data.shard_format import FORMAT_VERSION, NpyStreamWriter
 from xlnetcli.data.special import EOD_ID
-from xlnetcli.data.tokenizer import Tokenizer, normalize_block
+from xlnetcli.data.tokenizer import Tokenizer, combining_table, normalize_block
 
 CHUNK_CHARS = 1 << 18  # ~256 KiB of text per work item: thousands of lines per SentencePiece batch, little IPC
 
@@ -341,9 +341,7 @@ def shard_corpus(cfg: Config, inputs: Iterable[str | os.PathLike[str]], out_dir:
             else:
                 import multiprocessing as mp
 
-                from xlnetcli.data.tokenizer import _combining_table
-
-                _combining_table()  # built once here, inherited by forked workers
+                combining_table()  # built once here, inherited by forked workers
 
                 ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
                 # The main process is one of the `workers` encoders: it encodes a chunk itself whenever the helpers
