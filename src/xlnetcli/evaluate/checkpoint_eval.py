@@ -26,7 +26,8 @@ from xlnetcli.core.files import atomic_write_json, atomic_write_text
 
 
 def _is_finetuned(path: Path) -> bool:
-    from xlnetcli.checkpoint import is_hf_dir, read_meta, resolve_checkpoint
+    from xlnetcli.checkpoint.folders import read_meta
+    from xlnetcli.checkpoint.load import is_hf_dir, resolve_checkpoint
 
     p = resolve_checkpoint(path)
     if is_hf_dir(p):  # an export with a task head (XLNetForSequenceClassification, ...)
@@ -60,7 +61,7 @@ def evaluate_plm_checkpoint(checkpoint: str | Path, records: str | Path, split: 
                             batches: int | None = None, device: str | None = "auto",
                             precision: str | None = None) -> dict[str, Any]:
     """PLM loss / perplexity / target accuracy of a pretrained checkpoint on preprocessed records."""
-    from xlnetcli.checkpoint import load_lm_model, resolve_checkpoint
+    from xlnetcli.checkpoint.load import load_lm_model, resolve_checkpoint
     from xlnetcli.data.pretrain_stream import PretrainStream
     from xlnetcli.evaluate.lm_loss import evaluate_plm, read_records_meta
 
@@ -83,8 +84,8 @@ def evaluate_task(checkpoint: str | Path, file: str | Path, predict: str | Path 
                   batch_size: int | None = None, precision: str | None = None,
                   null_odds_threshold: float | None = None, quiet: bool = True) -> dict[str, Any]:
     """The task metrics of a finetuned checkpoint on ``file``; with ``predict`` also write the predictions."""
-    from xlnetcli.evaluate.finetuned import load_finetuned, load_task_data, predict as run_predict, primary_metric, score, \
-        tokenizer_dir_of
+    from xlnetcli.checkpoint.folders import tokenizer_dir_of
+    from xlnetcli.evaluate.finetuned import load_finetuned, load_task_data, predict as run_predict, primary_metric, score
     from xlnetcli.data.tokenizer import Tokenizer
 
     dev = dist.resolve_device(device)

@@ -81,15 +81,6 @@ def load_task_data(task: str, path: str | Path, tok: Any, cfg: Config, label_lis
     return data
 
 
-def tokenizer_dir_of(ckpt: Path) -> Path:
-    """The tokenizer that belongs to a checkpoint folder (our tokenizer/ or an HF directory's spiece.model)."""
-    if (ckpt / "tokenizer" / "spiece.model").is_file():
-        return ckpt / "tokenizer"
-    if (ckpt / "spiece.model").is_file():
-        return ckpt
-    raise CheckpointError(f"{ckpt} has no tokenizer (expected tokenizer/spiece.model or spiece.model)")
-
-
 def build_finetune_model(run_cfg: Config, task: str, n_labels: int) -> torch.nn.Module:
     from xlnetcli.model.heads import FinetuneModel
 
@@ -98,7 +89,7 @@ def build_finetune_model(run_cfg: Config, task: str, n_labels: int) -> torch.nn.
 
 def load_pretrained_into(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
     """Copy the ``transformer.*`` weights of a pretrained (LM) or finetuned checkpoint into ``model.transformer``."""
-    from xlnetcli.checkpoint import load_state
+    from xlnetcli.checkpoint.load import load_state
 
     sub = {k[len("transformer."):]: v for k, v in state.items() if k.startswith("transformer.")}
     if not sub:
@@ -108,7 +99,7 @@ def load_pretrained_into(model: torch.nn.Module, state: dict[str, torch.Tensor],
 
 def load_finetuned(path: str | Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, Config, dict]:
     """(FinetuneModel in eval mode, Config, meta) from a finetuning run directory or its step folder."""
-    from xlnetcli.checkpoint import load_model_dir, load_state
+    from xlnetcli.checkpoint.load import load_model_dir, load_state
 
     cfg, state, meta = load_model_dir(path)
     if meta.get("kind") != "finetune" or meta.get("task") not in labelled.TASKS:
