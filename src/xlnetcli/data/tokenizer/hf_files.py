@@ -19,7 +19,7 @@ from xlnetcli.core.files import atomic_write_json, atomic_write_text
 from xlnetcli.data.special import BOS_ID, CLS_ID, EOD_ID, EOS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_PIECES, UNK_ID
 from xlnetcli.data.tokenizer.normalize import combining_table
 from xlnetcli.data.tokenizer.spm_model import (BYTE, CONTROL, NORMAL, SPIECE_UNDERLINE, UNKNOWN, UNUSED, USER_DEFINED,
-                                                read_model_info)
+                                                ModelInfo, read_model_info)
 
 if TYPE_CHECKING:  # tokenizer.py imports this module to save these files
     from xlnetcli.data.tokenizer.tokenizer import Tokenizer
@@ -84,6 +84,31 @@ def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
     # unigram_model.cc: a user-defined piece scores (length in bytes) * max(FLT_MIN, highest piece score) - 0.1
     top = max(max(normal, default=0.0), FLT_MIN)
     vocab = [[p, len(p.encode("utf-8")) * top - 0.1 if t == USER_DEFINED else s] for p, s, t in info.pieces]
+    space = {"type": "Metaspace", "replacement": SPIECE_UNDERLINE,
+             "prepend_scheme": "always" if info.add_dummy_prefix else "never", "split": info.split_by_whitespace}
+    pre: dict[str, Any] = space
+    digits = sorted({ord(tok.id_to_piece(int(i))[-2]) for i in np.flatnonzero(tok.fix_mask)})
+    if digits:
+        comma = {"type": "Split", "pattern": {"Regex": f"(?<={_char_class(digits)}),"}, "behavior": "Isolated",
+                 "invert": False}
+        pre = {"type": "Sequence", "pretokenizers": [space, comma]}
+    specials = [(i, p) for i, (p, _, t) in enumerate(info.pieces) if t in (UNKNOWN, CONTROL)]
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [{"id": i, "content": p, "single_word": False, "lstrip": i == MASK_ID, "rstrip": False,
+                          "normalized": False, "special": True} for i, p in specials],
+        "normalizer": {"type": "Sequence", "normalizers": _normalizers(tok, info)},
+        "pre_tokenizer": pre,
+        "post_processor": _post_processor(info),
+        "decoder": dict(space),
+        "model": {"type": "Unigram", "unk_id": tok.sp.unk_id(), "vocab": vocab, "byte_fallback": False},
+    }
+
+
+def _normalizers(tok: Tokenizer, info: ModelInfo) -> list[dict[str, Any]]:
+    """normalize_text's steps, then SentencePiece's own, as `tokenizers` normalizers."""
     norm = [_replace(_char_class(_whitespace_chars()) + "+", " "), _replace(r"\A | \z", ""),
             _replace("``", '"', regex=False), _replace("''", '"', regex=False)]
     if not tok.keep_accents:
@@ -97,15 +122,11 @@ def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
                  {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(info.charsmap).decode("ascii")}]
     if info.remove_extra_whitespaces:
         norm += [_replace(" {2,}", " "), _replace(r"\A +| +\z", "")]
-    space = {"type": "Metaspace", "replacement": SPIECE_UNDERLINE,
-             "prepend_scheme": "always" if info.add_dummy_prefix else "never", "split": info.split_by_whitespace}
-    pre: dict[str, Any] = space
-    digits = sorted({ord(tok.id_to_piece(int(i))[-2]) for i in np.flatnonzero(tok.fix_mask)})
-    if digits:
-        comma = {"type": "Split", "pattern": {"Regex": f"(?<={_char_class(digits)}),"}, "behavior": "Isolated",
-                 "invert": False}
-        pre = {"type": "Sequence", "pretokenizers": [space, comma]}
-    specials = [(i, p) for i, (p, _, t) in enumerate(info.pieces) if t in (UNKNOWN, CONTROL)]
+    return norm
+
+
+def _post_processor(info: ModelInfo) -> dict[str, Any]:
+    """XLNet's input layout: ``A <sep> <cls>`` and ``A <sep> B <sep> <cls>``, segment ids 0, 1, and 2 for <cls>."""
     sep, cls = info.pieces[SEP_ID][0], info.pieces[CLS_ID][0]
 
     def seq(name: str, type_id: int) -> dict[str, Any]:
@@ -115,22 +136,11 @@ def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
         return {"SpecialToken": {"id": piece, "type_id": type_id}}
 
     return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [{"id": i, "content": p, "single_word": False, "lstrip": i == MASK_ID, "rstrip": False,
-                          "normalized": False, "special": True} for i, p in specials],
-        "normalizer": {"type": "Sequence", "normalizers": norm},
-        "pre_tokenizer": pre,
-        "post_processor": {
-            "type": "TemplateProcessing",
-            "single": [seq("A", 0), special(sep, 0), special(cls, 2)],
-            "pair": [seq("A", 0), special(sep, 0), seq("B", 1), special(sep, 1), special(cls, 2)],
-            "special_tokens": {p: {"id": p, "ids": [i], "tokens": [p]}
-                               for p, i in sorted({cls: CLS_ID, sep: SEP_ID}.items())},
-        },
-        "decoder": dict(space),
-        "model": {"type": "Unigram", "unk_id": tok.sp.unk_id(), "vocab": vocab, "byte_fallback": False},
+        "type": "TemplateProcessing",
+        "single": [seq("A", 0), special(sep, 0), special(cls, 2)],
+        "pair": [seq("A", 0), special(sep, 0), seq("B", 1), special(sep, 1), special(cls, 2)],
+        "special_tokens": {p: {"id": p, "ids": [i], "tokens": [p]}
+                           for p, i in sorted({cls: CLS_ID, sep: SEP_ID}.items())},
     }
 
 
