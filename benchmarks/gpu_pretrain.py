@@ -88,7 +88,7 @@ def build_ours(m, compile_: bool, ac: bool, dev):
 def build_hf(m, dev):
     import transformers
 
-    from xlnetcli.checkpoint.hf_dir import to_hf_config
+    from xlnetcli.model.state_dict_adapter import to_hf_config
 
     hc = to_hf_config(m, pretraining_layout=True)
     hc.pop("architectures", None), hc.pop("model_type", None)

@@ -84,7 +84,7 @@ def hf_train(spec: dict) -> None:
     from transformers import (AutoTokenizer, DataCollatorForPermutationLanguageModeling, XLNetConfig,
                               XLNetLMHeadModel, get_linear_schedule_with_warmup)
 
-    from xlnetcli.checkpoint.hf_dir import to_hf_config
+    from xlnetcli.model.state_dict_adapter import to_hf_config
 
     torch.manual_seed(spec["seed"])
     cfg = load_config("tiny", spec["sets"])  # both sides' configuration: the preset and this run's --set

@@ -56,7 +56,7 @@ def tok_dir(builds) -> Path:
 @pytest.fixture(scope="module")
 def work(builds, tmp_path_factory):
     """init/: a random-init pretraining checkpoint of MODEL_SETS with tok_dir's tokenizer."""
-    from xlnetcli.checkpoint import save_model_dir
+    from xlnetcli.checkpoint.folders import save_model_dir
     from xlnetcli.model import XLNetLMHeadModel
 
     root = tmp_path_factory.mktemp("finetune")

@@ -49,7 +49,8 @@ def cls_run(work, tmp_path_factory):  # noqa: F811
 
 def encoded(run: Path, file: Path):
     """The rows `xlnet eval` feeds the model for ``file``: our tokenizer, our input layout."""
-    from xlnetcli.evaluate.finetuned import load_finetuned, load_task_data, tokenizer_dir_of
+    from xlnetcli.checkpoint.folders import tokenizer_dir_of
+    from xlnetcli.evaluate.finetuned import load_finetuned, load_task_data
     from xlnetcli.data.tokenizer import Tokenizer
 
     model, cfg, meta = load_finetuned(run)
@@ -118,7 +119,7 @@ def test_import_brings_the_head_back_and_init_keeps_it(cls_run, tmp_path, capsys
     code, out, err = run_main(capsys, "import", "--from-hf", hf_dir, "--out", tmp_path / "back")
     assert code == 0, err
     assert "finetuned classification checkpoint with its XLNetForSequenceClassification head" in err
-    from xlnetcli.checkpoint import load_model_dir
+    from xlnetcli.checkpoint.load import load_model_dir
 
     cfg0, s0, m0 = load_model_dir(run)
     cfg1, s1, m1 = load_model_dir(tmp_path / "back")
@@ -286,7 +287,7 @@ def test_transformers_heads_import(work, tmp_path, capsys):  # noqa: F811
     gives transformers' probabilities per label, and --init keeps its head with the rows put in our label order.
     A head with no xlnet task (XLNetForQuestionAnsweringSimple) is dropped on import, and the message says so."""
     from xlnetcli import api
-    from xlnetcli.train.finetune import tokenizer_dir_of
+    from xlnetcli.checkpoint.folders import tokenizer_dir_of
 
     order = ["testing", "internet", "gui", "concurrency"]
     hc = transformers.XLNetConfig(vocab_size=2000, d_model=64, n_layer=2, n_head=2, d_inner=128, mem_len=None,

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from xlnetcli import api
-from xlnetcli.checkpoint import load_lm_model, load_model_dir, resolve_checkpoint, save_model_dir, step_dir_name
+from xlnetcli.checkpoint.folders import save_model_dir, step_dir_name
+from xlnetcli.checkpoint.load import load_lm_model, load_model_dir, resolve_checkpoint
 from xlnetcli.cli import main
 from xlnetcli.config import ModelConfig, config_from_dict
 from xlnetcli.core.errors import CheckpointError
-from xlnetcli.checkpoint.hf_dir import mems_to_hf
+from xlnetcli.model.state_dict_adapter import mems_to_hf
 from xlnetcli.model import XLNetLMHeadModel
 
 transformers = pytest.importorskip("transformers")
@@ -266,7 +267,7 @@ def test_checkpoint_errors(ckpt, tmp_path):
     assert cli("import", "--from-hf", str(tmp_path / "notxl"), "--out", str(tmp_path / "o")) == 2
     # export refuses a d_model that HF cannot express
     wide = ModelConfig(vocab_size=10, d_model=32, n_layer=1, n_head=2, d_head=8, d_inner=8)
-    from xlnetcli.checkpoint.hf_dir import to_hf_config
+    from xlnetcli.model.state_dict_adapter import to_hf_config
 
     with pytest.raises(CheckpointError, match="n_head\\*d_head == d_model"):
         to_hf_config(wide)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from xlnetcli.checkpoint import save_model_dir, step_dir_name
+from xlnetcli.checkpoint.folders import save_model_dir, step_dir_name
 from xlnetcli.cli import main
 from xlnetcli.config import config_from_dict
 from xlnetcli.model import XLNetLMHeadModel

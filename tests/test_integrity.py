@@ -15,7 +15,8 @@ import pytest
 import torch
 from clitools import assert_one_line_error, flip_bit
 
-from xlnetcli.checkpoint import load_model_dir, save_model_dir
+from xlnetcli.checkpoint.folders import save_model_dir
+from xlnetcli.checkpoint.load import load_model_dir
 from xlnetcli.config import load_config
 from xlnetcli.core.errors import CheckpointError, DataError, XLNetError
 from xlnetcli.core.files import atomic_write_json, lock_path, output_lock
@@ -215,7 +216,8 @@ def test_a_flipped_bit_in_the_records_is_refused_when_pretraining_opens_them(pip
 def test_checkpoints_are_byte_reproducible_across_processes(pipeline, tmp_path):
     from xlnetcli.core.files import sha256_file
 
-    code = ("import sys, torch; from xlnetcli.checkpoint import load_model_dir, save_model_dir;"
+    code = ("import sys, torch; from xlnetcli.checkpoint.folders import save_model_dir;"
+            "from xlnetcli.checkpoint.load import load_model_dir;"
             "from xlnetcli.model import XLNetLMHeadModel;"
             "cfg, sd, _ = load_model_dir(sys.argv[1]); m = XLNetLMHeadModel(cfg.model); m.load_state_dict(sd);"
             "save_model_dir(sys.argv[2], m, cfg, tokenizer_dir=sys.argv[3], meta={'kind': 'pretrain', 'step': 4})")

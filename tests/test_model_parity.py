@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from xlnetcli.core.errors import XLNetError
-from xlnetcli.checkpoint.hf_dir import mems_from_hf, mems_to_hf, to_hf_config, to_hf_state
+from xlnetcli.model.state_dict_adapter import mems_from_hf, mems_to_hf, to_hf_config, to_hf_state
 from xlnetcli.model.heads import SequenceSummary
 from xlnetcli.model import XLNetLMHeadModel, named_config
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from clitools import run_main
 from xlnetcli.config import batch_plan, load_config
 from xlnetcli.core.errors import ConfigError, DataError, XLNetError
-from xlnetcli.checkpoint import load_train_state
+from xlnetcli.train.checkpointer import load_train_state
 from xlnetcli.train.pretrain import evaluate_plm, list_checkpoints, pretrain
 from xlnetcli.report.metrics_log import read_metrics
 
@@ -95,7 +95,7 @@ def test_run_layout_eval_and_rotation(records, tmp_path):
     train_rows = [r for r in rows if r["split"] == "train"]
     assert all(r["tokens_per_s"] > 0 and r["lr"] > 0 for r in train_rows)
     # the checkpoint loads as an LM model (as `xlnet eval` would) and evaluate_plm agrees with the logged figure
-    from xlnetcli.checkpoint import load_lm_model
+    from xlnetcli.checkpoint.load import load_lm_model
     from xlnetcli.data.pretrain_stream import PretrainStream
 
     model, *_ = load_lm_model(step)
@@ -143,33 +143,6 @@ def test_resume_after_sigkill_is_exact(records, tmp_path):
     sb = load_train_state(tmp_path / "b" / f"step_{n:07d}")
     for k, v in sa["optimizer"]["state"].items():
         assert torch.equal(v["exp_avg_sq"], sb["optimizer"]["state"][k]["exp_avg_sq"])
-
-
-def test_resume_from_a_format_1_train_state_as_earlier_versions_wrote_it(records, tmp_path):
-    """train_state.safetensors format 1 as earlier versions laid it out (key order, ``scaler: None`` when there is no
-    grad scaler, an empty ``task`` for pretraining) resumes into the uninterrupted run's final step folder, byte for
-    byte: the checkpointer reads entries by name."""
-    from xlnetcli.checkpoint import TRAIN_STATE, save_tree
-    from xlnetcli.core.files import atomic_write_json, sha256_file
-
-    cfg = _cfg("train.max_steps=6", "train.save_every=3", "train.keep_last=5", "train.eval_every=0")
-    pretrain(cfg, records, tmp_path / "a", quiet=True)
-    pretrain(cfg, records, tmp_path / "b", quiet=True, stop_after=3)
-    folder = tmp_path / "b" / "step_0000003"
-    st = load_train_state(folder)
-    old = {"format_version": 1, "step": st["step"], "tokens_seen": st["tokens_seen"], "world_size": st["world_size"],
-           "accumulation": st["accumulation"], "optimizer": st["optimizer"], "scaler": None,
-           "log_window": st["log_window"], "task": {}, "ranks": [{"rng": r["rng"], "data": r["data"],
-                                                                  "mems": r["mems"]} for r in st["ranks"]]}
-    save_tree(old, folder / TRAIN_STATE)
-    meta = json.loads((folder / "meta.json").read_text())
-    assert meta["sha256"][TRAIN_STATE] != sha256_file(folder / TRAIN_STATE)  # the layout did change on disk
-    meta["sha256"][TRAIN_STATE] = sha256_file(folder / TRAIN_STATE)
-    atomic_write_json(folder / "meta.json", meta)
-    pretrain(cfg, records, tmp_path / "b", resume="latest", quiet=True)
-    assert _train_losses(tmp_path / "a") == _train_losses(tmp_path / "b")
-    for name in ("model.safetensors", TRAIN_STATE, "meta.json"):
-        assert sha256_file(tmp_path / "a" / "step_0000006" / name) == sha256_file(tmp_path / "b" / "step_0000006" / name)
 
 
 def test_resume_given_step(records, tmp_path):
@@ -454,9 +427,9 @@ def test_disk_full_while_saving_names_the_last_good_checkpoint(records, tmp_path
     cfg_file = _write_config(tmp_path / "cfg.yaml", SMALL + ["train.max_steps=6", "train.save_every=2",
                                                              "train.eval_every=0", "train.keep_last=5"])
     pretrain(load_config(cfg_file), records, tmp_path / "a", quiet=True)
-    from xlnetcli import checkpoint
+    from xlnetcli.train import checkpointer
 
-    real_save, calls = checkpoint.save_tree, []
+    real_save, calls = checkpointer.save_tree, []
 
     def disk_full_on_second(obj, f):
         calls.append(f)
@@ -465,14 +438,14 @@ def test_disk_full_while_saving_names_the_last_good_checkpoint(records, tmp_path
             raise OSError(errno.ENOSPC, "No space left on device", str(f))
         return real_save(obj, f)
 
-    monkeypatch.setattr(checkpoint, "save_tree", disk_full_on_second)
+    monkeypatch.setattr(checkpointer, "save_tree", disk_full_on_second)
     run = tmp_path / "b"
     code, _, err = run_main(capsys, "pretrain", "--config", cfg_file, "--data", records, "--out", run, "--quiet")
     assert_one_line_error(code, err, "disk full while writing checkpoint", "step_0000004",
                           f"last good checkpoint {run / 'step_0000002'}", "--resume")
     assert [s for s, _ in list_checkpoints(run)] == [2]
     assert not [p.name for p in run.iterdir() if p.name.startswith(".") or p.name == "step_0000004"]
-    monkeypatch.setattr(checkpoint, "save_tree", real_save)
+    monkeypatch.setattr(checkpointer, "save_tree", real_save)
     code, _, err = run_main(capsys, "pretrain", "--data", records, "--out", run, "--resume", "--quiet")
     assert code == 0, err
     assert _train_losses(run) == _train_losses(tmp_path / "a")

@@ -40,7 +40,7 @@ def _write(path: Path, rows: list[tuple[str, str]]) -> Path:
 def env(builds, tmp_path_factory):
     """A tokenizer (shared, conftest.py: read only), a run folder holding the random initialisation (train.seed) and
     labelled files."""
-    from xlnetcli.checkpoint import save_model_dir
+    from xlnetcli.checkpoint.folders import save_model_dir
     from xlnetcli.model import XLNetLMHeadModel
 
     d = tmp_path_factory.mktemp("probe")

@@ -105,7 +105,7 @@ def test_python_api_example_runs(builds, tmp_path, monkeypatch):
     """The README's API block, run against a real (tiny, untrained) checkpoint with a real tokenizer."""
     import torch
 
-    from xlnetcli.checkpoint import save_model_dir
+    from xlnetcli.checkpoint.folders import save_model_dir
     from xlnetcli.config import load_config
     from xlnetcli.model import XLNetLMHeadModel
 

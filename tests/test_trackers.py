@@ -185,7 +185,7 @@ def test_mlflow_file_store_gets_the_metrics_jsonl_values_and_resume_continues(re
 
 def test_finetune_report_to_mlflow(builds, tmp_path, mlflow_store):
     """finetune.report_to is the finetuning run's own key (its train.* settings come from the checkpoint)."""
-    from xlnetcli.checkpoint import save_model_dir
+    from xlnetcli.checkpoint.folders import save_model_dir
     from xlnetcli.train.finetune import finetune
     from xlnetcli.model import XLNetLMHeadModel
 

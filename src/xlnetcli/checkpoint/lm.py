@@ -15,6 +15,9 @@ from typing import Any
 
 import torch
 
+from xlnetcli.checkpoint.load import load_lm_model, resolve_checkpoint
+from xlnetcli.config import Config
+from xlnetcli.data.tokenizer import Tokenizer
 from xlnetcli.model import LMOutput, XLNetLMHeadModel
 
 
@@ -27,7 +30,7 @@ def _tensor(x, dtype, device):
 class XLNet:
     """A loaded XLNet LM (eval mode, no grad by default). ``.model`` is the nn.Module, ``.config`` the Config."""
 
-    def __init__(self, model: XLNetLMHeadModel, config, meta: dict[str, Any], path: Path):
+    def __init__(self, model: XLNetLMHeadModel, config: Config, meta: dict[str, Any], path: Path) -> None:
         self.model, self.config, self.meta, self.path = model, config, meta, path
 
     @property
@@ -35,10 +38,8 @@ class XLNet:
         return next(self.model.parameters()).device
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer | None:
         """The checkpoint's tokenizer (xlnetcli.data.tokenizer.Tokenizer), or None if the checkpoint has none."""
-        from xlnetcli.data.tokenizer import Tokenizer
-
         for cand in (self.path / "tokenizer", self.path / "spiece.model"):
             if cand.exists():
                 return Tokenizer.load(cand)
@@ -69,8 +70,6 @@ def load(path: str | Path, device: str | torch.device = "cpu", **model_overrides
 
     ``model_overrides``: non-architecture model keys, e.g. ``mem_len=128, attn_impl="einsum"``. ``bi_data`` is off
     unless asked for: it is a pretraining batch layout (half forward, half backward), not something inference wants."""
-    from xlnetcli.checkpoint import load_lm_model, resolve_checkpoint
-
     model_overrides.setdefault("bi_data", False)
     p = resolve_checkpoint(path)
     model, cfg, meta = load_lm_model(p, device=device, overrides=model_overrides or None)

@@ -42,7 +42,7 @@ from xlnetcli.core.signals import quiet_pool_worker, sigterm_as_interrupt
 from xlnetcli.data.corpus import FileStats, ReadStats, expand_inputs, iter_chunks, total_size
 from xlnetcli.data.shard_format import FORMAT_VERSION, NpyStreamWriter
 from xlnetcli.data.special import EOD_ID
-from xlnetcli.data.tokenizer import Tokenizer, _combining_table, normalize_block
+from xlnetcli.data.tokenizer import Tokenizer, combining_table, normalize_block
 
 CHUNK_CHARS = 1 << 18  # ~256 KiB of text per work item: thousands of lines per SentencePiece batch, little IPC
 
@@ -115,7 +115,7 @@ class _EncoderPool:
 
     def __init__(self, tok: Tokenizer, dtype: np.dtype, workers: int) -> None:
         self.tok, self.dtype = tok, dtype
-        _combining_table()  # built once here, inherited by forked workers
+        combining_table()  # built once here, inherited by forked workers
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         helpers = workers - 1
         self.pool: Any = ctx.Pool(helpers, initializer=_init_worker,

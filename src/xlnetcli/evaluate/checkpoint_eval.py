@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from xlnetcli.checkpoint import is_hf_dir, load_lm_model, read_meta, resolve_checkpoint
+from xlnetcli.checkpoint.folders import read_meta, tokenizer_dir_of
+from xlnetcli.checkpoint.load import is_hf_dir, load_lm_model, resolve_checkpoint
 from xlnetcli.checkpoint.hf_dir import hf_dir_task
 from xlnetcli.core import dist
 from xlnetcli.core.errors import DataError, XLNetError
@@ -27,7 +28,7 @@ from xlnetcli.core.files import atomic_write_json, atomic_write_text
 from xlnetcli.data import labelled
 from xlnetcli.data.pretrain_stream import PretrainStream
 from xlnetcli.data.tokenizer import Tokenizer
-from xlnetcli.evaluate.finetuned import load_finetuned, load_task_data, primary_metric, score, tokenizer_dir_of
+from xlnetcli.evaluate.finetuned import load_finetuned, load_task_data, primary_metric, score
 from xlnetcli.evaluate.finetuned import predict as run_predict
 from xlnetcli.evaluate.lm_loss import evaluate_plm, read_records_meta
 

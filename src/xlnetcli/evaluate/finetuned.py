@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from xlnetcli.checkpoint import load_model_dir, load_state
+from xlnetcli.checkpoint.load import load_model_dir, load_state
 from xlnetcli.config import Config
 from xlnetcli.core import dist
 from xlnetcli.core.dist import autocast_ctx
@@ -81,15 +81,6 @@ def load_task_data(task: str, path: str | Path, tok: Any, cfg: Config, label_lis
                      "(finetune.max_seq_length); the longer text is cut first")
     data.notes = notes
     return data
-
-
-def tokenizer_dir_of(ckpt: Path) -> Path:
-    """The tokenizer that belongs to a checkpoint folder (our tokenizer/ or an HF directory's spiece.model)."""
-    if (ckpt / "tokenizer" / "spiece.model").is_file():
-        return ckpt / "tokenizer"
-    if (ckpt / "spiece.model").is_file():
-        return ckpt
-    raise CheckpointError(f"{ckpt} has no tokenizer (expected tokenizer/spiece.model or spiece.model)")
 
 
 def build_finetune_model(run_cfg: Config, task: str, n_labels: int) -> torch.nn.Module:

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from xlnetcli.checkpoint import load_model_dir, load_state, resolve_checkpoint, save_model_dir
+from xlnetcli.checkpoint.folders import save_model_dir
+from xlnetcli.checkpoint.load import load_model_dir, load_state, resolve_checkpoint
 from xlnetcli.checkpoint.hf_dir import FINETUNE_FILE, PRETRAINING_FILE, PRETRAINING_KEYS, load_hf_dir, model_for_hf
 from xlnetcli.config import Config
 from xlnetcli.core.errors import CheckpointError

@@ -27,7 +27,7 @@ A task (``pretrain.PretrainTask``, ``finetune.FinetuneTask``) supplies what diff
     keep_last, pinned_steps(with_state)  which step folders stay after a save (rotation, the best checkpoint)
 
 Everything kept across steps is one collection of stateful objects (``state_dict()`` / ``load_state_dict()``), saved
-and loaded by ``checkpoint.Checkpointer``: {model, train (step, tokens seen, loss window), optimizer, scaler,
+and loaded by ``train.checkpointer.Checkpointer``: {model, train (step, tokens seen, loss window), optimizer, scaler,
 **task.states()} once, and {rng, **task.rank_states()} of every rank. A resumable step folder (written to a temporary
 folder and renamed) holds model.safetensors, config.yaml, tokenizer/, meta.json and train_state.safetensors; the
 lr schedule is a function of the step (optim.lr_factor).
@@ -54,8 +54,7 @@ import numpy as np
 import torch
 
 from xlnetcli.core import dist
-from xlnetcli.checkpoint import (MODEL, PROGRESS, TRAIN_STATE, Checkpointer, ModelState, OptimizerState, Stateful,
-                         resumable_steps, step_folders)
+from xlnetcli.checkpoint.folders import step_folders
 from xlnetcli.config import Config, config_to_dict, load_config, save_config
 from xlnetcli.core.dist import autocast_ctx
 from xlnetcli.core.errors import CheckpointError, ConfigError, Preempted, XLNetError
@@ -65,6 +64,8 @@ from xlnetcli.core.console import console, duration, progress_is_live, step_prog
 from xlnetcli.train.optim import build_optimizer, lr_factor, set_lr
 from xlnetcli.model import parallelize
 from xlnetcli.report.metrics_log import MetricsLogger, NullLogger, read_metrics
+from xlnetcli.train.checkpointer import (MODEL, PROGRESS, TRAIN_STATE, Checkpointer, ModelState, OptimizerState,
+                                         Stateful, resumable_steps)
 
 
 @dataclass

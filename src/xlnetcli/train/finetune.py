@@ -39,14 +39,15 @@ import torch
 
 from xlnetcli.core import dist
 from xlnetcli.data import labelled
-from xlnetcli.checkpoint import TRAIN_STATE, step_dir_name, step_folders
+from xlnetcli.checkpoint.folders import step_dir_name, step_folders, tokenizer_dir_of
 from xlnetcli.config import Config, check_config, config_from_dict, config_to_dict
-from xlnetcli.train.engine import Engine, Evaluation, TrainPlan, printer, resumable_steps, resume_point
+from xlnetcli.train.checkpointer import TRAIN_STATE, resumable_steps
+from xlnetcli.train.engine import Engine, Evaluation, TrainPlan, printer, resume_point
 from xlnetcli.core.errors import CheckpointError, ConfigError, DataError, XLNetError
 from xlnetcli.model.flops import forward_flops
 from xlnetcli.core.files import atomic_write_json, check_output_dir, check_output_not_input, commit_dir, output_lock, sha256_file
 from xlnetcli.evaluate.finetuned import (TRAIN_KEYS, TaskData, build_finetune_model, load_pretrained_into, load_task_data, make_batch,
-                        predict, primary_metric, score, tokenizer_dir_of)
+                        predict, primary_metric, score)
 from xlnetcli.report.trackers import require_trackers
 from xlnetcli.data.tokenizer import Tokenizer
 
@@ -70,7 +71,7 @@ def run_config(init_cfg: Config, cfg: Config) -> Config:
 def finetune_config_path(init: str | Path) -> Path | None:
     """Which YAML to load when the user gave no --config: the init checkpoint's config.yaml (None for an HF
     directory: the defaults). The model section is always taken from the checkpoint at training time."""
-    from xlnetcli.checkpoint import resolve_checkpoint
+    from xlnetcli.checkpoint.load import resolve_checkpoint
 
     path = resolve_checkpoint(init) / "config.yaml"
     return path if path.is_file() else None
@@ -363,7 +364,7 @@ def finetune(
 def _finetune(cfg: Config, task: str, train: Path, valid: Path | None, init: Path, out: Path,
               columns: labelled.Columns | None, header: bool, overwrite: bool, env: dist.DistEnv, quiet: bool,
               from_scratch: bool, resume: bool) -> dict[str, Any]:
-    from xlnetcli.checkpoint import load_model_dir, resolve_checkpoint
+    from xlnetcli.checkpoint.load import load_model_dir, resolve_checkpoint
 
     main = env.is_main
     dev = env.device

@@ -36,9 +36,9 @@ from typing import Any
 import torch
 
 from xlnetcli.core import dist
-from xlnetcli.checkpoint import TRAIN_STATE, load_train_state  # noqa: F401  (re-exported)
 from xlnetcli.config import Config, check_config, config_to_dict
-from xlnetcli.train.engine import (Engine, Evaluation, TrainPlan, printer, resumable_steps, resume_point, run_config_file,
+from xlnetcli.train.checkpointer import resumable_steps
+from xlnetcli.train.engine import (Engine, Evaluation, TrainPlan, printer, resume_point, run_config_file,
                      seed_everything)
 from xlnetcli.core.errors import ConfigError, DataError
 from xlnetcli.model.flops import train_flops

@@ -1,0 +1,120 @@
+"""Step folders: their names, writing one atomically with the checksums of its files, and checking them.
+
+Integrity: meta.json records the sha256 of every other file of the folder; `verify_files` checks them when weights
+or a train state are loaded, so a flipped bit is refused with the file's name instead of being trained on. The
+files are byte-reproducible (safetensors' header metadata is one fixed key), so two checkpoints compare by hash.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from xlnetcli.config import Config, save_config
+from xlnetcli.core.errors import CheckpointError
+from xlnetcli.core.files import atomic_output_dir, atomic_write_json, sha256_file
+
+STEP_RE = re.compile(r"^step_(\d{7,})$")
+MODEL_FILE = "model.safetensors"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:07d}"
+
+
+def step_folders(run_dir: str | Path, marker: str = MODEL_FILE) -> list[tuple[int, Path]]:
+    """Complete ``step_NNNNNNN`` folders of a run (those holding ``marker``), oldest first; temporary folders of an
+    interrupted save never match."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        return []
+    found = [(int(m.group(1)), c) for c in run.iterdir() if c.is_dir() and (m := STEP_RE.match(c.name))]
+    return sorted((step, c) for step, c in found if (c / marker).is_file())
+
+
+def save_model_dir(
+    out: str | Path,
+    model: torch.nn.Module | dict[str, torch.Tensor],
+    cfg: Config,
+    tokenizer_dir: str | Path | None = None,
+    meta: dict[str, Any] | None = None,
+    extra_files: dict[str, bytes | str | Path | Callable[[Path], None]] | None = None,
+    overwrite: bool = True,
+) -> Path:
+    """Write a step folder atomically. ``model``: a module or its state dict. ``extra_files`` maps a file name to
+    bytes, a source path to copy, or a callable that writes the given path (e.g. ``lambda p: save_tree(state, p)``)."""
+    if isinstance(model, torch.nn.Module):
+        model = getattr(model, "module", model)  # DDP
+        model = getattr(model, "_orig_mod", model)  # torch.compile
+        model = model.state_dict()
+    state = {k: v.detach().contiguous().cpu() for k, v in model.items()}
+    out = Path(out)
+    # the run folder's owner holds its lock; one key of metadata keeps the header's bytes stable across processes
+    with atomic_output_dir(out, overwrite=overwrite, what="a checkpoint", lock=False) as tmp:
+        save_file(state, str(tmp / MODEL_FILE), metadata={"format": "pt"})
+        save_config(cfg, tmp)
+        if tokenizer_dir is not None:
+            src = Path(tokenizer_dir)
+            if src.is_file():
+                src = src.parent
+            if not (src / "spiece.model").is_file():
+                raise CheckpointError(f"tokenizer directory {src} has no spiece.model")
+            shutil.copytree(src, tmp / "tokenizer")
+        for name, content in (extra_files or {}).items():
+            target = tmp / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, bytes):
+                target.write_bytes(content)
+            elif isinstance(content, (str, Path)):
+                shutil.copyfile(content, target)
+            else:
+                content(target)
+        digests = {f.relative_to(tmp).as_posix(): sha256_file(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
+        atomic_write_json(tmp / "meta.json", {**dict(meta or {}), "sha256": digests})
+    return out
+
+
+def verify_files(folder: str | Path, names: Iterable[str], meta: dict[str, Any] | None = None) -> None:
+    """Check files of a checkpoint folder against the sha256 recorded in its meta.json (a file without a recorded
+    checksum, or absent, is not checked)."""
+    folder = Path(folder)
+    if meta is None:
+        meta = read_meta(folder)
+    digests = meta.get("sha256") or {}
+    for name in names:
+        want = digests.get(name)
+        if want is None or not (folder / name).is_file():
+            continue
+        if sha256_file(folder / name) != want:
+            raise CheckpointError(f"{folder / name} does not match the checksum in meta.json (corrupted on disk or "
+                                  "edited); use another step folder")
+
+
+def read_meta(folder: str | Path) -> dict[str, Any]:
+    """A checkpoint folder's meta.json ({} when it has none); CheckpointError when it is not a JSON object."""
+    path = Path(folder) / "meta.json"
+    if not path.is_file():
+        return {}
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise CheckpointError(f"{path}: not valid JSON") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: not a JSON object")
+    return meta
+
+
+def tokenizer_dir_of(ckpt: Path) -> Path:
+    """The tokenizer that belongs to a checkpoint folder (our tokenizer/ or an HF directory's spiece.model)."""
+    if (ckpt / "tokenizer" / "spiece.model").is_file():
+        return ckpt / "tokenizer"
+    if (ckpt / "spiece.model").is_file():
+        return ckpt
+    raise CheckpointError(f"{ckpt} has no tokenizer (expected tokenizer/spiece.model or spiece.model)")
