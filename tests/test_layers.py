@@ -50,7 +50,8 @@ def _unit(module: str) -> str:
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
@@ -63,7 +64,8 @@ def _imports(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, bool]]
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 found.append((child, runs))
             deferred = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) or (
-                isinstance(child, ast.If) and _is_type_checking(child))
+                isinstance(child, ast.If) and _is_type_checking(child)
+            )
             visit(child, runs and not deferred)
 
     visit(tree, True)
@@ -96,10 +98,12 @@ def test_the_table_names_every_package():
 
 
 def test_no_relative_imports():
-    bad = [f"{path.relative_to(SRC.parent)}:{node.lineno}: {ast.unparse(node)}"
-           for path in MODULES.values()
-           for node, _ in _imports(ast.parse(path.read_text()))
-           if isinstance(node, ast.ImportFrom) and node.level]
+    bad = [
+        f"{path.relative_to(SRC.parent)}:{node.lineno}: {ast.unparse(node)}"
+        for path in MODULES.values()
+        for node, _ in _imports(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level
+    ]
     assert not bad, "relative imports (write them absolute, from xlnetcli...):\n" + "\n".join(bad)
 
 
@@ -109,9 +113,11 @@ def test_imports_go_down_the_layers():
         unit, used = _unit(module), _unit(target)
         if used != unit and LAYER_OF[used] >= LAYER_OF[unit]:
             allowed = sorted({unit} | {n for n, level in LAYER_OF.items() if level < LAYER_OF[unit]})
-            bad.append(f"{MODULES[module].relative_to(SRC.parent)}:{line}: `{statement}` imports {used} "
-                       f"(layer {LAYER_OF[used]}) from {unit} (layer {LAYER_OF[unit]}); {unit} may import: "
-                       + ", ".join(allowed))
+            bad.append(
+                f"{MODULES[module].relative_to(SRC.parent)}:{line}: `{statement}` imports {used} "
+                f"(layer {LAYER_OF[used]}) from {unit} (layer {LAYER_OF[unit]}); {unit} may import: "
+                + ", ".join(allowed)
+            )
     assert not bad, "imports against the layers (see LAYERS in tests/test_layers.py):\n" + "\n".join(bad)
 
 
@@ -127,7 +133,7 @@ def test_no_import_cycle():
 
     def visit(module: str) -> None:
         if module in path:
-            cycle = path[path.index(module):] + [module]
+            cycle = [*path[path.index(module) :], module]
             raise AssertionError("import cycle: " + " -> ".join(cycle))
         if module in done:
             return
