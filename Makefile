@@ -19,6 +19,13 @@ install: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
 
+# ruff (lint, then format as a check) and mypy, configured in pyproject.toml
+.PHONY: lint
+lint: $(STAMP)
+	$(BIN)/ruff check
+	$(BIN)/ruff format --check
+	$(BIN)/mypy
+
 demo: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python scripts/demo.py
 

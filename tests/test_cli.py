@@ -1,4 +1,4 @@
-"""The CLI surface: one line per command in --help, --version, and the bundled-corpus default."""
+"""The CLI surface: one line per command in --help, in pipeline order, --version, and the bundled-corpus default."""
 
 from clitools import run_main
 
@@ -12,6 +12,16 @@ def test_help_lists_every_command_on_one_line(capsys):
     for name, cmd in cli.commands.items():
         line = next(ln for ln in out.splitlines() if ln.strip().startswith(name + " "))
         assert cmd.get_short_help_str(limit=200).split()[0] in line
+
+
+def test_help_lists_commands_in_pipeline_order(capsys):
+    code, out, _ = run_main(capsys, "--help")
+    assert code == 0
+    listed = out.split("Commands:")[1].splitlines()
+    names = [ln.split()[0] for ln in listed if ln.startswith("  ") and not ln.startswith("   ")]
+    assert names == ["tokenize", "shard", "preprocess", "pretrain", "finetune", "eval", "probe", "export", "import",
+                     "plot", "config"]
+    assert sorted(names) == sorted(cli.commands)
 
 
 def test_version(capsys):

@@ -134,8 +134,18 @@ def with_config(command: str, default: Callable[[dict[str, Any]], str | Path | N
     return wrap
 
 
+# `xlnet --help` lists the commands in the order of the pipeline (the README's), not alphabetically.
+PIPELINE_ORDER = ("tokenize", "shard", "preprocess", "pretrain", "finetune", "eval", "probe", "export", "import", "plot",
+                  "config")
+
+
 class _Group(click.Group):
-    """Lists every command with its whole first docstring line (click cuts them at 45 characters)."""
+    """Lists every command with its whole first docstring line (click cuts them at 45 characters), in PIPELINE_ORDER
+    (commands not in it after those, as declared)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        rank = {name: i for i, name in enumerate(PIPELINE_ORDER)}
+        return sorted(self.commands, key=lambda name: rank.get(name, len(rank)))  # stable: the rest as declared
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = []
