@@ -30,8 +30,10 @@ def inputs_or_bundled(inputs: tuple[str, ...]) -> tuple[str, ...]:
     if inputs:
         return inputs
     if not BUNDLED_CORPUS.is_file():
-        raise XLNetError("no input files given: pass text files, folders or globs (the bundled demo corpus, "
-                         "data/pydocs/corpus.txt, comes with a source checkout)")
+        raise XLNetError(
+            "no input files given: pass text files, folders or globs (the bundled demo corpus, "
+            "data/pydocs/corpus.txt, comes with a source checkout)"
+        )
     click.echo(f"no inputs given: using the bundled corpus {BUNDLED_CORPUS}", err=True)
     return (str(BUNDLED_CORPUS),)
 
@@ -39,11 +41,17 @@ def inputs_or_bundled(inputs: tuple[str, ...]) -> tuple[str, ...]:
 def config_options(f):
     """--config NAME|FILE and repeated --set section.key=value."""
     f = click.option(
-        "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
+        "--set",
+        "overrides",
+        multiple=True,
+        metavar="SECTION.KEY=VALUE",
         help="Override one config key (repeatable), e.g. --set train.lr=1e-4.",
     )(f)
     f = click.option(
-        "--config", "config_path", default=None, metavar="NAME|FILE",
+        "--config",
+        "config_path",
+        default=None,
+        metavar="NAME|FILE",
         help=f"A preset ({', '.join(PRESETS)}) or a YAML file; `xlnet config show NAME` prints one.",
     )(f)
     return f
@@ -51,8 +59,13 @@ def config_options(f):
 
 def text_field_option(f):
     """--text-field for JSONL, Parquet and datasets inputs."""
-    return click.option("--text-field", default="text", show_default=True, metavar="NAME",
-                        help="Field (JSONL) or column (Parquet, datasets folder) holding each document's text.")(f)
+    return click.option(
+        "--text-field",
+        default="text",
+        show_default=True,
+        metavar="NAME",
+        help="Field (JSONL) or column (Parquet, datasets folder) holding each document's text.",
+    )(f)
 
 
 def resolve_config(config_path: str | Path | None, overrides: tuple[str, ...], command: str) -> Config:
@@ -101,8 +114,9 @@ def check_override_sections(overrides: Sequence[str], command: str) -> None:
             reads = ", ".join(f"{s}.*" for s in sections)
             alt = next((s for s in sections if key in {f.name for f in dataclasses.fields(SECTIONS[s])}), None)
             hint = f"; did you mean {alt}.{key}?" if alt else ""
-            raise ConfigError(f"--set {clip(item)}: xlnet {command} reads {reads}; {section}.{clip(key)} is "
-                              f"not used{hint}")
+            raise ConfigError(
+                f"--set {clip(item)}: xlnet {command} reads {reads}; {section}.{clip(key)} is not used{hint}"
+            )
 
 
 def _as_given(ctx: click.Context, name: str, value: Any) -> str:
@@ -122,8 +136,11 @@ def with_config(command: str, default: Callable[[dict[str, Any]], str | Path | N
         @functools.wraps(f)
         def run(config_path: str | None, overrides: tuple[str, ...], **params: Any) -> Any:
             ctx = click.get_current_context()
-            settings = [(_as_given(ctx, name, value), key, value) for name, key in SETTING_OPTIONS[command].items()
-                        if (value := params.pop(name)) is not None]
+            settings = [
+                (_as_given(ctx, name, value), key, value)
+                for name, key in SETTING_OPTIONS[command].items()
+                if (value := params.pop(name)) is not None
+            ]
             check_override_sections(overrides, command)
             if config_path is None and default is not None:
                 config_path = default(params)
@@ -135,8 +152,19 @@ def with_config(command: str, default: Callable[[dict[str, Any]], str | Path | N
 
 
 # `xlnet --help` lists the commands in the order of the pipeline (the README's), not alphabetically.
-PIPELINE_ORDER = ("tokenize", "shard", "preprocess", "pretrain", "finetune", "eval", "probe", "export", "import", "plot",
-                  "config")
+PIPELINE_ORDER = (
+    "tokenize",
+    "shard",
+    "preprocess",
+    "pretrain",
+    "finetune",
+    "eval",
+    "probe",
+    "export",
+    "import",
+    "plot",
+    "config",
+)
 
 
 class _Group(click.Group):
@@ -203,7 +231,9 @@ def main(argv: list[str] | None = None) -> None:
         from xlnetcli.core.files import is_disk_full
 
         if is_disk_full(e):
-            click.echo(f"xlnet: error: disk full while writing {e.filename or 'output'}; free space and rerun", err=True)
+            click.echo(
+                f"xlnet: error: disk full while writing {e.filename or 'output'}; free space and rerun", err=True
+            )
             sys.exit(2)
         click.echo(f"xlnet: error: {e.strerror or e}{f': {e.filename}' if e.filename else ''}", err=True)
         sys.exit(2)
@@ -225,8 +255,13 @@ def config_group() -> None:
 
 @config_group.command("show")
 @click.argument("name", required=False, metavar="[NAME|FILE]")
-@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
-              help="Override one config key (repeatable), e.g. --set train.lr=1e-4.")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="SECTION.KEY=VALUE",
+    help="Override one config key (repeatable), e.g. --set train.lr=1e-4.",
+)
 def config_show_cmd(name: str | None, overrides: tuple[str, ...]) -> None:
     """Print the resolved YAML of a preset or file (the defaults without NAME) after --set overrides.
 
@@ -239,8 +274,12 @@ def config_show_cmd(name: str | None, overrides: tuple[str, ...]) -> None:
 # ---- plot ----
 @cli.command("plot")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="PNG path (default RUN_DIR/curves.png, or the probe JSON's path with .png).")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="PNG path (default RUN_DIR/curves.png, or the probe JSON's path with .png).",
+)
 def plot_cmd(run_dir: Path, out: Path | None) -> None:
     """Plot loss, learning rate and throughput curves of a run as a PNG; given the JSON of `xlnet probe
     --train-sizes ... --output FILE`, plot its label-efficiency curve instead."""
@@ -252,11 +291,23 @@ def plot_cmd(run_dir: Path, out: Path | None) -> None:
 # ---- pretrain ----
 @cli.command("pretrain")
 @config_options
-@click.option("--data", "data_dir", required=True, type=click.Path(path_type=Path), help="Records folder (xlnet preprocess).")
-@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Run folder (checkpoints, metrics).")
-@click.option("--resume", default=None, is_flag=False, flag_value="latest", metavar="[latest|STEP]",
-              help="Continue the run in --out exactly, from its latest checkpoint or a given step.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
+@click.option(
+    "--data", "data_dir", required=True, type=click.Path(path_type=Path), help="Records folder (xlnet preprocess)."
+)
+@click.option(
+    "--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Run folder (checkpoints, metrics)."
+)
+@click.option(
+    "--resume",
+    default=None,
+    is_flag=False,
+    flag_value="latest",
+    metavar="[latest|STEP]",
+    help="Continue the run in --out exactly, from its latest checkpoint or a given step.",
+)
+@click.option(
+    "--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK)."
+)
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 @with_config("pretrain", default=lambda p: _pretrain_config_path(p["data_dir"], p["out_dir"], p["resume"]))
 def pretrain_cmd(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, device: str, quiet: bool) -> None:
@@ -280,35 +331,49 @@ def _pretrain_config_path(data_dir: Path, out_dir: Path, resume: str | None) -> 
 
 @cli.command("export")
 @click.argument("ckpt", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["hf"]), default="hf", show_default=True,
-              help="Output format (hf: a transformers directory: XLNetLMHeadModel for a pretrained checkpoint, "
-                   "XLNetForSequenceClassification / ForMultipleChoice / ForQuestionAnswering with its head for a "
-                   "finetuned one, + XLNetTokenizer).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["hf"]),
+    default="hf",
+    show_default=True,
+    help="Output format (hf: a transformers directory: XLNetLMHeadModel for a pretrained checkpoint, "
+    "XLNetForSequenceClassification / ForMultipleChoice / ForQuestionAnswering with its head for a "
+    "finetuned one, + XLNetTokenizer).",
+)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output directory.")
-@click.option("--backbone-only", is_flag=True,
-              help="Export the transformer alone (XLNetModel), without the LM or task head.")
+@click.option(
+    "--backbone-only", is_flag=True, help="Export the transformer alone (XLNetModel), without the LM or task head."
+)
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
 def export_cmd(ckpt: Path, fmt: str, out: Path, backbone_only: bool, overwrite: bool) -> None:
     """Export a checkpoint (run dir or step folder, pretrained or finetuned) as a Hugging Face directory."""
-    from xlnetcli.interop.huggingface import export_hf
     from xlnetcli.checkpoint.hf_dir import describe_export
     from xlnetcli.core.console import console
+    from xlnetcli.interop.huggingface import export_hf
 
     export_hf(ckpt, out, overwrite=overwrite, backbone_only=backbone_only)
-    console.print(f"exported {ckpt} -> {out} as {describe_export(out)} (config.json, model.safetensors, spiece.model, "
-                  "tokenizer.json)")
+    console.print(
+        f"exported {ckpt} -> {out} as {describe_export(out)} (config.json, model.safetensors, spiece.model, "
+        "tokenizer.json)"
+    )
 
 
 @cli.command("import")
-@click.option("--from-hf", "hf_dir", type=click.Path(path_type=Path), required=True,
-              help="A Hugging Face XLNet directory (config.json + model.safetensors or pytorch_model.bin).")
+@click.option(
+    "--from-hf",
+    "hf_dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="A Hugging Face XLNet directory (config.json + model.safetensors or pytorch_model.bin).",
+)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output checkpoint folder.")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
 def import_cmd(hf_dir: Path, out: Path, overwrite: bool) -> None:
     """Turn a Hugging Face XLNet directory into an xlnet checkpoint folder (with its task head when it has one)."""
-    from xlnetcli.interop.huggingface import import_hf
     from xlnetcli.checkpoint.hf_dir import import_summary
     from xlnetcli.core.console import console
+    from xlnetcli.interop.huggingface import import_hf
 
     import_hf(hf_dir, out, overwrite=overwrite)
     console.print(f"imported {hf_dir} -> {out}: {import_summary(out)}")
@@ -336,24 +401,33 @@ def tokenize_group() -> None:
 @click.option("--overwrite", is_flag=True, help="Replace an existing tokenizer directory.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @with_config("tokenize train")
-def tokenize_train_cmd(cfg: Config, inputs: tuple[str, ...], out_dir: Path, text_field: str, overwrite: bool,
-                       quiet: bool) -> None:
+def tokenize_train_cmd(
+    cfg: Config, inputs: tuple[str, ...], out_dir: Path, text_field: str, overwrite: bool, quiet: bool
+) -> None:
     """Train a SentencePiece unigram tokenizer on text, JSONL or Parquet files, datasets folders, directories or globs.
 
     Files may be .gz or .zst compressed. Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
     from xlnetcli.core.console import console
     from xlnetcli.data.tokenizer import train_tokenizer
 
-    tok = train_tokenizer(cfg, inputs_or_bundled(inputs), out_dir, overwrite=overwrite, quiet=quiet,
-                          text_field=text_field)
-    console.print(f"wrote {out_dir}/ spiece.model, xlnet_tokenizer.json, tokenizer.json (vocab {tok.vocab_size}, "
-                  f"uncased={tok.uncased}, keep_accents={tok.keep_accents}, sha256 {tok.sha256[:12]})")
+    tok = train_tokenizer(
+        cfg, inputs_or_bundled(inputs), out_dir, overwrite=overwrite, quiet=quiet, text_field=text_field
+    )
+    console.print(
+        f"wrote {out_dir}/ spiece.model, xlnet_tokenizer.json, tokenizer.json (vocab {tok.vocab_size}, "
+        f"uncased={tok.uncased}, keep_accents={tok.keep_accents}, sha256 {tok.sha256[:12]})"
+    )
 
 
 @tokenize_group.command("encode")
 @click.argument("file", required=False, type=click.Path(path_type=Path))
-@click.option("--tokenizer", "tok_path", required=True, type=click.Path(path_type=Path),
-              help="Tokenizer directory (or spiece.model).")
+@click.option(
+    "--tokenizer",
+    "tok_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Tokenizer directory (or spiece.model).",
+)
 @click.option("--text", default=None, help="Encode this text instead of a file.")
 @click.option("--ids", "as_ids", is_flag=True, help="Print ids instead of pieces.")
 def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_ids: bool) -> None:
@@ -386,24 +460,54 @@ def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_
 @cli.command("shard")
 @config_options
 @click.argument("inputs", nargs=-1)
-@click.option("--tokenizer", "tok_path", required=True, type=click.Path(path_type=Path),
-              help="Tokenizer directory (xlnet tokenize train).")
+@click.option(
+    "--tokenizer",
+    "tok_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Tokenizer directory (xlnet tokenize train).",
+)
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Shard directory to create.")
-@click.option("--shards", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Number of train shards (balanced by tokens).")
+@click.option(
+    "--shards",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Number of train shards (balanced by tokens).",
+)
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Tokenisation processes.")
-@click.option("--valid-fraction", type=click.FloatRange(0, 1, max_open=True), default=None,
-              help="Share of documents held out for validation (default data.valid_fraction).")
-@click.option("--valid", "valid_inputs", multiple=True, metavar="FILE",
-              help="Validation file(s) instead of a random fraction (repeatable).")
-@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=None,
-              help="Seed of the validation split (default data.seed).")
+@click.option(
+    "--valid-fraction",
+    type=click.FloatRange(0, 1, max_open=True),
+    default=None,
+    help="Share of documents held out for validation (default data.valid_fraction).",
+)
+@click.option(
+    "--valid",
+    "valid_inputs",
+    multiple=True,
+    metavar="FILE",
+    help="Validation file(s) instead of a random fraction (repeatable).",
+)
+@click.option(
+    "--seed", type=click.IntRange(0, 2**32 - 1), default=None, help="Seed of the validation split (default data.seed)."
+)
 @text_field_option
 @click.option("--overwrite", is_flag=True, help="Replace an existing shard directory.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 @with_config("shard")
-def shard_cmd(cfg: Config, inputs: tuple[str, ...], tok_path: Path, out_dir: Path, shards: int, workers: int,
-              valid_inputs: tuple[str, ...], text_field: str, overwrite: bool, quiet: bool) -> None:
+def shard_cmd(
+    cfg: Config,
+    inputs: tuple[str, ...],
+    tok_path: Path,
+    out_dir: Path,
+    shards: int,
+    workers: int,
+    valid_inputs: tuple[str, ...],
+    text_field: str,
+    overwrite: bool,
+    quiet: bool,
+) -> None:
     """Tokenise text, JSONL or Parquet files, datasets folders, directories or globs into N balanced shards + valid.
 
     Files may be .gz or .zst compressed. Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
@@ -412,12 +516,24 @@ def shard_cmd(cfg: Config, inputs: tuple[str, ...], tok_path: Path, out_dir: Pat
 
     if valid_inputs and click.get_current_context().params["valid_fraction"] is not None:
         raise XLNetError("pass either --valid-fraction or --valid FILE, not both")
-    s = shard_corpus(cfg, inputs_or_bundled(inputs), out_dir, tok_path, shards=shards, workers=workers,
-                     valid_inputs=valid_inputs, overwrite=overwrite, quiet=quiet, text_field=text_field)
+    s = shard_corpus(
+        cfg,
+        inputs_or_bundled(inputs),
+        out_dir,
+        tok_path,
+        shards=shards,
+        workers=workers,
+        valid_inputs=valid_inputs,
+        overwrite=overwrite,
+        quiet=quiet,
+        text_field=text_field,
+    )
     if not quiet:
-        console.print(f"wrote {shards} train shard(s) ({s.tokens['train']:,} tokens, {s.documents['train']:,} docs) "
-                      f"+ valid ({s.tokens['valid']:,} tokens, {s.documents['valid']:,} docs) to {out_dir} in "
-                      f"{s.seconds:.1f} s ({s.mb_per_s:.1f} MB/s, {s.tokens_per_s / 1e3:.0f}K tokens/s)")
+        console.print(
+            f"wrote {shards} train shard(s) ({s.tokens['train']:,} tokens, {s.documents['train']:,} docs) "
+            f"+ valid ({s.tokens['valid']:,} tokens, {s.documents['valid']:,} docs) to {out_dir} in "
+            f"{s.seconds:.1f} s ({s.mb_per_s:.1f} MB/s, {s.tokens_per_s / 1e3:.0f}K tokens/s)"
+        )
 
 
 # ---- finetune / eval ---------------------------------------------------------------------------------------------
@@ -425,15 +541,30 @@ def shard_cmd(cfg: Config, inputs: tuple[str, ...], tok_path: Path, out_dir: Pat
 
 def column_options(f):
     """Column choices for TSV/CSV/JSONL classification and regression files (GLUE names are found by default)."""
-    f = click.option("--no-header", is_flag=True,
-                     help="TSV/CSV without a header row: columns are 0-based indices (e.g. CoLA: --text-a-column 3 "
-                          "--label-column 1).")(f)
-    f = click.option("--label-column", default=None, metavar="NAME",
-                     help="Label column (default: label, gold_label, score, is_duplicate, Quality, ...).")(f)
-    f = click.option("--text-b-column", default=None, metavar="NAME",
-                     help="Second text column, '' for none (default: sentence2, question2, ... when present).")(f)
-    f = click.option("--text-a-column", default=None, metavar="NAME",
-                     help="First text column (default: text, sentence, sentence1, question1, question, ...).")(f)
+    f = click.option(
+        "--no-header",
+        is_flag=True,
+        help="TSV/CSV without a header row: columns are 0-based indices (e.g. CoLA: --text-a-column 3 "
+        "--label-column 1).",
+    )(f)
+    f = click.option(
+        "--label-column",
+        default=None,
+        metavar="NAME",
+        help="Label column (default: label, gold_label, score, is_duplicate, Quality, ...).",
+    )(f)
+    f = click.option(
+        "--text-b-column",
+        default=None,
+        metavar="NAME",
+        help="Second text column, '' for none (default: sentence2, question2, ... when present).",
+    )(f)
+    f = click.option(
+        "--text-a-column",
+        default=None,
+        metavar="NAME",
+        help="First text column (default: text, sentence, sentence1, question1, question, ...).",
+    )(f)
     return f
 
 
@@ -445,28 +576,63 @@ def _columns(text_a: str | None, text_b: str | None, label: str | None):
 
 @cli.command("finetune")
 @config_options
-@click.option("--task", required=True, type=click.Choice(["classification", "regression", "multiple-choice", "squad"]),
-              help="classification/regression: TSV/CSV/JSONL; multiple-choice: JSONL; squad: SQuAD v1.1/v2.0 JSON.")
+@click.option(
+    "--task",
+    required=True,
+    type=click.Choice(["classification", "regression", "multiple-choice", "squad"]),
+    help="classification/regression: TSV/CSV/JSONL; multiple-choice: JSONL; squad: SQuAD v1.1/v2.0 JSON.",
+)
 @click.option("--train", "train_file", required=True, type=click.Path(path_type=Path), help="Training file.")
-@click.option("--valid", "valid_file", default=None, type=click.Path(path_type=Path),
-              help="Validation file: evaluated every epoch (or finetune.eval_every steps); the best checkpoint is kept.")
-@click.option("--init", "init", required=True, type=click.Path(path_type=Path),
-              help="Pretrained checkpoint: a run folder, a step folder, or a Hugging Face XLNet directory (a "
-                   "finetuned one keeps its head when task and labels match).")
+@click.option(
+    "--valid",
+    "valid_file",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Validation file: evaluated every epoch (or finetune.eval_every steps); the best checkpoint is kept.",
+)
+@click.option(
+    "--init",
+    "init",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Pretrained checkpoint: a run folder, a step folder, or a Hugging Face XLNet directory (a "
+    "finetuned one keeps its head when task and labels match).",
+)
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Run folder.")
 @column_options
-@click.option("--from-scratch", is_flag=True,
-              help="Random weights with --init's architecture and tokenizer (a baseline for the pretrained model).")
+@click.option(
+    "--from-scratch",
+    is_flag=True,
+    help="Random weights with --init's architecture and tokenizer (a baseline for the pretrained model).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty output folder (once the new run completes).")
-@click.option("--resume", is_flag=True,
-              help="Continue an interrupted run into --out exactly, from its latest checkpoint (same arguments).")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue an interrupted run into --out exactly, from its latest checkpoint (same arguments).",
+)
+@click.option(
+    "--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK)."
+)
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 @with_config("finetune", default=lambda p: _finetune_config_path(p["init"]))
-def finetune_cmd(cfg: Config, task: str, train_file: Path, valid_file: Path | None, init: Path, out_dir: Path,
-                 text_a_column: str | None,
-                 text_b_column: str | None, label_column: str | None, no_header: bool, from_scratch: bool,
-                 overwrite: bool, resume: bool, device: str, quiet: bool) -> None:
+def finetune_cmd(
+    cfg: Config,
+    task: str,
+    train_file: Path,
+    valid_file: Path | None,
+    init: Path,
+    out_dir: Path,
+    text_a_column: str | None,
+    text_b_column: str | None,
+    label_column: str | None,
+    no_header: bool,
+    from_scratch: bool,
+    overwrite: bool,
+    resume: bool,
+    device: str,
+    quiet: bool,
+) -> None:
     """Finetune a pretrained XLNet on a labelled file (torchrun --nproc-per-node N for several processes).
 
     The architecture and tokenizer come from --init; finetuning settings from --config (presets glue, squad, race),
@@ -474,9 +640,21 @@ def finetune_cmd(cfg: Config, task: str, train_file: Path, valid_file: Path | No
     """
     from xlnetcli.train.finetune import finetune
 
-    finetune(cfg, task, train_file, valid_file, init, out_dir, columns=_columns(text_a_column, text_b_column,
-             label_column), header=not no_header, overwrite=overwrite, device=device, quiet=quiet,
-             from_scratch=from_scratch, resume=resume)
+    finetune(
+        cfg,
+        task,
+        train_file,
+        valid_file,
+        init,
+        out_dir,
+        columns=_columns(text_a_column, text_b_column, label_column),
+        header=not no_header,
+        overwrite=overwrite,
+        device=device,
+        quiet=quiet,
+        from_scratch=from_scratch,
+        resume=resume,
+    )
 
 
 def _finetune_config_path(init: Path) -> Path | None:
@@ -487,25 +665,65 @@ def _finetune_config_path(init: Path) -> Path | None:
 
 @cli.command("eval")
 @click.argument("ckpt", type=click.Path(path_type=Path))
-@click.option("--file", "file", default=None, type=click.Path(path_type=Path),
-              help="Finetuned checkpoint: the labelled file to score (unlabelled is fine with --predict).")
-@click.option("--data", "data_dir", default=None, type=click.Path(path_type=Path),
-              help="Pretrained checkpoint: preprocessed records (xlnet preprocess) -> PLM loss, perplexity, accuracy.")
+@click.option(
+    "--file",
+    "file",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Finetuned checkpoint: the labelled file to score (unlabelled is fine with --predict).",
+)
+@click.option(
+    "--data",
+    "data_dir",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Pretrained checkpoint: preprocessed records (xlnet preprocess) -> PLM loss, perplexity, accuracy.",
+)
 @click.option("--split", default="valid", show_default=True, help="Records split to evaluate (with --data).")
-@click.option("--batches", type=click.IntRange(min=1), default=None, help="With --data: at most this many micro-batches (default all).")
-@click.option("--predict", "predict_file", default=None, type=click.Path(dir_okay=False, path_type=Path),
-              help="Write one prediction per example (.jsonl, or .tsv with index/id and prediction).")
-@click.option("--output", default=None, type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the results as JSON to this file.")
+@click.option(
+    "--batches",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --data: at most this many micro-batches (default all).",
+)
+@click.option(
+    "--predict",
+    "predict_file",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write one prediction per example (.jsonl, or .tsv with index/id and prediction).",
+)
+@click.option(
+    "--output",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the results as JSON to this file.",
+)
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per forward pass.")
-@click.option("--null-odds-threshold", type=float, default=None,
-              help="SQuAD 2.0: predict no answer above this null odds (default: the one found on validation).")
+@click.option(
+    "--null-odds-threshold",
+    type=float,
+    default=None,
+    help="SQuAD 2.0: predict no answer above this null odds (default: the one found on validation).",
+)
 @column_options
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-def eval_cmd(ckpt: Path, file: Path | None, data_dir: Path | None, split: str, batches: int | None,
-             predict_file: Path | None, output: Path | None, batch_size: int | None,
-             null_odds_threshold: float | None, text_a_column: str | None, text_b_column: str | None,
-             label_column: str | None, no_header: bool, device: str) -> None:
+def eval_cmd(
+    ckpt: Path,
+    file: Path | None,
+    data_dir: Path | None,
+    split: str,
+    batches: int | None,
+    predict_file: Path | None,
+    output: Path | None,
+    batch_size: int | None,
+    null_odds_threshold: float | None,
+    text_a_column: str | None,
+    text_b_column: str | None,
+    label_column: str | None,
+    no_header: bool,
+    device: str,
+) -> None:
     """Evaluate a checkpoint: a finetuned one on --file (task metrics), a pretrained one on --data (PLM metrics).
 
     Prints the results as JSON on stdout.
@@ -518,36 +736,85 @@ def eval_cmd(ckpt: Path, file: Path | None, data_dir: Path | None, split: str, b
     if data_dir is not None:
         kwargs.update(split=split, batches=batches)
     else:
-        kwargs.update(columns=_columns(text_a_column, text_b_column, label_column), header=not no_header,
-                      batch_size=batch_size, null_odds_threshold=null_odds_threshold)
+        kwargs.update(
+            columns=_columns(text_a_column, text_b_column, label_column),
+            header=not no_header,
+            batch_size=batch_size,
+            null_odds_threshold=null_odds_threshold,
+        )
     res = evaluate(ckpt, file=file, data=data_dir, predict=predict_file, output=output, **kwargs)
     click.echo(json.dumps(res, indent=2))
 
 
 @cli.command("probe")
 @click.argument("ckpt", type=click.Path(path_type=Path))
-@click.option("--train", "train_file", required=True, type=click.Path(path_type=Path),
-              help="Labelled file (TSV/CSV/JSONL, as finetuning reads) the probe is trained on.")
-@click.option("--valid", "valid_file", required=True, type=click.Path(path_type=Path),
-              help="Labelled file the probe is scored on (never used to choose anything).")
-@click.option("--baseline", type=click.Choice(["random"]), default=None,
-              help="Also probe the same architecture at its random initialisation (the run's train.seed).")
-@click.option("--output", default=None, type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the results as JSON to this file.")
+@click.option(
+    "--train",
+    "train_file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Labelled file (TSV/CSV/JSONL, as finetuning reads) the probe is trained on.",
+)
+@click.option(
+    "--valid",
+    "valid_file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Labelled file the probe is scored on (never used to choose anything).",
+)
+@click.option(
+    "--baseline",
+    type=click.Choice(["random"]),
+    default=None,
+    help="Also probe the same architecture at its random initialisation (the run's train.seed).",
+)
+@click.option(
+    "--output",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the results as JSON to this file.",
+)
 @column_options
-@click.option("--max-seq-length", type=click.IntRange(min=5), default=None,
-              help="Tokens per example (default: the checkpoint's finetune.max_seq_length).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Examples per forward pass.")
-@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True,
-              help="Seed of the held-out split that picks L2.")
+@click.option(
+    "--max-seq-length",
+    type=click.IntRange(min=5),
+    default=None,
+    help="Tokens per example (default: the checkpoint's finetune.max_seq_length).",
+)
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Examples per forward pass."
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(0, 2**32 - 1),
+    default=0,
+    show_default=True,
+    help="Seed of the held-out split that picks L2.",
+)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--train-sizes", default=None, metavar="N,N,...",
-              help="Also refit the probe on draws of N training rows each (label efficiency: accuracy against the "
-                   "number of labelled examples; `xlnet plot` draws it from --output).")
-def probe_cmd(ckpt: Path, train_file: Path, valid_file: Path, baseline: str | None, output: Path | None,
-              text_a_column: str | None, text_b_column: str | None, label_column: str | None, no_header: bool,
-              max_seq_length: int | None, batch_size: int, seed: int, device: str, train_sizes: str | None) -> None:
+@click.option(
+    "--train-sizes",
+    default=None,
+    metavar="N,N,...",
+    help="Also refit the probe on draws of N training rows each (label efficiency: accuracy against the "
+    "number of labelled examples; `xlnet plot` draws it from --output).",
+)
+def probe_cmd(
+    ckpt: Path,
+    train_file: Path,
+    valid_file: Path,
+    baseline: str | None,
+    output: Path | None,
+    text_a_column: str | None,
+    text_b_column: str | None,
+    label_column: str | None,
+    no_header: bool,
+    max_seq_length: int | None,
+    batch_size: int,
+    seed: int,
+    device: str,
+    train_sizes: str | None,
+) -> None:
     """Linear probe on frozen features (mean-pooled and <cls>) of a checkpoint, optionally against random init.
 
     Prints a table of validation accuracies on stdout; --output writes the full result (held-out scores, L2) as JSON.
@@ -557,11 +824,23 @@ def probe_cmd(ckpt: Path, train_file: Path, valid_file: Path, baseline: str | No
     try:
         sizes = [int(n) for n in train_sizes.split(",")] if train_sizes else []
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {train_sizes!r}",
-                                 param_hint="--train-sizes") from None
-    res = probe(ckpt, train_file, valid_file, baseline=baseline, output=output,
-                columns=_columns(text_a_column, text_b_column, label_column), header=not no_header,
-                max_seq_length=max_seq_length, batch_size=batch_size, seed=seed, device=device, train_sizes=sizes)
+        raise click.BadParameter(
+            f"expected comma-separated integers, got {train_sizes!r}", param_hint="--train-sizes"
+        ) from None
+    res = probe(
+        ckpt,
+        train_file,
+        valid_file,
+        baseline=baseline,
+        output=output,
+        columns=_columns(text_a_column, text_b_column, label_column),
+        header=not no_header,
+        max_seq_length=max_seq_length,
+        batch_size=batch_size,
+        seed=seed,
+        device=device,
+        train_sizes=sizes,
+    )
     click.echo(format_table(res))
 
 
@@ -569,15 +848,30 @@ def probe_cmd(ckpt: Path, train_file: Path, valid_file: Path, baseline: str | No
 
 
 @cli.command("preprocess")
-@click.option("--shards", "shards", required=True, type=click.Path(path_type=Path), help="Shard directory (xlnet shard).")
+@click.option(
+    "--shards", "shards", required=True, type=click.Path(path_type=Path), help="Shard directory (xlnet shard)."
+)
 @click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Records directory to create.")
 @config_options
-@click.option("--passes", type=click.IntRange(min=1), default=None, help="Passes over the corpus, each with its own file order and masks "
-              "(default data.passes).")
-@click.option("--mask-mode", type=click.Choice(["word", "original"]), default=None,
-              help="word: spans of whole words (default data.mask_mode); original: the original's subword spans.")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Worker processes (output is identical).")
+@click.option(
+    "--passes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Passes over the corpus, each with its own file order and masks (default data.passes).",
+)
+@click.option(
+    "--mask-mode",
+    type=click.Choice(["word", "original"]),
+    default=None,
+    help="word: spans of whole words (default data.mask_mode); original: the original's subword spans.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Worker processes (output is identical).",
+)
 @click.option("--no-verify", is_flag=True, help="Skip checking the shards' sha256 against manifest.json.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing records directory.")
 @with_config("preprocess")
@@ -588,5 +882,7 @@ def preprocess_cmd(cfg: Config, shards: Path, out: Path, workers: int, no_verify
 
     meta = preprocess(cfg, shards, out, overwrite=overwrite, workers=workers, verify=not no_verify)
     tr = meta["splits"]["train"]
-    print0(f"wrote {out}: {tr['examples']} training examples ({tr['passes']} pass(es) x {tr['steps_per_pass']} steps "
-           f"x {meta['global_batch_size']} rows), seq_len {meta['seq_len']}, mask mode {meta['mask_mode']}")
+    print0(
+        f"wrote {out}: {tr['examples']} training examples ({tr['passes']} pass(es) x {tr['steps_per_pass']} steps "
+        f"x {meta['global_batch_size']} rows), seq_len {meta['seq_len']}, mask mode {meta['mask_mode']}"
+    )

@@ -93,8 +93,10 @@ def verify_files(folder: str | Path, names: Iterable[str], meta: dict[str, Any] 
         if want is None or not (folder / name).is_file():
             continue
         if sha256_file(folder / name) != want:
-            raise CheckpointError(f"{folder / name} does not match the checksum in meta.json (corrupted on disk or "
-                                  "edited); use another step folder")
+            raise CheckpointError(
+                f"{folder / name} does not match the checksum in meta.json (corrupted on disk or "
+                "edited); use another step folder"
+            )
 
 
 def read_meta(folder: str | Path) -> dict[str, Any]:

@@ -50,14 +50,16 @@ def _with_pretraining_values(mcfg: ModelConfig, path: Path) -> ModelConfig:
         saved = json.loads(path.read_text(encoding="utf-8"))["model"]
         return dataclasses.replace(mcfg, **{k: saved[k] for k in PRETRAINING_KEYS if k in saved})
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{path}: not a valid pretraining record ({type(e).__name__}); remove it to import "
-                              "with inference settings") from None
+        raise CheckpointError(
+            f"{path}: not a valid pretraining record ({type(e).__name__}); remove it to import with inference settings"
+        ) from None
     except ConfigError as e:
         raise CheckpointError(f"{path}: {e}; remove it to import with inference settings") from None
 
 
-def _full_config(mcfg: ModelConfig, tok: dict[str, Any] | None = None,
-                 finetune: dict[str, Any] | None = None) -> Config:
+def _full_config(
+    mcfg: ModelConfig, tok: dict[str, Any] | None = None, finetune: dict[str, Any] | None = None
+) -> Config:
     """The full Config of an HF model: its model config, the tokenizer options and the head's finetune settings."""
     raw = {
         "tokenizer": {"vocab_size": mcfg.vocab_size},
@@ -77,8 +79,12 @@ def _full_config(mcfg: ModelConfig, tok: dict[str, Any] | None = None,
 
 FINETUNE_FILE = "xlnet_finetune.json"
 _RECORD_META = ("step", "metric", "value", "null_odds_threshold", "squad_v2")  # meta.json keys the record keeps
-HEAD_CLASS = {"classification": "XLNetForSequenceClassification", "regression": "XLNetForSequenceClassification",
-              "multiple-choice": "XLNetForMultipleChoice", "squad": "XLNetForQuestionAnswering"}
+HEAD_CLASS = {
+    "classification": "XLNetForSequenceClassification",
+    "regression": "XLNetForSequenceClassification",
+    "multiple-choice": "XLNetForMultipleChoice",
+    "squad": "XLNetForQuestionAnswering",
+}
 # our head parameter -> transformers' (everything else is ``transformer.*`` on both sides). ClassificationHead:
 # SequenceSummary(last|first, dense + tanh, dropout) then a linear layer = XLNetSequenceSummary + logits_proj.
 _SUMMARY_KEYS = {
@@ -115,16 +121,25 @@ def head_mismatch(task: str, ft: FinetuneConfig) -> str | None:
     if task == "squad":
         return None
     if ft.summary_type == "attn":
-        return ("finetune.summary_type 'attn' (a learned query over the tokens) has no transformers equivalent "
-                "(XLNetSequenceSummary does not implement attn)")
+        return (
+            "finetune.summary_type 'attn' (a learned query over the tokens) has no transformers equivalent "
+            "(XLNetSequenceSummary does not implement attn)"
+        )
     if ft.summary_type == "mean":
-        return ("finetune.summary_type 'mean' averages the real tokens; transformers' XLNetSequenceSummary averages "
-                "the padding too, so padded inputs would score differently")
+        return (
+            "finetune.summary_type 'mean' averages the real tokens; transformers' XLNetSequenceSummary averages "
+            "the padding too, so padded inputs would score differently"
+        )
     return None
 
 
-def model_for_hf(cfg: Config, state: dict[str, torch.Tensor], meta: dict[str, Any], backbone_only: bool = False,
-                 where: str = "checkpoint") -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any] | None]:
+def model_for_hf(
+    cfg: Config,
+    state: dict[str, torch.Tensor],
+    meta: dict[str, Any],
+    backbone_only: bool = False,
+    where: str = "checkpoint",
+) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any] | None]:
     """(config.json, transformers-named tensors, finetuning record or None) of a checkpoint: a pretrained model ->
     XLNetLMHeadModel; a finetuned one -> the class of its task (HEAD_CLASS) with its head; ``backbone_only`` ->
     XLNetModel (the transformer alone, keys without the ``transformer.`` prefix, as XLNetModel saves them)."""
@@ -132,7 +147,7 @@ def model_for_hf(cfg: Config, state: dict[str, torch.Tensor], meta: dict[str, An
     body = {k: v for k, v in state.items() if k.startswith("transformer.")}
     if backbone_only:
         hc["architectures"] = ["XLNetModel"]
-        return hc, {k[len("transformer."):]: v for k, v in to_hf_state(body, cfg.model).items()}, None
+        return hc, {k[len("transformer.") :]: v for k, v in to_hf_state(body, cfg.model).items()}, None
     if meta.get("kind") != "finetune":
         return hc, to_hf_state(state, cfg.model), None
     task = meta.get("task")
@@ -140,36 +155,49 @@ def model_for_hf(cfg: Config, state: dict[str, torch.Tensor], meta: dict[str, An
         raise CheckpointError(f"{where}: meta.json names an unknown finetuning task {task!r}")
     why = head_mismatch(task, cfg.finetune)
     if why:
-        raise CheckpointError(f"{where}: {why}; the transformer carries over, the {task} head does not: pass "
-                              "--backbone-only to export the transformer alone (XLNetModel)")
+        raise CheckpointError(
+            f"{where}: {why}; the transformer carries over, the {task} head does not: pass "
+            "--backbone-only to export the transformer alone (XLNetModel)"
+        )
     ft = cfg.finetune
     keys = head_keys(task, ft.summary_use_proj)
     own = {k: v for k, v in state.items() if k.startswith("head.")}
     if set(own) != set(keys):
         odd = sorted(set(own) ^ set(keys))[0]
-        raise CheckpointError(f"{where}: the {task} head does not have the expected parameters ({odd}); the "
-                              "checkpoint does not match its config.yaml")
+        raise CheckpointError(
+            f"{where}: the {task} head does not have the expected parameters ({odd}); the "
+            "checkpoint does not match its config.yaml"
+        )
     tensors = to_hf_state(body, cfg.model)
     tensors.update({keys[k]: v.detach().clone().contiguous() for k, v in own.items()})
     hc["architectures"] = [HEAD_CLASS[task]]
     if task == "squad":
         hc.update(start_n_top=SQUAD_TOP_K, end_n_top=SQUAD_TOP_K)
     else:
-        hc.update(summary_type=ft.summary_type, summary_use_proj=ft.summary_use_proj,
-                  summary_activation="tanh" if ft.summary_use_proj else "linear", summary_proj_to_labels=False,
-                  summary_last_dropout=ft.dropout)
+        hc.update(
+            summary_type=ft.summary_type,
+            summary_use_proj=ft.summary_use_proj,
+            summary_activation="tanh" if ft.summary_use_proj else "linear",
+            summary_proj_to_labels=False,
+            summary_last_dropout=ft.dropout,
+        )
     labels = meta.get("labels")
     if task == "classification":
         if not labels or len(set(labels)) != len(labels) or own["head.out.weight"].shape[0] != len(labels):
             raise CheckpointError(f"{where}: meta.json labels {labels!r} do not match the classification head")
-        hc.update(id2label={str(i): str(lab) for i, lab in enumerate(labels)},
-                  label2id={str(lab): i for i, lab in enumerate(labels)}, problem_type="single_label_classification")
+        hc.update(
+            id2label={str(i): str(lab) for i, lab in enumerate(labels)},
+            label2id={str(lab): i for i, lab in enumerate(labels)},
+            problem_type="single_label_classification",
+        )
     elif task == "regression":
         hc.update(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}, problem_type="regression")
     record = {
         "comment": "The xlnet finetuning run this model comes from (transformers ignores this file; `xlnet eval`, "
-                   "`import` and `finetune --init` read it).",
-        "task": task, "labels": labels, "finetune": config_to_dict(cfg)["finetune"],
+        "`import` and `finetune --init` read it).",
+        "task": task,
+        "labels": labels,
+        "finetune": config_to_dict(cfg)["finetune"],
         **{k: meta[k] for k in _RECORD_META if meta.get(k) is not None},
     }
     return hc, tensors, record
@@ -193,8 +221,11 @@ def read_hf_head(hc: dict[str, Any], keys: set[str]) -> HFHead | None:
         return None
     id2label = hc.get("id2label") or {}
     try:
-        names = [str(id2label[k]) for k in sorted(id2label, key=int)] if id2label else \
-            [f"LABEL_{i}" for i in range(int(hc.get("num_labels", 2)))]
+        names = (
+            [str(id2label[k]) for k in sorted(id2label, key=int)]
+            if id2label
+            else [f"LABEL_{i}" for i in range(int(hc.get("num_labels", 2)))]
+        )
     except (TypeError, ValueError):
         return HFHead(arch, note="config.json has an invalid id2label")
     problem = hc.get("problem_type")
@@ -223,8 +254,11 @@ def read_hf_head(hc: dict[str, Any], keys: set[str]) -> HFHead | None:
         if proj and hc.get("summary_proj_to_labels"):
             return HFHead(arch, note="summary_proj_to_labels projects to the labels; ours projects to d_model")
         if (proj and act != "tanh") or (not proj and act not in (None, "", "linear")):
-            return HFHead(arch, note=f"summary_activation {act!r} with summary_use_proj={proj} differs from ours "
-                                     "(tanh after the projection, none without)")
+            return HFHead(
+                arch,
+                note=f"summary_activation {act!r} with summary_use_proj={proj} differs from ours "
+                "(tanh after the projection, none without)",
+            )
         ft = {"summary_type": summary, "summary_use_proj": proj}
     missing = [v for v in head_keys(task, ft.get("summary_use_proj", True)).values() if v not in keys]
     if missing:
@@ -232,8 +266,9 @@ def read_hf_head(hc: dict[str, Any], keys: set[str]) -> HFHead | None:
     return HFHead(arch, task, names if task == "classification" else None, ft)
 
 
-def _with_head(p: Path, hc: dict[str, Any], hf: dict[str, torch.Tensor], state: dict[str, torch.Tensor]
-               ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any] | None]:
+def _with_head(
+    p: Path, hc: dict[str, Any], hf: dict[str, torch.Tensor], state: dict[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any] | None]:
     """(state, meta, finetune section) of an HF directory: with its head in our names when it carries over."""
     meta: dict[str, Any] = {"kind": "hf", "path": str(p)}
     head = read_hf_head(hc, set(hf))
@@ -246,8 +281,14 @@ def _with_head(p: Path, hc: dict[str, Any], hf: dict[str, torch.Tensor], state: 
     state = {k: v for k, v in state.items() if k.startswith("transformer.")}
     keys = head_keys(head.task, head.finetune.get("summary_use_proj", True))
     state.update({ours: hf[theirs].detach().clone().contiguous() for ours, theirs in keys.items()})
-    meta = {"kind": "finetune", "task": head.task, "labels": head.labels, "path": str(p), "hf_class": head.arch,
-            **{k: record[k] for k in _RECORD_META if k in record}}
+    meta = {
+        "kind": "finetune",
+        "task": head.task,
+        "labels": head.labels,
+        "path": str(p),
+        "hf_class": head.arch,
+        **{k: record[k] for k in _RECORD_META if k in record},
+    }
     return state, meta, {**record.get("finetune", {}), **head.finetune}
 
 
@@ -259,8 +300,10 @@ def _finetune_record(path: Path, head: HFHead) -> dict[str, Any]:
         rec = json.loads(path.read_text(encoding="utf-8"))
         FinetuneConfig(**rec.get("finetune", {}))
     except (OSError, ValueError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"{path}: not a valid finetuning record ({type(e).__name__}); remove it to use the "
-                              "head with default finetune settings") from None
+        raise CheckpointError(
+            f"{path}: not a valid finetuning record ({type(e).__name__}); remove it to use the "
+            "head with default finetune settings"
+        ) from None
     return rec if rec.get("task") == head.task and rec.get("labels") == head.labels else {}
 
 
@@ -297,8 +340,9 @@ def import_summary(out: str | Path) -> str:
     meta = json.loads((Path(out) / "meta.json").read_text(encoding="utf-8"))
     if meta.get("kind") == "finetune":
         labels = meta.get("labels")
-        return (f"a finetuned {meta['task']} checkpoint with its {meta.get('hf_class', 'task')} head"
-                + (f" ({len(labels)} labels: {', '.join(labels)})" if labels else ""))
+        return f"a finetuned {meta['task']} checkpoint with its {meta.get('hf_class', 'task')} head" + (
+            f" ({len(labels)} labels: {', '.join(labels)})" if labels else ""
+        )
     if meta.get("dropped_head"):
         return f"the transformer only; head dropped ({meta['dropped_head']})"
     return "a pretrained checkpoint"

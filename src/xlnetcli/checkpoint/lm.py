@@ -45,8 +45,18 @@ class XLNet:
                 return Tokenizer.load(cand)
         return None
 
-    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, perm_mask=None, target_mapping=None,
-                 target_index=None, mems=None, return_mems: bool = True, grad: bool = False) -> LMOutput:
+    def __call__(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        perm_mask=None,
+        target_mapping=None,
+        target_index=None,
+        mems=None,
+        return_mems: bool = True,
+        grad: bool = False,
+    ) -> LMOutput:
         dev = self.device
         fdt = next(self.model.parameters()).dtype
         ids = _tensor(input_ids, torch.long, dev)

@@ -110,8 +110,12 @@ def check_state_keys(model: torch.nn.Module, state: dict[str, torch.Tensor], whe
             raise CheckpointError(f"{where}: {k} has shape {list(v.shape)}, the model expects {list(own[k].shape)}")
 
 
-def load_lm_model(path: str | Path, device: str | torch.device = "cpu", expect: ModelConfig | None = None,
-                  overrides: dict[str, Any] | None = None) -> tuple[XLNetLMHeadModel, Config, dict[str, Any]]:
+def load_lm_model(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    expect: ModelConfig | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> tuple[XLNetLMHeadModel, Config, dict[str, Any]]:
     """(XLNetLMHeadModel in eval mode, Config, meta) from a checkpoint / run dir / HF dir.
 
     ``expect``: the requested model config; architecture keys must match (CheckpointError names both values).

@@ -106,8 +106,7 @@ def canonical_report_to(value: str | list[str], key: str) -> str:
     allowed = (*TRACKERS, "auto", "none")
     bad = [n for n in names if n not in allowed]
     if not names or bad or (len(names) > 1 and ({"auto", "none"} & set(names))):
-        raise ConfigError(f"{key}: expected 'auto', 'none' or a list of "
-                          f"{', '.join(TRACKERS)}, got {short(value)}")
+        raise ConfigError(f"{key}: expected 'auto', 'none' or a list of {', '.join(TRACKERS)}, got {short(value)}")
     return ",".join(names)
 
 
@@ -179,8 +178,9 @@ def check_config(cfg: Config, world: int = 1, stage: str | None = None) -> Batch
         )
     P = cfg.perm_size
     if P <= 0 or (R and R % P) or (L - R) % P:
-        raise ConfigError(f"data.perm_size ({P}) must divide model.reuse_len ({R}) and "
-                          f"data.seq_len - model.reuse_len ({L - R})")
+        raise ConfigError(
+            f"data.perm_size ({P}) must divide model.reuse_len ({R}) and data.seq_len - model.reuse_len ({L - R})"
+        )
     if d.num_predict > L - 2:
         raise ConfigError(f"data.num_predict ({d.num_predict}) must be <= data.seq_len - 2 ({L - 2})")
     if cfg.tokenizer.vocab_size != m.vocab_size:
@@ -209,6 +209,8 @@ def check_config(cfg: Config, world: int = 1, stage: str | None = None) -> Batch
     ft_world = world if stage == "finetune" else 1
     if ft.batch_size % (ft.micro_batch_size * ft_world):
         processes = f" x processes ({ft_world})" if ft_world > 1 else ""
-        raise ConfigError(f"finetune.batch_size ({ft.batch_size}) must be a multiple of "
-                          f"finetune.micro_batch_size ({ft.micro_batch_size}){processes}")
+        raise ConfigError(
+            f"finetune.batch_size ({ft.batch_size}) must be a multiple of "
+            f"finetune.micro_batch_size ({ft.micro_batch_size}){processes}"
+        )
     return batch_plan(cfg, world if stage == "pretrain" else 1)

@@ -55,7 +55,7 @@ class _ConfigLoader(yaml.SafeLoader):
 
 def yaml_load(text: str) -> Any:
     """Parse one YAML document with safe types and no anchors or aliases (raises YAMLAliasError on one)."""
-    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+    return yaml.load(text, Loader=_ConfigLoader)  # a SafeLoader subclass: no arbitrary objects
 
 
 # ---- presets and files ----------------------------------------------------------------------------------------
@@ -90,8 +90,9 @@ def _read_yaml(path: str | Path) -> tuple[dict[str, Any], str]:
     try:
         raw = yaml_load(p.read_text(encoding="utf-8")) or {}
     except YAMLAliasError as e:
-        raise ConfigError(f"{where}: YAML aliases and anchors (*name, &name) are not allowed in configs ({e})") \
-            from None
+        raise ConfigError(
+            f"{where}: YAML aliases and anchors (*name, &name) are not allowed in configs ({e})"
+        ) from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         line = getattr(getattr(e, "problem_mark", None), "line", None)
         at = f" (line {line + 1})" if line is not None else ""
@@ -160,8 +161,11 @@ def parse_override(item: str) -> tuple[str, str, Any]:
     return parts[0], parts[1], value
 
 
-def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = (),
-                settings: typing.Sequence[tuple[str, str, Any]] = ()) -> Config:
+def load_config(
+    path: str | Path | None = None,
+    overrides: typing.Sequence[str] = (),
+    settings: typing.Sequence[tuple[str, str, Any]] = (),
+) -> Config:
     """Load a YAML config or preset name (the defaults when ``path`` is None), apply ``section.key=value``
     overrides, then ``settings``: (source, "section.key", value) from a command's own options, e.g.
     ("--vocab-size 500", "tokenizer.vocab_size", 500). A problem is reported against its source: the file for its

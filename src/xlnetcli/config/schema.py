@@ -15,6 +15,7 @@ from xlnetcli.config.checks import canonical_report_to, check_config, check_rang
 from xlnetcli.core.errors import ConfigError
 from xlnetcli.core.text import short
 
+
 @dataclass(frozen=True)
 class Range:
     """An interval of allowed values, written as in maths: "[0, 1)", "(0, inf)", "[1, inf)". NaN is never inside."""

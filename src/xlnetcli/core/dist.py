@@ -159,8 +159,9 @@ def any_rank(flag: bool, device: torch.device | str = "cpu") -> bool:
     return bool(t.item() > 0)
 
 
-def wrap_model(model: torch.nn.Module, env: DistEnv, strategy: str = "ddp",
-               layer_types: tuple[type, ...] = ()) -> torch.nn.Module:
+def wrap_model(
+    model: torch.nn.Module, env: DistEnv, strategy: str = "ddp", layer_types: tuple[type, ...] = ()
+) -> torch.nn.Module:
     """DDP (default) or FSDP2 ``fully_shard`` (each module of ``layer_types``, then the root); unchanged in one process.
 
     Every rank must have built the same model (same seed); DDP also broadcasts rank 0's weights at construction.

@@ -56,11 +56,10 @@ def _fsync_dir(path: Path) -> None:
 
 def umask() -> int:
     """The process umask, read without changing it where Linux exposes it (threads may create files meanwhile)."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -106,8 +105,10 @@ def ensure_open_files(needed: int, what: str) -> None:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else hard, hard))
             return
-    raise XLNetError(f"{what} needs {needed} open files at once but the limit is {soft} (hard {hard}, see "
-                     "`ulimit -n`); use fewer or raise the limit")
+    raise XLNetError(
+        f"{what} needs {needed} open files at once but the limit is {soft} (hard {hard}, see "
+        "`ulimit -n`); use fewer or raise the limit"
+    )
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -145,8 +146,9 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def check_output_dir(out: str | Path, overwrite: bool = False, what: str = "results",
-                     inputs: typing.Iterable[str | Path | None] = ()) -> Path:
+def check_output_dir(
+    out: str | Path, overwrite: bool = False, what: str = "results", inputs: typing.Iterable[str | Path | None] = ()
+) -> Path:
     """Refuse an output directory that already holds files unless ``overwrite``, a symlinked one (replacing it would
     replace the link, not the folder it points to), and one that is, holds or lies inside one of ``inputs``."""
     out = Path(out)
@@ -189,7 +191,7 @@ def remove_stale_temps(out: str | Path) -> list[Path]:
     if not out.parent.is_dir():
         return removed
     for p in out.parent.glob(glob.escape(f".{out.name}.") + "*.tmp"):
-        rest = p.name[len(out.name) + 1:]
+        rest = p.name[len(out.name) + 1 :]
         m = _TEMP_RE.fullmatch(rest)
         stale = m is not None and m["host"] == host and not pid_alive(int(m["pid"]))
         if stale and p.is_dir() and not p.is_symlink():
@@ -221,8 +223,10 @@ def output_lock(out: str | Path) -> Iterator[None]:
                     if time.time() - path.stat().st_mtime > 60:
                         path.unlink()
                         continue
-                raise XLNetError(f"{out} is locked by another xlnet process ({path}); wait for it or remove the "
-                                 "lock file if no xlnet process is running") from None
+                raise XLNetError(
+                    f"{out} is locked by another xlnet process ({path}); wait for it or remove the "
+                    "lock file if no xlnet process is running"
+                ) from None
             if o_host == host and not pid_alive(o_pid):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
@@ -230,8 +234,10 @@ def output_lock(out: str | Path) -> Iterator[None]:
             if o_host == host and o_pid == os.getpid():
                 raise XLNetError(f"{out} is already being written by this process")
             where = f"process {o_pid}" + ("" if o_host == host else f" on {o_host}")
-            raise XLNetError(f"{out} is being written by another xlnet run ({where}); wait for it to finish or "
-                             f"choose another output (if that run is dead, remove {path})")
+            raise XLNetError(
+                f"{out} is being written by another xlnet run ({where}); wait for it to finish or "
+                f"choose another output (if that run is dead, remove {path})"
+            )
         with os.fdopen(fd, "w") as f:
             f.write(mine)
         break
@@ -246,8 +252,13 @@ def output_lock(out: str | Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def atomic_output_dir(out: str | Path, overwrite: bool = False, what: str = "results",
-                      inputs: typing.Iterable[str | Path | None] = (), lock: bool = True) -> Iterator[Path]:
+def atomic_output_dir(
+    out: str | Path,
+    overwrite: bool = False,
+    what: str = "results",
+    inputs: typing.Iterable[str | Path | None] = (),
+    lock: bool = True,
+) -> Iterator[Path]:
     """Yield a temporary directory next to ``out``; on success it replaces ``out`` in one rename.
 
     On any error (including KeyboardInterrupt and a full disk) the temporary directory is removed and ``out`` is left
@@ -264,8 +275,11 @@ def _atomic_output_dir(out: str | Path, overwrite: bool, what: str, inputs: tupl
     out = check_output_dir(out, overwrite, what, inputs)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(out)
-    tmp = Path(mkdtemp_shared(prefix=f".{out.name}.{TEMP_TAG}-{socket.gethostname()}-{os.getpid()}-",
-                              suffix=".tmp", dir=out.parent))
+    tmp = Path(
+        mkdtemp_shared(
+            prefix=f".{out.name}.{TEMP_TAG}-{socket.gethostname()}-{os.getpid()}-", suffix=".tmp", dir=out.parent
+        )
+    )
     try:
         yield tmp
         share_modes(tmp)

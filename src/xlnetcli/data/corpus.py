@@ -91,14 +91,21 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[Path]:
             add(p)
         elif p.is_dir() and _is_dataset_dict_dir(p):
             splits = sorted(q.name for q in p.iterdir() if q.is_dir() and is_datasets_dir(q))
-            raise DataError(f"{p} is a datasets DatasetDict (splits: {', '.join(splits) or 'none'}); pass one "
-                            f"split's folder, e.g. {p / (splits[0] if splits else 'train')}")
+            raise DataError(
+                f"{p} is a datasets DatasetDict (splits: {', '.join(splits) or 'none'}); pass one "
+                f"split's folder, e.g. {p / (splits[0] if splits else 'train')}"
+            )
         elif p.is_dir():
-            found = sorted(q for q in p.rglob("*") if q.is_file() and _is_text_name(q)
-                           and not any(part.startswith(".") for part in q.relative_to(p).parts))
+            found = sorted(
+                q
+                for q in p.rglob("*")
+                if q.is_file() and _is_text_name(q) and not any(part.startswith(".") for part in q.relative_to(p).parts)
+            )
             if not found:
-                raise DataError(f"directory {p} holds no text files ({', '.join('*' + x for x in CORPUS_SUFFIXES)}"
-                                "; or pass a datasets save_to_disk folder)")
+                raise DataError(
+                    f"directory {p} holds no text files ({', '.join('*' + x for x in CORPUS_SUFFIXES)}"
+                    "; or pass a datasets save_to_disk folder)"
+                )
             for q in found:
                 add(q)
         elif p.exists():
@@ -121,8 +128,9 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[Path]:
 
 def total_size(files: Iterable[Path]) -> int:
     """On-disk bytes of the inputs (a datasets folder counts its files)."""
-    return sum(sum(q.stat().st_size for q in f.rglob("*") if q.is_file()) if f.is_dir() else f.stat().st_size
-               for f in files)
+    return sum(
+        sum(q.stat().st_size for q in f.rglob("*") if q.is_file()) if f.is_dir() else f.stat().st_size for f in files
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -214,7 +222,7 @@ def _zstd_module():
 
 def _open_raw(path: Path) -> BinaryIO:
     try:
-        return open(path, "rb")  # noqa: SIM115
+        return open(path, "rb")
     except PermissionError:
         raise DataError(f"cannot read {path}: permission denied") from None
     except FileNotFoundError:
@@ -242,10 +250,15 @@ class ReadStats:
         return sum(f.bad_bytes for f in self.files)
 
     def warnings(self) -> list[str]:
-        return [f"warning: {f.path}: replaced {f.bad_bytes} invalid UTF-8 byte(s) with U+FFFD"
-                for f in self.files if f.bad_bytes] + [
-                f"warning: {f.path}: skipped {f.null_records} record(s) whose text is null"
-                for f in self.files if f.null_records]
+        return [
+            f"warning: {f.path}: replaced {f.bad_bytes} invalid UTF-8 byte(s) with U+FFFD"
+            for f in self.files
+            if f.bad_bytes
+        ] + [
+            f"warning: {f.path}: skipped {f.null_records} record(s) whose text is null"
+            for f in self.files
+            if f.null_records
+        ]
 
 
 class _CountingDecoder:
@@ -271,7 +284,7 @@ class _CountingDecoder:
                 out.append(self._dec.decode(buf[pos:], final))
                 break
             except UnicodeDecodeError as e:
-                out.append(buf[pos:pos + e.start].decode("utf-8"))
+                out.append(buf[pos : pos + e.start].decode("utf-8"))
                 out.append("\ufffd")
                 self.bad += e.end - e.start
                 pos += e.end
@@ -286,7 +299,7 @@ def _raw_blocks(path: Path, raw: BinaryIO, compression: str | None, block: int) 
         dec = None  # one decompressor per frame: multi-frame files (pzstd, concatenations) read whole
         while buf := raw.read(block):
             for i in range(0, len(buf), ZSTD_FEED):  # small feeds bound each output (~ compression ratio x feed)
-                data = buf[i:i + ZSTD_FEED]
+                data = buf[i : i + ZSTD_FEED]
                 while data:
                     if dec is None:
                         dec = new()
@@ -344,7 +357,8 @@ def _iter_decoded(path: Path, fmt: InputFormat, stats: FileStats, on_bytes, bloc
         if stats.bytes_read and stats.bad_bytes > MAX_BAD_FRACTION * stats.bytes_read:
             raise DataError(
                 f"{path}: {stats.bad_bytes} of {stats.bytes_read} bytes are invalid UTF-8 "
-                f"(over {MAX_BAD_FRACTION:.0%}); convert it to UTF-8 first (e.g. iconv -f latin1 -t utf-8)")
+                f"(over {MAX_BAD_FRACTION:.0%}); convert it to UTF-8 first (e.g. iconv -f latin1 -t utf-8)"
+            )
     finally:
         raw.close()
 
@@ -370,8 +384,7 @@ def _check_value(path: Path, where: str, field: str, value: Any, stats: FileStat
     raise DataError(f"{path} {where}: field {field!r} is {type(value).__name__}, expected a string")
 
 
-def _iter_jsonl(path: Path, fmt: InputFormat, stats: FileStats, on_bytes, block: int,
-                text_field: str) -> Iterator[str]:
+def _iter_jsonl(path: Path, fmt: InputFormat, stats: FileStats, on_bytes, block: int, text_field: str) -> Iterator[str]:
     tail = ""
     lineno = 0
     out: list[str] = []
@@ -383,8 +396,9 @@ def _iter_jsonl(path: Path, fmt: InputFormat, stats: FileStats, on_bytes, block:
         try:
             obj = json.loads(line)
         except ValueError as e:
-            raise DataError(f"{path} line {lineno} is not JSON ({getattr(e, 'msg', e)}); JSON Lines expected: one "
-                            "object per line") from None
+            raise DataError(
+                f"{path} line {lineno} is not JSON ({getattr(e, 'msg', e)}); JSON Lines expected: one object per line"
+            ) from None
         if not isinstance(obj, dict):
             raise DataError(f"{path} line {lineno} is a JSON {type(obj).__name__}, expected an object")
         if text_field not in obj:
@@ -410,8 +424,16 @@ def _iter_jsonl(path: Path, fmt: InputFormat, stats: FileStats, on_bytes, block:
         yield "".join(out)
 
 
-def _iter_columns(path: Path, what: str, batches: Iterator[Any], total_rows: int, nbytes: int, stats: FileStats,
-                  on_bytes, text_field: str) -> Iterator[str]:
+def _iter_columns(
+    path: Path,
+    what: str,
+    batches: Iterator[Any],
+    total_rows: int,
+    nbytes: int,
+    stats: FileStats,
+    on_bytes,
+    text_field: str,
+) -> Iterator[str]:
     """Text of the one column of Arrow batches (Parquet, datasets); progress in proportion to rows read."""
     import pyarrow as pa
 
@@ -448,8 +470,10 @@ def _iter_columns(path: Path, what: str, batches: Iterator[Any], total_rows: int
         if text:
             yield text
     if stats.bytes_read and stats.bad_bytes > MAX_BAD_FRACTION * stats.bytes_read:
-        raise DataError(f"{path}: {stats.bad_bytes} of {stats.bytes_read} bytes of column {text_field!r} are invalid "
-                        f"UTF-8 (over {MAX_BAD_FRACTION:.0%})")
+        raise DataError(
+            f"{path}: {stats.bad_bytes} of {stats.bytes_read} bytes of column {text_field!r} are invalid "
+            f"UTF-8 (over {MAX_BAD_FRACTION:.0%})"
+        )
 
 
 def _iter_parquet(path: Path, stats: FileStats, on_bytes, text_field: str) -> Iterator[str]:
@@ -466,8 +490,9 @@ def _iter_parquet(path: Path, stats: FileStats, on_bytes, text_field: str) -> It
     # one column, batch by batch within row groups: memory is one batch of one column
     batches = pf.iter_batches(batch_size=RECORD_BATCH, columns=[text_field])
     try:
-        yield from _iter_columns(path, "Parquet", batches, pf.metadata.num_rows, path.stat().st_size, stats,
-                                 on_bytes, text_field)
+        yield from _iter_columns(
+            path, "Parquet", batches, pf.metadata.num_rows, path.stat().st_size, stats, on_bytes, text_field
+        )
     except (OSError, pa.lib.ArrowException) as e:
         raise DataError(f"{path} is a corrupt Parquet file ({' '.join(str(e).split())[:300]})") from None
 
@@ -483,12 +508,14 @@ def _iter_datasets(path: Path, stats: FileStats, on_bytes, text_field: str) -> I
         raise _field_error(path, "(datasets folder)", text_field, names, "column")
     ds = ds.select_columns([text_field])
     batches = ds.with_format("arrow").iter(batch_size=RECORD_BATCH)
-    yield from _iter_columns(path, "datasets folder", batches, ds.num_rows, total_size([path]), stats, on_bytes,
-                             text_field)
+    yield from _iter_columns(
+        path, "datasets folder", batches, ds.num_rows, total_size([path]), stats, on_bytes, text_field
+    )
 
 
-def iter_file_text(path: Path, stats: FileStats, on_bytes=None, block: int = READ_BLOCK,
-                   text_field: str = "text") -> Iterator[str]:
+def iter_file_text(
+    path: Path, stats: FileStats, on_bytes=None, block: int = READ_BLOCK, text_field: str = "text"
+) -> Iterator[str]:
     """Yield text blocks of one input in the text format (see the module doc), whatever its format.
 
     Calls on_bytes(n) with on-disk bytes consumed. ``text_field`` names the field or column of record formats.
@@ -505,8 +532,14 @@ def iter_file_text(path: Path, stats: FileStats, on_bytes=None, block: int = REA
         yield from _iter_datasets(path, stats, on_bytes, text_field)
 
 
-def iter_chunks(path: Path, stats: FileStats, chunk_chars: int, max_chunk_chars: int | None = None,
-                on_bytes=None, text_field: str = "text") -> Iterator[str]:
+def iter_chunks(
+    path: Path,
+    stats: FileStats,
+    chunk_chars: int,
+    max_chunk_chars: int | None = None,
+    on_bytes=None,
+    text_field: str = "text",
+) -> Iterator[str]:
     """Yield text chunks of one file, each ending at a document boundary (a blank line) or the end of the file.
 
     Chunk boundaries depend only on the file's content and ``chunk_chars``: never on worker counts. A document longer
@@ -533,8 +566,9 @@ def iter_chunks(path: Path, stats: FileStats, chunk_chars: int, max_chunk_chars:
         yield buf[start:]
 
 
-def iter_lines(files: Iterable[Path], stats: ReadStats | None = None, on_bytes=None,
-               text_field: str = "text") -> Iterator[str]:
+def iter_lines(
+    files: Iterable[Path], stats: ReadStats | None = None, on_bytes=None, text_field: str = "text"
+) -> Iterator[str]:
     """Yield raw lines (without the newline) of all files in order, for tokenizer training."""
     for path in files:
         fs = FileStats(path)

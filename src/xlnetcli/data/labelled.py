@@ -89,8 +89,14 @@ class Columns:
     label: str | None = None  # None = find a known name (label, gold_label, score, is_duplicate, Quality)
 
 
-_PAIR_NAMES = [("text_a", "text_b"), ("sentence1", "sentence2"), ("question1", "question2"),
-               ("#1 String", "#2 String"), ("question", "sentence"), ("premise", "hypothesis")]
+_PAIR_NAMES = [
+    ("text_a", "text_b"),
+    ("sentence1", "sentence2"),
+    ("question1", "question2"),
+    ("#1 String", "#2 String"),
+    ("question", "sentence"),
+    ("premise", "hypothesis"),
+]
 _SINGLE_NAMES = ["text_a", "text", "sentence", "sentence1", "question", "content", "review"]
 _LABEL_NAMES = ["label", "gold_label", "score", "is_duplicate", "Quality", "target", "y"]
 
@@ -182,8 +188,9 @@ def read_table(
     return out
 
 
-def _choose_columns(names: list[str] | None, rows: list, header: bool, is_json: bool, columns: Columns
-                    ) -> tuple[list[str], Any, Any, Any]:
+def _choose_columns(
+    names: list[str] | None, rows: list, header: bool, is_json: bool, columns: Columns
+) -> tuple[list[str], Any, Any, Any]:
     """(column names, text_a, text_b, label): the columns asked for, else the usual names (``_PAIR_NAMES``,
     ``_SINGLE_NAMES``, ``_LABEL_NAMES``); without a header, indices: text_a 0, label the last."""
     if not header and not is_json:
@@ -249,8 +256,9 @@ def build_label_list(train: Sequence[TextExample]) -> list[str]:
         return sorted(labels)
 
 
-def check_labels(examples: Sequence[TextExample], label_list: Sequence[str], path: str | Path,
-                 train_path: str | Path | None = None) -> None:
+def check_labels(
+    examples: Sequence[TextExample], label_list: Sequence[str], path: str | Path, train_path: str | Path | None = None
+) -> None:
     known = set(label_list)
     unseen: dict[str, int] = {}
     for ex in examples:
@@ -290,13 +298,18 @@ def read_choices(path: str | Path, require_label: bool = True) -> list[ChoiceExa
     out = []
     for line, row in rows:
         context = row.get("context", row.get("article"))
-        missing = [k for k, v in (("context", context), ("question", row.get("question")),
-                                  ("options", row.get("options"))) if v is None]
+        missing = [
+            k
+            for k, v in (("context", context), ("question", row.get("question")), ("options", row.get("options")))
+            if v is None
+        ]
         if require_label and row.get("answer") is None:
             missing.append("answer")
         if missing:
-            raise DataError(f"{path}:{line}: missing field(s) {', '.join(missing)} "
-                            "(each line needs context, question, options, answer)")
+            raise DataError(
+                f"{path}:{line}: missing field(s) {', '.join(missing)} "
+                "(each line needs context, question, options, answer)"
+            )
         options = row["options"]
         if not isinstance(options, list) or len(options) < 2 or not all(isinstance(o, str) for o in options):
             raise DataError(f"{path}:{line}: options must be a list of at least 2 strings")
@@ -314,7 +327,7 @@ def read_squad(path: str | Path) -> list[SquadExample]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: not a SQuAD JSON file ({e})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("data"), list):
-        raise DataError(f"{path}: not a SQuAD JSON file (expected {{\"data\": [{{\"paragraphs\": ...}}]}})")
+        raise DataError(f'{path}: not a SQuAD JSON file (expected {{"data": [{{"paragraphs": ...}}]}})')
     out = []
     try:
         for article in raw["data"]:
@@ -323,11 +336,16 @@ def read_squad(path: str | Path) -> list[SquadExample]:
                 for qa in para["qas"]:
                     impossible = bool(qa.get("is_impossible", False))
                     answers = [] if impossible else qa.get("answers", [])
-                    out.append(SquadExample(
-                        qid=str(qa["id"]), question=qa["question"], context=context,
-                        answers=[a["text"] for a in answers], answer_starts=[int(a["answer_start"]) for a in answers],
-                        is_impossible=impossible or not answers,
-                    ))
+                    out.append(
+                        SquadExample(
+                            qid=str(qa["id"]),
+                            question=qa["question"],
+                            context=context,
+                            answers=[a["text"] for a in answers],
+                            answer_starts=[int(a["answer_start"]) for a in answers],
+                            is_impossible=impossible or not answers,
+                        )
+                    )
     except (KeyError, TypeError) as e:
         raise DataError(f"{path}: malformed SQuAD entry (missing {e})") from None
     if not out:
@@ -387,8 +405,9 @@ class Encoded:
         return len(next(iter(self.arrays.values())))
 
 
-def encode_texts(tok: Any, examples: Sequence[TextExample], max_len: int, task: str,
-                 label_list: Sequence[str] | None = None) -> Encoded:
+def encode_texts(
+    tok: Any, examples: Sequence[TextExample], max_len: int, task: str, label_list: Sequence[str] | None = None
+) -> Encoded:
     if max_len < 4:
         raise DataError(f"finetune.max_seq_length must be >= 4, got {max_len}")
     enc = _Cache(tok)
@@ -434,8 +453,13 @@ def encode_choices(tok: Any, examples: Sequence[ChoiceExample], max_len: int) ->
             option_mask[i, j] = 1.0
         n_cut += cut_any
         labels[i] = -1 if ex.label is None else ex.label
-    arrays = {"input_ids": ids_arr, "token_type_ids": seg_arr, "attention_mask": mask_arr,
-              "option_mask": option_mask, "labels": labels}
+    arrays = {
+        "input_ids": ids_arr,
+        "token_type_ids": seg_arr,
+        "attention_mask": mask_arr,
+        "option_mask": option_mask,
+        "labels": labels,
+    }
     return Encoded(arrays, n_truncated=n_cut, n_examples=n)
 
 
@@ -480,7 +504,7 @@ def _find_answer(context: str, text: str, start: int) -> tuple[int, int] | None:
     text = text.strip()
     if not text:
         return None
-    if context[start:start + len(text)] == text:
+    if context[start : start + len(text)] == text:
         return start, start + len(text)
     hits = [m.start() for m in re.finditer(re.escape(text), context)]
     if not hits:
@@ -501,13 +525,25 @@ def _max_context(spans: list[tuple[int, int]], span_index: int, pos: int) -> boo
     return best_i == span_index
 
 
-def encode_squad(tok: Any, examples: Sequence[SquadExample], max_len: int, doc_stride: int,
-                 max_query_length: int, training: bool) -> Encoded:
+def encode_squad(
+    tok: Any, examples: Sequence[SquadExample], max_len: int, doc_stride: int, max_query_length: int, training: bool
+) -> Encoded:
     """Features (one per paragraph window) plus what post-processing needs (``extra``)."""
     if max_len < max_query_length + 8:
         raise DataError(f"finetune.max_seq_length ({max_len}) must exceed max_query_length ({max_query_length}) + 8")
-    feats: dict[str, list] = {k: [] for k in ("input_ids", "token_type_ids", "attention_mask", "p_mask",
-                                               "cls_index", "start_positions", "end_positions", "is_impossible")}
+    feats: dict[str, list] = {
+        k: []
+        for k in (
+            "input_ids",
+            "token_type_ids",
+            "attention_mask",
+            "p_mask",
+            "cls_index",
+            "start_positions",
+            "end_positions",
+            "is_impossible",
+        )
+    }
     meta: list[dict] = []  # per feature: example index, token -> char offsets, max-context flags
     n_skipped = n_query_cut = n_windows_extra = 0
     para_cache: dict[str, tuple[list[int], list[tuple[int, int]]]] = {}
@@ -528,19 +564,26 @@ def encode_squad(tok: Any, examples: Sequence[SquadExample], max_len: int, doc_s
         spans = _doc_spans(len(doc_ids), max_len - len(q_ids) - 3, doc_stride)
         n_windows_extra += len(spans) - 1
         for si, (s, length) in enumerate(spans):
-            _add_window(feats, doc_ids[s:s + length], q_ids, max_len, answer, s)
-            meta.append({
-                "example": ei,
-                "offsets": doc_offsets[s:s + length],
-                "max_context": [_max_context(spans, si, s + t) for t in range(length)],
-            })
+            _add_window(feats, doc_ids[s : s + length], q_ids, max_len, answer, s)
+            meta.append(
+                {
+                    "example": ei,
+                    "offsets": doc_offsets[s : s + length],
+                    "max_context": [_max_context(spans, si, s + t) for t in range(length)],
+                }
+            )
     if not meta:
         raise DataError("no SQuAD features: every answer was missing from its context")
     dtypes = {"attention_mask": np.float32, "p_mask": np.float32, "is_impossible": np.float32}
     arrays = {k: np.asarray(v, dtype=dtypes.get(k, np.int64)) for k, v in feats.items()}
     arrays["feature_index"] = np.arange(len(meta), dtype=np.int64)
-    return Encoded(arrays, n_truncated=n_query_cut, n_examples=len(examples), n_skipped=n_skipped,
-                   extra={"meta": meta, "windows_extra": n_windows_extra})
+    return Encoded(
+        arrays,
+        n_truncated=n_query_cut,
+        n_examples=len(examples),
+        n_skipped=n_skipped,
+        extra={"meta": meta, "windows_extra": n_windows_extra},
+    )
 
 
 def _answer_tokens(ex: SquadExample, doc_offsets: list[tuple[int, int]]) -> tuple[int, int] | None:
@@ -565,8 +608,9 @@ def _doc_spans(n_doc: int, max_doc: int, doc_stride: int) -> list[tuple[int, int
         s += min(length, doc_stride)
 
 
-def _add_window(feats: dict[str, list], doc: list[int], q_ids: list[int], max_len: int,
-                answer: tuple[int, int] | None, s: int) -> None:
+def _add_window(
+    feats: dict[str, list], doc: list[int], q_ids: list[int], max_len: int, answer: tuple[int, int] | None, s: int
+) -> None:
     """Append one window's feature: [context | <sep> | question | <sep> | <cls>] padded to ``max_len`` (XLNet puts
     <cls> last); the answer's positions in the window, or <cls>'s when it is not inside (impossible)."""
     length = len(doc)
@@ -589,8 +633,9 @@ def _add_window(feats: dict[str, list], doc: list[int], q_ids: list[int], max_le
     feats["is_impossible"].append(float(impossible))
 
 
-def squad_predictions(examples: Sequence[SquadExample], enc: Encoded, outputs: dict[str, np.ndarray],
-                      max_answer_length: int) -> tuple[dict[str, str], dict[str, float]]:
+def squad_predictions(
+    examples: Sequence[SquadExample], enc: Encoded, outputs: dict[str, np.ndarray], max_answer_length: int
+) -> tuple[dict[str, str], dict[str, float]]:
     """Best non-null answer text and null odds (min over windows of the answerability logit) per question.
 
     outputs (per feature): start_top_log_probs / start_top_index [N, k], end_top_log_probs / end_top_index [N, k, k]
@@ -614,7 +659,7 @@ def squad_predictions(examples: Sequence[SquadExample], enc: Encoded, outputs: d
                     continue
                 score = float(outputs["start_top_log_probs"][f, i]) + float(outputs["end_top_log_probs"][f, i, j])
                 if ei not in best or score > best[ei][0]:
-                    best[ei] = (score, ctx[m["offsets"][s][0]:m["offsets"][e][1]])
+                    best[ei] = (score, ctx[m["offsets"][s][0] : m["offsets"][e][1]])
     preds = {ex.qid: best.get(i, (0.0, ""))[1] for i, ex in enumerate(examples)}
     odds = {ex.qid: null.get(i, 0.0) for i, ex in enumerate(examples)}
     return preds, odds

@@ -155,8 +155,9 @@ class _WordStarts:
             self.pieces_before = self.positions - np.cumsum(functional_start, dtype=np.int32)[:-1]
 
 
-def _sample_spans(words: _WordStarts, goal: int, alpha: int, beta: int, mode: str, draws: np.ndarray,
-                  max_gram: int) -> tuple[np.ndarray, np.ndarray]:
+def _sample_spans(
+    words: _WordStarts, goal: int, alpha: int, beta: int, mode: str, draws: np.ndarray, max_gram: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(begins, ends): flat [N, n + 1] positions of the spans chosen, every segment's in order.
 
     Span-based partial prediction (XLNet §2.3, the original ``_sample_mask``): from a cursor, draw a span length of
@@ -195,9 +196,11 @@ def _sample_spans(words: _WordStarts, goal: int, alpha: int, beta: int, mode: st
             # whole-word spans: end after the most words (<= n_units) whose non-functional pieces keep the count
             # <= goal
             pieces_at_first = words.pieces_before[first_word]
-            fits = (words.pieces_before[np.minimum(first_word[:, None] + _KK, sentinel[:, None])]
-                    <= (pieces_at_first + remaining)[:, None])
-            n_words = (fits & (_KK <= n_units[:, None])).sum(1)
+            fits = (
+                words.pieces_before[np.minimum(first_word[:, None] + _KK, sentinel[:, None])]
+                <= (pieces_at_first + remaining)[:, None]
+            )
+            n_words = (fits & (n_units[:, None] >= _KK)).sum(1)
             end_word = np.minimum(first_word + n_words, sentinel)
             end = words.positions[end_word]
             n_targets = words.pieces_before[end_word] - pieces_at_first
@@ -235,14 +238,15 @@ def _top_up(mask: np.ndarray, functional: np.ndarray, goal: int, draws: np.ndarr
     if len(rows) == 0:
         return
     n_cand = draws.shape[1] - 2 * K
-    candidates = np.minimum((draws[rows, 2 * K:] * n).astype(np.int64), n - 1)  # [S, n_cand]
+    candidates = np.minimum((draws[rows, 2 * K :] * n).astype(np.int64), n - 1)  # [S, n_cand]
     flat_cand = rows[:, None] * n + candidates
     usable = eligible.reshape(-1)[flat_cand]
     # a candidate counts once: its first draw in its row wins
     cell = (np.arange(len(rows)) * n)[:, None] + candidates
     first_draw = np.full(len(rows) * n, n_cand, np.int16)
-    np.minimum.at(first_draw, cell.reshape(-1),
-                  np.broadcast_to(np.arange(n_cand, dtype=np.int16), cell.shape).reshape(-1))
+    np.minimum.at(
+        first_draw, cell.reshape(-1), np.broadcast_to(np.arange(n_cand, dtype=np.int16), cell.shape).reshape(-1)
+    )
     usable &= first_draw[cell] == np.arange(n_cand)[None, :]
     n_usable = np.cumsum(usable, axis=1)
     mask.reshape(-1)[flat_cand[usable & (n_usable <= missing[rows, None])]] = True

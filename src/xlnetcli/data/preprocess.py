@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from xlnetcli.config import BatchPlan, Config, check_config, save_config, split_num_predict
+from xlnetcli.core.console import print0, step_progress
 from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_not_input
-from xlnetcli.core.console import print0, step_progress
 from xlnetcli.data.masking import MAX_GRAM, mask_draw_width, masks_from_draws, word_start_table
 from xlnetcli.data.record_format import FORMAT_VERSION, PassWriter, checksums, create_pass
 from xlnetcli.data.segments import Row, split_block
@@ -85,10 +85,12 @@ def build_rows(
     def reading_order(a: int, b: int) -> np.ndarray:  # segments in reading order (backward rows flipped back)
         return np.concatenate([t[:, a:b][:, ::-1] if row.reverse else t[:, a:b] for row, (t, _, _) in zip(rows, built)])
 
-    m0 = masks_from_draws(reading_order(0, R), ws_table, goal0, p.alpha, p.beta, p.mode, np.concatenate(d0),
-                          max_gram=p.max_gram)
-    m1 = masks_from_draws(reading_order(R, L), ws_table, goal1, p.alpha, p.beta, p.mode, np.concatenate(d1),
-                          max_gram=p.max_gram)
+    m0 = masks_from_draws(
+        reading_order(0, R), ws_table, goal0, p.alpha, p.beta, p.mode, np.concatenate(d0), max_gram=p.max_gram
+    )
+    m1 = masks_from_draws(
+        reading_order(R, L), ws_table, goal1, p.alpha, p.beta, p.mode, np.concatenate(d1), max_gram=p.max_gram
+    )
     out = []
     for k, (row, (t, alen, label)) in enumerate(zip(rows, built)):
         masked = np.empty((n, L), bool)
@@ -166,8 +168,16 @@ def _run_job(job: _Job) -> int:
 # Entry point
 
 
-def preprocess(cfg: Config, shards: str | Path, out: str | Path, *, overwrite: bool = False, workers: int = 1,
-               quiet: bool = False, verify: bool = True) -> dict:
+def preprocess(
+    cfg: Config,
+    shards: str | Path,
+    out: str | Path,
+    *,
+    overwrite: bool = False,
+    workers: int = 1,
+    quiet: bool = False,
+    verify: bool = True,
+) -> dict:
     """Build records from a shard directory with ``cfg`` (data.passes, data.mask_mode, the window and batch
     layout; saved as config.yaml); returns meta.json's content. ``verify`` checks every shard file's sha256 against
     manifest.json first (a flipped byte is refused, naming the file, instead of being trained on)."""
@@ -181,8 +191,17 @@ def preprocess(cfg: Config, shards: str | Path, out: str | Path, *, overwrite: b
     if len(ws_table) < vocab:
         raise DataError(f"{tok_dir}: tokenizer has {len(ws_table)} pieces, the manifest says {vocab}")
     dtype = manifest["dtype"]  # uint16 | uint32 (read_manifest checks it)
-    params = _Params(cfg.data.seq_len, cfg.model.reuse_len, cfg.data.num_predict, cfg.data.mask_alpha,
-                     cfg.data.mask_beta, cfg.data.mask_mode, cfg.data.seed, dtype, cfg.data.max_gram)
+    params = _Params(
+        cfg.data.seq_len,
+        cfg.model.reuse_len,
+        cfg.data.num_predict,
+        cfg.data.mask_alpha,
+        cfg.data.mask_beta,
+        cfg.data.mask_mode,
+        cfg.data.seed,
+        dtype,
+        cfg.data.max_gram,
+    )
     splits = _split_layouts(shards, manifest, plan.forward_rows, cfg.data.seq_len, cfg.model.reuse_len)
     meta = _records_meta(cfg, plan, sha, vocab, dtype)
     G, passes = plan.global_batch_size, cfg.data.passes
@@ -195,8 +214,13 @@ def preprocess(cfg: Config, shards: str | Path, out: str | Path, *, overwrite: b
             files, split_jobs = _create_passes(tmp, cfg, plan, split, layout, workers, params, ws_path, vocab)
             jobs += split_jobs
             meta["splits"][split] = {
-                "tokens": layout.total, "rows": G, "row_len": layout.row_len, "steps_per_pass": layout.steps,
-                "passes": passes, "examples": passes * G * layout.steps, "files": files,
+                "tokens": layout.total,
+                "rows": G,
+                "row_len": layout.row_len,
+                "steps_per_pass": layout.steps,
+                "passes": passes,
+                "examples": passes * G * layout.steps,
+                "files": files,
             }
         _run_jobs(jobs, workers, quiet, total_examples)
         ws_path.unlink()
@@ -264,8 +288,17 @@ def _records_meta(cfg: Config, plan: BatchPlan, sha: str, vocab: int, dtype: str
     }
 
 
-def _create_passes(tmp: Path, cfg: Config, plan: BatchPlan, split: str, layout: _SplitLayout, workers: int,
-                   params: _Params, ws_path: Path, vocab: int) -> tuple[list[str], list[_Job]]:
+def _create_passes(
+    tmp: Path,
+    cfg: Config,
+    plan: BatchPlan,
+    split: str,
+    layout: _SplitLayout,
+    workers: int,
+    params: _Params,
+    ws_path: Path,
+    vocab: int,
+) -> tuple[list[str], list[_Job]]:
     """Create the split's pass files (each pass reads the shards in its own seeded order); returns their names and
     the jobs that fill them, a few rows each."""
     (tmp / split).mkdir()
@@ -279,9 +312,22 @@ def _create_passes(tmp: Path, cfg: Config, plan: BatchPlan, split: str, layout: 
         chunk = max(1, min(mb, G // max(1, workers)))
         for g0 in range(0, G, chunk):
             jobs.append(
-                _Job(layout.paths, [int(x) for x in order], str(prefix), split, pass_id,
-                     list(range(g0, min(G, g0 + chunk))), plan.forward_rows, layout.row_len, layout.steps,
-                     plan.bi_data, mb, params, str(ws_path), vocab)
+                _Job(
+                    layout.paths,
+                    [int(x) for x in order],
+                    str(prefix),
+                    split,
+                    pass_id,
+                    list(range(g0, min(G, g0 + chunk))),
+                    plan.forward_rows,
+                    layout.row_len,
+                    layout.steps,
+                    plan.bi_data,
+                    mb,
+                    params,
+                    str(ws_path),
+                    vocab,
+                )
             )
     return files, jobs
 

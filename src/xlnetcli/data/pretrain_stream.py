@@ -145,8 +145,9 @@ def natural_order_ranks(input_ids: np.ndarray, is_masked: np.ndarray) -> tuple[n
     return k_rank + ~tgt, k_rank, tgt
 
 
-def bidirectional_ranks(input_ids: np.ndarray, is_masked: np.ndarray, reuse_len: int
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def bidirectional_ranks(
+    input_ids: np.ndarray, is_masked: np.ndarray, reuse_len: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """MLM: (q_rank, k_rank, is_target) with no order: every position sees its whole part, and the rest also sees the
     reuse part (k_rank = [j >= R], q_rank = 1 + [i >= R]: only (i < R, j >= R) is masked)."""
     B, L = input_ids.shape
@@ -298,7 +299,12 @@ class PretrainStream:
         self.objective = objective
         self.meta, self.passes = open_records(records_dir, split)
         self.records_dir, self.split, self.seed, self.dense, self.prefetch, self.loop = (
-            Path(records_dir), split, seed, dense, prefetch, loop
+            Path(records_dir),
+            split,
+            seed,
+            dense,
+            prefetch,
+            loop,
         )
         G, mb_rec = self.meta["global_batch_size"], self.meta["micro_batch_size"]
         mb = mb_rec if micro_batch_size is None else micro_batch_size
@@ -327,15 +333,20 @@ class PretrainStream:
 
     # cursor -------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "micro": self.micro, "seed": self.seed, "split": self.split,
-                "rank": self.rank, "world": self.world, "micro_batch_size": self.micro_batch_size}
+        return {
+            "step": self.step,
+            "micro": self.micro,
+            "seed": self.seed,
+            "split": self.split,
+            "rank": self.rank,
+            "world": self.world,
+            "micro_batch_size": self.micro_batch_size,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("world", "micro_batch_size"):
             if key in state and state[key] != getattr(self, key):
-                raise ConfigError(
-                    f"cannot resume the data stream: saved {key}={state[key]}, now {getattr(self, key)}"
-                )
+                raise ConfigError(f"cannot resume the data stream: saved {key}={state[key]}, now {getattr(self, key)}")
         self.step, self.micro = int(state["step"]), int(state["micro"])
         self.seed = int(state.get("seed", self.seed))
 
@@ -351,8 +362,9 @@ class PretrainStream:
         g = slice(int(rows[0]), int(rows[-1]) + 1)
         ids = np.asarray(p.tokens[g, s])
         masked = p.masked_bool(g, s, self.meta["seq_len"])
-        b = permutation_batch(ids, masked, np.asarray(p.alen[g, s]), rows, step, self.meta, self.seed, self.dense,
-                              self.objective)
+        b = permutation_batch(
+            ids, masked, np.asarray(p.alen[g, s]), rows, step, self.meta, self.seed, self.dense, self.objective
+        )
         b["micro_index"] = micro
         b["step"] = step
         return b

@@ -46,6 +46,7 @@ def create_npy(path: Path, shape: tuple[int, ...], dtype: Any) -> None:
     m = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
     del m
 
+
 def create_pass(prefix: str | Path, rows: int, steps: int, seq_len: int, dtype: Any) -> None:
     """The four zero-filled files of one pass (``prefix`` = split/pass_NNN), filled later by ``PassWriter``s."""
     create_npy(Path(f"{prefix}.tokens.npy"), (rows, steps, seq_len), dtype)
@@ -61,8 +62,9 @@ class PassWriter:
         self.steps, self.seq_len, self.nb = steps, seq_len, (seq_len + 7) // 8
         self.files = {name: NpyFile(f"{prefix}.{name}.npy", write=True) for name in ARRAYS}
 
-    def write(self, row: int, s0: int, tokens: np.ndarray, alen: np.ndarray, label: np.ndarray,
-              masked: np.ndarray) -> None:
+    def write(
+        self, row: int, s0: int, tokens: np.ndarray, alen: np.ndarray, label: np.ndarray, masked: np.ndarray
+    ) -> None:
         """Examples s0, s0+1, ... of ``row``: tokens [n, L], alen [n], label [n], masked [n, L] bool."""
         at = row * self.steps + s0
         self.files["tokens"].write(at * self.seq_len, tokens)
@@ -137,8 +139,10 @@ def open_records(records_dir: str | Path, split: str = "train", verify: bool = T
                 key = (str(p.resolve()), st.st_size, st.st_mtime_ns, want)
                 if key not in _VERIFIED:  # once per process (evaluation reopens the valid split)
                     if sha256_file(p) != want:
-                        raise DataError(f"records file {p} does not match the checksum in meta.json (damaged on "
-                                        "disk); rerun `xlnet preprocess`")
+                        raise DataError(
+                            f"records file {p} does not match the checksum in meta.json (damaged on "
+                            "disk); rerun `xlnet preprocess`"
+                        )
                     _VERIFIED.add(key)
             try:
                 arrays.append(np.load(p, mmap_mode="r"))

@@ -35,8 +35,10 @@ class Row:
         """tokens, sentence ids [k, width] of row ranges [a, a + width) (inside the row), in row order."""
         if not hasattr(self.stream, "read_many"):  # any object with read(a, b) (tests)
             pairs = [self.read(a, a + width) for a in starts.tolist()]
-            return (np.array([t for t, _ in pairs]).reshape(-1, width),
-                    np.array([s for _, s in pairs], np.uint8).reshape(-1, width))
+            return (
+                np.array([t for t, _ in pairs]).reshape(-1, width),
+                np.array([s for _, s in pairs], np.uint8).reshape(-1, width),
+            )
         if not self.reverse:
             return self.stream.read_many(self.base + starts, width)
         t, s = self.stream.read_many(self.base + self.len - starts - width, width)
@@ -108,8 +110,9 @@ class _RowScanner:
 _CHUNK = 128  # tokens read either side of a random B span to find its sentence boundaries (scan further if needed)
 
 
-def split_block(row: Row, seq_len: int, reuse_len: int, U: np.ndarray, s0: int, s1: int
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def split_block(
+    row: Row, seq_len: int, reuse_len: int, U: np.ndarray, s0: int, s1: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A/B split of the windows s0..s1 of one row (original _split_a_and_b), vectorised over the windows.
 
     ``U`` [n, 3]: per window, the uniforms for (random B?, A's cut point, B's random begin).
@@ -148,8 +151,9 @@ def split_block(row: Row, seq_len: int, reuse_len: int, U: np.ndarray, s0: int, 
     return out, la, (~lab0).astype(np.uint8)
 
 
-def _cut_a(row: Row, bpos: np.ndarray, begin: np.ndarray, tot: int, hi: int, scan: _RowScanner, U: np.ndarray
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _cut_a(
+    row: Row, bpos: np.ndarray, begin: np.ndarray, tot: int, hi: int, scan: _RowScanner, U: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(A's end, the first boundary at or after begin + tot, label-0 windows) per window starting A at ``begin``.
 
     A ends at a sentence boundary in (begin, begin + tot) drawn uniformly (U[:, 1]); with none, A runs to the first
@@ -175,8 +179,16 @@ class _RandomB:
     boundaries. Each is read with ``_CHUNK`` tokens either side, one pread per window, into ``tokens`` [k, width]
     starting at row positions ``starts``; a boundary outside that chunk is found by a longer scan."""
 
-    def __init__(self, row: Row, windows: np.ndarray, width: int, want: np.ndarray, u_begin: np.ndarray,
-                 scan: _RowScanner, dtype: np.dtype) -> None:
+    def __init__(
+        self,
+        row: Row,
+        windows: np.ndarray,
+        width: int,
+        want: np.ndarray,
+        u_begin: np.ndarray,
+        scan: _RowScanner,
+        dtype: np.dtype,
+    ) -> None:
         self.row, self.width = row, width
         self.starts = np.zeros(len(windows), np.int64)
         self.tokens = np.empty((0, width), dtype)

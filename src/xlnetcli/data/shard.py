@@ -36,8 +36,15 @@ import numpy as np
 from xlnetcli.config import Config, replace, save_config
 from xlnetcli.core.console import byte_progress, console
 from xlnetcli.core.errors import DataError, XLNetError
-from xlnetcli.core.files import (atomic_output_dir, atomic_write_json, check_output_dir, check_output_not_input,
-                                 ensure_open_files, is_disk_full, sha256_file)
+from xlnetcli.core.files import (
+    atomic_output_dir,
+    atomic_write_json,
+    check_output_dir,
+    check_output_not_input,
+    ensure_open_files,
+    is_disk_full,
+    sha256_file,
+)
 from xlnetcli.core.signals import quiet_pool_worker, sigterm_as_interrupt
 from xlnetcli.data.corpus import FileStats, ReadStats, expand_inputs, iter_chunks, total_size
 from xlnetcli.data.shard_format import FORMAT_VERSION, NpyStreamWriter
@@ -118,8 +125,9 @@ class _EncoderPool:
         combining_table()  # built once here, inherited by forked workers
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         helpers = workers - 1
-        self.pool: Any = ctx.Pool(helpers, initializer=_init_worker,
-                                  initargs=(tok.model_bytes, tok.meta, dtype.str, os.getpid()))
+        self.pool: Any = ctx.Pool(
+            helpers, initializer=_init_worker, initargs=(tok.model_bytes, tok.meta, dtype.str, os.getpid())
+        )
         tok.fix_mask  # noqa: B018
         self.pending: collections.deque = collections.deque()  # (AsyncResult | ChunkResult, is_valid), in order
         self.in_flight: collections.deque = collections.deque()  # AsyncResults not yet taken
@@ -189,10 +197,17 @@ class _Shard:
         self.sentid.close()
 
     def entry(self, directory: Path) -> dict[str, Any]:
-        return {"tokens_file": self.rel_tokens, "sentid_file": self.rel_sentid, "tokens": self.n_tokens,
-                "sentences": self.n_sentences, "documents": self.n_documents,
-                "sha256": {"tokens": sha256_file(directory / self.rel_tokens),
-                           "sentid": sha256_file(directory / self.rel_sentid)}}
+        return {
+            "tokens_file": self.rel_tokens,
+            "sentid_file": self.rel_sentid,
+            "tokens": self.n_tokens,
+            "sentences": self.n_sentences,
+            "documents": self.n_documents,
+            "sha256": {
+                "tokens": sha256_file(directory / self.rel_tokens),
+                "sentid": sha256_file(directory / self.rel_sentid),
+            },
+        }
 
 
 def _uniform_hash(seed: int, index: np.ndarray) -> np.ndarray:
@@ -263,8 +278,9 @@ class _Assigner:
                 tl[d] = t
         return np.asarray(tl, dtype=np.int64)
 
-    def _continue_sentences(self, res: ChunkResult, target: np.ndarray, order: np.ndarray, per_docs: np.ndarray,
-                            per_tok: list[int]) -> np.ndarray:
+    def _continue_sentences(
+        self, res: ChunkResult, target: np.ndarray, order: np.ndarray, per_docs: np.ndarray, per_tok: list[int]
+    ) -> np.ndarray:
         """The chunk's sentence ids as they continue in each shard, and the shards' counters advanced.
 
         Sentence ids continue across documents within a shard: a document's first line differs from the shard's
@@ -277,7 +293,7 @@ class _Assigner:
         flip = np.empty(res.doc_tokens.size, dtype=np.uint8)
         for t in np.flatnonzero(per_docs).tolist():
             sh = self._shard(t)
-            idx = order[gb[t]:gb[t + 1]]
+            idx = order[gb[t] : gb[t + 1]]
             g = 1 ^ last_rel[idx]
             f = ((1 - sh.last_sent) ^ (np.cumsum(g) - g)) & 1
             flip[idx] = f
@@ -287,8 +303,9 @@ class _Assigner:
             sh.n_documents += gb[t + 1] - gb[t]
         return res.sentid ^ np.repeat(flip, res.doc_tokens)
 
-    def _write(self, res: ChunkResult, sentid: np.ndarray, order: np.ndarray, per_docs: np.ndarray,
-               per_tok: list[int]) -> None:
+    def _write(
+        self, res: ChunkResult, sentid: np.ndarray, order: np.ndarray, per_docs: np.ndarray, per_tok: list[int]
+    ) -> None:
         """Append each shard's documents (in input order) to its files."""
         used = np.flatnonzero(per_docs).tolist()
         if len(used) == 1:
@@ -300,7 +317,7 @@ class _Assigner:
             idx = np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(lens) - lens), lens)
             toks, sids = res.tokens[idx], sentid[idx]
             bounds = np.concatenate([[0], np.cumsum(per_tok)]).tolist()
-            parts = {t: (toks[bounds[t]:bounds[t + 1]], sids[bounds[t]:bounds[t + 1]]) for t in used}
+            parts = {t: (toks[bounds[t] : bounds[t + 1]], sids[bounds[t] : bounds[t + 1]]) for t in used}
         for t, (tk, sd) in parts.items():
             sh = self._shard(t)
             sh.tokens.write(tk)
@@ -330,8 +347,9 @@ class ShardSummary:
         return sum(self.tokens.values()) / max(self.seconds, 1e-9)
 
 
-def _chunk_stream(files: list[tuple[Path, bool]], stats: ReadStats, chunk_chars: int,
-                  on_bytes, text_field: str = "text") -> Iterator[tuple[str, bool]]:
+def _chunk_stream(
+    files: list[tuple[Path, bool]], stats: ReadStats, chunk_chars: int, on_bytes, text_field: str = "text"
+) -> Iterator[tuple[str, bool]]:
     for path, is_valid in files:
         fs = FileStats(path)
         stats.files.append(fs)
@@ -339,10 +357,20 @@ def _chunk_stream(files: list[tuple[Path, bool]], stats: ReadStats, chunk_chars:
             yield text, is_valid
 
 
-def shard_corpus(cfg: Config, inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.PathLike[str],
-                 tokenizer: str | os.PathLike[str] | Tokenizer, *, shards: int = 1, workers: int = 1,
-                 valid_inputs: Iterable[str | os.PathLike[str]] = (), overwrite: bool = False, quiet: bool = False,
-                 chunk_chars: int = CHUNK_CHARS, text_field: str = "text") -> ShardSummary:
+def shard_corpus(
+    cfg: Config,
+    inputs: Iterable[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    tokenizer: str | os.PathLike[str] | Tokenizer,
+    *,
+    shards: int = 1,
+    workers: int = 1,
+    valid_inputs: Iterable[str | os.PathLike[str]] = (),
+    overwrite: bool = False,
+    quiet: bool = False,
+    chunk_chars: int = CHUNK_CHARS,
+    text_field: str = "text",
+) -> ShardSummary:
     """Tokenise ``inputs`` into ``shards`` train shards (+ a valid shard) under ``out_dir``; see the module doc.
 
     ``cfg.data.valid_fraction`` of the documents are held out for validation (none with ``valid_inputs``, which are
@@ -365,8 +393,12 @@ def shard_corpus(cfg: Config, inputs: Iterable[str | os.PathLike[str]], out_dir:
     stats = ReadStats()
     t0 = time.perf_counter()
     out = Path(out_dir)
-    with (_write_errors(out), sigterm_as_interrupt(), atomic_output_dir(out, overwrite, "shards") as tmp,
-          byte_progress(quiet) as prog):
+    with (
+        _write_errors(out),
+        sigterm_as_interrupt(),
+        atomic_output_dir(out, overwrite, "shards") as tmp,
+        byte_progress(quiet) as prog,
+    ):
         (tmp / "train").mkdir()
         (tmp / "valid").mkdir()
         train = [_Shard(tmp, "train", i, dtype) for i in range(shards)]
@@ -390,14 +422,23 @@ def shard_corpus(cfg: Config, inputs: Iterable[str | os.PathLike[str]], out_dir:
         _check_split(assigner, len(all_files), quiet)
         _finish_output(tmp, cfg, tok, dtype, assigner, {"train": train_files, "valid": valid_files}, nbytes, stats)
     seconds = time.perf_counter() - t0
-    return ShardSummary(out, len(all_files), nbytes, seconds,
-                        {"train": sum(s.n_tokens for s in train), "valid": valid.n_tokens},
-                        {"train": sum(s.n_documents for s in train), "valid": valid.n_documents}, stats.bad_bytes)
+    return ShardSummary(
+        out,
+        len(all_files),
+        nbytes,
+        seconds,
+        {"train": sum(s.n_tokens for s in train), "valid": valid.n_tokens},
+        {"train": sum(s.n_documents for s in train), "valid": valid.n_documents},
+        stats.bad_bytes,
+    )
 
 
-def _input_files(inputs: Iterable[str | os.PathLike[str]], valid_inputs: Iterable[str | os.PathLike[str]],
-                 out_dir: str | os.PathLike[str], tok_path: str | os.PathLike[str] | None) -> tuple[list[Path],
-                                                                                                   list[Path]]:
+def _input_files(
+    inputs: Iterable[str | os.PathLike[str]],
+    valid_inputs: Iterable[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    tok_path: str | os.PathLike[str] | None,
+) -> tuple[list[Path], list[Path]]:
     """(train files, --valid files), expanded; refuses an output among the inputs and a file in both lists."""
     valid_inputs = list(valid_inputs)
     train_files = expand_inputs(inputs)
@@ -410,8 +451,13 @@ def _input_files(inputs: Iterable[str | os.PathLike[str]], valid_inputs: Iterabl
     return train_files, valid_files
 
 
-def _encode_in_order(chunks: Iterable[tuple[str, bool]], tok: Tokenizer, dtype: np.dtype, workers: int,
-                     assign: Callable[[ChunkResult, bool], None]) -> None:
+def _encode_in_order(
+    chunks: Iterable[tuple[str, bool]],
+    tok: Tokenizer,
+    dtype: np.dtype,
+    workers: int,
+    assign: Callable[[ChunkResult, bool], None],
+) -> None:
     """Encode every chunk (here, or with ``workers`` encoders) and pass each result to ``assign`` in input order."""
     if workers == 1:
         tok.fix_mask  # noqa: B018
@@ -436,12 +482,22 @@ def _check_split(assigner: _Assigner, n_files: int, quiet: bool) -> None:
     if any(s.n_documents == 0 for s in assigner.train):
         raise DataError(f"only {n_docs} document(s) for {len(assigner.train)} shards; use fewer --shards")
     if assigner.valid_fraction > 0 and assigner.valid.n_documents == 0 and not quiet:
-        console.print(f"warning: no document fell into the validation split (valid_fraction "
-                      f"{assigner.valid_fraction}, {n_docs} documents)")
+        console.print(
+            f"warning: no document fell into the validation split (valid_fraction "
+            f"{assigner.valid_fraction}, {n_docs} documents)"
+        )
 
 
-def _finish_output(tmp: Path, cfg: Config, tok: Tokenizer, dtype: np.dtype, assigner: _Assigner,
-                   inputs: dict[str, list[Path]], nbytes: int, stats: ReadStats) -> None:
+def _finish_output(
+    tmp: Path,
+    cfg: Config,
+    tok: Tokenizer,
+    dtype: np.dtype,
+    assigner: _Assigner,
+    inputs: dict[str, list[Path]],
+    nbytes: int,
+    stats: ReadStats,
+) -> None:
     """Write manifest.json, the tokenizer and config.yaml beside the closed shards (no valid files if none)."""
     train, valid = assigner.train, assigner.valid
     manifest = {
@@ -451,8 +507,7 @@ def _finish_output(tmp: Path, cfg: Config, tok: Tokenizer, dtype: np.dtype, assi
         "dtype": dtype.name,
         "seed": assigner.seed,
         "valid_fraction": assigner.valid_fraction,
-        "splits": {"train": [s.entry(tmp) for s in train],
-                   "valid": [valid.entry(tmp)] if valid.n_documents else []},
+        "splits": {"train": [s.entry(tmp) for s in train], "valid": [valid.entry(tmp)] if valid.n_documents else []},
         "inputs": {split: [str(p) for p in files] for split, files in inputs.items()},
         "bytes": nbytes,
         "invalid_utf8_bytes": stats.bad_bytes,
@@ -472,11 +527,12 @@ def _write_errors(out: Path) -> Iterator[None]:
         yield
     except OSError as e:
         if is_disk_full(e):
-            raise XLNetError(f"disk full while writing shards to {out}; free space and rerun "
-                             "(nothing was written)") from None
+            raise XLNetError(
+                f"disk full while writing shards to {out}; free space and rerun (nothing was written)"
+            ) from None
         if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise XLNetError(f"cannot write to {out}: {e.strerror}") from None
         raise
 
 
-__all__ = ["shard_corpus", "encode_chunk", "ShardSummary", "CHUNK_CHARS"]
+__all__ = ["CHUNK_CHARS", "ShardSummary", "encode_chunk", "shard_corpus"]

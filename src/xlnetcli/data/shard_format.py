@@ -190,6 +190,7 @@ class PassStream:
             tok.close()
             sid.close()
 
+
 # ---------------------------------------------------------------------------------------------------------------------
 # reading
 
@@ -238,13 +239,16 @@ def open_shards(shard_dir: str | os.PathLike[str], split: str = "train") -> Iter
                 raise DataError(f"shard file {p} is corrupt ({err}); rerun `xlnet shard`") from None
         tokens, sentid = arrs
         if tokens.shape != (e["tokens"],) or sentid.shape != tokens.shape:
-            raise DataError(f"shard {d / e['tokens_file']} has {tokens.shape[0]} tokens, manifest says "
-                            f"{e['tokens']}; rerun `xlnet shard`")
+            raise DataError(
+                f"shard {d / e['tokens_file']} has {tokens.shape[0]} tokens, manifest says "
+                f"{e['tokens']}; rerun `xlnet shard`"
+            )
         yield tokens, sentid
 
 
-def verify_shards(shard_dir: str | os.PathLike[str], manifest: dict[str, Any] | None = None,
-                  workers: int = 1) -> dict[str, Any]:
+def verify_shards(
+    shard_dir: str | os.PathLike[str], manifest: dict[str, Any] | None = None, workers: int = 1
+) -> dict[str, Any]:
     """Check the sha256 of every shard file against the manifest; returns the manifest (DataError on mismatch).
 
     Files are streamed in 1 MiB blocks; with ``workers`` > 1 several files are hashed at once (hashlib releases the
@@ -259,8 +263,9 @@ def verify_shards(shard_dir: str | os.PathLike[str], manifest: dict[str, Any] | 
                 p = d / e[key]
                 want = e.get("sha256", {}).get(kind) if isinstance(e.get("sha256"), dict) else None
                 if not isinstance(want, str):
-                    raise DataError(f"{d}/manifest.json records no sha256 for {e[key]}; rerun `xlnet shard` "
-                                    "(or pass --no-verify)")
+                    raise DataError(
+                        f"{d}/manifest.json records no sha256 for {e[key]}; rerun `xlnet shard` (or pass --no-verify)"
+                    )
                 if not p.is_file():
                     raise DataError(f"shard file {p} is missing; rerun `xlnet shard`")
                 files.append((p, want))
@@ -280,8 +285,9 @@ def verify_shards(shard_dir: str | os.PathLike[str], manifest: dict[str, Any] | 
     return m
 
 
-def check_shards(shard_dir: str | os.PathLike[str], vocab_size: int, verify: bool = True,
-                 workers: int = 1) -> tuple[dict[str, Any], str]:
+def check_shards(
+    shard_dir: str | os.PathLike[str], vocab_size: int, verify: bool = True, workers: int = 1
+) -> tuple[dict[str, Any], str]:
     """(manifest, tokenizer sha256) of a shard directory about to be read, checked against its own tokenizer/ and the
     vocabulary the reader expects; ``verify`` checks every file's sha256 too (a flipped byte is refused, naming the
     file, instead of being trained on)."""
@@ -307,8 +313,9 @@ def check_shards(shard_dir: str | os.PathLike[str], vocab_size: int, verify: boo
     return manifest, sha
 
 
-def split_files(shard_dir: str | os.PathLike[str], manifest: dict[str, Any],
-                split: str) -> tuple[list[tuple[str, str]], int]:
+def split_files(
+    shard_dir: str | os.PathLike[str], manifest: dict[str, Any], split: str
+) -> tuple[list[tuple[str, str]], int]:
     """([(tokens file, sentid file)] in manifest order, total tokens) of a split; DataError if a file is missing."""
     shards = Path(shard_dir)
     entries = manifest["splits"].get(split) or []
@@ -319,5 +326,15 @@ def split_files(shard_dir: str | os.PathLike[str], manifest: dict[str, Any],
     return paths, sum(int(e["tokens"]) for e in entries)
 
 
-__all__ = ["read_manifest", "open_shards", "verify_shards", "check_shards", "split_files", "NpyStreamWriter",
-           "NpyFile", "PassStream", "FORMAT_VERSION", "NPY_HEADER"]
+__all__ = [
+    "FORMAT_VERSION",
+    "NPY_HEADER",
+    "NpyFile",
+    "NpyStreamWriter",
+    "PassStream",
+    "check_shards",
+    "open_shards",
+    "read_manifest",
+    "split_files",
+    "verify_shards",
+]

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from xlnetcli.checkpoint.folders import read_meta, tokenizer_dir_of
-from xlnetcli.checkpoint.load import is_hf_dir, load_lm_model, resolve_checkpoint
 from xlnetcli.checkpoint.hf_dir import hf_dir_task
+from xlnetcli.checkpoint.load import is_hf_dir, load_lm_model, resolve_checkpoint
 from xlnetcli.core import dist
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_write_json, atomic_write_text
@@ -40,8 +40,14 @@ def _is_finetuned(path: Path) -> bool:
     return read_meta(p).get("kind") == "finetune"  # no meta.json: {} (a pretrained folder)
 
 
-def evaluate(checkpoint: str | Path, file: str | Path | None = None, data: str | Path | None = None,
-             predict: str | Path | None = None, output: str | Path | None = None, **kwargs: Any) -> dict[str, Any]:
+def evaluate(
+    checkpoint: str | Path,
+    file: str | Path | None = None,
+    data: str | Path | None = None,
+    predict: str | Path | None = None,
+    output: str | Path | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
     """Dispatch: a finetuned checkpoint needs ``file``; a pretrained one needs ``data`` (records)."""
     ckpt = Path(checkpoint)
     if _is_finetuned(ckpt):
@@ -53,35 +59,55 @@ def evaluate(checkpoint: str | Path, file: str | Path | None = None, data: str |
             raise XLNetError(f"{ckpt} is a pretrained checkpoint: pass --data RECORDS_DIR (from `xlnet preprocess`)")
         if predict is not None:
             raise XLNetError("--predict needs a finetuned checkpoint (from `xlnet finetune`)")
-        res = evaluate_plm_checkpoint(ckpt, data, **{k: v for k, v in kwargs.items()
-                                                      if k in ("split", "batches", "device", "precision")})
+        res = evaluate_plm_checkpoint(
+            ckpt, data, **{k: v for k, v in kwargs.items() if k in ("split", "batches", "device", "precision")}
+        )
     if output is not None:
         atomic_write_json(output, res)
     return res
 
 
-def evaluate_plm_checkpoint(checkpoint: str | Path, records: str | Path, split: str = "valid",
-                            batches: int | None = None, device: str | None = "auto",
-                            precision: str | None = None) -> dict[str, Any]:
+def evaluate_plm_checkpoint(
+    checkpoint: str | Path,
+    records: str | Path,
+    split: str = "valid",
+    batches: int | None = None,
+    device: str | None = "auto",
+    precision: str | None = None,
+) -> dict[str, Any]:
     """PLM loss / perplexity / target accuracy of a pretrained checkpoint on preprocessed records."""
     dev = dist.resolve_device(device)
     meta = read_records_meta(records)
-    model, cfg, _ = load_lm_model(checkpoint, dev, overrides={"bi_data": bool(meta.get("bi_data", False)),
-                                                             "dropout": 0.0, "dropatt": 0.0})
+    model, cfg, _ = load_lm_model(
+        checkpoint, dev, overrides={"bi_data": bool(meta.get("bi_data", False)), "dropout": 0.0, "dropatt": 0.0}
+    )
     mb = int(meta.get("micro_batch_size", cfg.train.micro_batch_size))
     stream = PretrainStream(records, split, 0, 1, mb, cfg.data.seed, loop=False, objective=cfg.model.objective)
     n = batches if batches is not None else 10**9
     res = evaluate_plm(model, stream, n, precision or ("bf16" if dev.type == "cuda" else "fp32"), dev)
     if res["targets"] == 0:
         raise DataError(f"{records}: the {split} split has no batches to evaluate")
-    return {"kind": "plm", "checkpoint": str(resolve_checkpoint(checkpoint)), "records": str(records),
-            "split": split, **res}
+    return {
+        "kind": "plm",
+        "checkpoint": str(resolve_checkpoint(checkpoint)),
+        "records": str(records),
+        "split": split,
+        **res,
+    }
 
 
-def evaluate_task(checkpoint: str | Path, file: str | Path, predict: str | Path | None = None,
-                  columns: labelled.Columns | None = None, header: bool = True, device: str | None = "auto",
-                  batch_size: int | None = None, precision: str | None = None,
-                  null_odds_threshold: float | None = None, quiet: bool = True) -> dict[str, Any]:
+def evaluate_task(
+    checkpoint: str | Path,
+    file: str | Path,
+    predict: str | Path | None = None,
+    columns: labelled.Columns | None = None,
+    header: bool = True,
+    device: str | None = "auto",
+    batch_size: int | None = None,
+    precision: str | None = None,
+    null_odds_threshold: float | None = None,
+    quiet: bool = True,
+) -> dict[str, Any]:
     """The task metrics of a finetuned checkpoint on ``file``; with ``predict`` also write the predictions."""
     dev = dist.resolve_device(device)
     model, cfg, meta = load_finetuned(checkpoint, dev)
@@ -89,8 +115,18 @@ def evaluate_task(checkpoint: str | Path, file: str | Path, predict: str | Path 
     ckpt = Path(meta["path"])
     tok = Tokenizer.load(tokenizer_dir_of(ckpt))
     labels = meta.get("labels")
-    data = load_task_data(task, file, tok, cfg, labels, columns, header, training=False,
-                          require_label=predict is None, train_path="the finetuning data")
+    data = load_task_data(
+        task,
+        file,
+        tok,
+        cfg,
+        labels,
+        columns,
+        header,
+        training=False,
+        require_label=predict is None,
+        train_path="the finetuning data",
+    )
     if len(data) == 0:
         raise DataError(f"{file}: no examples")
     thresh = null_odds_threshold if null_odds_threshold is not None else float(meta.get("null_odds_threshold", 0.0))
@@ -100,8 +136,14 @@ def evaluate_task(checkpoint: str | Path, file: str | Path, predict: str | Path 
     except torch.OutOfMemoryError:
         raise XLNetError(f"out of memory evaluating with batch {bs}; pass --batch-size smaller") from None
     metrics, rows = score(data, outputs, labels, cfg, thresh)
-    res: dict[str, Any] = {"kind": task, "checkpoint": str(ckpt), "file": str(file), "examples": len(data.examples),
-                           "metrics": metrics, "notes": data.notes}
+    res: dict[str, Any] = {
+        "kind": task,
+        "checkpoint": str(ckpt),
+        "file": str(file),
+        "examples": len(data.examples),
+        "metrics": metrics,
+        "notes": data.notes,
+    }
     if metrics:
         res["metric"], res["value"] = primary_metric(task, metrics)
     if task == "squad" and data.squad_v2:

@@ -1,9 +1,9 @@
 """A finetuned model and its data, below finetune.py (training) and checkpoint_eval.py (`xlnet eval --file`).
 
-    data = load_task_data("classification", "dev.tsv", tok, cfg, label_list)   # read and encode a task file
-    model, cfg, meta = load_finetuned("runs/sst2")                               # a finetuned checkpoint
-    outputs = predict(model, data, batch_size, device)                          # raw head outputs per row
-    metrics, rows = score(data, outputs, label_list, cfg)                       # task metrics + one row per example
+data = load_task_data("classification", "dev.tsv", tok, cfg, label_list)   # read and encode a task file
+model, cfg, meta = load_finetuned("runs/sst2")                               # a finetuned checkpoint
+outputs = predict(model, data, batch_size, device)                          # raw head outputs per row
+metrics, rows = score(data, outputs, label_list, cfg)                       # task metrics + one row per example
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from xlnetcli.core import dist
 from xlnetcli.core.dist import autocast_ctx
 from xlnetcli.core.errors import CheckpointError, ConfigError
 from xlnetcli.data import labelled
-from xlnetcli.model.heads import FinetuneModel
 from xlnetcli.evaluate.metrics import PRIMARY_METRIC, classification_metrics, regression_metrics, squad_evaluate
+from xlnetcli.model.heads import FinetuneModel
 
 
 @dataclass
@@ -42,9 +42,18 @@ class TaskData:
         return len(self.enc)
 
 
-def load_task_data(task: str, path: str | Path, tok: Any, cfg: Config, label_list: list[str] | None = None,
-                   columns: labelled.Columns | None = None, header: bool = True, training: bool = False,
-                   require_label: bool = True, train_path: str | Path | None = None) -> TaskData:
+def load_task_data(
+    task: str,
+    path: str | Path,
+    tok: Any,
+    cfg: Config,
+    label_list: list[str] | None = None,
+    columns: labelled.Columns | None = None,
+    header: bool = True,
+    training: bool = False,
+    require_label: bool = True,
+    train_path: str | Path | None = None,
+) -> TaskData:
     """Read and encode a labelled (or, with ``require_label=False``, unlabelled) file for ``task``."""
     ft = cfg.finetune
     path = Path(path)
@@ -67,18 +76,21 @@ def load_task_data(task: str, path: str | Path, tok: Any, cfg: Config, label_lis
         enc = labelled.encode_squad(tok, examples, ft.max_seq_length, ft.doc_stride, ft.max_query_length, training)
         data = TaskData(task, str(path), examples, enc, True, any(ex.is_impossible for ex in examples))
         if enc.n_skipped:
-            notes.append(f"{enc.n_skipped} of {len(examples)} questions skipped: answer text not found in its "
-                         "context")
+            notes.append(f"{enc.n_skipped} of {len(examples)} questions skipped: answer text not found in its context")
         if enc.extra["windows_extra"]:
-            notes.append(f"{enc.extra['windows_extra']} extra windows for paragraphs longer than "
-                         f"{ft.max_seq_length} tokens (doc_stride {ft.doc_stride})")
+            notes.append(
+                f"{enc.extra['windows_extra']} extra windows for paragraphs longer than "
+                f"{ft.max_seq_length} tokens (doc_stride {ft.doc_stride})"
+            )
         if enc.n_truncated:
             notes.append(f"{enc.n_truncated} questions cut to {ft.max_query_length} tokens (max_query_length)")
     else:
         raise ConfigError(f"unknown task {task!r} (choose from {', '.join(labelled.TASKS)})")
     if task != "squad" and enc.n_truncated:
-        notes.append(f"{enc.n_truncated} of {enc.n_examples} examples truncated to {ft.max_seq_length} tokens "
-                     "(finetune.max_seq_length); the longer text is cut first")
+        notes.append(
+            f"{enc.n_truncated} of {enc.n_examples} examples truncated to {ft.max_seq_length} tokens "
+            "(finetune.max_seq_length); the longer text is cut first"
+        )
     data.notes = notes
     return data
 
@@ -89,7 +101,7 @@ def build_finetune_model(run_cfg: Config, task: str, n_labels: int) -> torch.nn.
 
 def load_pretrained_into(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
     """Copy the ``transformer.*`` weights of a pretrained (LM) or finetuned checkpoint into ``model.transformer``."""
-    sub = {k[len("transformer."):]: v for k, v in state.items() if k.startswith("transformer.")}
+    sub = {k[len("transformer.") :]: v for k, v in state.items() if k.startswith("transformer.")}
     if not sub:
         raise CheckpointError(f"{where} holds no transformer.* weights (not an XLNet checkpoint)")
     load_state(model.transformer, sub, where=where)
@@ -99,8 +111,10 @@ def load_finetuned(path: str | Path, device: torch.device | str = "cpu") -> tupl
     """(FinetuneModel in eval mode, Config, meta) from a finetuning run directory or its step folder."""
     cfg, state, meta = load_model_dir(path)
     if meta.get("kind") != "finetune" or meta.get("task") not in labelled.TASKS:
-        raise CheckpointError(f"{meta.get('path', path)} is not a finetuned checkpoint (meta.json kind "
-                              f"{meta.get('kind')!r}); pass a pretrained checkpoint with --data RECORDS instead")
+        raise CheckpointError(
+            f"{meta.get('path', path)} is not a finetuned checkpoint (meta.json kind "
+            f"{meta.get('kind')!r}); pass a pretrained checkpoint with --data RECORDS instead"
+        )
     model = build_finetune_model(cfg, meta["task"], len(meta.get("labels") or []) or 1)
     load_state(model, state, where=f"checkpoint {meta.get('path', path)}")
     model.to(device).eval()
@@ -111,8 +125,16 @@ TRAIN_KEYS = {
     "classification": ("input_ids", "token_type_ids", "attention_mask", "labels"),
     "regression": ("input_ids", "token_type_ids", "attention_mask", "labels"),
     "multiple-choice": ("input_ids", "token_type_ids", "attention_mask", "option_mask", "labels"),
-    "squad": ("input_ids", "token_type_ids", "attention_mask", "p_mask", "cls_index", "start_positions",
-              "end_positions", "is_impossible"),
+    "squad": (
+        "input_ids",
+        "token_type_ids",
+        "attention_mask",
+        "p_mask",
+        "cls_index",
+        "start_positions",
+        "end_positions",
+        "is_impossible",
+    ),
 }
 PREDICT_KEYS = {**TRAIN_KEYS, "squad": ("input_ids", "token_type_ids", "attention_mask", "p_mask", "cls_index")}
 
@@ -122,8 +144,9 @@ def make_batch(enc: labelled.Encoded, idx: np.ndarray, keys: tuple[str, ...], de
 
 
 @torch.no_grad()
-def predict(model: torch.nn.Module, data: TaskData, batch_size: int, device: torch.device,
-            precision: str = "fp32") -> dict[str, np.ndarray]:
+def predict(
+    model: torch.nn.Module, data: TaskData, batch_size: int, device: torch.device, precision: str = "fp32"
+) -> dict[str, np.ndarray]:
     """Raw outputs for every row of ``data`` (logits, or the SQuAD top-k starts/ends and answerability logits)."""
     net = dist.unwrap(model)
     was_training = net.training
@@ -137,8 +160,9 @@ def predict(model: torch.nn.Module, data: TaskData, batch_size: int, device: tor
                 out = net(make_batch(data.enc, idx, keys, device))
             for k, v in out.items():
                 if isinstance(v, torch.Tensor) and k != "loss":
-                    chunks.setdefault(k, []).append(v.float().cpu().numpy() if v.is_floating_point()
-                                                    else v.cpu().numpy())
+                    chunks.setdefault(k, []).append(
+                        v.float().cpu().numpy() if v.is_floating_point() else v.cpu().numpy()
+                    )
     finally:
         if was_training:
             net.train()
@@ -150,8 +174,13 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
-def score(data: TaskData, outputs: dict[str, np.ndarray], label_list: list[str] | None, cfg: Config,
-          null_threshold: float = 0.0) -> tuple[dict[str, float], list[dict]]:
+def score(
+    data: TaskData,
+    outputs: dict[str, np.ndarray],
+    label_list: list[str] | None,
+    cfg: Config,
+    null_threshold: float = 0.0,
+) -> tuple[dict[str, float], list[dict]]:
     """(metrics, one prediction row per example). Metrics are empty when the file has no labels."""
     task = data.task
     rows: list[dict] = []
@@ -161,8 +190,14 @@ def score(data: TaskData, outputs: dict[str, np.ndarray], label_list: list[str] 
         probs = _softmax(outputs["logits"])
         pred = [label_list[i] for i in probs.argmax(-1)]
         for i, ex in enumerate(data.examples):
-            rows.append({"index": i, "prediction": pred[i], "label": ex.label,
-                         "probabilities": {lab: round(float(p), 6) for lab, p in zip(label_list, probs[i])}})
+            rows.append(
+                {
+                    "index": i,
+                    "prediction": pred[i],
+                    "label": ex.label,
+                    "probabilities": {lab: round(float(p), 6) for lab, p in zip(label_list, probs[i])},
+                }
+            )
         if data.labels_present:
             metrics = classification_metrics(pred, [ex.label for ex in data.examples])
     elif task == "regression":
@@ -174,8 +209,14 @@ def score(data: TaskData, outputs: dict[str, np.ndarray], label_list: list[str] 
         probs = _softmax(outputs["logits"])
         pred = probs.argmax(-1).tolist()
         for i, ex in enumerate(data.examples):
-            rows.append({"id": ex.id, "prediction": pred[i], "label": ex.label,
-                         "probabilities": [round(float(p), 6) for p in probs[i][: len(ex.options)]]})
+            rows.append(
+                {
+                    "id": ex.id,
+                    "prediction": pred[i],
+                    "label": ex.label,
+                    "probabilities": [round(float(p), 6) for p in probs[i][: len(ex.options)]],
+                }
+            )
         if data.labels_present:
             metrics = {"accuracy": float(np.mean([p == ex.label for p, ex in zip(pred, data.examples)]))}
     else:
@@ -188,8 +229,15 @@ def score(data: TaskData, outputs: dict[str, np.ndarray], label_list: list[str] 
             metrics = squad_evaluate(gold, best)
             final = best
         for ex in data.examples:
-            rows.append({"id": ex.qid, "prediction": final[ex.qid], "best_non_null": best[ex.qid],
-                         "null_odds": round(odds[ex.qid], 6), "answers": ex.answers})
+            rows.append(
+                {
+                    "id": ex.qid,
+                    "prediction": final[ex.qid],
+                    "best_non_null": best[ex.qid],
+                    "null_odds": round(odds[ex.qid], 6),
+                    "answers": ex.answers,
+                }
+            )
     return metrics, rows
 
 

@@ -68,8 +68,9 @@ class Memories:
         self.mems[micro] = carried_mems(self.mem_len, out)
 
     def state_dict(self) -> dict:
-        return {self.first + a: None if m is None else [x.detach().to("cpu") for x in m]
-                for a, m in enumerate(self.mems)}
+        return {
+            self.first + a: None if m is None else [x.detach().to("cpu") for x in m] for a, m in enumerate(self.mems)
+        }
 
     def load_state_dict(self, state: dict) -> None:
         for a in range(len(self.mems)):
@@ -83,8 +84,13 @@ def forward(model: torch.nn.Module, inputs: dict, mems: list | None) -> Any:
 
 
 @torch.no_grad()
-def evaluate_plm(model: torch.nn.Module, stream: Any, n_batches: int, precision: str = "fp32",
-                 device: torch.device | str | None = None) -> dict:
+def evaluate_plm(
+    model: torch.nn.Module,
+    stream: Any,
+    n_batches: int,
+    precision: str = "fp32",
+    device: torch.device | str | None = None,
+) -> dict:
     """PLM loss, perplexity and target accuracy over the first ``n_batches`` micro-batches of ``stream``.
 
     Memory is carried across the stream's batches per micro-batch index, as in training. Counts are summed over all

@@ -151,8 +151,9 @@ def _golds(answers: Sequence[str]) -> list[str]:
     return golds or [""]  # unanswerable: the only correct prediction is the empty string
 
 
-def _best_thresh(preds: Mapping[str, str], scores: Mapping[str, float], na_probs: Mapping[str, float],
-                 has_ans: Mapping[str, bool]) -> tuple[float, float]:
+def _best_thresh(
+    preds: Mapping[str, str], scores: Mapping[str, float], na_probs: Mapping[str, float], has_ans: Mapping[str, bool]
+) -> tuple[float, float]:
     """Official find_best_thresh: sweep the threshold over the sorted null odds; predict null above it."""
     num_no_ans = sum(1 for q in scores if not has_ans[q])
     cur = best = float(num_no_ans)

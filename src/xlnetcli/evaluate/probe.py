@@ -57,13 +57,16 @@ CURVE_DRAWS = 3  # draws of the training rows per size of the label-efficiency c
 # Rows
 
 
-def read_rows(path: str | Path, columns: labelled.Columns | None = None, header: bool = True) -> list[labelled.TextExample]:
+def read_rows(
+    path: str | Path, columns: labelled.Columns | None = None, header: bool = True
+) -> list[labelled.TextExample]:
     """Labelled classification rows of a TSV/CSV/JSONL file (the finetuning reader and its column rules)."""
     return labelled.read_table(path, "classification", columns, header, require_label=True)
 
 
-def split_rows(rows: Sequence[labelled.TextExample], fraction: float = 0.3, seed: int = 0
-               ) -> tuple[list[labelled.TextExample], list[labelled.TextExample]]:
+def split_rows(
+    rows: Sequence[labelled.TextExample], fraction: float = 0.3, seed: int = 0
+) -> tuple[list[labelled.TextExample], list[labelled.TextExample]]:
     """(train, valid) parts of one labelled file, stratified by label, rows with the same bag of words on the same
     side (``word_bag_groups``), and a pure function of (rows, seed): the split ``train.probe_file`` is probed with
     during pretraining."""
@@ -84,12 +87,14 @@ def word_bag_groups(rows: Sequence[labelled.TextExample]) -> np.ndarray:
     copy in a word-order task) share it. Held-out splits keep a group on one side, so a held-out score never rewards
     recognising a text seen in training."""
     ids: dict[tuple[str, ...], int] = {}
-    return np.array([ids.setdefault(tuple(sorted(f"{r.text_a} {r.text_b or ''}".split())), len(ids)) for r in rows],
-                    dtype=np.int64)
+    return np.array(
+        [ids.setdefault(tuple(sorted(f"{r.text_a} {r.text_b or ''}".split())), len(ids)) for r in rows], dtype=np.int64
+    )
 
 
-def _stratified(labels: np.ndarray, fraction: float, seed: int, groups: np.ndarray | None = None
-                ) -> tuple[np.ndarray, np.ndarray]:
+def _stratified(
+    labels: np.ndarray, fraction: float, seed: int, groups: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(kept, held-out) indices, sorted: about ``fraction`` of every class with at least two examples is held out
     (at least one of it), the order within a class drawn from ``seed``. With ``groups`` (one id per row), rows of a
     group are held out or kept together: groups are visited in an order drawn from ``seed`` and held out while no
@@ -150,8 +155,9 @@ def extract_features(model: torch.nn.Module, enc: labelled.Encoded, batch_size: 
             ids = torch.from_numpy(a["input_ids"][sl]).to(device)
             seg = torch.from_numpy(a["token_type_ids"][sl]).to(device)
             mask = torch.from_numpy(a["attention_mask"][sl]).to(device)
-            hidden = transformer(ids, token_type_ids=seg, attention_mask=mask, mems=None, return_mems=False,
-                                 bi_data=False).hidden.double()
+            hidden = transformer(
+                ids, token_type_ids=seg, attention_mask=mask, mems=None, return_mems=False, bi_data=False
+            ).hidden.double()
             m = mask.double()[:, :, None]
             out["mean"].append(((hidden * m).sum(1) / m.sum(1).clamp_min(1.0)).cpu().numpy())
             out["cls"].append(hidden[:, -1].cpu().numpy())  # left padding: <cls> is always last
@@ -177,8 +183,9 @@ class _Standardizer:
         return (x - self.mu) / self.sd
 
 
-def fit_logistic(x: np.ndarray, y: np.ndarray, n_classes: int, l2: float, max_iter: int = 200
-                 ) -> tuple[_Standardizer, torch.Tensor, torch.Tensor]:
+def fit_logistic(
+    x: np.ndarray, y: np.ndarray, n_classes: int, l2: float, max_iter: int = 200
+) -> tuple[_Standardizer, torch.Tensor, torch.Tensor]:
     """Multinomial logistic regression on standardised ``x`` [n, d]: minimises mean cross entropy +
     0.5 * l2 * ||W||^2 (bias not penalised) with full-batch L-BFGS (strong Wolfe line search), in float64."""
     xt = torch.as_tensor(x, dtype=torch.float64)
@@ -187,8 +194,15 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, n_classes: int, l2: float, max_it
     z = std(xt)
     w = torch.zeros(z.shape[1], n_classes, dtype=torch.float64, requires_grad=True)
     b = torch.zeros(n_classes, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=max_iter, history_size=20, tolerance_grad=1e-9,
-                            tolerance_change=1e-12, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [w, b],
+        lr=1.0,
+        max_iter=max_iter,
+        history_size=20,
+        tolerance_grad=1e-9,
+        tolerance_change=1e-12,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
@@ -207,9 +221,17 @@ def _accuracy(model: tuple[_Standardizer, torch.Tensor, torch.Tensor], x: np.nda
     return float((pred == y).mean()) if len(y) else float("nan")
 
 
-def linear_probe(x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, y_valid: np.ndarray,
-                 n_classes: int, l2_grid: Sequence[float] = L2_GRID, heldout_fraction: float = HELDOUT_FRACTION,
-                 seed: int = 0, groups: np.ndarray | None = None) -> dict[str, Any]:
+def linear_probe(
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_valid: np.ndarray,
+    y_valid: np.ndarray,
+    n_classes: int,
+    l2_grid: Sequence[float] = L2_GRID,
+    heldout_fraction: float = HELDOUT_FRACTION,
+    seed: int = 0,
+    groups: np.ndarray | None = None,
+) -> dict[str, Any]:
     """Choose L2 on a stratified held-out part of the training set (``groups``: one id per training row, rows of a
     group never split, see ``word_bag_groups``), refit on all of it, score the validation set.
 
@@ -217,8 +239,9 @@ def linear_probe(x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, 
     "heldout" {l2: held-out accuracy}}. The validation arrays are read once, after everything else is fixed."""
     fit_idx, held_idx = _stratified(y_train, heldout_fraction, seed, groups)
     if len(held_idx) == 0 or len(fit_idx) == 0:
-        raise DataError("the probe's training file needs at least 2 examples of some label to hold out for choosing "
-                        "the L2 strength")
+        raise DataError(
+            "the probe's training file needs at least 2 examples of some label to hold out for choosing the L2 strength"
+        )
     scores = {}
     for l2 in l2_grid:
         clf = fit_logistic(x_train[fit_idx], y_train[fit_idx], n_classes, l2)
@@ -226,13 +249,26 @@ def linear_probe(x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, 
     best = max(scores.values())
     l2 = max(v for v, s in scores.items() if s == best)  # ties: the stronger penalty
     clf = fit_logistic(x_train, y_train, n_classes, l2)
-    return {"accuracy": _accuracy(clf, x_valid, y_valid), "train_accuracy": _accuracy(clf, x_train, y_train),
-            "l2": l2, "heldout": {f"{k:g}": v for k, v in scores.items()}}
+    return {
+        "accuracy": _accuracy(clf, x_valid, y_valid),
+        "train_accuracy": _accuracy(clf, x_train, y_train),
+        "l2": l2,
+        "heldout": {f"{k:g}": v for k, v in scores.items()},
+    }
 
 
-def label_curve(x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, y_valid: np.ndarray,
-                n_classes: int, sizes: Sequence[int], l2_grid: Sequence[float] = L2_GRID, draws: int = CURVE_DRAWS,
-                seed: int = 0, groups: np.ndarray | None = None) -> list[dict[str, Any]]:
+def label_curve(
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_valid: np.ndarray,
+    y_valid: np.ndarray,
+    n_classes: int,
+    sizes: Sequence[int],
+    l2_grid: Sequence[float] = L2_GRID,
+    draws: int = CURVE_DRAWS,
+    seed: int = 0,
+    groups: np.ndarray | None = None,
+) -> list[dict[str, Any]]:
     """``linear_probe`` on stratified draws of ``n`` training rows for each ``n`` in ``sizes`` (smaller than the
     training set; draw ``k`` uses seed ``seed + k``): [{"n", "accuracy" (mean over draws), "accuracies"}]."""
     out = []
@@ -242,8 +278,18 @@ def label_curve(x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, y
         accs = []
         for k in range(draws):
             _, rows = _stratified(y_train, n / len(y_train), seed + k)
-            accs.append(linear_probe(x_train[rows], y_train[rows], x_valid, y_valid, n_classes, l2_grid, seed=seed,
-                                     groups=None if groups is None else groups[rows])["accuracy"])
+            accs.append(
+                linear_probe(
+                    x_train[rows],
+                    y_train[rows],
+                    x_valid,
+                    y_valid,
+                    n_classes,
+                    l2_grid,
+                    seed=seed,
+                    groups=None if groups is None else groups[rows],
+                )["accuracy"]
+            )
         out.append({"n": n, "accuracy": float(np.mean(accs)), "accuracies": accs})
     return out
 
@@ -252,24 +298,38 @@ def label_curve(x_train: np.ndarray, y_train: np.ndarray, x_valid: np.ndarray, y
 # Probing a model object (pretraining) and a checkpoint (`xlnet probe`)
 
 
-def _labels(train_rows: Sequence[labelled.TextExample], valid_rows: Sequence[labelled.TextExample],
-            train_name: str, valid_name: str) -> list[str]:
+def _labels(
+    train_rows: Sequence[labelled.TextExample],
+    valid_rows: Sequence[labelled.TextExample],
+    train_name: str,
+    valid_name: str,
+) -> list[str]:
     if not train_rows:
         raise DataError(f"{train_name}: no examples to train the probe on")
     if not valid_rows:
         raise DataError(f"{valid_name}: no examples to score the probe on")
     label_list = labelled.build_label_list(train_rows)
     if len(label_list) < 2:
-        raise DataError(f"{train_name}: the probe needs at least 2 different labels, found {len(label_list)} "
-                        f"({', '.join(label_list)})")
+        raise DataError(
+            f"{train_name}: the probe needs at least 2 different labels, found {len(label_list)} "
+            f"({', '.join(label_list)})"
+        )
     labelled.check_labels(valid_rows, label_list, valid_name, train_name)
     return label_list
 
 
-def probe_checkpoint(model: torch.nn.Module, tokenizer: Any, train_rows: Sequence[labelled.TextExample],
-                     valid_rows: Sequence[labelled.TextExample], max_seq_length: int = 128, batch_size: int = 64,
-                     l2_grid: Sequence[float] = L2_GRID, seed: int = 0, label_list: Sequence[str] | None = None,
-                     train_sizes: Sequence[int] = ()) -> dict[str, Any]:
+def probe_checkpoint(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    train_rows: Sequence[labelled.TextExample],
+    valid_rows: Sequence[labelled.TextExample],
+    max_seq_length: int = 128,
+    batch_size: int = 64,
+    l2_grid: Sequence[float] = L2_GRID,
+    seed: int = 0,
+    label_list: Sequence[str] | None = None,
+    train_sizes: Sequence[int] = (),
+) -> dict[str, Any]:
     """Linear probes (``mean`` and ``cls`` features) of ``model`` on labelled rows.
 
     Returns {"accuracy": {"mean": a, "cls": a}, "features": {kind: linear_probe result}, "labels", "train_examples",
@@ -283,12 +343,15 @@ def probe_checkpoint(model: torch.nn.Module, tokenizer: Any, train_rows: Sequenc
     y_tr, y_va = tr.arrays["labels"], va.arrays["labels"]
     f_tr, f_va = extract_features(model, tr, batch_size), extract_features(model, va, batch_size)
     groups = word_bag_groups(train_rows)
-    feats = {k: linear_probe(f_tr[k], y_tr, f_va[k], y_va, len(label_list), l2_grid, seed=seed, groups=groups)
-             for k in FEATURES}
+    feats = {
+        k: linear_probe(f_tr[k], y_tr, f_va[k], y_va, len(label_list), l2_grid, seed=seed, groups=groups)
+        for k in FEATURES
+    }
     if train_sizes:
         for k in FEATURES:
-            feats[k]["curve"] = label_curve(f_tr[k], y_tr, f_va[k], y_va, len(label_list), train_sizes, l2_grid,
-                                            seed=seed, groups=groups)
+            feats[k]["curve"] = label_curve(
+                f_tr[k], y_tr, f_va[k], y_va, len(label_list), train_sizes, l2_grid, seed=seed, groups=groups
+            )
     commonest = int(np.bincount(y_tr, minlength=len(label_list)).argmax())
     return {
         "accuracy": {k: v["accuracy"] for k, v in feats.items()},
@@ -310,10 +373,20 @@ def random_init_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return fresh.to(device).eval()
 
 
-def probe(checkpoint: str | Path, train: str | Path, valid: str | Path, baseline: str | None = None,
-          output: str | Path | None = None, columns: labelled.Columns | None = None, header: bool = True,
-          max_seq_length: int | None = None, batch_size: int = 64, seed: int = 0,
-          device: str | None = "auto", train_sizes: Sequence[int] = ()) -> dict[str, Any]:
+def probe(
+    checkpoint: str | Path,
+    train: str | Path,
+    valid: str | Path,
+    baseline: str | None = None,
+    output: str | Path | None = None,
+    columns: labelled.Columns | None = None,
+    header: bool = True,
+    max_seq_length: int | None = None,
+    batch_size: int = 64,
+    seed: int = 0,
+    device: str | None = "auto",
+    train_sizes: Sequence[int] = (),
+) -> dict[str, Any]:
     """Probe a checkpoint (run folder, step folder or HF directory) with ``train``/``valid`` labelled files; with
     ``output``, also write the result as JSON (``format_table`` renders it for a terminal). ``baseline="random"``
     adds the same architecture from random init. ``max_seq_length`` defaults to the checkpoint's
@@ -323,8 +396,10 @@ def probe(checkpoint: str | Path, train: str | Path, valid: str | Path, baseline
     if batch_size < 1:
         raise XLNetError(f"--batch-size must be >= 1, got {batch_size}")
     if any(n < 4 for n in train_sizes):
-        raise XLNetError(f"--train-sizes must each be >= 4 (some to fit, some to choose L2 on), got "
-                         f"{','.join(map(str, train_sizes))}")
+        raise XLNetError(
+            f"--train-sizes must each be >= 4 (some to fit, some to choose L2 on), got "
+            f"{','.join(map(str, train_sizes))}"
+        )
     train_rows = read_rows(train, columns, header)
     valid_rows = read_rows(valid, columns, header)
     label_list = _labels(train_rows, valid_rows, str(train), str(valid))
@@ -334,16 +409,30 @@ def probe(checkpoint: str | Path, train: str | Path, valid: str | Path, baseline
     if tok is None:
         raise XLNetError(f"{xl.path} has no tokenizer (expected tokenizer/spiece.model or spiece.model)")
     if tok.vocab_size > xl.config.model.vocab_size:
-        raise XLNetError(f"{xl.path}: the tokenizer has {tok.vocab_size} pieces but the model only "
-                         f"{xl.config.model.vocab_size} embeddings")
+        raise XLNetError(
+            f"{xl.path}: the tokenizer has {tok.vocab_size} pieces but the model only "
+            f"{xl.config.model.vocab_size} embeddings"
+        )
     max_len = max_seq_length or xl.config.finetune.max_seq_length
     if max_len < 4:
         raise XLNetError(f"--max-seq-length must be >= 4, got {max_len}")
     models = {"pretrained": xl.model}
     if baseline == "random":
         models["random"] = random_init_like(xl.model, xl.config.train.seed)
-    results = {name: probe_checkpoint(m, tok, train_rows, valid_rows, max_len, batch_size, seed=seed,
-                                      label_list=label_list, train_sizes=train_sizes) for name, m in models.items()}
+    results = {
+        name: probe_checkpoint(
+            m,
+            tok,
+            train_rows,
+            valid_rows,
+            max_len,
+            batch_size,
+            seed=seed,
+            label_list=label_list,
+            train_sizes=train_sizes,
+        )
+        for name, m in models.items()
+    }
     first = results["pretrained"]
     res: dict[str, Any] = {
         "kind": "probe",
@@ -371,9 +460,11 @@ def format_table(res: dict[str, Any]) -> str:
     """The result of ``probe`` as a few plain lines: one per feature kind, one column per model."""
     names = list(res["results"])
     step = f" (step {res['step']})" if res.get("step") is not None else ""
-    lines = [f"linear probe of {res['checkpoint']}{step}: {res['train_examples']} training / "
-             f"{res['valid_examples']} validation examples, {len(res['labels'])} labels, majority-class accuracy "
-             f"{res['majority']:.3f}"]
+    lines = [
+        f"linear probe of {res['checkpoint']}{step}: {res['train_examples']} training / "
+        f"{res['valid_examples']} validation examples, {len(res['labels'])} labels, majority-class accuracy "
+        f"{res['majority']:.3f}"
+    ]
     if res["truncated"]:
         lines.append(f"  {res['truncated']} examples truncated to {res['max_seq_length']} tokens")
     lines.append("features  " + "".join(f"{n:>12}" for n in names) + "   (L2 chosen on held-out training rows)")

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import save_file
 
 from xlnetcli.checkpoint.folders import save_model_dir
-from xlnetcli.checkpoint.load import load_model_dir, load_state, resolve_checkpoint
 from xlnetcli.checkpoint.hf_dir import FINETUNE_FILE, PRETRAINING_FILE, PRETRAINING_KEYS, load_hf_dir, model_for_hf
+from xlnetcli.checkpoint.load import load_model_dir, load_state, resolve_checkpoint
 from xlnetcli.config import Config
 from xlnetcli.core.errors import CheckpointError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_not_input, output_lock
@@ -22,15 +22,25 @@ from xlnetcli.model import XLNetLMHeadModel
 from xlnetcli.model.heads import FinetuneModel
 
 
-def _model_for_import(cfg: Config, state: dict[str, torch.Tensor], hf_meta: dict[str, Any], p: Path
-                      ) -> tuple[torch.nn.Module, dict[str, Any]]:
+def _model_for_import(
+    cfg: Config, state: dict[str, torch.Tensor], hf_meta: dict[str, Any], p: Path
+) -> tuple[torch.nn.Module, dict[str, Any]]:
     src = str(p.resolve())
     if hf_meta.get("kind") == "finetune":
         task, labels = hf_meta["task"], hf_meta.get("labels")
         model: torch.nn.Module = FinetuneModel(cfg.model, cfg.finetune, task, len(labels or []) or 1)
-        meta = {"kind": "finetune", "task": task, "labels": labels, "step": hf_meta.get("step", 0), "source": src,
-                **{k: hf_meta[k] for k in ("hf_class", "metric", "value", "null_odds_threshold", "squad_v2")
-                   if k in hf_meta}}
+        meta = {
+            "kind": "finetune",
+            "task": task,
+            "labels": labels,
+            "step": hf_meta.get("step", 0),
+            "source": src,
+            **{
+                k: hf_meta[k]
+                for k in ("hf_class", "metric", "value", "null_odds_threshold", "squad_v2")
+                if k in hf_meta
+            },
+        }
     else:
         model = XLNetLMHeadModel(cfg.model)
         meta = {"kind": "import", "step": 0, "source": src}
@@ -38,7 +48,6 @@ def _model_for_import(cfg: Config, state: dict[str, torch.Tensor], hf_meta: dict
             meta["dropped_head"] = hf_meta["dropped_head"]
     load_state(model, state, where=f"HF model {p}")
     return model, meta
-
 
 
 def export_hf(ckpt: str | Path, out: str | Path, overwrite: bool = False, backbone_only: bool = False) -> Path:
@@ -51,7 +60,7 @@ def export_hf(ckpt: str | Path, out: str | Path, overwrite: bool = False, backbo
     tok_src = src / "tokenizer" if (src / "tokenizer" / "spiece.model").is_file() else src / "spiece.model"
     pretraining = {
         "comment": "How this model was pretrained with xlnet (transformers ignores this file; `xlnet import` "
-                   "restores it). config.json holds inference settings: no memory, no bi_data.",
+        "restores it). config.json holds inference settings: no memory, no bi_data.",
         "model": {k: getattr(cfg.model, k) for k in PRETRAINING_KEYS},
         "data": {"seq_len": cfg.data.seq_len, "num_predict": cfg.data.num_predict, "perm_size": cfg.data.perm_size},
     }

@@ -3,11 +3,34 @@ feed-forward block and the LM head run) and ``parallel.py`` (activation checkpoi
 FSDP2)."""
 
 from xlnetcli.model.parallel import apply_activation_checkpointing, compile_layers, parallelize, transformer_layers
-from xlnetcli.model.xlnet import (SIZES, FeedForward, LMOutput, RelativeAttention, XLNetLayer, XLNetLMHeadModel, XLNetModel,
-                    XLNetOutput, build_model, named_config, num_params)
+from xlnetcli.model.xlnet import (
+    SIZES,
+    FeedForward,
+    LMOutput,
+    RelativeAttention,
+    XLNetLayer,
+    XLNetLMHeadModel,
+    XLNetModel,
+    XLNetOutput,
+    build_model,
+    named_config,
+    num_params,
+)
 
 __all__ = [
-    "SIZES", "FeedForward", "LMOutput", "RelativeAttention", "XLNetLayer", "XLNetLMHeadModel", "XLNetModel",
-    "XLNetOutput", "apply_activation_checkpointing", "build_model", "compile_layers", "named_config", "num_params",
-    "parallelize", "transformer_layers",
+    "SIZES",
+    "FeedForward",
+    "LMOutput",
+    "RelativeAttention",
+    "XLNetLMHeadModel",
+    "XLNetLayer",
+    "XLNetModel",
+    "XLNetOutput",
+    "apply_activation_checkpointing",
+    "build_model",
+    "compile_layers",
+    "named_config",
+    "num_params",
+    "parallelize",
+    "transformer_layers",
 ]

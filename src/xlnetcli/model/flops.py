@@ -55,8 +55,9 @@ def peak_tflops(device_name: str) -> float | None:
     return PEAK_BF16_TFLOPS[max(hits, key=len)] if hits else None
 
 
-def forward_flops(m: ModelConfig, batch: int, seq_len: int, mem_len: int, num_predict: int,
-                  last_layer_query_only: bool = True) -> float:
+def forward_flops(
+    m: ModelConfig, batch: int, seq_len: int, mem_len: int, num_predict: int, last_layer_query_only: bool = True
+) -> float:
     """Forward model FLOPs of one micro-batch (see the module docstring)."""
     d, hd, L, M, P = m.d_model, m.n_head * m.d_head, seq_len, mem_len, num_predict
     query_rows = 0 if m.objective == "mlm" else P  # mlm: no query stream
@@ -65,8 +66,14 @@ def forward_flops(m: ModelConfig, batch: int, seq_len: int, mem_len: int, num_pr
     G = 2 if m.bi_data else 1
 
     def layer(N: int) -> float:
-        return (2 * N * d * hd + 4 * K * d * hd + 2 * G * R * d * hd / batch + 3 * 2 * N * K * hd
-                + 2 * N * hd * d + 4 * N * d * m.d_inner)
+        return (
+            2 * N * d * hd
+            + 4 * K * d * hd
+            + 2 * G * R * d * hd / batch
+            + 3 * 2 * N * K * hd
+            + 2 * N * hd * d
+            + 4 * N * d * m.d_inner
+        )
 
     per_example = (m.n_layer - 1) * layer(L + query_rows) + layer(last_rows)
     per_example += 2 * P * d * m.vocab_size

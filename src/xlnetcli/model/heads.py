@@ -103,9 +103,15 @@ class SquadHead(nn.Module):
         x = torch.tanh(self.end_dense(torch.cat([h, hs], dim=-1)))
         return self.end_out(self.end_ln(x)).squeeze(-1)
 
-    def forward(self, hidden: torch.Tensor, p_mask: torch.Tensor, cls_index: torch.Tensor,
-                start_positions: torch.Tensor | None = None, end_positions: torch.Tensor | None = None,
-                is_impossible: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        p_mask: torch.Tensor,
+        cls_index: torch.Tensor,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+        is_impossible: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
         hidden = hidden.float()
         p_mask = p_mask.float()
         start = self.start(hidden).squeeze(-1)
@@ -134,8 +140,9 @@ class SquadHead(nn.Module):
             end = self.end_logits(hidden, h_start)  # [B, k, L]
             end = end * (1 - p_mask.unsqueeze(1)) + NEG * p_mask.unsqueeze(1)
             end_lp, end_idx = torch.log_softmax(end, dim=-1).topk(k, dim=-1)  # [B, k, k]
-            out.update(start_top_log_probs=top_lp, start_top_index=top_idx,
-                       end_top_log_probs=end_lp, end_top_index=end_idx)
+            out.update(
+                start_top_log_probs=top_lp, start_top_index=top_idx, end_top_log_probs=end_lp, end_top_index=end_idx
+            )
         return out
 
 
@@ -153,10 +160,12 @@ class FinetuneModel(nn.Module):
             n_out = n_labels if task == "classification" else 1
             self.head = ClassificationHead(d, n_out, ft.summary_type, ft.summary_use_proj, ft.dropout)
 
-    def encode(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-               attention_mask: torch.Tensor) -> torch.Tensor:
-        out = self.transformer(input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
-                               mems=None, return_mems=False)
+    def encode(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
+        out = self.transformer(
+            input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, mems=None, return_mems=False
+        )
         return out.hidden
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -174,10 +183,14 @@ class FinetuneModel(nn.Module):
         hidden = self.encode(ids, seg, mask)
         if self.task == "squad":
             training = "start_positions" in batch
-            return self.head(hidden, batch["p_mask"], batch["cls_index"],
-                             batch.get("start_positions") if training else None,
-                             batch.get("end_positions") if training else None,
-                             batch.get("is_impossible") if training else None)
+            return self.head(
+                hidden,
+                batch["p_mask"],
+                batch["cls_index"],
+                batch.get("start_positions") if training else None,
+                batch.get("end_positions") if training else None,
+                batch.get("is_impossible") if training else None,
+            )
         logits = self.head(hidden, mask).float()
         out = {"logits": logits}
         if labels is not None:
@@ -188,12 +201,20 @@ class FinetuneModel(nn.Module):
         return out
 
 
-def carry_head(model: FinetuneModel, state: dict[str, torch.Tensor], init_ft: FinetuneConfig, init_meta: dict,
-               task: str, labels: list[str] | None, ft: FinetuneConfig, where: Any) -> str | None:
+def carry_head(
+    model: FinetuneModel,
+    state: dict[str, torch.Tensor],
+    init_ft: FinetuneConfig,
+    init_meta: dict,
+    task: str,
+    labels: list[str] | None,
+    ft: FinetuneConfig,
+    where: Any,
+) -> str | None:
     """Load the task head of a finetuned ``--init`` checkpoint (ours or an HF export) into ``model.head`` when it
     fits this run: same task, same labels (rows reordered when only the order differs), same head settings.
     Returns a line for the log (None when ``--init`` has no head: a pretrained model)."""
-    head = {k[len("head."):]: v for k, v in state.items() if k.startswith("head.")}
+    head = {k[len("head.") :]: v for k, v in state.items() if k.startswith("head.")}
     if init_meta.get("dropped_head"):  # an HF directory whose head has no xlnet equivalent
         return f"new {task} head (random init): the head of {where} does not carry over ({init_meta['dropped_head']})"
     if init_meta.get("kind") != "finetune" or not head:
@@ -207,13 +228,17 @@ def carry_head(model: FinetuneModel, state: dict[str, torch.Tensor], init_ft: Fi
             order = torch.tensor([init_labels.index(lab) for lab in labels])  # the same classes in our order
             head["out.weight"], head["out.bias"] = head["out.weight"][order], head["out.bias"][order]
         else:
-            why = (f"its labels ({', '.join(map(str, init_labels or []))}) differ from the training file's "
-                   f"({', '.join(labels or [])})")
+            why = (
+                f"its labels ({', '.join(map(str, init_labels or []))}) differ from the training file's "
+                f"({', '.join(labels or [])})"
+            )
     if why is None and task != "squad":
         for key in ("summary_type", "summary_use_proj"):
             if getattr(init_ft, key) != getattr(ft, key):
-                why = (f"it uses finetune.{key}={getattr(init_ft, key)!r}, this run {getattr(ft, key)!r} "
-                       f"(--set finetune.{key}={getattr(init_ft, key)} keeps it)")
+                why = (
+                    f"it uses finetune.{key}={getattr(init_ft, key)!r}, this run {getattr(ft, key)!r} "
+                    f"(--set finetune.{key}={getattr(init_ft, key)} keeps it)"
+                )
                 break
     own = model.head.state_dict()
     if why is None and (own.keys() != head.keys() or any(own[k].shape != v.shape for k, v in head.items())):

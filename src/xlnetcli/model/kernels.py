@@ -89,16 +89,18 @@ class AttnLayout:
     mask: torch.Tensor | None
     mask_bias: torch.Tensor | None = None
 
-    def query_rows(self) -> "AttnLayout":
+    def query_rows(self) -> AttnLayout:
         """The layout of the P query-stream rows alone (the last layer of pretraining computes only those)."""
         L = self.L
         cut = lambda t: None if t is None else t[:, :, L:]  # noqa: E731
-        return AttnLayout(L, self.rows[:, L:], cut(self.rel_index), cut(self.seg_same), cut(self.mask),
-                          cut(self.mask_bias))
+        return AttnLayout(
+            L, self.rows[:, L:], cut(self.rel_index), cut(self.seg_same), cut(self.mask), cut(self.mask_bias)
+        )
 
 
-def relative_attention(q, k, v, kr, biases, seg_embed, layout: AttnLayout, dropatt: float, training: bool,
-                       impl: str) -> torch.Tensor:
+def relative_attention(
+    q, k, v, kr, biases, seg_embed, layout: AttnLayout, dropatt: float, training: bool, impl: str
+) -> torch.Tensor:
     """The attention core. q [B,H,N,D] (no biases), k/v [B,H,K,D], kr [G,H,R,D] projected positions, biases
     (r_w, r_r, r_s) [H,D], seg_embed [2,H,D]. Returns the attention vectors [B,H,N,D]."""
     r_w, r_r, r_s = biases
@@ -107,8 +109,9 @@ def relative_attention(q, k, v, kr, biases, seg_embed, layout: AttnLayout, dropa
         keep, ks = None, 1.0
         if training and dropatt > 0:
             keep, ks = keep_mask((*q.shape[:3], k.shape[2]), dropatt, q.device)
-        return _RelAttnCore.apply(q, k, v, kr, r_w, r_r, r_s, seg, layout.rel_index, layout.seg_same, layout.mask,
-                                  keep, ks)
+        return _RelAttnCore.apply(
+            q, k, v, kr, r_w, r_r, r_s, seg, layout.rel_index, layout.seg_same, layout.mask, keep, ks
+        )
     if impl == "flex":
         return _flex_attention(q, k, v, kr, r_w, r_r, r_s, seg, layout, dropatt if training else 0.0)
     bias = _position_segment_bias(q, kr, r_r, r_s, seg, layout)
@@ -118,8 +121,9 @@ def relative_attention(q, k, v, kr, biases, seg_embed, layout: AttnLayout, dropa
     qw = q + r_w[:, None]
     if impl == "sdpa":
         ct = _compute_dtype(q)
-        return F.scaled_dot_product_attention(qw.to(ct), k.to(ct), v.to(ct), attn_mask=bias.to(ct),
-                                              dropout_p=dropatt if training else 0.0, scale=scale)
+        return F.scaled_dot_product_attention(
+            qw.to(ct), k.to(ct), v.to(ct), attn_mask=bias.to(ct), dropout_p=dropatt if training else 0.0, scale=scale
+        )
     if impl == "einsum":
         prob = torch.softmax(torch.matmul(qw, k.transpose(-1, -2)) * scale + bias, dim=-1)
         return torch.matmul(F.dropout(prob, dropatt, training), v)
@@ -263,8 +267,9 @@ def feed_forward(x, layer_1, layer_2, act_name: str, p: float, training: bool, f
         if training and p > 0:
             keep, ks = keep_mask((*x.shape[:-1], layer_1.out_features), p, x.device)
             keep = keep.view(-1, keep.shape[-1])
-        y = _FeedForwardCore.apply(x.reshape(-1, x.shape[-1]), layer_1.weight, layer_1.bias, layer_2.weight,
-                                   layer_2.bias, act_name, keep, ks)
+        y = _FeedForwardCore.apply(
+            x.reshape(-1, x.shape[-1]), layer_1.weight, layer_1.bias, layer_2.weight, layer_2.bias, act_name, keep, ks
+        )
         return fused_dropout(y.view(x.shape), p, training)
     y = F.dropout(activation(act_name)(layer_1(x)), p, training)
     return F.dropout(layer_2(y), p, training)
@@ -414,13 +419,18 @@ class _RelAttnCore(torch.autograd.Function):
             # (the zeros are allocated [G,H,B/G,N,R] so that the bmm below reads them without a copy; the scatter
             # writes through the [G,B/G,H,N,R] view, whose result is used, not the base: torch.compile needs that)
             idx = _split_halves(rel_index, B, G)
-            dbd = ds.new_zeros(G, H, B // G, N, R).transpose(1, 2).scatter_(4, idx.expand(G, B // G, H, N, K),
-                                                                             ds.reshape(G, B // G, H, N, K))
+            dbd = (
+                ds.new_zeros(G, H, B // G, N, R)
+                .transpose(1, 2)
+                .scatter_(4, idx.expand(G, B // G, H, N, K), ds.reshape(G, B // G, H, N, K))
+            )
             dbd = dbd.transpose(1, 2).reshape(G * H, (B // G) * N, R)
             qr = (q + r_r[:, None]).reshape(G, B // G, H, N, D).transpose(1, 2).reshape(G * H, (B // G) * N, D)
             dkr = torch.bmm(dbd.transpose(1, 2), qr).reshape(G, H, R, D)
             del qr
-            dqr = torch.bmm(dbd, kr.reshape(G * H, R, D)).reshape(G, H, B // G, N, D).transpose(1, 2).reshape(B, H, N, D)
+            dqr = (
+                torch.bmm(dbd, kr.reshape(G * H, R, D)).reshape(G, H, B // G, N, D).transpose(1, 2).reshape(B, H, N, D)
+            )
             del dbd
             dq = dqw + dqr
             dr_w, dr_r = dqw.sum((0, 2)), dqr.sum((0, 2))
@@ -451,8 +461,12 @@ class _LMHeadLoss(torch.autograd.Function):
     def forward(ctx, x, weight, bias, labels, w):
         logits = F.linear(x, weight, bias)
         ft = torch.promote_types(logits.dtype, torch.float32)  # fp32 (or fp64) softmax
-        lse = torch.cat([torch.logsumexp(logits[r:r + _LMHeadLoss.ROWS].to(ft), -1)
-                         for r in range(0, logits.shape[0], _LMHeadLoss.ROWS)])
+        lse = torch.cat(
+            [
+                torch.logsumexp(logits[r : r + _LMHeadLoss.ROWS].to(ft), -1)
+                for r in range(0, logits.shape[0], _LMHeadLoss.ROWS)
+            ]
+        )
         valid = labels != -100
         lab = labels.clamp_min(0)
         w = w.to(ft) * valid
@@ -492,5 +506,3 @@ class _LMHeadLoss(torch.autograd.Function):
                     dw[c0:c1] = g.t() @ xl
                     dx += g @ wl[c0:c1]
         return dx.to(x.dtype), dw.to(weight.dtype), db.to(bias.dtype), None, None
-
-

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
@@ -51,8 +50,13 @@ def compile_layers(model: nn.Module, **kwargs) -> None:
         layer.compile(**kwargs)
 
 
-def parallelize(model: nn.Module, env: dist.DistEnv, activation_checkpointing: bool = False, compile: bool = False,
-                strategy: str = "ddp") -> nn.Module:
+def parallelize(
+    model: nn.Module,
+    env: dist.DistEnv,
+    activation_checkpointing: bool = False,
+    compile: bool = False,
+    strategy: str = "ddp",
+) -> nn.Module:
     """Apply, in this order, activation checkpointing, per-layer compile and the distributed wrapper (a no-op in one
     process). Returns the module to train (DDP wraps; FSDP2 shards in place)."""
     if activation_checkpointing:

@@ -29,7 +29,15 @@ from torch import nn
 
 from xlnetcli.config import PRESETS, ModelConfig, load_config
 from xlnetcli.core.errors import XLNetError
-from xlnetcli.model.kernels import AttnLayout, additive_mask, dropout_fn, feed_forward, lm_head, relative_attention, resolve_impl
+from xlnetcli.model.kernels import (
+    AttnLayout,
+    additive_mask,
+    dropout_fn,
+    feed_forward,
+    lm_head,
+    relative_attention,
+    resolve_impl,
+)
 
 # The named sizes are the pretraining presets (presets/{tiny,base,large}.yaml; presets/finetune/ holds task presets).
 SIZES: tuple[str, ...] = tuple(name for name, file in PRESETS.items() if "/" not in file)
@@ -193,9 +201,14 @@ class XLNetModel(nn.Module):
         rows = self._stacked_rows(target_index, B, L, input_ids.device)
         impl = resolve_impl(cfg.attn_impl, input_ids.device)
         mask = self._two_stream_mask(attention_mask, perm_mask, rows, L, M)
-        layout = AttnLayout(L, rows, self._relative_positions(rows, L, M + L),
-                            self._relative_segments(token_type_ids, rows, M), mask,
-                            additive_mask(mask, impl, self.mask_emb.dtype))
+        layout = AttnLayout(
+            L,
+            rows,
+            self._relative_positions(rows, L, M + L),
+            self._relative_segments(token_type_ids, rows, M),
+            mask,
+            additive_mask(mask, impl, self.mask_emb.dtype),
+        )
         drop = dropout_fn(impl)
         h, g = self._two_streams(input_ids, P, drop)
         x = h if g is None else torch.cat([h, g], dim=1)
@@ -209,8 +222,16 @@ class XLNetModel(nn.Module):
             if return_mems:
                 new_mems.append(self._cache_mem(x[:, :L], mem))
             if query_only and i == cfg.n_layer - 1:  # query rows only; the content rows serve as keys/values
-                x = layer(x[:, L:], mem, pos_emb, layout.query_rows(), biases, cfg.attn_impl,
-                          None if valid_rows is None else valid_rows[:, L:], h=x[:, :L])
+                x = layer(
+                    x[:, L:],
+                    mem,
+                    pos_emb,
+                    layout.query_rows(),
+                    biases,
+                    cfg.attn_impl,
+                    None if valid_rows is None else valid_rows[:, L:],
+                    h=x[:, :L],
+                )
             else:
                 x = layer(x, mem, pos_emb, layout, biases, cfg.attn_impl, valid_rows)
         x = drop(x, cfg.dropout, self.training)
@@ -348,20 +369,43 @@ class XLNetLMHeadModel(nn.Module):
         if cfg.objective == "mlm":  # no query stream: its start vector is unused (DDP needs every trained one used)
             self.transformer.mask_emb.requires_grad_(False)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, perm_mask=None, target_index=None,
-                target_mapping=None, mems=None, return_mems=True, labels=None, label_mask=None,
-                bi_data=None, need_hidden: bool = True) -> LMOutput:
+    def forward(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        perm_mask=None,
+        target_index=None,
+        target_mapping=None,
+        mems=None,
+        return_mems=True,
+        labels=None,
+        label_mask=None,
+        bi_data=None,
+        need_hidden: bool = True,
+    ) -> LMOutput:
         """``need_hidden=False``: skip the content stream of the last layer (the PLM loss only needs the query
         stream); ``hidden`` is then None, everything else is unchanged. Pretraining should pass it (``mlm`` ignores
         it: its targets are read from the content stream). ``labels`` [B,P] (-100 = ignored) give ``loss``, the
         mean cross entropy, weighted by ``label_mask`` [B,P] when given."""
         if self.config.objective == "mlm" and (target_index is not None or target_mapping is not None):
-            out = self.transformer(input_ids, token_type_ids, attention_mask, perm_mask, None, None, mems,
-                                   return_mems, bi_data)
+            out = self.transformer(
+                input_ids, token_type_ids, attention_mask, perm_mask, None, None, mems, return_mems, bi_data
+            )
             x = _content_rows(out.hidden, target_index, target_mapping)
         else:
-            out = self.transformer(input_ids, token_type_ids, attention_mask, perm_mask, target_index,
-                                   target_mapping, mems, return_mems, bi_data, content_output=need_hidden)
+            out = self.transformer(
+                input_ids,
+                token_type_ids,
+                attention_mask,
+                perm_mask,
+                target_index,
+                target_mapping,
+                mems,
+                return_mems,
+                bi_data,
+                content_output=need_hidden,
+            )
             x = out.query if out.query is not None else out.hidden
         # the fused head + loss unless the plain kernels were named (it keeps no [n,V] softmax for backward)
         fused = self.config.attn_impl not in ("einsum", "sdpa")
@@ -369,8 +413,9 @@ class XLNetLMHeadModel(nn.Module):
         return LMOutput(logits=logits, loss=loss, mems=out.mems, hidden=out.hidden, query=out.query)
 
 
-def _content_rows(hidden: torch.Tensor, target_index: torch.Tensor | None,
-                  target_mapping: torch.Tensor | None) -> torch.Tensor:
+def _content_rows(
+    hidden: torch.Tensor, target_index: torch.Tensor | None, target_mapping: torch.Tensor | None
+) -> torch.Tensor:
     """[B,P,d] content-stream rows at the targets: gathered by index, or mapped (zero rows give zero vectors)."""
     if target_index is not None:
         if target_index.dim() != 2 or target_index.shape[0] != hidden.shape[0]:

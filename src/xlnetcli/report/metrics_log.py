@@ -49,16 +49,22 @@ class MetricsLogger:
         row = {"step": step, "split": split, "time": round(time.time(), 3), **metrics}
         self._f.write(json.dumps(row) + "\n")
         self._f.flush()
-        scalars = {f"{split}/{k}": float(v) for k, v in metrics.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        scalars = {
+            f"{split}/{k}": float(v)
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        }
         if not scalars:
             return
         for t in list(self._trackers):
             try:
                 t.log(step, scalars)
             except Exception as e:  # a tracker outage must not end a long run: report once, go on without it
-                console.print(f"warning: report_to {t.name}: {one_line(e)}; no longer logging to it "
-                              "(metrics.jsonl keeps every row)", markup=False)
+                console.print(
+                    f"warning: report_to {t.name}: {one_line(e)}; no longer logging to it "
+                    "(metrics.jsonl keeps every row)",
+                    markup=False,
+                )
                 self._trackers.remove(t)
 
     def _close_trackers(self, ok: bool) -> None:

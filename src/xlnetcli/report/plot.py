@@ -70,27 +70,48 @@ def plot_label_curve(probe_json: str | Path, out: str | Path | None = None) -> P
     try:
         res = json.loads(probe_json.read_text(encoding="utf-8"))
         results = res["results"]
-        curves = {(name, f"{kind} features"): [(pt["n"], pt["accuracy"]) for pt in r["curve"]]
-                  + [(res["train_examples"], r["accuracy"])]
-                  for name, feats in results.items() for kind, r in feats.items()}
+        curves = {
+            (name, f"{kind} features"): [(pt["n"], pt["accuracy"]) for pt in r["curve"]]
+            + [(res["train_examples"], r["accuracy"])]
+            for name, feats in results.items()
+            for kind, r in feats.items()
+        }
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DataError(f"{probe_json}: not a probe result with a label-efficiency curve (xlnet probe "
-                        f"--train-sizes N,N --output FILE): {e}") from None
-    return plot_curves(curves, Path(out) if out else probe_json.with_suffix(".png"),
-                       "validation accuracy (linear probe)", f"label efficiency: {Path(res['valid']).name}",
-                       majority=res["majority"])
+        raise DataError(
+            f"{probe_json}: not a probe result with a label-efficiency curve (xlnet probe "
+            f"--train-sizes N,N --output FILE): {e}"
+        ) from None
+    return plot_curves(
+        curves,
+        Path(out) if out else probe_json.with_suffix(".png"),
+        "validation accuracy (linear probe)",
+        f"label efficiency: {Path(res['valid']).name}",
+        majority=res["majority"],
+    )
 
 
-def plot_curves(curves: dict[tuple[str, str], list[tuple[int, float]]], out: str | Path, ylabel: str, title: str,
-                majority: float | None = None) -> Path:
+def plot_curves(
+    curves: dict[tuple[str, str], list[tuple[int, float]]],
+    out: str | Path,
+    ylabel: str,
+    title: str,
+    majority: float | None = None,
+) -> Path:
     """Accuracy against labelled examples (log scale) as a PNG: one line per (model, what) key, a colour per
     ``what``, solid for "pretrained" and dashed otherwise; ``majority`` adds the majority-class line."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
     kinds = list(dict.fromkeys(kind for _, kind in curves))
     for (name, kind), pts in curves.items():
-        ax.plot([n for n, _ in pts], [a for _, a in pts], marker="o", markersize=4, color=f"C{kinds.index(kind)}",
-                linestyle="-" if name == "pretrained" else "--", label=f"{name}, {kind}")
+        ax.plot(
+            [n for n, _ in pts],
+            [a for _, a in pts],
+            marker="o",
+            markersize=4,
+            color=f"C{kinds.index(kind)}",
+            linestyle="-" if name == "pretrained" else "--",
+            label=f"{name}, {kind}",
+        )
     if majority is not None:
         ax.axhline(majority, color="grey", linewidth=0.8, label="majority class")
     ax.set_xscale("log")

@@ -101,12 +101,19 @@ class _WandB:
             kwargs.update(id=previous["id"], resume="allow")
         try:
             self.run = wandb.init(
-                project=os.environ.get("WANDB_PROJECT") or "xlnet", name=run_dir.resolve().name,
-                config=_nested(config), dir=None if os.environ.get("WANDB_DIR") else str(run_dir),
-                reinit="create_new", settings=wandb.Settings(console="off"), **kwargs)
+                project=os.environ.get("WANDB_PROJECT") or "xlnet",
+                name=run_dir.resolve().name,
+                config=_nested(config),
+                dir=None if os.environ.get("WANDB_DIR") else str(run_dir),
+                reinit="create_new",
+                settings=wandb.Settings(console="off"),
+                **kwargs,
+            )
         except Exception as e:  # wandb.Error, network, no API key, ...
-            raise XLNetError(f"report_to wandb: could not start a run ({one_line(e)}); log in with `wandb login` "
-                             "or set WANDB_MODE=offline") from None
+            raise XLNetError(
+                f"report_to wandb: could not start a run ({one_line(e)}); log in with `wandb login` "
+                "or set WANDB_MODE=offline"
+            ) from None
         # our step, not wandb's call counter, is the x axis: a resumed run logs its steps again without being dropped
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
@@ -141,19 +148,22 @@ class _MLflow:
                 name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "xlnet"
                 exp = self.client.get_experiment_by_name(name)
                 exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name)
-                run = self.client.create_run(exp_id, run_name=run_dir.resolve().name,
-                                             tags={"xlnet.run_dir": str(run_dir.resolve())})
+                run = self.client.create_run(
+                    exp_id, run_name=run_dir.resolve().name, tags={"xlnet.run_dir": str(run_dir.resolve())}
+                )
                 self.run_id = run.info.run_id
             # parameters cannot change in MLflow: a resumed run adds only the ones it lacks
             have = self.client.get_run(self.run_id).data.params
             params = [Param(k, str(v)[:6000]) for k, v in _flat_params(config).items() if k not in have]
             for i in range(0, len(params), 100):  # the log_batch limit
-                self.client.log_batch(self.run_id, params=params[i:i + 100])
+                self.client.log_batch(self.run_id, params=params[i : i + 100])
         except XLNetError:
             raise
         except Exception as e:
-            raise XLNetError(f"report_to mlflow: could not start a run ({one_line(e)}); check MLFLOW_TRACKING_URI "
-                             f"(now {os.environ.get('MLFLOW_TRACKING_URI') or 'unset'})") from None
+            raise XLNetError(
+                f"report_to mlflow: could not start a run ({one_line(e)}); check MLFLOW_TRACKING_URI "
+                f"(now {os.environ.get('MLFLOW_TRACKING_URI') or 'unset'})"
+            ) from None
 
     def state(self) -> dict:
         from mlflow import get_tracking_uri

@@ -16,7 +16,20 @@ from xlnetcli.data.tokenizer.tokenizer import Tokenizer, options_hash
 from xlnetcli.data.tokenizer.train import CONTROL_SYMBOLS, USER_DEFINED_SYMBOLS, copy_tokenizer, train_tokenizer
 
 __all__ = [
-    "CONTROL_SYMBOLS", "USER_DEFINED_SYMBOLS", "ModelInfo", "Tokenizer", "combining_table", "copy_tokenizer",
-    "embed_options", "hf_tokenizer_config", "hf_tokenizer_json", "normalize_block", "normalize_lines", "normalize_text",
-    "options_hash", "read_model_info", "save_hf_files", "train_tokenizer",
+    "CONTROL_SYMBOLS",
+    "USER_DEFINED_SYMBOLS",
+    "ModelInfo",
+    "Tokenizer",
+    "combining_table",
+    "copy_tokenizer",
+    "embed_options",
+    "hf_tokenizer_config",
+    "hf_tokenizer_json",
+    "normalize_block",
+    "normalize_lines",
+    "normalize_text",
+    "options_hash",
+    "read_model_info",
+    "save_hf_files",
+    "train_tokenizer",
 ]

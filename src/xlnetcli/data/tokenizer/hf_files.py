@@ -18,8 +18,17 @@ from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import atomic_write_json, atomic_write_text
 from xlnetcli.data.special import BOS_ID, CLS_ID, EOD_ID, EOS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_PIECES, UNK_ID
 from xlnetcli.data.tokenizer.normalize import combining_table
-from xlnetcli.data.tokenizer.spm_model import (BYTE, CONTROL, NORMAL, SPIECE_UNDERLINE, UNKNOWN, UNUSED, USER_DEFINED,
-                                                ModelInfo, read_model_info)
+from xlnetcli.data.tokenizer.spm_model import (
+    BYTE,
+    CONTROL,
+    NORMAL,
+    SPIECE_UNDERLINE,
+    UNKNOWN,
+    UNUSED,
+    USER_DEFINED,
+    ModelInfo,
+    read_model_info,
+)
 
 if TYPE_CHECKING:  # tokenizer.py imports this module to save these files
     from xlnetcli.data.tokenizer.tokenizer import Tokenizer
@@ -51,8 +60,14 @@ def _char_class(codepoints: Iterable[int]) -> str:
 # before it, possibly across case-ignorable characters, and none after); the tokenizers library lowercases character
 # by character, so the rule is applied first (up to 3 case-ignorable characters between the letter and the sigma).
 _CASED = r"[\p{Cased}&&[^\p{Case_Ignorable}]]"
-_FINAL_SIGMA = ("(?<=" + "|".join(_CASED + r"\p{Case_Ignorable}" * k for k in range(4)) + ")\u03a3"
-                + r"(?!\p{Case_Ignorable}*" + _CASED + ")")
+_FINAL_SIGMA = (
+    "(?<="
+    + "|".join(_CASED + r"\p{Case_Ignorable}" * k for k in range(4))
+    + ")\u03a3"
+    + r"(?!\p{Case_Ignorable}*"
+    + _CASED
+    + ")"
+)
 
 
 def _replace(pattern: str, content: str, regex: bool = True) -> dict[str, Any]:
@@ -77,28 +92,50 @@ def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
     out in text (``<sep>``, ``<cls>``, ...) becomes that symbol, as in every transformers tokenizer.
     """
     info = read_model_info(tok.model_bytes)
-    if (info.byte_fallback or info.treat_whitespace_as_suffix or not info.escape_whitespaces
-            or any(t in (UNUSED, BYTE) for _, _, t in info.pieces)):
+    if (
+        info.byte_fallback
+        or info.treat_whitespace_as_suffix
+        or not info.escape_whitespaces
+        or any(t in (UNUSED, BYTE) for _, _, t in info.pieces)
+    ):
         raise DataError(f"{tok.where}: this SentencePiece model uses settings the tokenizers library cannot express")
     normal = [s for _, s, t in info.pieces if t == NORMAL]
     # unigram_model.cc: a user-defined piece scores (length in bytes) * max(FLT_MIN, highest piece score) - 0.1
     top = max(max(normal, default=0.0), FLT_MIN)
     vocab = [[p, len(p.encode("utf-8")) * top - 0.1 if t == USER_DEFINED else s] for p, s, t in info.pieces]
-    space = {"type": "Metaspace", "replacement": SPIECE_UNDERLINE,
-             "prepend_scheme": "always" if info.add_dummy_prefix else "never", "split": info.split_by_whitespace}
+    space = {
+        "type": "Metaspace",
+        "replacement": SPIECE_UNDERLINE,
+        "prepend_scheme": "always" if info.add_dummy_prefix else "never",
+        "split": info.split_by_whitespace,
+    }
     pre: dict[str, Any] = space
     digits = sorted({ord(tok.id_to_piece(int(i))[-2]) for i in np.flatnonzero(tok.fix_mask)})
     if digits:
-        comma = {"type": "Split", "pattern": {"Regex": f"(?<={_char_class(digits)}),"}, "behavior": "Isolated",
-                 "invert": False}
+        comma = {
+            "type": "Split",
+            "pattern": {"Regex": f"(?<={_char_class(digits)}),"},
+            "behavior": "Isolated",
+            "invert": False,
+        }
         pre = {"type": "Sequence", "pretokenizers": [space, comma]}
     specials = [(i, p) for i, (p, _, t) in enumerate(info.pieces) if t in (UNKNOWN, CONTROL)]
     return {
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": [{"id": i, "content": p, "single_word": False, "lstrip": i == MASK_ID, "rstrip": False,
-                          "normalized": False, "special": True} for i, p in specials],
+        "added_tokens": [
+            {
+                "id": i,
+                "content": p,
+                "single_word": False,
+                "lstrip": i == MASK_ID,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+            for i, p in specials
+        ],
         "normalizer": {"type": "Sequence", "normalizers": _normalizers(tok, info)},
         "pre_tokenizer": pre,
         "post_processor": _post_processor(info),
@@ -109,8 +146,12 @@ def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
 
 def _normalizers(tok: Tokenizer, info: ModelInfo) -> list[dict[str, Any]]:
     """normalize_text's steps, then SentencePiece's own, as `tokenizers` normalizers."""
-    norm = [_replace(_char_class(_whitespace_chars()) + "+", " "), _replace(r"\A | \z", ""),
-            _replace("``", '"', regex=False), _replace("''", '"', regex=False)]
+    norm = [
+        _replace(_char_class(_whitespace_chars()) + "+", " "),
+        _replace(r"\A | \z", ""),
+        _replace("``", '"', regex=False),
+        _replace("''", '"', regex=False),
+    ]
     if not tok.keep_accents:
         norm += [{"type": "NFKD"}, _replace(_char_class(combining_table()), "")]
     if tok.uncased:
@@ -118,8 +159,10 @@ def _normalizers(tok: Tokenizer, info: ModelInfo) -> list[dict[str, Any]]:
     if info.charsmap:
         # SentencePiece's charsmap composes sequences (Hangul jamo, Indic vowel parts) that the tokenizers library's
         # Precompiled step, which maps short graphemes only, leaves apart: NFC composes them first
-        norm += [{"type": "NFC"},
-                 {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(info.charsmap).decode("ascii")}]
+        norm += [
+            {"type": "NFC"},
+            {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(info.charsmap).decode("ascii")},
+        ]
     if info.remove_extra_whitespaces:
         norm += [_replace(" {2,}", " "), _replace(r"\A +| +\z", "")]
     return norm
@@ -139,8 +182,9 @@ def _post_processor(info: ModelInfo) -> dict[str, Any]:
         "type": "TemplateProcessing",
         "single": [seq("A", 0), special(sep, 0), special(cls, 2)],
         "pair": [seq("A", 0), special(sep, 0), seq("B", 1), special(sep, 1), special(cls, 2)],
-        "special_tokens": {p: {"id": p, "ids": [i], "tokens": [p]}
-                           for p, i in sorted({cls: CLS_ID, sep: SEP_ID}.items())},
+        "special_tokens": {
+            p: {"id": p, "ids": [i], "tokens": [p]} for p, i in sorted({cls: CLS_ID, sep: SEP_ID}.items())
+        },
     }
 
 
@@ -152,8 +196,13 @@ def hf_tokenizer_config(tok: Tokenizer) -> dict[str, Any]:
         "tokenizer_class": HF_TOKENIZER_CLASS,
         "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
         "padding_side": "left",
-        "unk_token": name[UNK_ID], "bos_token": name[BOS_ID], "eos_token": name[EOS_ID], "cls_token": name[CLS_ID],
-        "sep_token": name[SEP_ID], "pad_token": name[PAD_ID], "mask_token": name[MASK_ID],
+        "unk_token": name[UNK_ID],
+        "bos_token": name[BOS_ID],
+        "eos_token": name[EOS_ID],
+        "cls_token": name[CLS_ID],
+        "sep_token": name[SEP_ID],
+        "pad_token": name[PAD_ID],
+        "mask_token": name[MASK_ID],
         "additional_special_tokens": [name[EOD_ID]],
         "clean_up_tokenization_spaces": False,
         "do_lower_case": tok.uncased,

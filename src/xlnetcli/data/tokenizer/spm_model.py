@@ -52,10 +52,10 @@ def _fields(buf: bytes) -> list[tuple[int, int, int, Any]]:
             value, i = _varint(buf, i)
         elif wire == 2:
             size, i = _varint(buf, i)
-            value, i = buf[i:i + size], i + size
+            value, i = buf[i : i + size], i + size
         elif wire in (1, 5):
             size = 8 if wire == 1 else 4
-            value, i = buf[i:i + size], i + size
+            value, i = buf[i : i + size], i + size
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
         if i > n:
@@ -98,15 +98,21 @@ def read_model_info(model_bytes: bytes, pieces: bool = True) -> ModelInfo:
             elif number == 2:
                 for n, _, _, v in _fields(value):
                     if n in (22, 24, 35):
-                        setattr(info, {22: "split_by_whitespace", 24: "treat_whitespace_as_suffix",
-                                       35: "byte_fallback"}[n], bool(v))
+                        setattr(
+                            info,
+                            {22: "split_by_whitespace", 24: "treat_whitespace_as_suffix", 35: "byte_fallback"}[n],
+                            bool(v),
+                        )
             elif number == 3:
                 for n, _, _, v in _fields(value):
                     if n == 2:
                         info.charsmap = bytes(v)
                     elif n in (3, 4, 5):
-                        setattr(info, {3: "add_dummy_prefix", 4: "remove_extra_whitespaces",
-                                       5: "escape_whitespaces"}[n], bool(v))
+                        setattr(
+                            info,
+                            {3: "add_dummy_prefix", 4: "remove_extra_whitespaces", 5: "escape_whitespaces"}[n],
+                            bool(v),
+                        )
                     elif n == OPTIONS_FIELD:
                         opts = json.loads(bytes(v).decode("utf-8"))
                         if not isinstance(opts, dict) or set(opts) != set(OPTION_KEYS):

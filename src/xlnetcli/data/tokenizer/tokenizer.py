@@ -53,8 +53,10 @@ def _load_processor(model_bytes: bytes, where: Path) -> spm.SentencePieceProcess
         raise DataError(f"{where}: vocabulary too small to be an XLNet tokenizer")
     got = tuple(sp.id_to_piece(i) for i in range(len(SPECIAL_PIECES)))
     if got != SPECIAL_PIECES:
-        raise DataError(f"{where}: ids 0-8 are {list(got)}, expected XLNet's {list(SPECIAL_PIECES)}; "
-                        "train it with `xlnet tokenize train`")
+        raise DataError(
+            f"{where}: ids 0-8 are {list(got)}, expected XLNet's {list(SPECIAL_PIECES)}; "
+            "train it with `xlnet tokenize train`"
+        )
     return sp
 
 
@@ -105,12 +107,15 @@ class Tokenizer:
         try:
             info = read_model_info(model_bytes, pieces=False)
         except ValueError:
-            raise DataError(f"{model_path} is not a valid SentencePiece model (corrupt or truncated); retrain or "
-                            "recopy it") from None
+            raise DataError(
+                f"{model_path} is not a valid SentencePiece model (corrupt or truncated); retrain or recopy it"
+            ) from None
         if meta is not None:
             if info.options is not None and any(info.options[k] != meta.get(k) for k in OPTION_KEYS):
-                raise DataError(f"{meta_path} disagrees with the normalisation options stored in {model_path}; "
-                                "recopy the whole tokenizer directory")
+                raise DataError(
+                    f"{meta_path} disagrees with the normalisation options stored in {model_path}; "
+                    "recopy the whole tokenizer directory"
+                )
         elif info.options is not None:
             meta = default_meta(sha, info.options)
         else:
@@ -139,8 +144,12 @@ class Tokenizer:
         return out
 
     def options(self) -> dict[str, Any]:
-        return {"uncased": self.uncased, "keep_accents": self.keep_accents, "digit_comma_fix": self.digit_comma_fix,
-                "normalizer": self.meta.get("normalizer", NORMALIZER)}
+        return {
+            "uncased": self.uncased,
+            "keep_accents": self.keep_accents,
+            "digit_comma_fix": self.digit_comma_fix,
+            "normalizer": self.meta.get("normalizer", NORMALIZER),
+        }
 
     def __getstate__(self) -> dict[str, Any]:
         return {"model_bytes": self.model_bytes, "meta": self.meta, "where": self.where}
@@ -149,8 +158,10 @@ class Tokenizer:
         self.__init__(state["model_bytes"], state["meta"], state["where"])  # type: ignore[misc]
 
     def __repr__(self) -> str:
-        return (f"Tokenizer(vocab_size={self.vocab_size}, uncased={self.uncased}, keep_accents={self.keep_accents}, "
-                f"sha256={self.sha256[:12]})")
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, uncased={self.uncased}, keep_accents={self.keep_accents}, "
+            f"sha256={self.sha256[:12]})"
+        )
 
     # -- encoding -----------------------------------------------------------------------------------------------------
 
@@ -218,8 +229,17 @@ class Tokenizer:
             # mismatch of that private signature falls back to the public int lists below for good.
             sp = self.sp
             try:
-                bufs = raw_batch(lines, num_threads, None, sp._enable_sampling, sp._nbest_size, sp._alpha,
-                                 sp._add_bos, sp._add_eos, sp._reverse)
+                bufs = raw_batch(
+                    lines,
+                    num_threads,
+                    None,
+                    sp._enable_sampling,
+                    sp._nbest_size,
+                    sp._alpha,
+                    sp._add_bos,
+                    sp._add_eos,
+                    sp._reverse,
+                )
                 views = list(map(memoryview, bufs))
                 if views and (views[0].format != "i" or views[0].itemsize != 4):
                     raise TypeError("unexpected buffer format")
@@ -274,16 +294,26 @@ class Tokenizer:
         mask = np.zeros(self.vocab_size, dtype=bool)
         for i in range(self.vocab_size):
             p = self.sp.id_to_piece(i)
-            mask[i] = (i < len(SPECIAL_PIECES) or self.sp.is_control(i) or self.sp.is_unknown(i)
-                       or p.startswith(SPIECE_UNDERLINE) or (len(p) == 1 and p in punct))
+            mask[i] = (
+                i < len(SPECIAL_PIECES)
+                or self.sp.is_control(i)
+                or self.sp.is_unknown(i)
+                or p.startswith(SPIECE_UNDERLINE)
+                or (len(p) == 1 and p in punct)
+            )
         return mask
 
 
 def default_meta(sha: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """xlnet_tokenizer.json's content for the model with sha256 ``sha`` and these normalisation options (the
     others at their defaults)."""
-    meta: dict[str, Any] = {"format_version": FORMAT_VERSION, "normalizer": NORMALIZER, "uncased": False,
-                            "keep_accents": False, "digit_comma_fix": True}
+    meta: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "normalizer": NORMALIZER,
+        "uncased": False,
+        "keep_accents": False,
+        "digit_comma_fix": True,
+    }
     meta.update({k: v for k, v in (options or {}).items() if k in OPTION_KEYS})
     meta["sha256"] = sha
     meta["options_sha256"] = options_hash(meta)
@@ -309,11 +339,15 @@ def _read_meta(meta_path: Path, model_path: Path, sha: str) -> dict[str, Any]:
     if meta.get("format_version") != FORMAT_VERSION:
         raise DataError(f"{meta_path}: unsupported format_version {meta.get('format_version')!r}")
     if meta.get("sha256") != sha:
-        raise DataError(f"{model_path} does not match {meta_path} (sha256 differs): the model was replaced "
-                        "or corrupted; recopy the whole tokenizer directory")
+        raise DataError(
+            f"{model_path} does not match {meta_path} (sha256 differs): the model was replaced "
+            "or corrupted; recopy the whole tokenizer directory"
+        )
     if meta.get("options_sha256") != options_hash(meta):
-        raise DataError(f"{meta_path}: normalisation options were edited by hand (options hash differs); "
-                        "retrain the tokenizer to change them")
+        raise DataError(
+            f"{meta_path}: normalisation options were edited by hand (options hash differs); "
+            "retrain the tokenizer to change them"
+        )
     return meta
 
 

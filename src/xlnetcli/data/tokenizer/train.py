@@ -28,8 +28,15 @@ USER_DEFINED_SYMBOLS = ("<eop>", ".", "(", ")", '"', "-", "\u2013", "\u00a3", "\
 MAX_SENTENCE_BYTES = 1 << 15  # lines longer than this are skipped by the SentencePiece trainer (default 4192)
 
 
-def train_tokenizer(cfg: Config, inputs: Iterable[str | os.PathLike[str]], out_dir: str | os.PathLike[str], *,
-                    overwrite: bool = False, quiet: bool = False, text_field: str = "text") -> Tokenizer:
+def train_tokenizer(
+    cfg: Config,
+    inputs: Iterable[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    quiet: bool = False,
+    text_field: str = "text",
+) -> Tokenizer:
     """Train a SentencePiece unigram model on normalised lines of ``inputs`` into ``out_dir`` (atomic), with the
     settings of ``cfg.tokenizer`` (vocab_size, character_coverage, input_sentence_size, uncased, keep_accents,
     threads); ``cfg`` is written next to the model as config.yaml. Inputs may be text, JSONL, Parquet or datasets
@@ -40,8 +47,9 @@ def train_tokenizer(cfg: Config, inputs: Iterable[str | os.PathLike[str]], out_d
     check_output_not_input(out_dir, files)
     tcfg = cfg.tokenizer
     if tcfg.vocab_size <= len(SPECIAL_PIECES) + len(USER_DEFINED_SYMBOLS):  # SentencePiece needs room to learn
-        raise ConfigError(f"tokenizer.vocab_size must be > {len(SPECIAL_PIECES) + len(USER_DEFINED_SYMBOLS)}, "
-                          f"got {tcfg.vocab_size}")
+        raise ConfigError(
+            f"tokenizer.vocab_size must be > {len(SPECIAL_PIECES) + len(USER_DEFINED_SYMBOLS)}, got {tcfg.vocab_size}"
+        )
     threads = tcfg.threads or (os.cpu_count() or 1)
     stats = ReadStats()
     with sigterm_as_interrupt(), atomic_output_dir(out_dir, overwrite, "a tokenizer") as tmp:
@@ -55,22 +63,33 @@ def train_tokenizer(cfg: Config, inputs: Iterable[str | os.PathLike[str]], out_d
             if n_lines == 0:
                 raise DataError(f"the corpus ({len(files)} file(s)) holds no text after normalisation")
             if not quiet:
-                console.print(f"training SentencePiece unigram: vocab {tcfg.vocab_size}, {n_lines} lines "
-                              f"({n_bytes / 1e6:.1f} MB), {threads} thread(s)")
+                console.print(
+                    f"training SentencePiece unigram: vocab {tcfg.vocab_size}, {n_lines} lines "
+                    f"({n_bytes / 1e6:.1f} MB), {threads} thread(s)"
+                )
             model_bytes = _train_unigram(norm_path, Path(tmp) / "spiece", tcfg, threads)
         finally:
             if os.path.exists(norm_path):
                 os.unlink(norm_path)
-        options = {"normalizer": NORMALIZER, "uncased": bool(tcfg.uncased), "keep_accents": bool(tcfg.keep_accents),
-                   "digit_comma_fix": True}
+        options = {
+            "normalizer": NORMALIZER,
+            "uncased": bool(tcfg.uncased),
+            "keep_accents": bool(tcfg.keep_accents),
+            "digit_comma_fix": True,
+        }
         model_bytes = embed_options(model_bytes, options)  # the model file carries its own normalisation
         meta = default_meta(hashlib.sha256(model_bytes).hexdigest(), options)
         meta["vocab_size"] = tcfg.vocab_size
         meta["train"] = {
-            "model_type": "unigram", "character_coverage": tcfg.character_coverage,
-            "input_sentence_size": tcfg.input_sentence_size, "lines": n_lines, "bytes": n_bytes,
-            "inputs": [str(p) for p in files], "invalid_utf8_bytes": stats.bad_bytes,
-            "control_symbols": list(CONTROL_SYMBOLS), "user_defined_symbols": list(USER_DEFINED_SYMBOLS),
+            "model_type": "unigram",
+            "character_coverage": tcfg.character_coverage,
+            "input_sentence_size": tcfg.input_sentence_size,
+            "lines": n_lines,
+            "bytes": n_bytes,
+            "inputs": [str(p) for p in files],
+            "invalid_utf8_bytes": stats.bad_bytes,
+            "control_symbols": list(CONTROL_SYMBOLS),
+            "user_defined_symbols": list(USER_DEFINED_SYMBOLS),
         }
         meta["options_sha256"] = options_hash(meta)
         tok = Tokenizer(model_bytes, meta, Path(out_dir) / SPIECE_FILE)
@@ -79,8 +98,9 @@ def train_tokenizer(cfg: Config, inputs: Iterable[str | os.PathLike[str]], out_d
     return Tokenizer.load(out_dir)
 
 
-def _write_normalized(files: list[Path], f: TextIO, tcfg: TokenizerConfig, stats: ReadStats, quiet: bool,
-                      text_field: str) -> tuple[int, int]:
+def _write_normalized(
+    files: list[Path], f: TextIO, tcfg: TokenizerConfig, stats: ReadStats, quiet: bool, text_field: str
+) -> tuple[int, int]:
     """Write the non-empty normalised lines of ``files`` to ``f`` in batches; (lines, bytes) written."""
     n_lines = n_bytes = 0
     batch: list[str] = []
@@ -110,21 +130,36 @@ def _train_unigram(norm_path: str, prefix: Path, tcfg: TokenizerConfig, threads:
     (the files it writes at ``prefix`` are removed). Its failures become one-line errors saying what to change."""
     try:
         spm.SentencePieceTrainer.train(
-            input=norm_path, model_prefix=str(prefix), model_type="unigram", vocab_size=tcfg.vocab_size,
-            character_coverage=tcfg.character_coverage, input_sentence_size=tcfg.input_sentence_size,
-            shuffle_input_sentence=True, control_symbols=list(CONTROL_SYMBOLS),
-            user_defined_symbols=list(USER_DEFINED_SYMBOLS), unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-            num_threads=threads, max_sentence_length=MAX_SENTENCE_BYTES, minloglevel=2,
+            input=norm_path,
+            model_prefix=str(prefix),
+            model_type="unigram",
+            vocab_size=tcfg.vocab_size,
+            character_coverage=tcfg.character_coverage,
+            input_sentence_size=tcfg.input_sentence_size,
+            shuffle_input_sentence=True,
+            control_symbols=list(CONTROL_SYMBOLS),
+            user_defined_symbols=list(USER_DEFINED_SYMBOLS),
+            unk_id=0,
+            bos_id=1,
+            eos_id=2,
+            pad_id=-1,
+            num_threads=threads,
+            max_sentence_length=MAX_SENTENCE_BYTES,
+            minloglevel=2,
         )
     except RuntimeError as e:
         msg = " ".join(str(e).split())
         if "Vocabulary size is too high" in msg or "vocab_size" in msg.lower():
-            raise ConfigError(f"tokenizer.vocab_size {tcfg.vocab_size} is too large for this corpus "
-                              f"({msg.split(':')[-1].strip()}); lower --vocab-size or add text") from None
+            raise ConfigError(
+                f"tokenizer.vocab_size {tcfg.vocab_size} is too large for this corpus "
+                f"({msg.split(':')[-1].strip()}); lower --vocab-size or add text"
+            ) from None
         if "sentences_.empty()" in msg:  # every line was skipped, most often for being too long
-            raise DataError(f"no usable line for SentencePiece: every line is empty after normalisation or "
-                            f"longer than {MAX_SENTENCE_BYTES} bytes, which SentencePiece skips; split the "
-                            "text into lines (sentences or paragraphs)") from None
+            raise DataError(
+                f"no usable line for SentencePiece: every line is empty after normalisation or "
+                f"longer than {MAX_SENTENCE_BYTES} bytes, which SentencePiece skips; split the "
+                "text into lines (sentences or paragraphs)"
+            ) from None
         raise DataError(f"SentencePiece training failed: {msg}") from None
     model_bytes = prefix.with_suffix(".model").read_bytes()
     os.unlink(prefix.with_suffix(".model"))
