@@ -15,12 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from clitools import assert_one_line_error, run_main
+from clitools import ROOT, SAMPLE, assert_one_line_error, run_main
 
 from xlnetcli.config import PRESETS, config_to_dict, load_config
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "tests" / "data" / "sample.txt"
 
 
 def test_presets_are_package_data():

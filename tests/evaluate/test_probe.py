@@ -10,14 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from clitools import assert_one_line_error, run_main
+from clitools import BIN, SAMPLE, TINY, assert_one_line_error, child_env, run_main
 from xlnetcli.config import load_config
 from xlnetcli.core.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny.yaml"
-SAMPLE = ROOT / "tests" / "data" / "sample.txt"
-SMALL = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "model.reuse_len=32",
+PROBE_SETS = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "model.reuse_len=32",
          "model.mem_len=32", "data.seq_len=64", "finetune.max_seq_length=64"]
 A, B = "thread", "socket"  # single pieces in a 1000-piece vocabulary trained on the sample text
 
@@ -44,7 +41,7 @@ def env(builds, tmp_path_factory):
     from xlnetcli.model import XLNetLMHeadModel
 
     d = tmp_path_factory.mktemp("probe")
-    cfg = load_config(TINY, SMALL)
+    cfg = load_config(TINY, PROBE_SETS)
     tok = builds.tokenizer(cfg.tokenizer)
     torch.manual_seed(cfg.train.seed)
     save_model_dir(d / "run" / "step_0000001", XLNetLMHeadModel(cfg.model).eval(), cfg, tokenizer_dir=tok,
@@ -277,16 +274,15 @@ def test_probe_checkpoint_on_a_sharded_model(env, tmp_path):
     run below the root, whose embeddings must be gathered first): same result as the unsharded model, on every rank."""
     import subprocess
 
-    from test_pretrain import BIN, _env
     from xlnetcli.model import XLNetLMHeadModel
     from xlnetcli.evaluate.probe import probe_checkpoint, read_rows, split_rows
     from xlnetcli.data.tokenizer import Tokenizer
 
     script = tmp_path / "sharded.py"
     script.write_text(_SHARDED)
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(script), str(TINY), json.dumps(SMALL),
-           "fsdp", str(env["tok"]), str(env["planted_train"])]
-    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(script), str(TINY),
+           json.dumps(PROBE_SETS), "fsdp", str(env["tok"]), str(env["planted_train"])]
+    out = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     got = [json.loads(ln.split(" ", 2)[2]) for ln in out.stdout.splitlines() if ln.startswith("RESULT")]
     torch.manual_seed(0)
@@ -306,7 +302,7 @@ def test_probe_during_pretraining_is_logged_plotted_and_leaves_training_unchange
     from xlnetcli.train.pretrain import pretrain
     from xlnetcli.report.metrics_log import read_metrics
 
-    over = SMALL + ["data.num_predict=10", "train.global_batch_size=4", "train.micro_batch_size=2",
+    over = PROBE_SETS + ["data.num_predict=10", "train.global_batch_size=4", "train.micro_batch_size=2",
                     "data.valid_fraction=0.05", "train.max_steps=4", "train.warmup_steps=1", "train.log_every=1",
                     "train.eval_every=2", "train.eval_batches=1", "train.save_every=0", "model.d_model=64",
                     "model.n_head=2", "model.d_head=32", "model.d_inner=128"]

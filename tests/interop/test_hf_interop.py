@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
+from clitools import SAMPLE, TINY, settings_config
 
 from xlnetcli import api
 from xlnetcli.checkpoint import load_lm_model, load_model_dir, resolve_checkpoint, save_model_dir, step_dir_name
@@ -20,7 +19,6 @@ from xlnetcli.checkpoint.hf_dir import mems_to_hf
 from xlnetcli.model import XLNetLMHeadModel
 
 transformers = pytest.importorskip("transformers")
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(*args) -> int:
@@ -33,12 +31,10 @@ def cli(*args) -> int:
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
-    from clitools import settings_config
-
     from xlnetcli.data.tokenizer import train_tokenizer
 
     out = tmp_path_factory.mktemp("tok") / "tokenizer"
-    train_tokenizer(settings_config("tokenizer", vocab_size=400, threads=1), [ROOT / "tests" / "data" / "sample.txt"],
+    train_tokenizer(settings_config("tokenizer", vocab_size=400, threads=1), [SAMPLE],
                     out, quiet=True)
     return out
 
@@ -120,7 +116,6 @@ def test_export_of_a_real_pretraining_run_gives_our_logits_in_transformers(build
     """configs/tiny.yaml as shipped (bi_data on, memory 96, reuse 64; a 1000-piece vocabulary for the small test
     corpus), pretrained for 3 steps, exported: transformers gives our logits for batches of 1, 2 and 3, with and
     without an attention mask (left padding, as XLNet pads)."""
-    from test_pretrain import TINY
     from xlnetcli.config import load_config
     from xlnetcli.train.pretrain import pretrain
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from test_model_parity import TOL, maxdiff, plm_batch, tiny_cfg
+from modeltools import TOL, maxdiff, plm_batch, tiny_cfg
 from xlnetcli.model.kernels import NEG_INF, _FeedForwardCore, _LMHeadLoss, _RelAttnCore, fused_dropout, keep_mask
 from xlnetcli.model import XLNetLMHeadModel
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from test_model_parity import maxdiff, plm_batch, tiny_cfg
+from modeltools import maxdiff, plm_batch, tiny_cfg, twins
 from xlnetcli.core import dist
 from xlnetcli.model.flops import forward_flops, peak_tflops, train_flops
 from xlnetcli.model.kernels import _RelShift, resolve_impl
-from xlnetcli.model import XLNetLayer, XLNetLMHeadModel
+from xlnetcli.model import XLNetLayer
 from xlnetcli.model.parallel import apply_activation_checkpointing, compile_layers, parallelize
 
 
@@ -42,14 +42,6 @@ def train_grads(model, b, seed=1):
     grads = {k.replace("._checkpoint_wrapped_module", ""): p.grad.clone() for k, p in model.named_parameters()
              if p.grad is not None}
     return out.loss.detach(), grads
-
-
-def twins(c):
-    torch.manual_seed(0)
-    a = XLNetLMHeadModel(c).train()
-    b = XLNetLMHeadModel(c).train()
-    b.load_state_dict(a.state_dict())
-    return a, b
 
 
 @pytest.mark.parametrize("impl", ["fused", "einsum", "sdpa"])

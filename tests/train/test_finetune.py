@@ -5,7 +5,7 @@ Data used
 - regression: the same texts with a real numeric target derived from them: min(number of words, 40) / 10.
 - multiple choice: "Which paragraph documents concurrency?" with 4 real docstrings as options, one of them from the
   concurrency area (chance 25%).
-- SQuAD 2.0: tests/data/squad_pydocs.json, hand-written questions on 8 real stdlib doc paragraphs (23 answerable,
+- SQuAD 2.0: tests/fixtures/squad_pydocs.json, hand-written questions on 8 real stdlib doc paragraphs (23 answerable,
   8 unanswerable).
 The models are tiny and randomly initialised (d_model 64, 2 layers): the thresholds only show learning above chance.
 """
@@ -20,32 +20,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from clitools import ROOT, SAMPLE, SQUAD, TRAIN_TSV, VALID_TSV
+from finetunetools import LABELS, MODEL_SETS, ft_cfg, pydocs_rows, random_init_checkpoint
 
 from xlnetcli.data import labelled
 from xlnetcli.config import load_config
 from xlnetcli.core.errors import DataError
 from xlnetcli.data.special import CLS_ID, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEP_ID
 from xlnetcli.data.tokenizer import Tokenizer
-
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "tests" / "data" / "sample.txt"
-SQUAD = ROOT / "tests" / "data" / "squad_pydocs.json"
-TRAIN_TSV = ROOT / "data" / "pydocs" / "task_train.tsv"
-VALID_TSV = ROOT / "data" / "pydocs" / "task_valid.tsv"
-LABELS = ["concurrency", "gui", "internet", "testing"]
-
-MODEL_SETS = ["tokenizer.vocab_size=2000", "model.vocab_size=2000", "model.d_model=64", "model.n_layer=2",
-              "model.n_head=2", "model.d_head=32", "model.d_inner=128", "model.mem_len=0", "model.reuse_len=0",
-              "model.bi_data=false", "data.seq_len=64", "data.num_predict=10", "data.perm_size=16",
-              "tokenizer.character_coverage=0.9999", "tokenizer.threads=1"]
-
-
-def ft_cfg(*sets: str):
-    base = ["finetune.max_seq_length=64", "finetune.batch_size=32", "finetune.micro_batch_size=32",
-            "finetune.lr=1e-3", "finetune.epochs=2", "finetune.dropout=0.1", "finetune.dropatt=0.0",
-            "finetune.precision=fp32"]
-    return load_config(None, base + list(sets))
-
 
 @pytest.fixture(scope="module")
 def tok_dir(builds) -> Path:
@@ -56,25 +38,12 @@ def tok_dir(builds) -> Path:
 @pytest.fixture(scope="module")
 def work(builds, tmp_path_factory):
     """init/: a random-init pretraining checkpoint of MODEL_SETS with tok_dir's tokenizer."""
-    from xlnetcli.checkpoint import save_model_dir
-    from xlnetcli.model import XLNetLMHeadModel
-
-    root = tmp_path_factory.mktemp("finetune")
-    cfg = load_config(None, MODEL_SETS)
-    torch.manual_seed(0)
-    save_model_dir(root / "init", XLNetLMHeadModel(cfg.model), cfg, builds.tokenizer(cfg.tokenizer),
-                   meta={"kind": "pretrain", "step": 0})
-    return root
+    return random_init_checkpoint(builds, tmp_path_factory.mktemp("finetune"))
 
 
 @pytest.fixture(scope="module")
 def tok(tok_dir):
     return Tokenizer.load(tok_dir)
-
-
-def pydocs_rows(path: Path, limit: int | None = None) -> list[tuple[str, str]]:
-    rows = [tuple(line.split("\t")) for line in path.read_text(encoding="utf-8").splitlines()[1:]]
-    return rows[:limit] if limit else rows
 
 
 @pytest.fixture(autouse=True)
