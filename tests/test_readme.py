@@ -92,7 +92,7 @@ def test_python_api_example_runs(builds, tmp_path, monkeypatch):
     from xlnetcli.model import XLNetLMHeadModel
 
     cfg = load_config(TINY, ["tokenizer.vocab_size=1000", "model.vocab_size=1000",
-                                                        "model.n_layer=1", "model.d_model=32", "model.d_inner=64"])
+                             "model.n_layer=1", "model.d_model=32", "model.d_inner=64"])
     save_model_dir(tmp_path / "runs" / "tiny" / "step_0000001", XLNetLMHeadModel(cfg.model).eval(), cfg,
                    tokenizer_dir=builds.tokenizer(cfg.tokenizer), meta={"kind": "pretrain", "step": 1})
     monkeypatch.chdir(tmp_path)
