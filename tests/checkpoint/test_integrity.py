@@ -51,6 +51,7 @@ def pipeline(builds, tmp_path_factory) -> dict[str, Path]:
 # ---- one writer per output -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_writer_gets_a_one_line_error_naming_the_first(pipeline, tmp_path):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -67,6 +68,7 @@ def test_a_second_writer_gets_a_one_line_error_naming_the_first(pipeline, tmp_pa
         sleeper.wait()
 
 
+@pytest.mark.slow
 def test_two_pretraining_processes_on_one_folder_one_is_refused(pipeline, tmp_path):
     cfg = tmp_path / "cfg.yaml"
     from xlnetcli.config import dump_config
@@ -93,6 +95,7 @@ def test_two_pretraining_processes_on_one_folder_one_is_refused(pipeline, tmp_pa
 # ---- an output that is an input ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_outputs_that_are_or_hold_an_input_are_refused_and_the_input_survives(pipeline, tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -113,6 +116,7 @@ def test_outputs_that_are_or_hold_an_input_are_refused_and_the_input_survives(pi
     assert (pipeline["run"] / "step_0000004" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_a_full_device_as_output_is_a_one_line_disk_full_error(pipeline, tmp_path):
     if not Path("/dev/full").exists():
         pytest.skip("no /dev/full")
@@ -121,6 +125,7 @@ def test_a_full_device_as_output_is_a_one_line_disk_full_error(pipeline, tmp_pat
     assert Path("/dev/full").is_char_device()
 
 
+@pytest.mark.slow
 def test_a_symlinked_output_folder_is_refused(pipeline, tmp_path):
     real = tmp_path / "real"
     real.mkdir()
@@ -133,6 +138,7 @@ def test_a_symlinked_output_folder_is_refused(pipeline, tmp_path):
 # ---- checksums ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_flipped_bit_in_a_checkpoint_is_refused_on_load_and_resume(pipeline, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(pipeline["run"], run)
@@ -151,6 +157,7 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_on_load_and_resume(pipeline, t
     _one_line_error(proc, "train_state.safetensors does not match the checksum")
 
 
+@pytest.mark.slow
 def test_a_flipped_bit_in_the_records_is_refused_when_pretraining_opens_them(pipeline, tmp_path):
     from xlnetcli.data.record_format import open_records
 
@@ -167,6 +174,7 @@ def test_a_flipped_bit_in_the_records_is_refused_when_pretraining_opens_them(pip
     assert not (tmp_path / "run" / "step_0000002").exists()
 
 
+@pytest.mark.slow
 def test_checkpoints_are_byte_reproducible_across_processes(pipeline, tmp_path):
     from xlnetcli.core.files import sha256_file
 
@@ -186,6 +194,7 @@ def test_checkpoints_are_byte_reproducible_across_processes(pipeline, tmp_path):
 # ---- crash leftovers --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_torn_last_metrics_line_is_skipped_by_readers_and_dropped_on_resume(pipeline, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(pipeline["run"], run)
@@ -213,6 +222,7 @@ def test_a_torn_last_metrics_line_is_skipped_by_readers_and_dropped_on_resume(pi
                                                                             if r["split"] == "train"]
 
 
+@pytest.mark.slow
 def test_a_step_folder_without_its_train_state_is_not_silently_restarted(pipeline, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(pipeline["run"], run)

@@ -18,6 +18,8 @@ from clitools import SAMPLE, TRAIN_TSV, run_main
 
 from xlnetcli.cli import main
 
+pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
+
 SMALL_CONFIG = {  # a config file for quick runs of every command
     "tokenizer": {"vocab_size": 1000},
     "model": {"vocab_size": 1000, "d_model": 32, "n_layer": 1, "n_head": 2, "d_head": 16, "d_inner": 64,

@@ -34,6 +34,7 @@ def test_presets_are_package_data():
         assert any(fnmatch.fnmatch(f"config/presets/{rel}", pat) for pat in patterns), f"config/presets/{rel} is not package data"
 
 
+@pytest.mark.slow
 def test_wheel_ships_the_presets_and_runs_them_without_a_checkout(tmp_path):
     """Build a wheel from the sources alone, install it into a fresh folder, and run the presets from an empty
     folder: what a `pip install` without a clone gets."""
@@ -130,6 +131,7 @@ def _modes(root: Path) -> tuple[set[int], set[int]]:
     return files, dirs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)])
 def test_outputs_honour_the_umask(tmp_path, capsys, mask, file_mode, dir_mode):
     """tokenize, shard, preprocess and pretrain outputs (written through temp files and folders, then renamed) get

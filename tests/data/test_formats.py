@@ -20,6 +20,8 @@ from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.data.shard import shard_corpus
 from xlnetcli.data.tokenizer import train_tokenizer
 
+pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
+
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

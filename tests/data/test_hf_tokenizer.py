@@ -25,6 +25,8 @@ from xlnetcli.data.special import CLS_ID, EOD_ID, PAD_ID, SEG_ID_PAD, SEP_ID
 from xlnetcli.data.labelled import build_pair, left_pad
 from xlnetcli.data.tokenizer import Tokenizer, hf_tokenizer_json, train_tokenizer
 
+pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
+
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 

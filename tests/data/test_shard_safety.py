@@ -20,6 +20,8 @@ from xlnetcli.core.errors import DataError
 from xlnetcli.data.preprocess import preprocess
 from xlnetcli.data.shard_format import verify_shards
 
+pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
+
 SETS = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "data.seq_len=32", "model.reuse_len=16",
         "data.num_predict=6", "train.global_batch_size=4", "train.micro_batch_size=2", "data.valid_fraction=0.05"]
 

@@ -17,6 +17,8 @@ from xlnetcli.model import XLNetLMHeadModel
 from xlnetcli.train.pretrain import pretrain
 from xlnetcli.data.special import CLS_ID, MASK_ID, SEP_ID
 
+pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
+
 # 2 layers, d 64, seq 64 (reuse 32, memory 32), 10 targets, batch 8: a step takes a few milliseconds
 OVER = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "model.d_model=64",
         "model.n_head=2", "model.d_head=32", "model.d_inner=128", "data.seq_len=64", "model.reuse_len=32",

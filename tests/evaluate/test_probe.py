@@ -67,6 +67,7 @@ def env(builds, tmp_path_factory):
     return {"dir": d, "run": d / "run", "tok": tok, "cfg": cfg, **files}
 
 
+@pytest.mark.slow
 def test_planted_word_is_found_by_both_features(env, capsys):
     """Even random-init features carry token identity: a label decided by one planted word is read off the mean
     (and the <cls>) features far above chance. The checkpoint here is the run's initial weights, so the random-init
@@ -87,6 +88,7 @@ def test_planted_word_is_found_by_both_features(env, capsys):
     assert set(pre["mean"]["heldout"]) == {"0.0001", "0.001", "0.01", "0.1", "1", "10"}
 
 
+@pytest.mark.slow
 def test_label_curve_rises_with_labelled_rows_and_is_plotted(env, capsys):
     """--train-sizes refits the probe on stratified draws of n training rows (features computed once): on the planted
     task, 200 rows do about as well as all 300 and 20 clearly worse; on random labels every size stays at chance.
@@ -119,6 +121,7 @@ def test_label_curve_rises_with_labelled_rows_and_is_plotted(env, capsys):
     assert_one_line_error(code, err, "not a probe result")
 
 
+@pytest.mark.slow
 def test_random_labels_give_chance(env):
     from xlnetcli.evaluate.probe import probe
 
@@ -129,6 +132,7 @@ def test_random_labels_give_chance(env):
         assert r["train_accuracy"] > r["accuracy"]  # it does fit its training rows (noise), which is not transferred
 
 
+@pytest.mark.slow
 def test_l2_choice_never_reads_the_validation_file(env, tmp_path):
     """Flipping every validation label leaves the L2 choice, the held-out scores and the fitted probe unchanged;
     only the final validation accuracy turns into 1 - accuracy."""
@@ -146,6 +150,7 @@ def test_l2_choice_never_reads_the_validation_file(env, tmp_path):
         assert len(set(a["heldout"].values())) > 1  # the grid is a real choice on this (noisy) data
 
 
+@pytest.mark.slow
 def test_probe_checkpoint_in_process_leaves_the_model_as_it_was(env):
     """What the training engine calls every train.probe_every steps: a model object in train mode (dropout on),
     rows from one labelled file split deterministically. Mode, gradients and RNG states are untouched, and the
@@ -214,6 +219,7 @@ def test_held_out_splits_keep_rows_made_of_the_same_words_together():
         assert held.tolist() == per_label and kept.tolist() == sorted(set(range(len(labels))) - set(per_label))
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_one_line(env, tmp_path, capsys):
     base = ["probe", env["run"], "--device", "cpu"]
     one = _write(tmp_path / "one.tsv", [("a sentence", "x"), ("another one", "x"), ("and a third", "x")])
@@ -269,6 +275,7 @@ dist.cleanup()
 """
 
 
+@pytest.mark.slow
 def test_probe_checkpoint_on_a_sharded_model(env, tmp_path):
     """During pretraining under torchrun every rank calls the probe on its FSDP2-sharded model (the transformer is
     run below the root, whose embeddings must be gathered first): same result as the unsharded model, on every rank."""
@@ -296,6 +303,7 @@ def test_probe_checkpoint_on_a_sharded_model(env, tmp_path):
             assert g["features"][kind]["l2"] == ref["features"][kind]["l2"]
 
 
+@pytest.mark.slow
 def test_probe_during_pretraining_is_logged_plotted_and_leaves_training_unchanged(env, builds, tmp_path):
     """train.probe_every: probe rows at steps 0, 2, 4 in metrics.jsonl, a probe panel in the plot, and the training
     itself bit-identical to the same run without the probe (the probe draws from no RNG the run uses)."""

@@ -20,6 +20,8 @@ import torch
 from clitools import SQUAD, TRAIN_TSV, VALID_TSV, assert_one_line_error, code_blocks, run_main
 from finetunetools import LABELS, ft_cfg, pydocs_rows, random_init_checkpoint
 
+pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
+
 transformers = pytest.importorskip("transformers")
 
 

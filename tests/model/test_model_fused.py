@@ -40,6 +40,7 @@ def attn_reference(q, k, v, kr, r_w, r_r, r_s, seg, rel_index, same, mask, keep,
 
 @pytest.mark.parametrize("G,with_seg,with_mask,with_drop", [(1, True, True, True), (2, True, False, True),
                                                              (1, False, True, False), (2, False, False, False)])
+@pytest.mark.slow
 def test_attention_core_gradcheck(G, with_seg, with_mask, with_drop):
     g = torch.Generator().manual_seed(0)
     B, H, N, K, D, L = 4, 2, 7, 6, 3, 5  # N = L content rows + 2 query rows, K = 1 memory + L

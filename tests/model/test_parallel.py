@@ -62,6 +62,7 @@ def test_compiled_layers_match_eager():
     assert maxdiff(la, lb) <= 1e-5 and max(maxdiff(ga[k], gb[k]) for k in ga) <= 1e-5
 
 
+@pytest.mark.slow
 def test_fsdp_shards_every_layer_and_trains_like_one_model(tmp_path):
     """FSDP2 in a one-process gloo group: each layer is its own FSDP unit (the position projection lives in the
     layer), and the loss and gradients equal the unsharded model's."""

@@ -18,6 +18,8 @@ from xlnetcli.core.errors import ConfigError, XLNetError
 from xlnetcli.train.pretrain import pretrain
 from xlnetcli.report.metrics_log import MetricsLogger, NullLogger, read_metrics
 
+pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
+
 torch.set_num_threads(1)
 
 TRACKED_RUN = [*FAST_PRETRAIN, "train.eval_every=2", "train.save_every=2"]  # eval and save rows for the trackers

@@ -166,6 +166,7 @@ def test_glue_style_files(tmp_path):
 # End to end: the four task types
 
 
+@pytest.mark.slow
 def test_classification_end_to_end(work, tmp_path, capsys):
     from xlnetcli.cli import main
     from xlnetcli.evaluate.checkpoint_eval import evaluate
@@ -203,6 +204,7 @@ def test_classification_end_to_end(work, tmp_path, capsys):
     assert lines[0] == "index\tprediction" and len(lines) == 3 and lines[1].split("\t")[1] in LABELS
 
 
+@pytest.mark.slow
 def test_regression_end_to_end(work, tmp_path, capsys):
     from xlnetcli.evaluate.checkpoint_eval import evaluate_task
     from xlnetcli.train.finetune import finetune
@@ -225,6 +227,7 @@ def test_regression_end_to_end(work, tmp_path, capsys):
     assert evaluate_task(out, files["valid"])["metrics"]["pearson"] == pytest.approx(res["value"], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_multiple_choice_end_to_end(work, tmp_path):
     from xlnetcli.evaluate.checkpoint_eval import evaluate_task
     from xlnetcli.train.finetune import finetune
@@ -254,6 +257,7 @@ def test_multiple_choice_end_to_end(work, tmp_path):
     assert row["prediction"] in range(4) and sum(row["probabilities"]) == pytest.approx(1.0, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_squad_end_to_end(work, tmp_path):
     from xlnetcli.evaluate.checkpoint_eval import evaluate_task
     from xlnetcli.train.finetune import finetune
@@ -279,6 +283,7 @@ def test_squad_end_to_end(work, tmp_path):
     assert len(rows) == 31 and {"id", "prediction", "best_non_null", "null_odds"} <= set(rows[0])
 
 
+@pytest.mark.slow
 def test_finetune_from_hf_directory(work, tok_dir, tmp_path):
     transformers = pytest.importorskip("transformers")
     from xlnetcli.train.finetune import finetune
@@ -300,6 +305,7 @@ def test_finetune_from_hf_directory(work, tok_dir, tmp_path):
 # Bad input: one-line errors or counted warnings
 
 
+@pytest.mark.slow
 def test_bad_input(work, tmp_path, capsys):
     from xlnetcli.cli import main
     from xlnetcli.train.finetune import finetune
@@ -355,6 +361,7 @@ def test_finetune_configs_load():
     assert load_config(ROOT / "configs" / "finetune" / "squad.yaml").finetune.layer_decay == 0.75
 
 
+@pytest.mark.slow
 def test_eval_pretrained_checkpoint_on_records(work, tok_dir, tmp_path, capsys):
     """xlnet eval (a): a pretrained checkpoint on held-out records -> PLM loss, perplexity, accuracy."""
     from xlnetcli.cli import main
@@ -413,6 +420,7 @@ def _comparable(out: Path) -> tuple:
     return ({k: res[k] for k in ("steps", "best_step", "metric", "value", "valid", "final_train_loss")}, strip)
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_exact(work, tmp_path, capsys):
     """`xlnet finetune` killed with SIGKILL after a checkpoint, then `--resume`: the same final metrics, metric rows
     and best weights as an uninterrupted run, bit for bit. --out does not exist until the run completes."""
@@ -461,6 +469,7 @@ def test_resume_after_sigkill_is_exact(work, tmp_path, capsys):
     assert _comparable(b) == _comparable(tmp_path / "a")
 
 
+@pytest.mark.slow
 def test_sigterm_keeps_the_previous_result_until_the_new_one_completes(work, tmp_path, monkeypatch, capsys):
     """--overwrite of a finished run, stopped by SIGTERM at step 5: exit 75 with one line, the old result intact, a
     checkpoint to resume from; --resume --overwrite then replaces it with the same result (same settings)."""
@@ -502,6 +511,7 @@ def test_sigterm_keeps_the_previous_result_until_the_new_one_completes(work, tmp
     assert _comparable(out) == before and not partial_dir(out).exists()
 
 
+@pytest.mark.slow
 def test_out_of_memory_and_divergence_are_diagnosed(work, tmp_path, monkeypatch, capsys):
     """The engine's diagnosis serves finetuning too: out of memory names smaller finetune.* settings, a non-finite
     loss stops before the update; both one line, and before the first checkpoint nothing is left behind."""

@@ -44,6 +44,7 @@ def _cfg(*extra: str):
 # ---- checkpoints, eval, metrics ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_layout_eval_and_rotation(records, tmp_path):
     cfg = _cfg("train.max_steps=6", "train.save_every=2", "train.keep_last=2", "train.eval_every=3")
     res = pretrain(cfg, records, tmp_path / "run", quiet=True)
@@ -80,6 +81,7 @@ def test_run_layout_eval_and_rotation(records, tmp_path):
 # ---- exact resume after a real SIGKILL --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_exact(records, tmp_path):
     n, save = 40, 5
     over = [f"train.max_steps={n}", f"train.save_every={save}", "train.eval_every=10", "train.keep_last=3"]
@@ -119,6 +121,7 @@ def test_resume_after_sigkill_is_exact(records, tmp_path):
         assert torch.equal(v["exp_avg_sq"], sb["optimizer"]["state"][k]["exp_avg_sq"])
 
 
+@pytest.mark.slow
 def test_resume_from_a_format_1_train_state_as_earlier_versions_wrote_it(records, tmp_path):
     """train_state.safetensors format 1 as earlier versions laid it out (key order, ``scaler: None`` when there is no
     grad scaler, an empty ``task`` for pretraining) resumes into the uninterrupted run's final step folder, byte for
@@ -146,6 +149,7 @@ def test_resume_from_a_format_1_train_state_as_earlier_versions_wrote_it(records
         assert sha256_file(tmp_path / "a" / "step_0000006" / name) == sha256_file(tmp_path / "b" / "step_0000006" / name)
 
 
+@pytest.mark.slow
 def test_resume_given_step(records, tmp_path):
     cfg = _cfg("train.max_steps=6", "train.save_every=2", "train.keep_last=5", "train.eval_every=0")
     pretrain(cfg, records, tmp_path / "a", quiet=True)
@@ -159,6 +163,7 @@ def test_resume_given_step(records, tmp_path):
 # ---- torchrun: 2 processes (gloo) vs 1 process at the same global batch ----------------------------------------
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_match_one(records, tmp_path):
     over = FAST_PRETRAIN + ["train.max_steps=6", "train.save_every=6", "train.eval_every=3", "model.dropout=0.0",
                     "model.dropatt=0.0"]
@@ -238,6 +243,7 @@ def test_tiny_config_learns_on_real_text(builds, tmp_path):
 # ---- bad input ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_records_made_with_other_settings(records, tmp_path):
     with pytest.raises(DataError, match=r"num_predict=6 but the config has data.num_predict=5"):
         pretrain(_cfg("data.num_predict=5", "train.max_steps=2"), records, tmp_path / "r", quiet=True)
@@ -249,6 +255,7 @@ def test_records_made_with_other_settings(records, tmp_path):
         pretrain(_cfg(), tmp_path / "nope", tmp_path / "r", quiet=True)
 
 
+@pytest.mark.slow
 def test_out_folder_of_another_run(records, tmp_path):
     cfg = _cfg("train.max_steps=2", "train.save_every=2", "train.eval_every=0")
     pretrain(cfg, records, tmp_path / "run", quiet=True)
@@ -267,6 +274,7 @@ def test_out_folder_of_another_run(records, tmp_path):
     assert res["step"] == 3
 
 
+@pytest.mark.slow
 def test_preprocess_flags_reach_pretrain_without_config(builds, tmp_path, capsys):
     """`xlnet preprocess --mask-mode original --passes 2`, then `xlnet pretrain` without --config (it reads the
     records' config.yaml): the saved config holds the mask mode and passes used, so pretraining is not refused."""
@@ -299,6 +307,7 @@ def test_impossible_batch_maths():
         _cfg("train.global_batch_size=6", "train.micro_batch_size=4")
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_with_diagnosis(records, tmp_path):
     cfg = _cfg("train.max_steps=20", "train.save_every=1", "train.eval_every=0", "train.lr=1e30",
                "train.warmup_steps=0", "train.clip_norm=0")
@@ -310,6 +319,7 @@ def test_nonfinite_loss_stops_with_diagnosis(records, tmp_path):
     assert "last good checkpoint" in msg and "--resume" in msg
 
 
+@pytest.mark.slow
 def test_out_of_memory_is_one_line(records, tmp_path, monkeypatch):
     import xlnetcli.train.pretrain as pt
 
@@ -322,6 +332,7 @@ def test_out_of_memory_is_one_line(records, tmp_path, monkeypatch):
                  tmp_path / "r", quiet=True)
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(records, tmp_path):
     out = subprocess.run([str(BIN / "xlnet"), "pretrain", "--config", str(TINY), "--data", str(records), "--out",
                           str(tmp_path / "r")] + [f"--set={s}" for s in FAST_PRETRAIN + ["data.mask_alpha=5"]],
@@ -330,6 +341,7 @@ def test_cli_errors_are_one_line(records, tmp_path):
     assert out.stderr.strip().count("\n") == 0 and "mask_alpha=6" in out.stderr and "data.mask_alpha=5" in out.stderr
 
 
+@pytest.mark.slow
 def test_redirected_log_has_one_plain_line_per_interval(records, tmp_path):
     """stderr to a file (nohup, SLURM): a line per log_every with loss, lr, tokens/s, peak memory and ETA, each on one
     line however long; evaluations too; metrics.jsonl records the peak memory."""
@@ -363,6 +375,7 @@ class _Payload:
         return (Path.touch, (Path(self.marker),))
 
 
+@pytest.mark.slow
 def test_train_state_is_stored_without_pickle_and_a_pickle_payload_is_refused(records, tmp_path):
     cfg = _cfg("train.max_steps=4", "train.save_every=2", "train.eval_every=0")
     pretrain(cfg, records, tmp_path / "run", quiet=True, stop_after=2)
@@ -384,6 +397,7 @@ def test_train_state_is_stored_without_pickle_and_a_pickle_payload_is_refused(re
 # ---- preemption, full disk, a finished run ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigterm_writes_a_checkpoint_and_resume_is_exact(records, tmp_path):
     """A scheduler's SIGTERM: the current step finishes, a checkpoint is written, exit code 75 with one line; --resume
     then gives the uninterrupted run's losses, evaluations and final weights bit for bit."""
@@ -419,6 +433,7 @@ def test_sigterm_writes_a_checkpoint_and_resume_is_exact(records, tmp_path):
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow
 def test_disk_full_while_saving_names_the_last_good_checkpoint(records, tmp_path, monkeypatch, capsys):
     """ENOSPC half-way through writing a checkpoint: one line naming the last good one, no partial step folder; after
     freeing space, --resume finishes the run as if nothing happened."""
@@ -455,6 +470,7 @@ def test_disk_full_while_saving_names_the_last_good_checkpoint(records, tmp_path
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_says_it_is_complete(records, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XLNET_NO_PROGRESS", "1")
     cfg = _cfg("train.max_steps=3", "train.save_every=2", "train.eval_every=3")
@@ -470,6 +486,7 @@ def test_resuming_a_finished_run_says_it_is_complete(records, tmp_path, monkeypa
     assert read_metrics(tmp_path / "run") == rows  # nothing logged again
 
 
+@pytest.mark.slow
 def test_mem_len_zero_means_no_memory_in_pretraining(records, tmp_path):
     """model.mem_len=0 switches Transformer-XL memory off (the paper's "- memory" ablation row), as the original's
     _cache_mem does: nothing is carried between steps or saved in the train state (with memory on, the same run
