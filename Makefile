@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   ?= torch==2.13.0
 
-.PHONY: install test bench demo clean
+.PHONY: install test test-fast bench demo clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,6 +25,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
 	$(BIN)/mypy
+
+# the inner loop: every package's quick tests, under 2 minutes on 2 cores (tests marked slow are left to `make test`)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests -m "not slow"
 
 demo: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python scripts/demo.py

@@ -10,7 +10,7 @@ Outputs (deterministic for a given Python version):
   data/pydocs/order_valid.tsv     adjacent words been swapped; sentences from the held-out modules only
   data/pydocs/task_train.tsv      topic task (tests): which part of the stdlib a paragraph documents
   data/pydocs/task_valid.tsv
-  tests/data/sample.txt           a few hundred KB of the documents (every 8th, held-out ones included) for the tests
+  tests/fixtures/sample.txt       a few hundred KB of the documents (every 8th, held-out ones included) for the tests
 
 Users never need to run this; it is here so the data can be audited and rebuilt:
     python scripts/make_demo_data.py
@@ -171,7 +171,7 @@ def main() -> None:
     documents = [paras for top, paras in stdlib if top not in held_out] + reference
     write_corpus(ROOT / "data/pydocs/corpus.txt", documents)
     # Test sample: every 8th document of all of them, a few hundred KB.
-    write_corpus(ROOT / "tests/data/sample.txt", ([paras for _, paras in stdlib] + reference)[::8])
+    write_corpus(ROOT / "tests/fixtures/sample.txt", ([paras for _, paras in stdlib] + reference)[::8])
     corpus_sentences = {" ".join(s.split()) for paras in documents for p in paras for s in sentences(p)}
     order = order_task(stdlib, corpus_sentences)
     for split, rows in order.items():

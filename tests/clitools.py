@@ -1,27 +1,63 @@
-"""Shared helpers for tests: run `xlnet` in-process, check the one-line error contract, kill-and-resume sweeps
-(the shared tokenizer, shards and records are conftest.py's ``builds`` fixture)."""
+"""Shared constants and helpers for tests: paths (the repository, the tiny preset, fixtures, the bundled corpus), the
+common override lists, configs, running `xlnet` in-process, the one-line error contract, kill-and-resume sweeps (the
+shared tokenizer, shards and records are conftest.py's ``builds`` fixture)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 from pathlib import Path
 
 import pytest
+import sentencepiece as spm
+from safetensors.torch import load_file
 
 from xlnetcli.cli import main
-from xlnetcli.config import Config, load_config
+from xlnetcli.config import Config, dump_config, load_config
+from xlnetcli.data.tokenizer import CONTROL_SYMBOLS, USER_DEFINED_SYMBOLS
+from xlnetcli.report.metrics_log import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny.yaml"
-SAMPLE = ROOT / "tests" / "data" / "sample.txt"
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+PRESET_DIR = ROOT / "src" / "xlnetcli" / "config" / "presets"
+TINY = PRESET_DIR / "tiny.yaml"
+FIXTURES = ROOT / "tests" / "fixtures"
+SAMPLE = FIXTURES / "sample.txt"  # a few hundred KB of the bundled corpus (scripts/make_demo_data.py)
+SQUAD = FIXTURES / "squad_pydocs.json"  # hand-written SQuAD 2.0 questions on stdlib doc paragraphs
+PYDOCS = ROOT / "data" / "pydocs"  # the bundled corpus and tasks (data/pydocs/NOTICE.md)
+CORPUS = PYDOCS / "corpus.txt"
+TRAIN_TSV = PYDOCS / "task_train.tsv"
+VALID_TSV = PYDOCS / "task_valid.tsv"
+BIN = Path(sys.executable).parent  # where the `xlnet` and `torchrun` console scripts are
+
+# The tiny preset shrunk so that a pretraining step takes milliseconds on a shared 2-core CPU (d_model 64, 2 layers,
+# 32-token rows, 6 targets); modules add their schedule (eval_every, save_every, max_steps) after it.
+FAST_PRETRAIN = [
+    "tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "model.d_model=64", "model.n_head=2",
+    "model.d_head=32", "model.d_inner=128", "data.seq_len=32", "model.reuse_len=16", "model.mem_len=16",
+    "data.num_predict=6", "train.global_batch_size=4", "train.micro_batch_size=2", "data.valid_fraction=0.05",
+    "train.warmup_steps=2", "train.log_every=1", "train.eval_batches=2",
+]
+
+# Smaller still, for runs in subprocesses (d_model 32, 32-token rows, 6 targets): the model and data settings
+# without the layer count, which modules set with their schedule.
+MICRO_MODEL = [
+    "tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.d_model=32", "model.n_head=2", "model.d_head=16",
+    "model.d_inner=64", "data.seq_len=32", "model.reuse_len=16", "model.mem_len=16", "data.num_predict=6",
+    "train.global_batch_size=4", "train.micro_batch_size=2", "data.valid_fraction=0.05",
+]
+
+
+def set_args(overrides: list[str]) -> list[str]:
+    """``["a=1", "b=2"]`` -> ``["--set", "a=1", "--set", "b=2"]``: overrides as `xlnet` options."""
+    return [arg for o in overrides for arg in ("--set", o)]
 
 
 def kill_and_resume(start, kills: int, before_kill) -> int:
     """Fault injection: ``start()`` launches the command (a resuming one); ``kills`` times, ``before_kill(proc, k)``
     waits for the moment to strike and the process gets SIGKILL if still running; then one run goes to the end and
     must exit 0. Returns the number of kills that landed (a run that finished first ends the loop early)."""
-    import os
-    import signal
-
     landed = 0
     while True:
         proc = start()
@@ -44,6 +80,14 @@ def flip_bit(path: Path, offset_from_end: int) -> None:
     path.write_bytes(bytes(data))
 
 
+def preprocess_cfg(*extra: str) -> Config:
+    """The tiny preset with a 2000-piece vocabulary and 64-token rows: the data tests' records (tests/data/conftest.py)
+    plus ``extra`` overrides."""
+    base = ["tokenizer.vocab_size=2000", "model.vocab_size=2000", "data.seq_len=64", "model.reuse_len=32",
+            "data.num_predict=11", "train.global_batch_size=8", "train.micro_batch_size=4", "model.bi_data=true"]
+    return load_config(TINY, base + list(extra))
+
+
 def settings_config(section: str, **keys) -> Config:
     """The default config with some keys of one section set: settings_config("tokenizer", vocab_size=2000)."""
     return load_config(None, [f"{section}.{k}={v}" for k, v in keys.items()])
@@ -64,3 +108,57 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> None:
     assert "Traceback" not in err
     for n in needles:
         assert n in err, err
+
+
+def child_env() -> dict:
+    """The environment of an `xlnet` subprocess: one thread (bit-identical float reductions), no progress bars,
+    unbuffered output, and not a torchrun rank."""
+    env = dict(os.environ, XLNET_NO_PROGRESS="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def write_config(path: Path, overrides: list[str]) -> Path:
+    """The tiny preset with ``overrides`` written to ``path`` as a config file."""
+    path.write_text(dump_config(load_config(TINY, overrides)))
+    return path
+
+
+def train_losses(run: Path) -> list[tuple[int, float]]:
+    """(step, loss) of every training row of a run's metrics.jsonl."""
+    return [(r["step"], r["loss"]) for r in read_metrics(run) if r["split"] == "train"]
+
+
+def step_weights(step_dir: Path) -> dict:
+    """The tensors of a step folder's model.safetensors."""
+    return load_file(str(step_dir / "model.safetensors"))
+
+
+def code_blocks(lang: str) -> list[str]:
+    """The bodies of the README's fenced blocks whose info string is ``lang`` ('' for plain fences)."""
+    blocks, body, current = [], [], None
+    for line in README.splitlines():
+        if line.startswith("```"):
+            if current is None:
+                current, body = line[3:].strip(), []
+            else:
+                if current == lang:
+                    blocks.append("\n".join(body) + "\n")
+                current = None
+        elif current is not None:
+            body.append(line)
+    return blocks
+
+
+def xlnet_spm(tmp_path: Path, train_file: str, lower: bool = False) -> bytes:
+    """A SentencePiece model with XLNet's symbols trained directly with sentencepiece on a file named ``train_file``
+    (as Hugging Face's spiece.model was; xlnet's own trainer names its file .normalized.*.txt)."""
+    src = tmp_path / train_file
+    text = SAMPLE.read_text(encoding="utf-8")
+    src.write_text(text.lower() if lower else text, encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(src), model_prefix=str(tmp_path / "m"), model_type="unigram", vocab_size=600, num_threads=1,
+        control_symbols=list(CONTROL_SYMBOLS), user_defined_symbols=list(USER_DEFINED_SYMBOLS), unk_id=0, bos_id=1,
+        eos_id=2, pad_id=-1, minloglevel=2)
+    return (tmp_path / "m.model").read_bytes()

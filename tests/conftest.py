@@ -1,7 +1,7 @@
 """Session-wide builds shared by the test modules: tokenizer -> shards -> records of small real text.
 
 Training a tokenizer takes 1-2 s on the 2-core test machine and a dozen modules want the same one (the tiny preset
-with a 1000-piece vocabulary, on tests/data/sample.txt), most of them also the same shards and records. The
+with a 1000-piece vocabulary, on tests/fixtures/sample.txt), most of them also the same shards and records. The
 ``builds`` fixture makes each stage once per distinct setting and hands every later asker the same folder.
 
 The folders are shared, so tests only read them: a test that changes a tokenizer, shard or record file copies the

@@ -3,12 +3,12 @@ and trains on records made with its own settings (what pretrain checks)."""
 
 import importlib.util
 import sys
-from pathlib import Path
+from clitools import ROOT
 
 from xlnetcli.config import config_to_dict, load_config
 from xlnetcli.train.pretrain import RECORD_KEYS
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "ablation.py"
+SCRIPT = ROOT / "benchmarks" / "ablation.py"
 sys.path.insert(0, str(SCRIPT.parent))  # as `python benchmarks/ablation.py` runs it: runner.py beside it
 spec = importlib.util.spec_from_file_location("ablation_bench", SCRIPT)
 ablation = importlib.util.module_from_spec(spec)

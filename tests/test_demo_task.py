@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import csv
 from collections import Counter
-from pathlib import Path
+from clitools import PYDOCS
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "data" / "pydocs"
 RUN = 8  # no task sentence shares a run of this many words with the corpus (make_demo_data.OVERLAP_WORDS)
 
 
 def _rows(split: str) -> list[tuple[str, str]]:
-    with (DATA / f"order_{split}.tsv").open(encoding="utf-8", newline="") as f:
+    with (PYDOCS / f"order_{split}.tsv").open(encoding="utf-8", newline="") as f:
         rows = list(csv.reader(f, delimiter="\t"))
     assert rows[0] == ["text", "label"]
     return [(text, label) for text, label in rows[1:]]
@@ -42,7 +40,7 @@ def test_every_sentence_comes_as_an_original_and_a_swapped_version_of_the_same_w
 
 
 def test_task_text_is_not_in_the_corpus_and_the_splits_share_no_sentence():
-    corpus = [ln.split() for ln in (DATA / "corpus.txt").read_text(encoding="utf-8").splitlines() if ln.strip()]
+    corpus = [ln.split() for ln in (PYDOCS / "corpus.txt").read_text(encoding="utf-8").splitlines() if ln.strip()]
     corpus_runs = set().union(*(_runs(words) for words in corpus))
     train = {t for t, label in _rows("train") if label == "original"}
     valid = {t for t, label in _rows("valid") if label == "original"}

@@ -17,8 +17,7 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-from test_model_parity import plm_batch, tiny_cfg  # noqa: E402
-from test_parallel import twins  # noqa: E402  (two identical models in train mode)
+from modeltools import plm_batch, tiny_cfg, twins  # noqa: E402
 from xlnetcli.model import XLNetLMHeadModel  # noqa: E402
 
 CUDA = torch.device("cuda")
@@ -189,19 +188,19 @@ def test_pretrain_on_cuda_resumes_exactly(builds, tmp_path, compile_):
     weights to an uninterrupted run."""
     from safetensors.torch import load_file
 
-    from test_pretrain import SMALL, TINY, _train_losses
+    from clitools import FAST_PRETRAIN, TINY, train_losses
     from xlnetcli.config import load_config
     from xlnetcli.train.pretrain import pretrain
 
-    rec = builds.pipeline(SMALL).records
-    over = SMALL + ["train.max_steps=8", "train.save_every=4", "train.eval_every=4", "train.precision=bf16",
+    rec = builds.pipeline(FAST_PRETRAIN).records
+    over = FAST_PRETRAIN + ["train.max_steps=8", "train.save_every=4", "train.eval_every=4", "train.precision=bf16",
                     f"train.compile={str(compile_).lower()}"]
     cfg = load_config(TINY, over)
     a = pretrain(cfg, rec, tmp_path / "a", device="cuda", quiet=True)
     assert a["step"] == 8
     pretrain(cfg, rec, tmp_path / "b", device="cuda", quiet=True, stop_after=4)
     pretrain(cfg, rec, tmp_path / "b", resume="latest", device="cuda", quiet=True)
-    assert _train_losses(tmp_path / "a") == _train_losses(tmp_path / "b")
+    assert train_losses(tmp_path / "a") == train_losses(tmp_path / "b")
     wa = load_file(str(tmp_path / "a" / "step_0000008" / "model.safetensors"))
     wb = load_file(str(tmp_path / "b" / "step_0000008" / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -5,31 +5,13 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 import click
 import pytest
 
+from clitools import README, ROOT, TINY, code_blocks
+
 from xlnetcli.cli import cli
-
-ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-
-
-def code_blocks(lang: str) -> list[str]:
-    """The bodies of the README's fenced blocks whose info string is ``lang`` ('' for plain fences)."""
-    blocks, body, current = [], [], None
-    for line in README.splitlines():
-        if line.startswith("```"):
-            if current is None:
-                current, body = line[3:].strip(), []
-            else:
-                if current == lang:
-                    blocks.append("\n".join(body) + "\n")
-                current = None
-        elif current is not None:
-            body.append(line)
-    return blocks
 
 
 def readme_commands() -> list[list[str]]:
@@ -109,8 +91,8 @@ def test_python_api_example_runs(builds, tmp_path, monkeypatch):
     from xlnetcli.config import load_config
     from xlnetcli.model import XLNetLMHeadModel
 
-    cfg = load_config(ROOT / "configs" / "tiny.yaml", ["tokenizer.vocab_size=1000", "model.vocab_size=1000",
-                                                        "model.n_layer=1", "model.d_model=32", "model.d_inner=64"])
+    cfg = load_config(TINY, ["tokenizer.vocab_size=1000", "model.vocab_size=1000",
+                             "model.n_layer=1", "model.d_model=32", "model.d_inner=64"])
     save_model_dir(tmp_path / "runs" / "tiny" / "step_0000001", XLNetLMHeadModel(cfg.model).eval(), cfg,
                    tokenizer_dir=builds.tokenizer(cfg.tokenizer), meta={"kind": "pretrain", "step": 1})
     monkeypatch.chdir(tmp_path)

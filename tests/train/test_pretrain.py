@@ -6,70 +6,45 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from clitools import run_main
+from clitools import (
+    BIN,
+    FAST_PRETRAIN,
+    TINY,
+    step_weights,
+    child_env,
+    run_main,
+    train_losses,
+    write_config,
+)
 from xlnetcli.config import batch_plan, load_config
 from xlnetcli.core.errors import ConfigError, DataError, XLNetError
 from xlnetcli.train.checkpointer import load_train_state
 from xlnetcli.train.pretrain import evaluate_plm, list_checkpoints, pretrain
 from xlnetcli.report.metrics_log import read_metrics
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny.yaml"
-BIN = Path(sys.executable).parent
 torch.set_num_threads(1)  # the same as the subprocesses (OMP_NUM_THREADS=1): bit-identical float reductions
-
-# The tiny config shrunk further so a step takes milliseconds on a shared 2-core CPU.
-SMALL = [
-    "tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "model.d_model=64", "model.n_head=2",
-    "model.d_head=32", "model.d_inner=128", "data.seq_len=32", "model.reuse_len=16", "model.mem_len=16",
-    "data.num_predict=6", "train.global_batch_size=4", "train.micro_batch_size=2", "data.valid_fraction=0.05",
-    "train.warmup_steps=2", "train.log_every=1", "train.eval_batches=2",
-]
-
-
-def _env() -> dict:
-    env = dict(os.environ, XLNET_NO_PROGRESS="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.pop("RANK", None)
-    env.pop("WORLD_SIZE", None)
-    return env
 
 
 @pytest.fixture(scope="module")
 def records(builds) -> Path:
     """Shared (conftest.py): read only."""
-    return builds.pipeline(SMALL).records
+    return builds.pipeline(FAST_PRETRAIN).records
 
 
 def _cfg(*extra: str):
-    return load_config(TINY, SMALL + list(extra))
-
-
-def _train_losses(run: Path) -> list[tuple[int, float]]:
-    return [(r["step"], r["loss"]) for r in read_metrics(run) if r["split"] == "train"]
-
-
-def _weights(step_dir: Path) -> dict:
-    return load_file(str(step_dir / "model.safetensors"))
-
-
-def _write_config(path: Path, overrides: list[str]) -> Path:
-    from xlnetcli.config import dump_config
-
-    path.write_text(dump_config(load_config(TINY, overrides)))
-    return path
+    return load_config(TINY, FAST_PRETRAIN + list(extra))
 
 
 # ---- checkpoints, eval, metrics ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_layout_eval_and_rotation(records, tmp_path):
     cfg = _cfg("train.max_steps=6", "train.save_every=2", "train.keep_last=2", "train.eval_every=3")
     res = pretrain(cfg, records, tmp_path / "run", quiet=True)
@@ -106,16 +81,17 @@ def test_run_layout_eval_and_rotation(records, tmp_path):
 # ---- exact resume after a real SIGKILL --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_exact(records, tmp_path):
     n, save = 40, 5
     over = [f"train.max_steps={n}", f"train.save_every={save}", "train.eval_every=10", "train.keep_last=3"]
-    cfg_file = _write_config(tmp_path / "cfg.yaml", SMALL + over)  # dropout 0.1 stays on: RNG state must resume
+    cfg_file = write_config(tmp_path / "cfg.yaml", FAST_PRETRAIN + over)  # dropout 0.1 stays on: RNG state must resume
     # uninterrupted reference run
     pretrain(load_config(cfg_file), records, tmp_path / "a", quiet=True)
     # the same run as a real process, killed with SIGKILL once the first checkpoint exists
     cmd = [str(BIN / "xlnet"), "pretrain", "--config", str(cfg_file), "--data", str(records), "--out",
            str(tmp_path / "b"), "--quiet"]
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     first = tmp_path / "b" / f"step_{save:07d}" / "train_state.safetensors"
     deadline = time.time() + 120
     while not first.exists() and proc.poll() is None and time.time() < deadline:
@@ -129,15 +105,15 @@ def test_resume_after_sigkill_is_exact(records, tmp_path):
     assert killed_at and killed_at[-1] < n, killed_at
     # resume (no --config: the run's own config.yaml)
     out = subprocess.run([str(BIN / "xlnet"), "pretrain", "--data", str(records), "--out", str(tmp_path / "b"),
-                          "--resume", "--quiet"], env=_env(), capture_output=True, text=True, timeout=300)
+                          "--resume", "--quiet"], env=child_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    la, lb = _train_losses(tmp_path / "a"), _train_losses(tmp_path / "b")
+    la, lb = train_losses(tmp_path / "a"), train_losses(tmp_path / "b")
     assert [s for s, _ in lb] == list(range(1, n + 1))  # rows logged after the checkpoint were dropped, then redone
     assert la == lb  # bit-identical losses
     ea = [r["loss"] for r in read_metrics(tmp_path / "a") if r["split"] == "eval"]
     eb = [r["loss"] for r in read_metrics(tmp_path / "b") if r["split"] == "eval"]
     assert ea == eb
-    wa, wb = _weights(tmp_path / "a" / f"step_{n:07d}"), _weights(tmp_path / "b" / f"step_{n:07d}")
+    wa, wb = step_weights(tmp_path / "a" / f"step_{n:07d}"), step_weights(tmp_path / "b" / f"step_{n:07d}")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     sa = load_train_state(tmp_path / "a" / f"step_{n:07d}")
     sb = load_train_state(tmp_path / "b" / f"step_{n:07d}")
@@ -145,12 +121,13 @@ def test_resume_after_sigkill_is_exact(records, tmp_path):
         assert torch.equal(v["exp_avg_sq"], sb["optimizer"]["state"][k]["exp_avg_sq"])
 
 
+@pytest.mark.slow
 def test_resume_given_step(records, tmp_path):
     cfg = _cfg("train.max_steps=6", "train.save_every=2", "train.keep_last=5", "train.eval_every=0")
     pretrain(cfg, records, tmp_path / "a", quiet=True)
     pretrain(cfg, records, tmp_path / "b", quiet=True)
     pretrain(cfg, records, tmp_path / "b", resume="2", quiet=True)  # continue from step 2 again
-    assert _train_losses(tmp_path / "a") == _train_losses(tmp_path / "b")
+    assert train_losses(tmp_path / "a") == train_losses(tmp_path / "b")
     with pytest.raises(XLNetError, match=r"no checkpoint step 3 .*have: 2, 4, 6"):
         pretrain(cfg, records, tmp_path / "b", resume="3", quiet=True)
 
@@ -158,17 +135,18 @@ def test_resume_given_step(records, tmp_path):
 # ---- torchrun: 2 processes (gloo) vs 1 process at the same global batch ----------------------------------------
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_match_one(records, tmp_path):
-    over = SMALL + ["train.max_steps=6", "train.save_every=6", "train.eval_every=3", "model.dropout=0.0",
+    over = FAST_PRETRAIN + ["train.max_steps=6", "train.save_every=6", "train.eval_every=3", "model.dropout=0.0",
                     "model.dropatt=0.0"]
-    cfg_file = _write_config(tmp_path / "cfg.yaml", over)
+    cfg_file = write_config(tmp_path / "cfg.yaml", over)
     pretrain(load_config(cfg_file), records, tmp_path / "one", quiet=True)  # 1 process: micro 2 x accumulation 2
     cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "xlnetcli", "pretrain",
            "--config", str(cfg_file), "--data", str(records), "--out", str(tmp_path / "two"), "--device", "cpu",
            "--quiet"]  # 2 processes: micro 2 x accumulation 1 each
-    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    l1, l2 = _train_losses(tmp_path / "one"), _train_losses(tmp_path / "two")
+    l1, l2 = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
     assert [s for s, _ in l1] == [s for s, _ in l2] == list(range(1, 7))
     # Same data rows, same memories, same init; only the order of float additions differs (DDP's all-reduce
     # averages two ranks' gradients instead of accumulating two micro-batches in one process), which moves losses
@@ -177,7 +155,7 @@ def test_torchrun_two_processes_match_one(records, tmp_path):
     e1 = [r["loss"] for r in read_metrics(tmp_path / "one") if r["split"] == "eval"]
     e2 = [r["loss"] for r in read_metrics(tmp_path / "two") if r["split"] == "eval"]
     assert e2 == pytest.approx(e1, rel=1e-5)
-    w1, w2 = _weights(tmp_path / "one" / "step_0000006"), _weights(tmp_path / "two" / "step_0000006")
+    w1, w2 = step_weights(tmp_path / "one" / "step_0000006"), step_weights(tmp_path / "two" / "step_0000006")
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-5
     st = load_train_state(tmp_path / "two" / "step_0000006")
     assert st["world_size"] == 2 and len(st["ranks"]) == 2 and sorted(st["ranks"][1]["mems"]) == [1]
@@ -186,20 +164,21 @@ def test_torchrun_two_processes_match_one(records, tmp_path):
 @pytest.mark.slow
 def test_torchrun_fsdp_matches_one_and_resumes_exactly(records, tmp_path):
     """FSDP2 (fully_shard) on 2 gloo processes: close to one process; a resume from step 3 is bit-identical."""
-    over = SMALL + ["train.max_steps=6", "train.save_every=3", "train.eval_every=3", "model.dropout=0.0",
+    over = FAST_PRETRAIN + ["train.max_steps=6", "train.save_every=3", "train.eval_every=3", "model.dropout=0.0",
                     "model.dropatt=0.0", "train.keep_last=5"]
     pretrain(load_config(TINY, over), records, tmp_path / "one", quiet=True)
-    cfg_file = _write_config(tmp_path / "cfg.yaml", over + ["train.distributed=fsdp"])
+    cfg_file = write_config(tmp_path / "cfg.yaml", over + ["train.distributed=fsdp"])
     base = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "xlnetcli", "pretrain", "--data",
             str(records), "--out", str(tmp_path / "fsdp"), "--device", "cpu", "--quiet"]
-    out = subprocess.run(base + ["--config", str(cfg_file)], env=_env(), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(base + ["--config", str(cfg_file)], env=child_env(), capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     first = read_metrics(tmp_path / "fsdp")
-    l1, l2 = _train_losses(tmp_path / "one"), _train_losses(tmp_path / "fsdp")
+    l1, l2 = train_losses(tmp_path / "one"), train_losses(tmp_path / "fsdp")
     assert [b for _, b in l2] == pytest.approx([a for _, a in l1], rel=1e-5)
-    w1, w2 = _weights(tmp_path / "one" / "step_0000006"), _weights(tmp_path / "fsdp" / "step_0000006")
+    w1, w2 = step_weights(tmp_path / "one" / "step_0000006"), step_weights(tmp_path / "fsdp" / "step_0000006")
     assert w1.keys() == w2.keys() and max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-5
-    out = subprocess.run(base + ["--resume", "3"], env=_env(), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(base + ["--resume", "3"], env=child_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     strip = lambda rows: [(r["step"], r["split"], r["loss"]) for r in rows]  # noqa: E731
     assert strip(read_metrics(tmp_path / "fsdp")) == strip(first)
@@ -236,6 +215,7 @@ def test_tiny_config_learns_on_real_text(builds, tmp_path):
 # ---- bad input ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_records_made_with_other_settings(records, tmp_path):
     with pytest.raises(DataError, match=r"num_predict=6 but the config has data.num_predict=5"):
         pretrain(_cfg("data.num_predict=5", "train.max_steps=2"), records, tmp_path / "r", quiet=True)
@@ -247,6 +227,7 @@ def test_records_made_with_other_settings(records, tmp_path):
         pretrain(_cfg(), tmp_path / "nope", tmp_path / "r", quiet=True)
 
 
+@pytest.mark.slow
 def test_out_folder_of_another_run(records, tmp_path):
     cfg = _cfg("train.max_steps=2", "train.save_every=2", "train.eval_every=0")
     pretrain(cfg, records, tmp_path / "run", quiet=True)
@@ -265,13 +246,14 @@ def test_out_folder_of_another_run(records, tmp_path):
     assert res["step"] == 3
 
 
+@pytest.mark.slow
 def test_preprocess_flags_reach_pretrain_without_config(builds, tmp_path, capsys):
     """`xlnet preprocess --mask-mode original --passes 2`, then `xlnet pretrain` without --config (it reads the
     records' config.yaml): the saved config holds the mask mode and passes used, so pretraining is not refused."""
-    cfg_file = _write_config(tmp_path / "cfg.yaml", SMALL + ["train.max_steps=2"])
+    cfg_file = write_config(tmp_path / "cfg.yaml", FAST_PRETRAIN + ["train.max_steps=2"])
     rec = tmp_path / "rec"
-    code, _, err = run_main(capsys, "preprocess", "--shards", builds.pipeline(SMALL).shards, "--out", rec, "--config",
-                            cfg_file, "--mask-mode", "original", "--passes", "2")
+    code, _, err = run_main(capsys, "preprocess", "--shards", builds.pipeline(FAST_PRETRAIN).shards, "--out", rec,
+                            "--config", cfg_file, "--mask-mode", "original", "--passes", "2")
     assert code == 0, err
     saved = load_config(rec / "config.yaml")
     assert (saved.data.mask_mode, saved.data.passes) == ("original", 2)
@@ -279,7 +261,7 @@ def test_preprocess_flags_reach_pretrain_without_config(builds, tmp_path, capsys
     assert (meta["mask_mode"], meta["passes"], len(meta["splits"]["train"]["files"])) == ("original", 2, 2)
     code, _, err = run_main(capsys, "pretrain", "--data", rec, "--out", tmp_path / "run", "--quiet")
     assert code == 0, err
-    assert [s for s, _ in _train_losses(tmp_path / "run")] == [1, 2]
+    assert [s for s, _ in train_losses(tmp_path / "run")] == [1, 2]
     assert load_config(tmp_path / "run" / "config.yaml").data.mask_mode == "original"
 
 
@@ -297,6 +279,7 @@ def test_impossible_batch_maths():
         _cfg("train.global_batch_size=6", "train.micro_batch_size=4")
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_with_diagnosis(records, tmp_path):
     cfg = _cfg("train.max_steps=20", "train.save_every=1", "train.eval_every=0", "train.lr=1e30",
                "train.warmup_steps=0", "train.clip_norm=0")
@@ -308,6 +291,7 @@ def test_nonfinite_loss_stops_with_diagnosis(records, tmp_path):
     assert "last good checkpoint" in msg and "--resume" in msg
 
 
+@pytest.mark.slow
 def test_out_of_memory_is_one_line(records, tmp_path, monkeypatch):
     import xlnetcli.train.pretrain as pt
 
@@ -320,23 +304,25 @@ def test_out_of_memory_is_one_line(records, tmp_path, monkeypatch):
                  tmp_path / "r", quiet=True)
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(records, tmp_path):
     out = subprocess.run([str(BIN / "xlnet"), "pretrain", "--config", str(TINY), "--data", str(records), "--out",
-                          str(tmp_path / "r")] + [f"--set={s}" for s in SMALL + ["data.mask_alpha=5"]],
-                         env=_env(), capture_output=True, text=True, timeout=120)
+                          str(tmp_path / "r")] + [f"--set={s}" for s in FAST_PRETRAIN + ["data.mask_alpha=5"]],
+                         env=child_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "mask_alpha=6" in out.stderr and "data.mask_alpha=5" in out.stderr
 
 
+@pytest.mark.slow
 def test_redirected_log_has_one_plain_line_per_interval(records, tmp_path):
     """stderr to a file (nohup, SLURM): a line per log_every with loss, lr, tokens/s, peak memory and ETA, each on one
     line however long; evaluations too; metrics.jsonl records the peak memory."""
-    cfg_file = _write_config(tmp_path / "cfg.yaml", SMALL + ["train.max_steps=6", "train.log_every=2",
+    cfg_file = write_config(tmp_path / "cfg.yaml", FAST_PRETRAIN + ["train.max_steps=6", "train.log_every=2",
                                                              "train.eval_every=3", "train.save_every=0"])
     log = tmp_path / "log.txt"
     with open(log, "w") as f:
         proc = subprocess.run([str(BIN / "xlnet"), "pretrain", "--config", str(cfg_file), "--data", str(records),
-                               "--out", str(tmp_path / "run")], env=_env(), stdout=f, stderr=subprocess.STDOUT,
+                               "--out", str(tmp_path / "run")], env=child_env(), stdout=f, stderr=subprocess.STDOUT,
                               timeout=300)
     text = log.read_text()
     assert proc.returncode == 0, text
@@ -361,6 +347,7 @@ class _Payload:
         return (Path.touch, (Path(self.marker),))
 
 
+@pytest.mark.slow
 def test_train_state_is_stored_without_pickle_and_a_pickle_payload_is_refused(records, tmp_path):
     cfg = _cfg("train.max_steps=4", "train.save_every=2", "train.eval_every=0")
     pretrain(cfg, records, tmp_path / "run", quiet=True, stop_after=2)
@@ -382,19 +369,20 @@ def test_train_state_is_stored_without_pickle_and_a_pickle_payload_is_refused(re
 # ---- preemption, full disk, a finished run ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigterm_writes_a_checkpoint_and_resume_is_exact(records, tmp_path):
     """A scheduler's SIGTERM: the current step finishes, a checkpoint is written, exit code 75 with one line; --resume
     then gives the uninterrupted run's losses, evaluations and final weights bit for bit."""
     n = 40
     over = [f"train.max_steps={n}", "train.save_every=0", "train.eval_every=10", "train.keep_last=3"]
-    cfg_file = _write_config(tmp_path / "cfg.yaml", SMALL + over)  # save_every=0: only SIGTERM and the end save
+    cfg_file = write_config(tmp_path / "cfg.yaml", FAST_PRETRAIN + over)  # save_every=0: only SIGTERM and the end save
     pretrain(load_config(cfg_file), records, tmp_path / "a", quiet=True)
     run = tmp_path / "b"
     cmd = [str(BIN / "xlnet"), "pretrain", "--config", str(cfg_file), "--data", str(records), "--out", str(run),
            "--quiet"]
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
-    while proc.poll() is None and time.time() < deadline and len(_train_losses(run) if
+    while proc.poll() is None and time.time() < deadline and len(train_losses(run) if
                                                                  (run / "metrics.jsonl").exists() else []) < 3:
         time.sleep(0.01)
     still_running = proc.poll() is None
@@ -409,14 +397,15 @@ def test_sigterm_writes_a_checkpoint_and_resume_is_exact(records, tmp_path):
     assert len(stopped) == 1 and 3 <= stopped[0] < n and f"step_{stopped[0]:07d}" in lines[0] and "--resume" in lines[0]
     assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no temporary folder left
     out = subprocess.run([str(BIN / "xlnet"), "pretrain", "--data", str(records), "--out", str(run), "--resume",
-                          "--quiet"], env=_env(), capture_output=True, text=True, timeout=300)
+                          "--quiet"], env=child_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     strip = lambda rows: [(r["step"], r["split"], r["loss"]) for r in rows]  # noqa: E731
     assert strip(read_metrics(run)) == strip(read_metrics(tmp_path / "a"))
-    wa, wb = _weights(tmp_path / "a" / f"step_{n:07d}"), _weights(run / f"step_{n:07d}")
+    wa, wb = step_weights(tmp_path / "a" / f"step_{n:07d}"), step_weights(run / f"step_{n:07d}")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow
 def test_disk_full_while_saving_names_the_last_good_checkpoint(records, tmp_path, monkeypatch, capsys):
     """ENOSPC half-way through writing a checkpoint: one line naming the last good one, no partial step folder; after
     freeing space, --resume finishes the run as if nothing happened."""
@@ -424,7 +413,7 @@ def test_disk_full_while_saving_names_the_last_good_checkpoint(records, tmp_path
 
     from clitools import assert_one_line_error, run_main
 
-    cfg_file = _write_config(tmp_path / "cfg.yaml", SMALL + ["train.max_steps=6", "train.save_every=2",
+    cfg_file = write_config(tmp_path / "cfg.yaml", FAST_PRETRAIN + ["train.max_steps=6", "train.save_every=2",
                                                              "train.eval_every=0", "train.keep_last=5"])
     pretrain(load_config(cfg_file), records, tmp_path / "a", quiet=True)
     from xlnetcli.train import checkpointer
@@ -448,14 +437,13 @@ def test_disk_full_while_saving_names_the_last_good_checkpoint(records, tmp_path
     monkeypatch.setattr(checkpointer, "save_tree", real_save)
     code, _, err = run_main(capsys, "pretrain", "--data", records, "--out", run, "--resume", "--quiet")
     assert code == 0, err
-    assert _train_losses(run) == _train_losses(tmp_path / "a")
-    wa, wb = _weights(tmp_path / "a" / "step_0000006"), _weights(run / "step_0000006")
+    assert train_losses(run) == train_losses(tmp_path / "a")
+    wa, wb = step_weights(tmp_path / "a" / "step_0000006"), step_weights(run / "step_0000006")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_says_it_is_complete(records, tmp_path, monkeypatch, capsys):
-    from clitools import run_main
-
     monkeypatch.setenv("XLNET_NO_PROGRESS", "1")
     cfg = _cfg("train.max_steps=3", "train.save_every=2", "train.eval_every=3")
     first = pretrain(cfg, records, tmp_path / "run", quiet=True)
@@ -470,6 +458,7 @@ def test_resuming_a_finished_run_says_it_is_complete(records, tmp_path, monkeypa
     assert read_metrics(tmp_path / "run") == rows  # nothing logged again
 
 
+@pytest.mark.slow
 def test_mem_len_zero_means_no_memory_in_pretraining(records, tmp_path):
     """model.mem_len=0 switches Transformer-XL memory off (the paper's "- memory" ablation row), as the original's
     _cache_mem does: nothing is carried between steps or saved in the train state (with memory on, the same run

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
+from clitools import SAMPLE, TINY, settings_config
 
 from xlnetcli import api
 from xlnetcli.checkpoint.folders import save_model_dir, step_dir_name
@@ -21,7 +20,6 @@ from xlnetcli.model.state_dict_adapter import mems_to_hf
 from xlnetcli.model import XLNetLMHeadModel
 
 transformers = pytest.importorskip("transformers")
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(*args) -> int:
@@ -34,12 +32,10 @@ def cli(*args) -> int:
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
-    from clitools import settings_config
-
     from xlnetcli.data.tokenizer import train_tokenizer
 
     out = tmp_path_factory.mktemp("tok") / "tokenizer"
-    train_tokenizer(settings_config("tokenizer", vocab_size=400, threads=1), [ROOT / "tests" / "data" / "sample.txt"],
+    train_tokenizer(settings_config("tokenizer", vocab_size=400, threads=1), [SAMPLE],
                     out, quiet=True)
     return out
 
@@ -86,6 +82,7 @@ def test_resolve_checkpoint_picks_latest(ckpt):
     assert (resolve_checkpoint(ckpt) / "tokenizer" / "spiece.model").is_file()
 
 
+@pytest.mark.slow
 def test_export_loads_in_transformers_with_identical_outputs(ckpt, tmp_path):
     out = tmp_path / "hf"
     assert cli("export", str(ckpt), "--format", "hf", "--out", str(out)) == 0
@@ -117,11 +114,11 @@ def test_export_loads_in_transformers_with_identical_outputs(ckpt, tmp_path):
     assert enc[:-2] == ours_tok.encode_ids(text)
 
 
+@pytest.mark.slow
 def test_export_of_a_real_pretraining_run_gives_our_logits_in_transformers(builds, tmp_path):
     """configs/tiny.yaml as shipped (bi_data on, memory 96, reuse 64; a 1000-piece vocabulary for the small test
     corpus), pretrained for 3 steps, exported: transformers gives our logits for batches of 1, 2 and 3, with and
     without an attention mask (left padding, as XLNet pads)."""
-    from test_pretrain import TINY
     from xlnetcli.config import load_config
     from xlnetcli.train.pretrain import pretrain
 
@@ -157,6 +154,7 @@ def test_export_of_a_real_pretraining_run_gives_our_logits_in_transformers(build
     assert (back.model.bi_data, back.model.mem_len, back.model.reuse_len) == (True, 96, 64)
 
 
+@pytest.mark.slow
 def test_round_trips_are_bit_exact(ckpt, tmp_path):
     hf_dir, back = tmp_path / "hf", tmp_path / "back"
     assert cli("export", str(ckpt), "--out", str(hf_dir)) == 0
@@ -180,6 +178,7 @@ def test_round_trips_are_bit_exact(ckpt, tmp_path):
     assert (hf_dir / "spiece.model").read_bytes() == (hf2 / "spiece.model").read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["mlm", "clm"])
 def test_objective_round_trips(tok_dir, tmp_path, objective):
     """A model pretrained with another objective exports (transformers loads it as any XLNet) and imports back with

@@ -6,50 +6,32 @@ from __future__ import annotations
 import os
 import random
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from clitools import kill_and_resume
-from xlnetcli.config import dump_config, load_config
+from clitools import BIN, MICRO_MODEL, child_env, kill_and_resume, write_config
 from xlnetcli.core.files import sha256_file
 from xlnetcli.report.metrics_log import read_metrics
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny.yaml"
-BIN = Path(sys.executable).parent
 KILLS = int(os.environ.get("XLNET_FAULT_KILLS", "20"))
 STEPS = 60
-SMALL = [
-    "tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
-    "model.d_head=16", "model.d_inner=64", "data.seq_len=32", "model.reuse_len=16", "model.mem_len=16",
-    "data.num_predict=6", "train.global_batch_size=4", "train.micro_batch_size=2", "data.valid_fraction=0.05",
-    "train.warmup_steps=2", "train.log_every=1", "train.eval_batches=1", "train.eval_every=5", "train.save_every=1",
-    "train.keep_last=2", f"train.max_steps={STEPS}",
-]
-
-
-def _env() -> dict:
-    env = dict(os.environ, XLNET_NO_PROGRESS="1", OMP_NUM_THREADS="1")
-    env.pop("RANK", None)
-    env.pop("WORLD_SIZE", None)
-    return env
+FAULT_RUN = [*MICRO_MODEL, "model.n_layer=2", "train.warmup_steps=2", "train.log_every=1", "train.eval_batches=1",
+             "train.eval_every=5", "train.save_every=1", "train.keep_last=2", f"train.max_steps={STEPS}"]
 
 
 @pytest.fixture(scope="module")
 def setup(builds, tmp_path_factory) -> tuple[Path, Path]:
     """The records (shared, conftest.py: read only) and the config file of the runs."""
-    cfg = tmp_path_factory.mktemp("faults") / "cfg.yaml"
-    cfg.write_text(dump_config(load_config(TINY, SMALL)))
-    return builds.pipeline(SMALL).records, cfg
+    cfg = write_config(tmp_path_factory.mktemp("faults") / "cfg.yaml", FAULT_RUN)
+    return builds.pipeline(FAULT_RUN).records, cfg
 
 
 def _start(records: Path, cfg: Path, out: Path) -> subprocess.Popen:
     cmd = [str(BIN / "xlnet"), "pretrain", "--config", str(cfg), "--data", str(records), "--out", str(out),
            "--resume", "--quiet"]
-    return subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def _wait_for_progress(proc: subprocess.Popen, run: Path, timeout: float = 120) -> bool:
@@ -82,7 +64,8 @@ def _wait_for_save(proc: subprocess.Popen, run: Path, timeout: float = 120) -> b
 def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_checkpoint(setup, tmp_path):
     records, cfg = setup
     ref = subprocess.run([str(BIN / "xlnet"), "pretrain", "--config", str(cfg), "--data", str(records), "--out",
-                          str(tmp_path / "ref"), "--quiet"], env=_env(), capture_output=True, text=True, timeout=600)
+                          str(tmp_path / "ref"), "--quiet"], env=child_env(), capture_output=True, text=True,
+                         timeout=600)
     assert ref.returncode == 0, ref.stderr
     rng = random.Random(20261123)
     run = tmp_path / "faulty"

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from test_model_parity import TOL, maxdiff, plm_batch, tiny_cfg
+from modeltools import TOL, maxdiff, plm_batch, tiny_cfg
 from xlnetcli.model.kernels import NEG_INF, _FeedForwardCore, _LMHeadLoss, _RelAttnCore, fused_dropout, keep_mask
 from xlnetcli.model import XLNetLMHeadModel
 
@@ -40,6 +40,7 @@ def attn_reference(q, k, v, kr, r_w, r_r, r_s, seg, rel_index, same, mask, keep,
 
 @pytest.mark.parametrize("G,with_seg,with_mask,with_drop", [(1, True, True, True), (2, True, False, True),
                                                              (1, False, True, False), (2, False, False, False)])
+@pytest.mark.slow
 def test_attention_core_gradcheck(G, with_seg, with_mask, with_drop):
     g = torch.Generator().manual_seed(0)
     B, H, N, K, D, L = 4, 2, 7, 6, 3, 5  # N = L content rows + 2 query rows, K = 1 memory + L

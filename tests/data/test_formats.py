@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from clitools import assert_one_line_error, run_main, settings_config
+from clitools import CORPUS, assert_one_line_error, run_main, settings_config
 
 import xlnetcli.data.corpus as corpus_mod
 from xlnetcli.data.corpus import FileStats, detect_format, expand_inputs, iter_file_text
@@ -20,9 +20,8 @@ from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.data.shard import shard_corpus
 from xlnetcli.data.tokenizer import train_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT / "data" / "pydocs" / "corpus.txt"
-SAMPLE = ROOT / "tests" / "data" / "sample.txt"
+pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
+
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

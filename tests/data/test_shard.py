@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clitools import assert_one_line_error, flip_bit, run_main, settings_config
+from clitools import SAMPLE, assert_one_line_error, flip_bit, run_main, settings_config
 from click.testing import CliRunner
 
 import xlnetcli.data.corpus as corpus_mod
@@ -23,7 +23,6 @@ from xlnetcli.data.shard_format import NpyStreamWriter, open_shards, read_manife
 from xlnetcli.data.special import EOD_ID
 from xlnetcli.data.tokenizer import Tokenizer
 
-SAMPLE = Path(__file__).parent / "data" / "sample.txt"
 
 
 @pytest.fixture(scope="module")

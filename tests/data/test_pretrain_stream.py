@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from test_preprocess import records, shard_dir, small_cfg, tok_dir  # noqa: F401  (session fixtures)
+from clitools import preprocess_cfg
 from xlnetcli.data.pretrain_stream import (
     PretrainStream,
     make_perm_mask,
@@ -122,7 +122,7 @@ def test_make_perm_mask_helper():
     assert pm0.diagonal(dim1=1, dim2=2)[sel].eq(1).all()
 
 
-def test_stream_batches(records):  # noqa: F811
+def test_stream_batches(records):
     s = PretrainStream(records, "train", 0, 1, 4, seed=5)
     assert s.accumulation == 2
     it = iter(s)
@@ -144,7 +144,7 @@ def test_stream_batches(records):  # noqa: F811
     assert s.state_dict()["step"] == 1 and s.state_dict()["micro"] == 1
 
 
-def test_stream_rank_world_slicing_resume_and_prefetch(records):  # noqa: F811
+def test_stream_rank_world_slicing_resume_and_prefetch(records):
     one = PretrainStream(records, "train", 0, 1, 4, seed=5)
     r1 = PretrainStream(records, "train", 1, 2, 4, seed=5)
     a = one.batch(3, 1)
@@ -173,7 +173,7 @@ def test_stream_rank_world_slicing_resume_and_prefetch(records):  # noqa: F811
     assert not torch.equal(one.batch(0, 0)["perm_q_rank"], one.batch(total, 0)["perm_q_rank"])
 
 
-def test_stream_bad_input(records):  # noqa: F811
+def test_stream_bad_input(records):
     with pytest.raises(ConfigError, match="even"):
         PretrainStream(records, "train", 0, 1, 3)
     with pytest.raises(ConfigError, match="micro_batch_size"):
@@ -182,11 +182,11 @@ def test_stream_bad_input(records):  # noqa: F811
         PretrainStream(records, "train", 0, 3, 4)
 
 
-def test_stream_feeds_the_engine(records):  # noqa: F811
+def test_stream_feeds_the_engine(records):
     model_mod = pytest.importorskip("xlnetcli.model")
     from xlnetcli.config import replace
 
-    cfg = replace(small_cfg(), model={"d_model": 32, "n_layer": 2, "n_head": 2, "d_head": 16, "d_inner": 64,
+    cfg = replace(preprocess_cfg(), model={"d_model": 32, "n_layer": 2, "n_head": 2, "d_head": 16, "d_inner": 64,
                                       "mem_len": 32, "dropout": 0.0, "dropatt": 0.0})
     model = model_mod.XLNetLMHeadModel(cfg.model)
     stream = PretrainStream(records, "train", 0, 1, 4, seed=1, dense=True)

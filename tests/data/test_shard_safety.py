@@ -5,9 +5,7 @@ SIGTERM cleans up as Ctrl-C does; a `shard` worker whose parent died exits quiet
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,18 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clitools import assert_one_line_error, flip_bit, run_main
+from clitools import CORPUS, TINY, assert_one_line_error, child_env, flip_bit, run_main, set_args
 
 from xlnetcli.config import load_config
-from xlnetcli.core.errors import DataError, Terminated
-from xlnetcli.core.files import atomic_output_dir, remove_stale_temps
-from xlnetcli.core.signals import sigterm_as_interrupt
+from xlnetcli.core.errors import DataError
 from xlnetcli.data.preprocess import preprocess
 from xlnetcli.data.shard_format import verify_shards
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny.yaml"
-CORPUS = ROOT / "data" / "pydocs" / "corpus.txt"
+pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
+
 SETS = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "data.seq_len=32", "model.reuse_len=16",
         "data.num_predict=6", "train.global_batch_size=4", "train.micro_batch_size=2", "data.valid_fraction=0.05"]
 
@@ -60,7 +55,7 @@ def test_preprocess_refuses_a_flipped_byte_naming_the_shard(shards, tmp_path, ca
     bad = _copy(shards, tmp_path / "shards")
     target = bad / "train" / "shard_00001.tokens.npy"
     _flip_token(target, 200, 1000)
-    args = ["preprocess", "--shards", bad, "--config", TINY, *sum((["--set", s] for s in SETS), [])]
+    args = ["preprocess", "--shards", bad, "--config", TINY, *set_args(SETS)]
     code, _, err = run_main(capsys, *args, "--out", tmp_path / "rec")
     assert_one_line_error(code, err, str(target), "sha256", "rerun `xlnet shard`")
     assert not (tmp_path / "rec").exists() and not list(tmp_path.glob(".rec.*"))
@@ -91,33 +86,6 @@ def test_verify_names_the_sentence_id_file_and_old_manifests(shards, tmp_path):
 # ---- stale temporary folders ------------------------------------------------------------------------------------
 
 
-def _dead_pid() -> int:
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    return p.pid
-
-
-def test_remove_stale_temps_only_touches_dead_writers_of_this_host(tmp_path):
-    out = tmp_path / "shards"
-    host = socket.gethostname()
-    dead = tmp_path / f".shards.xlnet-{host}-{_dead_pid()}-abc123_z.tmp"
-    live = tmp_path / f".shards.xlnet-{host}-{os.getpid()}-k2j4h5g6.tmp"
-    other_host = tmp_path / f".shards.xlnet-{host}x-{_dead_pid()}-q1w2e3r4.tmp"
-    other_out = tmp_path / f".shards2.xlnet-{host}-{_dead_pid()}-abcdefgh.tmp"
-    not_ours = tmp_path / ".shards.backup.tmp"
-    for d in (dead, live, other_host, other_out, not_ours):
-        (d / "train").mkdir(parents=True)
-        (d / "train" / "x.npy").write_bytes(b"x" * 100)
-    assert remove_stale_temps(out) == [dead]
-    assert not dead.exists()
-    for d in (live, other_host, other_out, not_ours):
-        assert d.is_dir(), d
-    with atomic_output_dir(out) as tmp:  # our own name: host and pid inside
-        assert tmp.name.startswith(f".shards.xlnet-{host}-{os.getpid()}-") and tmp.name.endswith(".tmp")
-        (tmp / "f").write_text("x")
-    assert (out / "f").is_file()
-
-
 def _big_corpus(path: Path, copies: int = 15) -> Path:
     text = CORPUS.read_bytes()
     with open(path, "wb") as f:
@@ -126,12 +94,8 @@ def _big_corpus(path: Path, copies: int = 15) -> Path:
     return path
 
 
-def _env() -> dict:
-    return dict(os.environ, OMP_NUM_THREADS="1", XLNET_NO_PROGRESS="1", PYTHONUNBUFFERED="1")
-
-
 def _start(args: list, err_path: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "xlnetcli", *map(str, args)], env=_env(),
+    return subprocess.Popen([sys.executable, "-m", "xlnetcli", *map(str, args)], env=child_env(),
                             stdout=subprocess.DEVNULL, stderr=open(err_path, "wb"))  # noqa: SIM115
 
 
@@ -177,7 +141,7 @@ def test_sigkill_leaves_a_temp_that_the_next_run_removes(kind, big, tmp_path):
     small = tmp_path / "small.txt"
     small.write_bytes(CORPUS.read_bytes()[:400_000])
     args = [a if a != corpus else small for a in _command(kind, big, out)]
-    r = subprocess.run([sys.executable, "-m", "xlnetcli", *map(str, args)], env=_env(), capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "xlnetcli", *map(str, args)], env=child_env(), capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert _temps(out) == [] and out.is_dir()
@@ -213,13 +177,3 @@ def test_shard_worker_whose_parent_died_exits_quietly(big, tmp_path):
     time.sleep(0.3)
     err = (tmp_path / "err").read_text()
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
-
-
-def test_sigterm_as_interrupt_in_process(tmp_path):
-    out = tmp_path / "o"
-    with pytest.raises(Terminated), sigterm_as_interrupt(), atomic_output_dir(out) as tmp:
-        (tmp / "part").write_text("x")
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)  # the handler raises before this ends
-    assert not out.exists() and not list(tmp_path.iterdir())
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # restored

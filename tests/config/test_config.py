@@ -1,10 +1,10 @@
 import dataclasses
 import time
 import typing
-from pathlib import Path
 
 import pytest
 import yaml
+from clitools import PRESET_DIR, ROOT
 
 from xlnetcli.cli import COMMAND_SECTIONS, check_override_sections
 from xlnetcli.config import (
@@ -19,8 +19,6 @@ from xlnetcli.config import (
 )
 from xlnetcli.core.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
-PRESET_DIR = ROOT / "src" / "xlnetcli" / "config" / "presets"
 SHIPPED = sorted(PRESET_DIR.rglob("*.yaml"))
 
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from test_model_parity import maxdiff, plm_batch, tiny_cfg
+from modeltools import maxdiff, plm_batch, tiny_cfg, twins
 from xlnetcli.core import dist
 from xlnetcli.model.flops import forward_flops, peak_tflops, train_flops
 from xlnetcli.model.kernels import _RelShift, resolve_impl
-from xlnetcli.model import XLNetLayer, XLNetLMHeadModel
+from xlnetcli.model import XLNetLayer
 from xlnetcli.model.parallel import apply_activation_checkpointing, compile_layers, parallelize
 
 
@@ -44,14 +44,6 @@ def train_grads(model, b, seed=1):
     return out.loss.detach(), grads
 
 
-def twins(c):
-    torch.manual_seed(0)
-    a = XLNetLMHeadModel(c).train()
-    b = XLNetLMHeadModel(c).train()
-    b.load_state_dict(a.state_dict())
-    return a, b
-
-
 @pytest.mark.parametrize("impl", ["fused", "einsum", "sdpa"])
 def test_activation_checkpointing_is_bit_exact_with_dropout(impl):
     a, b = twins(cfg(attn_impl=impl, dropout=0.1, dropatt=0.1))
@@ -70,6 +62,7 @@ def test_compiled_layers_match_eager():
     assert maxdiff(la, lb) <= 1e-5 and max(maxdiff(ga[k], gb[k]) for k in ga) <= 1e-5
 
 
+@pytest.mark.slow
 def test_fsdp_shards_every_layer_and_trains_like_one_model(tmp_path):
     """FSDP2 in a one-process gloo group: each layer is its own FSDP unit (the position projection lives in the
     layer), and the loss and gradients equal the unsharded model's."""

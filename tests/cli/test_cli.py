@@ -1,5 +1,6 @@
 """The CLI surface: one line per command in --help, in pipeline order, --version, and the bundled-corpus default."""
 
+import pytest
 from clitools import run_main
 
 from xlnetcli import __version__
@@ -29,6 +30,7 @@ def test_version(capsys):
     assert code == 0 and __version__ in out
 
 
+@pytest.mark.slow
 def test_tokenize_without_inputs_uses_the_bundled_corpus(tmp_path, capsys):
     code, _, err = run_main(capsys, "tokenize", "train", "--out", tmp_path / "tok", "--vocab-size", "1000", "--quiet")
     assert code == 0, err

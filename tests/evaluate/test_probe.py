@@ -10,14 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from clitools import assert_one_line_error, run_main
+from clitools import BIN, SAMPLE, TINY, assert_one_line_error, child_env, run_main
 from xlnetcli.config import load_config
 from xlnetcli.core.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny.yaml"
-SAMPLE = ROOT / "tests" / "data" / "sample.txt"
-SMALL = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "model.reuse_len=32",
+PROBE_SETS = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "model.reuse_len=32",
          "model.mem_len=32", "data.seq_len=64", "finetune.max_seq_length=64"]
 A, B = "thread", "socket"  # single pieces in a 1000-piece vocabulary trained on the sample text
 
@@ -44,7 +41,7 @@ def env(builds, tmp_path_factory):
     from xlnetcli.model import XLNetLMHeadModel
 
     d = tmp_path_factory.mktemp("probe")
-    cfg = load_config(TINY, SMALL)
+    cfg = load_config(TINY, PROBE_SETS)
     tok = builds.tokenizer(cfg.tokenizer)
     torch.manual_seed(cfg.train.seed)
     save_model_dir(d / "run" / "step_0000001", XLNetLMHeadModel(cfg.model).eval(), cfg, tokenizer_dir=tok,
@@ -70,6 +67,7 @@ def env(builds, tmp_path_factory):
     return {"dir": d, "run": d / "run", "tok": tok, "cfg": cfg, **files}
 
 
+@pytest.mark.slow
 def test_planted_word_is_found_by_both_features(env, capsys):
     """Even random-init features carry token identity: a label decided by one planted word is read off the mean
     (and the <cls>) features far above chance. The checkpoint here is the run's initial weights, so the random-init
@@ -90,6 +88,7 @@ def test_planted_word_is_found_by_both_features(env, capsys):
     assert set(pre["mean"]["heldout"]) == {"0.0001", "0.001", "0.01", "0.1", "1", "10"}
 
 
+@pytest.mark.slow
 def test_label_curve_rises_with_labelled_rows_and_is_plotted(env, capsys):
     """--train-sizes refits the probe on stratified draws of n training rows (features computed once): on the planted
     task, 200 rows do about as well as all 300 and 20 clearly worse; on random labels every size stays at chance.
@@ -122,6 +121,7 @@ def test_label_curve_rises_with_labelled_rows_and_is_plotted(env, capsys):
     assert_one_line_error(code, err, "not a probe result")
 
 
+@pytest.mark.slow
 def test_random_labels_give_chance(env):
     from xlnetcli.evaluate.probe import probe
 
@@ -132,6 +132,7 @@ def test_random_labels_give_chance(env):
         assert r["train_accuracy"] > r["accuracy"]  # it does fit its training rows (noise), which is not transferred
 
 
+@pytest.mark.slow
 def test_l2_choice_never_reads_the_validation_file(env, tmp_path):
     """Flipping every validation label leaves the L2 choice, the held-out scores and the fitted probe unchanged;
     only the final validation accuracy turns into 1 - accuracy."""
@@ -149,6 +150,7 @@ def test_l2_choice_never_reads_the_validation_file(env, tmp_path):
         assert len(set(a["heldout"].values())) > 1  # the grid is a real choice on this (noisy) data
 
 
+@pytest.mark.slow
 def test_probe_checkpoint_in_process_leaves_the_model_as_it_was(env):
     """What the training engine calls every train.probe_every steps: a model object in train mode (dropout on),
     rows from one labelled file split deterministically. Mode, gradients and RNG states are untouched, and the
@@ -217,6 +219,7 @@ def test_held_out_splits_keep_rows_made_of_the_same_words_together():
         assert held.tolist() == per_label and kept.tolist() == sorted(set(range(len(labels))) - set(per_label))
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_one_line(env, tmp_path, capsys):
     base = ["probe", env["run"], "--device", "cpu"]
     one = _write(tmp_path / "one.tsv", [("a sentence", "x"), ("another one", "x"), ("and a third", "x")])
@@ -272,21 +275,21 @@ dist.cleanup()
 """
 
 
+@pytest.mark.slow
 def test_probe_checkpoint_on_a_sharded_model(env, tmp_path):
     """During pretraining under torchrun every rank calls the probe on its FSDP2-sharded model (the transformer is
     run below the root, whose embeddings must be gathered first): same result as the unsharded model, on every rank."""
     import subprocess
 
-    from test_pretrain import BIN, _env
     from xlnetcli.model import XLNetLMHeadModel
     from xlnetcli.evaluate.probe import probe_checkpoint, read_rows, split_rows
     from xlnetcli.data.tokenizer import Tokenizer
 
     script = tmp_path / "sharded.py"
     script.write_text(_SHARDED)
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(script), str(TINY), json.dumps(SMALL),
-           "fsdp", str(env["tok"]), str(env["planted_train"])]
-    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(script), str(TINY),
+           json.dumps(PROBE_SETS), "fsdp", str(env["tok"]), str(env["planted_train"])]
+    out = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     got = [json.loads(ln.split(" ", 2)[2]) for ln in out.stdout.splitlines() if ln.startswith("RESULT")]
     torch.manual_seed(0)
@@ -300,13 +303,14 @@ def test_probe_checkpoint_on_a_sharded_model(env, tmp_path):
             assert g["features"][kind]["l2"] == ref["features"][kind]["l2"]
 
 
+@pytest.mark.slow
 def test_probe_during_pretraining_is_logged_plotted_and_leaves_training_unchanged(env, builds, tmp_path):
     """train.probe_every: probe rows at steps 0, 2, 4 in metrics.jsonl, a probe panel in the plot, and the training
     itself bit-identical to the same run without the probe (the probe draws from no RNG the run uses)."""
     from xlnetcli.train.pretrain import pretrain
     from xlnetcli.report.metrics_log import read_metrics
 
-    over = SMALL + ["data.num_predict=10", "train.global_batch_size=4", "train.micro_batch_size=2",
+    over = PROBE_SETS + ["data.num_predict=10", "train.global_batch_size=4", "train.micro_batch_size=2",
                     "data.valid_fraction=0.05", "train.max_steps=4", "train.warmup_steps=1", "train.log_every=1",
                     "train.eval_every=2", "train.eval_batches=1", "train.save_every=0", "model.d_model=64",
                     "model.n_head=2", "model.d_head=32", "model.d_inner=128"]

@@ -1,7 +1,7 @@
 """Our tokenizer in transformers: AutoTokenizer on a tokenizer folder and on an `xlnet export` gives our ids (the
 tokenizer.json we write), XLNetTokenizer loads both; each known difference is pinned.
 
-Sentences: lines of the bundled corpus (data/pydocs), of tests/data/sample.txt, corpus lines with a comma after a
+Sentences: lines of the bundled corpus (data/pydocs), of tests/fixtures/sample.txt, corpus lines with a comma after a
 digit, and handcrafted ones (digits, quotes, accents, parentheses, Greek capitals, Hindi, CJK, odd whitespace).
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from clitools import CORPUS, SAMPLE, code_blocks, xlnet_spm
 
 from xlnetcli.checkpoint.folders import save_model_dir, step_dir_name
 from xlnetcli.cli import main
@@ -24,11 +25,10 @@ from xlnetcli.data.special import CLS_ID, EOD_ID, PAD_ID, SEG_ID_PAD, SEP_ID
 from xlnetcli.data.labelled import build_pair, left_pad
 from xlnetcli.data.tokenizer import Tokenizer, hf_tokenizer_json, train_tokenizer
 
+pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
+
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
-ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT / "data" / "pydocs" / "corpus.txt"
-SAMPLE = ROOT / "tests" / "data" / "sample.txt"
 
 # in the training text (repeated) so that the vocabulary covers these scripts, and among the test sentences
 WORLD = [
@@ -278,13 +278,11 @@ def test_xlnet_tokenizer_loads_and_its_differences_are_pinned(tok, tok_dir, expo
 def test_import_of_a_transformers_directory_keeps_its_casing(tmp_path):
     """`xlnet import` of a transformers directory whose spiece.model comes without our metadata (as a downloaded
     uncased model would): tokenizer_config.json's do_lower_case is kept, and written down in the checkpoint."""
-    from test_tokenizer import _xlnet_spm
-
     hf = tmp_path / "hf"
     model = transformers.XLNetLMHeadModel(transformers.XLNetConfig(vocab_size=600, d_model=16, n_layer=1, n_head=2,
                                                                    d_inner=32, mem_len=None, reuse_len=None))
     model.save_pretrained(hf)
-    (hf / "spiece.model").write_bytes(_xlnet_spm(tmp_path, "corpus.txt", lower=True))
+    (hf / "spiece.model").write_bytes(xlnet_spm(tmp_path, "corpus.txt", lower=True))
     (hf / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLNetTokenizer", "do_lower_case": True}))
     with pytest.raises(SystemExit) as e:
         main(["import", "--from-hf", str(hf), "--out", str(tmp_path / "ck")])
@@ -300,8 +298,6 @@ def test_import_of_a_transformers_directory_keeps_its_casing(tmp_path):
 def test_readme_autotokenizer_example_runs(tok, export_dir, tmp_path, monkeypatch):
     """The README's AutoTokenizer block, run against an export: our ids, framing and left padding."""
     import shutil
-
-    from test_readme import code_blocks
 
     shutil.copytree(export_dir, tmp_path / "runs" / "tiny-hf")
     monkeypatch.chdir(tmp_path)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from clitools import TINY, preprocess_cfg
 
 from xlnetcli.config import load_config
 from xlnetcli.core.errors import ConfigError, DataError
@@ -18,39 +19,6 @@ from xlnetcli.data.preprocess import _Params, build_row, preprocess, row_source
 from xlnetcli.data.record_format import open_records, segment_ids
 from xlnetcli.data.segments import Row, trim_lengths
 from xlnetcli.data.special import CLS_ID, SEP_ID
-
-ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT / "data" / "pydocs" / "corpus.txt"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Fixtures shared with test_data.py: a tokenizer, the pydocs corpus in shards, records of them
-
-
-def small_cfg(*extra: str):
-    base = ["tokenizer.vocab_size=2000", "model.vocab_size=2000", "data.seq_len=64", "model.reuse_len=32",
-            "data.num_predict=11", "train.global_batch_size=8", "train.micro_batch_size=4", "model.bi_data=true"]
-    return load_config(ROOT / "configs" / "tiny.yaml", base + list(extra))
-
-
-@pytest.fixture(scope="session")
-def tok_dir(builds) -> Path:
-    """A tokenizer (ids 0-8 as docs/xlnet.md §1). This, shard_dir and records are shared (conftest.py): read only."""
-    from xlnetcli.config import TokenizerConfig
-
-    return builds.tokenizer(TokenizerConfig(vocab_size=2000))
-
-
-@pytest.fixture(scope="session")
-def shard_dir(builds, tok_dir) -> Path:
-    """The pydocs corpus in 3 train shards and a valid shard."""
-    return builds.shards(tok_dir, CORPUS, shards=3, valid_fraction=0.05)
-
-
-@pytest.fixture(scope="session")
-def records(builds, shard_dir) -> Path:
-    return builds.records(shard_dir, small_cfg(), passes=2)
-
 
 def stream_rows(shard_dir: Path, meta: dict, split: str = "train", pass_id: int = 0) -> np.ndarray:
     """Forward rows [n_fwd, row_len] of a pass, rebuilt independently (file order, sentence-id flips)."""
@@ -138,13 +106,13 @@ def test_passes_differ_and_runs_are_deterministic(records, shard_dir, tmp_path):
     meta, passes = open_records(records)
     assert not np.array_equal(np.asarray(passes[0].masked), np.asarray(passes[1].masked))
     other = tmp_path / "again"
-    preprocess(small_cfg("data.passes=2"), shard_dir, other, workers=2, quiet=True)
+    preprocess(preprocess_cfg("data.passes=2"), shard_dir, other, workers=2, quiet=True)
     for f in sorted((records / "train").iterdir()):
         assert hashlib.sha256(f.read_bytes()).digest() == hashlib.sha256((other / "train" / f.name).read_bytes()).digest()
 
 
 def test_mask_mode_original_counts_subword_pieces(shard_dir, tmp_path):
-    meta = preprocess(small_cfg("data.mask_mode=original"), shard_dir, tmp_path / "o", quiet=True)
+    meta = preprocess(preprocess_cfg("data.mask_mode=original"), shard_dir, tmp_path / "o", quiet=True)
     assert meta["mask_mode"] == "original"
     _, passes = open_records(tmp_path / "o")
     L, R, NP = meta["seq_len"], meta["reuse_len"], meta["num_predict"]
@@ -161,7 +129,7 @@ def test_cli_preprocess_and_bad_input(shard_dir, tmp_path, capsys):
 
     from xlnetcli.config import config_to_dict
 
-    cfgf.write_text(yaml.safe_dump(config_to_dict(small_cfg())))
+    cfgf.write_text(yaml.safe_dump(config_to_dict(preprocess_cfg())))
 
     def run(*args):
         with pytest.raises(SystemExit) as e:
@@ -199,15 +167,15 @@ def test_bad_shards(shard_dir, tmp_path):
     m["tokenizer_sha256"] = "0" * 64
     (bad / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(DataError, match="another tokenizer"):
-        preprocess(small_cfg(), bad, tmp_path / "x", quiet=True)
+        preprocess(preprocess_cfg(), bad, tmp_path / "x", quiet=True)
     with pytest.raises(DataError, match="vocab"):
         preprocess(load_config(None, ["train.micro_batch_size=4", "train.global_batch_size=8"]), shard_dir,
                    tmp_path / "y", quiet=True)
     with pytest.raises(DataError, match="shard"):
-        preprocess(small_cfg(), tmp_path / "nothing", tmp_path / "z", quiet=True)
+        preprocess(preprocess_cfg(), tmp_path / "nothing", tmp_path / "z", quiet=True)
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
     with pytest.raises(ConfigError):
-        preprocess(small_cfg("data.mask_alpha=1", "data.mask_beta=2"), shard_dir, tmp_path / "w", quiet=True)
+        preprocess(preprocess_cfg("data.mask_alpha=1", "data.mask_beta=2"), shard_dir, tmp_path / "w", quiet=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -370,7 +338,6 @@ def test_max_gram_is_recorded_and_checked_by_pretrain(builds):
     rec = builds.pipeline(over).records
     meta = read_meta(rec)
     assert meta["max_gram"] == 1
-    tiny = ROOT / "configs" / "tiny.yaml"
-    check_records(load_config(tiny, over), meta, rec)
+    check_records(load_config(TINY, over), meta, rec)
     with pytest.raises(XLNetError, match="max_gram"):
-        check_records(load_config(tiny, over[:-1]), meta, rec)
+        check_records(load_config(TINY, over[:-1]), meta, rec)

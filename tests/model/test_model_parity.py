@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from modeltools import L, R, TOL, V, maxdiff, plm_batch, tiny_cfg
 from xlnetcli.core.errors import XLNetError
 from xlnetcli.model.state_dict_adapter import mems_from_hf, mems_to_hf, to_hf_config, to_hf_state
 from xlnetcli.model.heads import SequenceSummary
@@ -20,16 +21,7 @@ from xlnetcli.model import XLNetLMHeadModel, named_config
 
 transformers = pytest.importorskip("transformers")
 
-TOL = 1e-5
-V, L, R = 60, 16, 8  # vocab, seq_len, reuse_len
 IMPLS = ["einsum", "sdpa", "fused"]
-
-
-def tiny_cfg(**kw):
-    base = dict(vocab_size=V, d_model=32, n_layer=2, n_head=4, d_head=8, d_inner=64, dropout=0.0, dropatt=0.0,
-                mem_len=12, reuse_len=R, bi_data=False, clamp_len=-1, attn_impl="einsum")
-    base.update(kw)
-    return named_config("tiny", **base)
 
 
 def pair(cfg, seed=0):
@@ -47,48 +39,6 @@ def pair(cfg, seed=0):
     return ours, hf
 
 
-# ---- the factorisation order (docs/xlnet.md §5), written independently of data.py ---------------------------------
-
-
-def local_perm(tokens, is_masked, is_func, rng):
-    n = len(tokens)
-    rank = np.empty(n, dtype=np.int64)
-    rank[rng.permutation(n)] = np.arange(n)
-    nonmask = ~is_masked & ~is_func
-    mof = is_masked | is_func
-    rev = np.where(nonmask, -1, rank)
-    tgt = is_masked & ~is_func
-    self_rev = np.where(tgt, rev, rev + 1)
-    return (self_rev[:, None] <= rev[None, :]) & mof[None, :]
-
-
-def plm_batch(B, P, rng, seg=True, pad=True):
-    """A pretraining-style batch: [reuse | A <sep> B <sep> <cls>] with perm_mask and target_mapping (padded rows)."""
-    ids = rng.integers(9, V, size=(B, L))
-    ids[:, -1], ids[:, -2] = 3, 4  # <cls>, <sep>
-    ids[:, 12] = 4
-    tt = np.zeros((B, L), dtype=np.int64)
-    tt[:, 13:15] = 1
-    tt[:, -1] = 2
-    perm = np.zeros((B, L, L), dtype=np.float32)
-    tmap = np.zeros((B, P, L), dtype=np.float32)
-    for b in range(B):
-        func = (ids[b] == 3) | (ids[b] == 4)
-        masked = np.zeros(L, dtype=bool)
-        cand = [i for i in range(L) if not func[i]]
-        n_t = P - (b % 2 if pad else 0)  # odd rows leave one zero padding row in target_mapping
-        masked[rng.choice(cand, n_t, replace=False)] = True
-        pm = np.ones((L, L), dtype=bool)
-        pm[:R, :R] = local_perm(ids[b, :R], masked[:R], func[:R], rng)
-        pm[R:, R:] = local_perm(ids[b, R:], masked[R:], func[R:], rng)
-        pm[R:, :R] = False  # the second part sees the whole reuse part
-        perm[b] = pm
-        for k, pos in enumerate(np.flatnonzero(masked)):
-            tmap[b, k, pos] = 1.0
-    t = lambda x, dt=torch.float32: torch.tensor(x, dtype=dt)  # noqa: E731
-    return t(ids, torch.long), (t(tt, torch.long) if seg else None), t(perm), t(tmap)
-
-
 # ---- comparison helpers ------------------------------------------------------------------------------------
 
 
@@ -99,10 +49,6 @@ def grads_ours(model, cfg):
 
 def grads_hf(model):
     return {k: (p.grad if p.grad is not None else torch.zeros_like(p)) for k, p in model.named_parameters()}
-
-
-def maxdiff(a, b):
-    return (a - b).abs().max().item()
 
 
 def run_both(ours, hf, cfg, ids, tt=None, am=None, perm=None, tmap=None, mems=None, use_index=False, check_grad=True):

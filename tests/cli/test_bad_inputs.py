@@ -14,15 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from clitools import run_main
+from clitools import SAMPLE, TRAIN_TSV, run_main
 
 from xlnetcli.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "tests" / "data" / "sample.txt"
-TASK_TRAIN = ROOT / "data" / "pydocs" / "task_train.tsv"
+pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
 
-SMALL = {
+SMALL_CONFIG = {  # a config file for quick runs of every command
     "tokenizer": {"vocab_size": 1000},
     "model": {"vocab_size": 1000, "d_model": 32, "n_layer": 1, "n_head": 2, "d_head": 16, "d_inner": 64,
               "mem_len": 16, "reuse_len": 16, "dropout": 0.0, "dropatt": 0.0},
@@ -44,7 +42,7 @@ def work(tmp_path_factory):
 
     w = tmp_path_factory.mktemp("bad")
     cfg = w / "small.yaml"
-    cfg.write_text(yaml.safe_dump(SMALL))
+    cfg.write_text(yaml.safe_dump(SMALL_CONFIG))
     steps = [
         ["tokenize", "train", SAMPLE, "--out", w / "tok", "--config", cfg, "--quiet"],
         ["shard", SAMPLE, "--tokenizer", w / "tok", "--out", w / "shards", "--config", cfg, "--quiet"],
@@ -55,7 +53,7 @@ def work(tmp_path_factory):
         with pytest.raises(SystemExit) as e:
             main([str(a) for a in args])
         assert e.value.code == 0, args
-    head = TASK_TRAIN.read_text().splitlines()[:41]
+    head = TRAIN_TSV.read_text().splitlines()[:41]
     (w / "train.tsv").write_text("\n".join(head) + "\n")
     (w / "valid.tsv").write_text("\n".join(head[:1] + head[1:21]) + "\n")
     with pytest.raises(SystemExit) as e:
@@ -427,4 +425,5 @@ def test_resume_without_the_run_config_uses_the_latest_checkpoints(work, tmp_pat
     assert (run / "step_0000003" / "model.safetensors").is_file()
     restored = yaml.safe_load((run / "config.yaml").read_text())  # the run's config is back, as it was
     assert restored == yaml.safe_load((run / "step_0000003" / "config.yaml").read_text())
-    assert {k: restored["model"][k] for k in SMALL["model"]} == SMALL["model"] and restored["train"]["max_steps"] == 3
+    assert {k: restored["model"][k] for k in SMALL_CONFIG["model"]} == SMALL_CONFIG["model"]
+    assert restored["train"]["max_steps"] == 3

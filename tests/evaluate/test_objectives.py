@@ -9,13 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from test_pretrain import TINY
+from clitools import BIN, FAST_PRETRAIN, TINY, step_weights, child_env, train_losses, write_config
 from xlnetcli.config import load_config
 from xlnetcli.data.pretrain_stream import PretrainStream, perm_mask_from_ranks, permutation_batch
 from xlnetcli.core.errors import ConfigError
 from xlnetcli.model import XLNetLMHeadModel
 from xlnetcli.train.pretrain import pretrain
 from xlnetcli.data.special import CLS_ID, MASK_ID, SEP_ID
+
+pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
 
 # 2 layers, d 64, seq 64 (reuse 32, memory 32), 10 targets, batch 8: a step takes a few milliseconds
 OVER = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "model.d_model=64",
@@ -242,20 +244,18 @@ def test_mlm_trains_under_torchrun_ddp(builds, tmp_path):
     frozen: 2 gloo processes train as one process does (the test_pretrain tolerance), and mask_emb stays at init."""
     import subprocess
 
-    from test_pretrain import BIN, SMALL, _env, _train_losses, _weights, _write_config
-
-    rec = builds.pipeline(SMALL).records
-    over = SMALL + ["model.objective=mlm", "train.max_steps=4", "train.save_every=4", "train.eval_every=0",
+    rec = builds.pipeline(FAST_PRETRAIN).records
+    over = FAST_PRETRAIN + ["model.objective=mlm", "train.max_steps=4", "train.save_every=4", "train.eval_every=0",
                     "model.dropout=0.0", "model.dropatt=0.0"]
-    cfg_file = _write_config(tmp_path / "cfg.yaml", over)
+    cfg_file = write_config(tmp_path / "cfg.yaml", over)
     pretrain(load_config(cfg_file), rec, tmp_path / "one", quiet=True)
     cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "xlnetcli", "pretrain",
            "--config", str(cfg_file), "--data", str(rec), "--out", str(tmp_path / "two"), "--device", "cpu",
            "--quiet"]
-    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    l1, l2 = _train_losses(tmp_path / "one"), _train_losses(tmp_path / "two")
+    l1, l2 = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
     assert len(l1) == len(l2) == 4 and [b for _, b in l2] == pytest.approx([a for _, a in l1], rel=1e-5)
     torch.manual_seed(load_config(cfg_file).train.seed)
     init = XLNetLMHeadModel(load_config(cfg_file).model).transformer.mask_emb
-    assert torch.equal(_weights(tmp_path / "two" / "step_0000004")["transformer.mask_emb"], init.detach())
+    assert torch.equal(step_weights(tmp_path / "two" / "step_0000004")["transformer.mask_emb"], init.detach())

@@ -5,7 +5,7 @@ Data used
 - regression: the same texts with a real numeric target derived from them: min(number of words, 40) / 10.
 - multiple choice: "Which paragraph documents concurrency?" with 4 real docstrings as options, one of them from the
   concurrency area (chance 25%).
-- SQuAD 2.0: tests/data/squad_pydocs.json, hand-written questions on 8 real stdlib doc paragraphs (23 answerable,
+- SQuAD 2.0: tests/fixtures/squad_pydocs.json, hand-written questions on 8 real stdlib doc paragraphs (23 answerable,
   8 unanswerable).
 The models are tiny and randomly initialised (d_model 64, 2 layers): the thresholds only show learning above chance.
 """
@@ -20,32 +20,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from clitools import ROOT, SAMPLE, SQUAD, TRAIN_TSV, VALID_TSV
+from finetunetools import LABELS, MODEL_SETS, ft_cfg, pydocs_rows, random_init_checkpoint
 
 from xlnetcli.data import labelled
 from xlnetcli.config import load_config
 from xlnetcli.core.errors import DataError
 from xlnetcli.data.special import CLS_ID, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEP_ID
 from xlnetcli.data.tokenizer import Tokenizer
-
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "tests" / "data" / "sample.txt"
-SQUAD = ROOT / "tests" / "data" / "squad_pydocs.json"
-TRAIN_TSV = ROOT / "data" / "pydocs" / "task_train.tsv"
-VALID_TSV = ROOT / "data" / "pydocs" / "task_valid.tsv"
-LABELS = ["concurrency", "gui", "internet", "testing"]
-
-MODEL_SETS = ["tokenizer.vocab_size=2000", "model.vocab_size=2000", "model.d_model=64", "model.n_layer=2",
-              "model.n_head=2", "model.d_head=32", "model.d_inner=128", "model.mem_len=0", "model.reuse_len=0",
-              "model.bi_data=false", "data.seq_len=64", "data.num_predict=10", "data.perm_size=16",
-              "tokenizer.character_coverage=0.9999", "tokenizer.threads=1"]
-
-
-def ft_cfg(*sets: str):
-    base = ["finetune.max_seq_length=64", "finetune.batch_size=32", "finetune.micro_batch_size=32",
-            "finetune.lr=1e-3", "finetune.epochs=2", "finetune.dropout=0.1", "finetune.dropatt=0.0",
-            "finetune.precision=fp32"]
-    return load_config(None, base + list(sets))
-
 
 @pytest.fixture(scope="module")
 def tok_dir(builds) -> Path:
@@ -56,25 +38,12 @@ def tok_dir(builds) -> Path:
 @pytest.fixture(scope="module")
 def work(builds, tmp_path_factory):
     """init/: a random-init pretraining checkpoint of MODEL_SETS with tok_dir's tokenizer."""
-    from xlnetcli.checkpoint.folders import save_model_dir
-    from xlnetcli.model import XLNetLMHeadModel
-
-    root = tmp_path_factory.mktemp("finetune")
-    cfg = load_config(None, MODEL_SETS)
-    torch.manual_seed(0)
-    save_model_dir(root / "init", XLNetLMHeadModel(cfg.model), cfg, builds.tokenizer(cfg.tokenizer),
-                   meta={"kind": "pretrain", "step": 0})
-    return root
+    return random_init_checkpoint(builds, tmp_path_factory.mktemp("finetune"))
 
 
 @pytest.fixture(scope="module")
 def tok(tok_dir):
     return Tokenizer.load(tok_dir)
-
-
-def pydocs_rows(path: Path, limit: int | None = None) -> list[tuple[str, str]]:
-    rows = [tuple(line.split("\t")) for line in path.read_text(encoding="utf-8").splitlines()[1:]]
-    return rows[:limit] if limit else rows
 
 
 @pytest.fixture(autouse=True)
@@ -197,6 +166,7 @@ def test_glue_style_files(tmp_path):
 # End to end: the four task types
 
 
+@pytest.mark.slow
 def test_classification_end_to_end(work, tmp_path, capsys):
     from xlnetcli.cli import main
     from xlnetcli.evaluate.checkpoint_eval import evaluate
@@ -234,6 +204,7 @@ def test_classification_end_to_end(work, tmp_path, capsys):
     assert lines[0] == "index\tprediction" and len(lines) == 3 and lines[1].split("\t")[1] in LABELS
 
 
+@pytest.mark.slow
 def test_regression_end_to_end(work, tmp_path, capsys):
     from xlnetcli.evaluate.checkpoint_eval import evaluate_task
     from xlnetcli.train.finetune import finetune
@@ -256,6 +227,7 @@ def test_regression_end_to_end(work, tmp_path, capsys):
     assert evaluate_task(out, files["valid"])["metrics"]["pearson"] == pytest.approx(res["value"], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_multiple_choice_end_to_end(work, tmp_path):
     from xlnetcli.evaluate.checkpoint_eval import evaluate_task
     from xlnetcli.train.finetune import finetune
@@ -285,6 +257,7 @@ def test_multiple_choice_end_to_end(work, tmp_path):
     assert row["prediction"] in range(4) and sum(row["probabilities"]) == pytest.approx(1.0, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_squad_end_to_end(work, tmp_path):
     from xlnetcli.evaluate.checkpoint_eval import evaluate_task
     from xlnetcli.train.finetune import finetune
@@ -310,6 +283,7 @@ def test_squad_end_to_end(work, tmp_path):
     assert len(rows) == 31 and {"id", "prediction", "best_non_null", "null_odds"} <= set(rows[0])
 
 
+@pytest.mark.slow
 def test_finetune_from_hf_directory(work, tok_dir, tmp_path):
     transformers = pytest.importorskip("transformers")
     from xlnetcli.train.finetune import finetune
@@ -331,6 +305,7 @@ def test_finetune_from_hf_directory(work, tok_dir, tmp_path):
 # Bad input: one-line errors or counted warnings
 
 
+@pytest.mark.slow
 def test_bad_input(work, tmp_path, capsys):
     from xlnetcli.cli import main
     from xlnetcli.train.finetune import finetune
@@ -386,6 +361,7 @@ def test_finetune_configs_load():
     assert load_config(ROOT / "configs" / "finetune" / "squad.yaml").finetune.layer_decay == 0.75
 
 
+@pytest.mark.slow
 def test_eval_pretrained_checkpoint_on_records(work, tok_dir, tmp_path, capsys):
     """xlnet eval (a): a pretrained checkpoint on held-out records -> PLM loss, perplexity, accuracy."""
     from xlnetcli.cli import main
@@ -444,6 +420,7 @@ def _comparable(out: Path) -> tuple:
     return ({k: res[k] for k in ("steps", "best_step", "metric", "value", "valid", "final_train_loss")}, strip)
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_exact(work, tmp_path, capsys):
     """`xlnet finetune` killed with SIGKILL after a checkpoint, then `--resume`: the same final metrics, metric rows
     and best weights as an uninterrupted run, bit for bit. --out does not exist until the run completes."""
@@ -492,6 +469,7 @@ def test_resume_after_sigkill_is_exact(work, tmp_path, capsys):
     assert _comparable(b) == _comparable(tmp_path / "a")
 
 
+@pytest.mark.slow
 def test_sigterm_keeps_the_previous_result_until_the_new_one_completes(work, tmp_path, monkeypatch, capsys):
     """--overwrite of a finished run, stopped by SIGTERM at step 5: exit 75 with one line, the old result intact, a
     checkpoint to resume from; --resume --overwrite then replaces it with the same result (same settings)."""
@@ -533,6 +511,7 @@ def test_sigterm_keeps_the_previous_result_until_the_new_one_completes(work, tmp
     assert _comparable(out) == before and not partial_dir(out).exists()
 
 
+@pytest.mark.slow
 def test_out_of_memory_and_divergence_are_diagnosed(work, tmp_path, monkeypatch, capsys):
     """The engine's diagnosis serves finetuning too: out of memory names smaller finetune.* settings, a non-finite
     loss stops before the update; both one line, and before the first checkpoint nothing is left behind."""

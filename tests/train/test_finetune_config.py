@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 import yaml
-from clitools import run_main
-from test_finetune import TRAIN_TSV, pydocs_rows
+from clitools import TRAIN_TSV, run_main
+from finetunetools import pydocs_rows
 
 from xlnetcli.cli import check_override_sections
 from xlnetcli.config import config_to_dict, load_config
@@ -26,7 +26,7 @@ FT_SETS = ["finetune.max_seq_length=32", "finetune.batch_size=8", "finetune.micr
 @pytest.fixture(scope="module")
 def init(builds, tmp_path_factory):
     """A random-init pretraining checkpoint (its config.yaml has train.log_every=1) and a small labelled file."""
-    from xlnetcli.checkpoint import save_model_dir
+    from xlnetcli.checkpoint.folders import save_model_dir
     from xlnetcli.model import XLNetLMHeadModel
 
     root = tmp_path_factory.mktemp("ftcfg")

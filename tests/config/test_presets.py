@@ -15,12 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from clitools import assert_one_line_error, run_main
+from clitools import ROOT, SAMPLE, assert_one_line_error, run_main
 
 from xlnetcli.config import PRESETS, config_to_dict, load_config
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "tests" / "data" / "sample.txt"
 
 
 def test_presets_are_package_data():
@@ -36,6 +34,7 @@ def test_presets_are_package_data():
         assert any(fnmatch.fnmatch(f"config/presets/{rel}", pat) for pat in patterns), f"config/presets/{rel} is not package data"
 
 
+@pytest.mark.slow
 def test_wheel_ships_the_presets_and_runs_them_without_a_checkout(tmp_path):
     """Build a wheel from the sources alone, install it into a fresh folder, and run the presets from an empty
     folder: what a `pip install` without a clone gets."""
@@ -117,12 +116,12 @@ def test_set_of_a_section_finetune_does_not_read_is_refused(tmp_path, capsys):
 
 # ---- file modes ---------------------------------------------------------------------------------------------------
 
-SMALL = ["--set", "model.vocab_size=1000", "--set", "model.d_model=32", "--set", "model.n_layer=1",
-         "--set", "model.n_head=2", "--set", "model.d_head=16", "--set", "model.d_inner=64",
-         "--set", "model.mem_len=16", "--set", "model.reuse_len=16", "--set", "data.seq_len=32",
-         "--set", "data.num_predict=5", "--set", "train.global_batch_size=4", "--set", "train.micro_batch_size=2",
-         "--set", "train.max_steps=2", "--set", "train.warmup_steps=1", "--set", "train.eval_every=0",
-         "--set", "train.save_every=1", "--set", "train.precision=fp32"]
+TWO_STEP_RUN = ["--set", "model.vocab_size=1000", "--set", "model.d_model=32", "--set", "model.n_layer=1",
+                "--set", "model.n_head=2", "--set", "model.d_head=16", "--set", "model.d_inner=64",
+                "--set", "model.mem_len=16", "--set", "model.reuse_len=16", "--set", "data.seq_len=32",
+                "--set", "data.num_predict=5", "--set", "train.global_batch_size=4",
+                "--set", "train.micro_batch_size=2", "--set", "train.max_steps=2", "--set", "train.warmup_steps=1",
+                "--set", "train.eval_every=0", "--set", "train.save_every=1", "--set", "train.precision=fp32"]
 
 
 def _modes(root: Path) -> tuple[set[int], set[int]]:
@@ -132,6 +131,7 @@ def _modes(root: Path) -> tuple[set[int], set[int]]:
     return files, dirs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)])
 def test_outputs_honour_the_umask(tmp_path, capsys, mask, file_mode, dir_mode):
     """tokenize, shard, preprocess and pretrain outputs (written through temp files and folders, then renamed) get
@@ -142,7 +142,7 @@ def test_outputs_honour_the_umask(tmp_path, capsys, mask, file_mode, dir_mode):
         steps = [["tokenize", "train", SAMPLE, "--out", w / "tok", "--vocab-size", "1000", "--quiet"],
                  ["shard", SAMPLE, "--tokenizer", w / "tok", "--out", w / "shards", "--quiet",
                   "--valid-fraction", "0.05"],
-                 ["preprocess", "--shards", w / "shards", "--out", w / "records", "--config", "tiny", *SMALL],
+                 ["preprocess", "--shards", w / "shards", "--out", w / "records", "--config", "tiny", *TWO_STEP_RUN],
                  ["pretrain", "--data", w / "records", "--out", w / "run", "--quiet"]]
         for args in (steps if mask == 0o022 else steps[:2]):
             code, _, err = run_main(capsys, *args)

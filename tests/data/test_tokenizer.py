@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clitools import assert_one_line_error, run_main, settings_config
+from clitools import CORPUS, SAMPLE, assert_one_line_error, run_main, settings_config, xlnet_spm
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,7 +30,6 @@ from xlnetcli.data.tokenizer import (
     train_tokenizer,
 )
 
-SAMPLE = Path(__file__).parent / "data" / "sample.txt"
 VOCAB = 1500
 
 
@@ -154,29 +153,12 @@ def test_uncased_and_keep_accents_training(tmp_path, corpus, capsys):
     assert spm.SentencePieceProcessor(model_proto=model).encode("hello world") == t.sp.encode("hello world")
 
 
-def _xlnet_spm(tmp_path: Path, train_file: str, lower: bool = False) -> bytes:
-    """A SentencePiece model with XLNet's symbols trained directly with sentencepiece on a file named ``train_file``
-    (as Hugging Face's spiece.model was; xlnet's own trainer names its file .normalized.*.txt)."""
-    import sentencepiece as spm
-
-    from xlnetcli.data.tokenizer import CONTROL_SYMBOLS
-
-    src = tmp_path / train_file
-    text = SAMPLE.read_text(encoding="utf-8")
-    src.write_text(text.lower() if lower else text, encoding="utf-8")
-    spm.SentencePieceTrainer.train(
-        input=str(src), model_prefix=str(tmp_path / "m"), model_type="unigram", vocab_size=600, num_threads=1,
-        control_symbols=list(CONTROL_SYMBOLS), user_defined_symbols=list(USER_DEFINED_SYMBOLS), unk_id=0, bos_id=1,
-        eos_id=2, pad_id=-1, minloglevel=2)
-    return (tmp_path / "m.model").read_bytes()
-
-
 def test_plain_spiece_model_loads_with_transformers_defaults(tmp_path):
     """A spiece.model from elsewhere (no metadata, no options inside): cased, accents stripped, digit-comma fix, unless
     a tokenizer_config.json beside it says otherwise (do_lower_case, keep_accents, as transformers reads them)."""
     d = tmp_path / "hf"
     d.mkdir()
-    (d / "spiece.model").write_bytes(_xlnet_spm(tmp_path, "corpus.txt"))
+    (d / "spiece.model").write_bytes(xlnet_spm(tmp_path, "corpus.txt"))
     t = Tokenizer.load(d / "spiece.model")
     assert not t.uncased and not t.keep_accents and t.digit_comma_fix and t.vocab_size == 600
     assert Tokenizer.load(d).sha256 == t.sha256  # a directory with only spiece.model (Hugging Face layout)
@@ -284,7 +266,7 @@ def test_normalize_block_matches_reference(text, uncased, keep_accents):
 
 
 def test_normalize_block_on_real_corpus():
-    text = (Path(__file__).parents[1] / "data" / "pydocs" / "corpus.txt").read_text(encoding="utf-8")[:300_000]
+    text = CORPUS.read_text(encoding="utf-8")[:300_000]
     for uncased in (False, True):
         assert normalize_block(text, uncased, False) == _reference(text, uncased, False)
 

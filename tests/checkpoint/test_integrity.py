@@ -13,26 +13,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from clitools import assert_one_line_error, flip_bit
+from clitools import BIN, MICRO_MODEL, SAMPLE, TINY, assert_one_line_error, flip_bit
 
 from xlnetcli.checkpoint.folders import save_model_dir
 from xlnetcli.checkpoint.load import load_model_dir
 from xlnetcli.config import load_config
-from xlnetcli.core.errors import CheckpointError, DataError, XLNetError
-from xlnetcli.core.files import atomic_write_json, lock_path, output_lock
+from xlnetcli.core.errors import CheckpointError, DataError
+from xlnetcli.core.files import lock_path
 from xlnetcli.report.metrics_log import read_metrics
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny.yaml"
-SAMPLE = ROOT / "tests" / "data" / "sample.txt"
-BIN = Path(sys.executable).parent
-SMALL = [
-    "tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
-    "model.d_head=16", "model.d_inner=64", "data.seq_len=32", "model.reuse_len=16", "model.mem_len=16",
-    "data.num_predict=6", "train.global_batch_size=4", "train.micro_batch_size=2", "data.valid_fraction=0.05",
-    "train.warmup_steps=1", "train.log_every=1", "train.eval_batches=1", "train.save_every=2", "train.max_steps=4",
-    "train.eval_every=0",
-]
+INTEGRITY_RUN = [*MICRO_MODEL, "model.n_layer=1", "train.warmup_steps=1", "train.log_every=1", "train.eval_batches=1",
+                 "train.save_every=2", "train.max_steps=4", "train.eval_every=0"]
 
 
 def _xlnet(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -53,14 +44,15 @@ def pipeline(builds, tmp_path_factory) -> dict[str, Path]:
 
     tmp = tmp_path_factory.mktemp("integrity")
     torch.set_num_threads(1)
-    tok, shards, rec = builds.pipeline(SMALL)
-    pretrain(load_config(TINY, SMALL), rec, tmp / "run", device="cpu", quiet=True)
+    tok, shards, rec = builds.pipeline(INTEGRITY_RUN)
+    pretrain(load_config(TINY, INTEGRITY_RUN), rec, tmp / "run", device="cpu", quiet=True)
     return {"tok": tok, "shards": shards, "rec": rec, "run": tmp / "run"}
 
 
 # ---- one writer per output -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_writer_gets_a_one_line_error_naming_the_first(pipeline, tmp_path):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -77,27 +69,12 @@ def test_a_second_writer_gets_a_one_line_error_naming_the_first(pipeline, tmp_pa
         sleeper.wait()
 
 
-def test_a_lock_left_by_a_dead_process_is_taken_over_and_released(tmp_path):
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    out = tmp_path / "o"
-    lock_path(out).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "started": 0}))
-    with output_lock(out):
-        assert json.loads(lock_path(out).read_text())["pid"] == os.getpid()
-        with pytest.raises(XLNetError, match="already being written by this process"), output_lock(out):
-            pass
-    assert not lock_path(out).exists()
-    # a lock from another host may belong to a live run: refused, naming the file to remove
-    lock_path(out).write_text(json.dumps({"host": "elsewhere.example", "pid": 1}))
-    with pytest.raises(XLNetError, match=r"on elsewhere\.example.*remove"), output_lock(out):
-        pass
-
-
+@pytest.mark.slow
 def test_two_pretraining_processes_on_one_folder_one_is_refused(pipeline, tmp_path):
     cfg = tmp_path / "cfg.yaml"
     from xlnetcli.config import dump_config
 
-    cfg.write_text(dump_config(load_config(TINY, [*SMALL, "train.max_steps=400", "train.save_every=0"])))
+    cfg.write_text(dump_config(load_config(TINY, [*INTEGRITY_RUN, "train.max_steps=400", "train.save_every=0"])))
     env = dict(os.environ, XLNET_NO_PROGRESS="1", OMP_NUM_THREADS="1")
     first = subprocess.Popen([str(BIN / "xlnet"), "pretrain", "--config", str(cfg), "--data", str(pipeline["rec"]),
                               "--out", str(tmp_path / "run")], env=env, stdout=subprocess.DEVNULL,
@@ -119,6 +96,7 @@ def test_two_pretraining_processes_on_one_folder_one_is_refused(pipeline, tmp_pa
 # ---- an output that is an input ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_outputs_that_are_or_hold_an_input_are_refused_and_the_input_survives(pipeline, tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -139,26 +117,7 @@ def test_outputs_that_are_or_hold_an_input_are_refused_and_the_input_survives(pi
     assert (pipeline["run"] / "step_0000004" / "model.safetensors").is_file()
 
 
-# ---- special files are written through, never replaced --------------------------------------------------------
-
-
-def test_special_file_targets_are_written_through_and_symlinks_followed(tmp_path):
-    fifo = tmp_path / "pipe"
-    os.mkfifo(fifo)
-    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
-    atomic_write_json(fifo, {"a": 1})
-    assert json.loads(reader.communicate(timeout=30)[0]) == {"a": 1}
-    assert fifo.is_fifo()
-    target = tmp_path / "real.json"
-    target.write_text("{}")
-    link = tmp_path / "link.json"
-    link.symlink_to(target)
-    atomic_write_json(link, {"b": 2})
-    assert link.is_symlink() and json.loads(target.read_text()) == {"b": 2}
-    with pytest.raises(XLNetError, match="is a folder"):
-        atomic_write_json(tmp_path, {})
-
-
+@pytest.mark.slow
 def test_a_full_device_as_output_is_a_one_line_disk_full_error(pipeline, tmp_path):
     if not Path("/dev/full").exists():
         pytest.skip("no /dev/full")
@@ -167,6 +126,7 @@ def test_a_full_device_as_output_is_a_one_line_disk_full_error(pipeline, tmp_pat
     assert Path("/dev/full").is_char_device()
 
 
+@pytest.mark.slow
 def test_a_symlinked_output_folder_is_refused(pipeline, tmp_path):
     real = tmp_path / "real"
     real.mkdir()
@@ -179,6 +139,7 @@ def test_a_symlinked_output_folder_is_refused(pipeline, tmp_path):
 # ---- checksums ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_flipped_bit_in_a_checkpoint_is_refused_on_load_and_resume(pipeline, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(pipeline["run"], run)
@@ -197,6 +158,7 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_on_load_and_resume(pipeline, t
     _one_line_error(proc, "train_state.safetensors does not match the checksum")
 
 
+@pytest.mark.slow
 def test_a_flipped_bit_in_the_records_is_refused_when_pretraining_opens_them(pipeline, tmp_path):
     from xlnetcli.data.record_format import open_records
 
@@ -213,6 +175,7 @@ def test_a_flipped_bit_in_the_records_is_refused_when_pretraining_opens_them(pip
     assert not (tmp_path / "run" / "step_0000002").exists()
 
 
+@pytest.mark.slow
 def test_checkpoints_are_byte_reproducible_across_processes(pipeline, tmp_path):
     from xlnetcli.core.files import sha256_file
 
@@ -233,6 +196,7 @@ def test_checkpoints_are_byte_reproducible_across_processes(pipeline, tmp_path):
 # ---- crash leftovers --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_torn_last_metrics_line_is_skipped_by_readers_and_dropped_on_resume(pipeline, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(pipeline["run"], run)
@@ -260,6 +224,7 @@ def test_a_torn_last_metrics_line_is_skipped_by_readers_and_dropped_on_resume(pi
                                                                             if r["split"] == "train"]
 
 
+@pytest.mark.slow
 def test_a_step_folder_without_its_train_state_is_not_silently_restarted(pipeline, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(pipeline["run"], run)

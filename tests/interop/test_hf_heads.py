@@ -17,10 +17,18 @@ import numpy as np
 import pytest
 import torch
 
-from clitools import assert_one_line_error, run_main
-from test_finetune import LABELS, SQUAD, TRAIN_TSV, VALID_TSV, ft_cfg, pydocs_rows, work  # noqa: F401 (fixture)
+from clitools import SQUAD, TRAIN_TSV, VALID_TSV, assert_one_line_error, code_blocks, run_main
+from finetunetools import LABELS, ft_cfg, pydocs_rows, random_init_checkpoint
+
+pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
 
 transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def work(builds, tmp_path_factory):
+    """init/: a random-init pretraining checkpoint (finetunetools.MODEL_SETS)."""
+    return random_init_checkpoint(builds, tmp_path_factory.mktemp("finetune"))
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +43,7 @@ def small_tsv(path: Path, src: Path, n: int | None, labels: set[str] | None = No
 
 
 @pytest.fixture(scope="module")
-def cls_run(work, tmp_path_factory):  # noqa: F811
+def cls_run(work, tmp_path_factory):
     """A 4-label classifier: 60 steps on the docstrings (5 s; 0.60 accuracy on 48 validation rows, 3 labels
     predicted)."""
     from xlnetcli.train.finetune import finetune
@@ -164,7 +172,7 @@ def regression_tsv(path: Path, src: Path = TRAIN_TSV, n: int = 128) -> Path:
     return path
 
 
-def test_regression_export(work, tmp_path, capsys):  # noqa: F811
+def test_regression_export(work, tmp_path, capsys):
     from xlnetcli.train.finetune import finetune
 
     train, valid = regression_tsv(tmp_path / "train.tsv"), regression_tsv(tmp_path / "valid.tsv", VALID_TSV, 32)
@@ -184,7 +192,7 @@ def test_regression_export(work, tmp_path, capsys):  # noqa: F811
     assert np.abs(got - ours).max() < 1e-4 and ours.std() > 1e-3
 
 
-def test_multiple_choice_export(work, tmp_path, capsys):  # noqa: F811
+def test_multiple_choice_export(work, tmp_path, capsys):
     from xlnetcli.train.finetune import finetune
 
     rng = random.Random(0)
@@ -224,7 +232,7 @@ def same_beam(idx_a: np.ndarray, p_a: np.ndarray, idx_b: np.ndarray, p_b: np.nda
         assert np.all(np.diff(pa) <= 1e-7) and np.all(np.diff(pb) <= 1e-7)  # each sorted best first
 
 
-def test_squad_export_gives_our_beam_in_transformers(work, tmp_path, capsys):  # noqa: F811
+def test_squad_export_gives_our_beam_in_transformers(work, tmp_path, capsys):
     """SquadHead is XLNetForQuestionAnswering's head parameter for parameter: the top-5 starts, their top-5 ends and
     the answerability logit agree, and so do the answers `xlnet eval` reads off them."""
     from xlnetcli.train.finetune import finetune, predict
@@ -256,7 +264,7 @@ def test_squad_export_gives_our_beam_in_transformers(work, tmp_path, capsys):  #
     assert res[0]["metrics"] == res[1]["metrics"] and res[0]["null_odds_threshold"] == res[1]["null_odds_threshold"]
 
 
-def test_heads_transformers_cannot_represent(work, tmp_path, capsys):  # noqa: F811
+def test_heads_transformers_cannot_represent(work, tmp_path, capsys):
     """summary_type mean (ours averages real tokens, transformers' the padding too) is refused with one line;
     --backbone-only exports the transformer as XLNetModel, which gives our hidden states."""
     from xlnetcli.train.finetune import finetune
@@ -282,7 +290,7 @@ def test_heads_transformers_cannot_represent(work, tmp_path, capsys):  # noqa: F
     assert code == 0 and "a pretrained checkpoint" in err
 
 
-def test_transformers_heads_import(work, tmp_path, capsys):  # noqa: F811
+def test_transformers_heads_import(work, tmp_path, capsys):
     """A classifier saved by transformers itself, its labels in another order: `xlnet eval` on it and on its import
     gives transformers' probabilities per label, and --init keeps its head with the rows put in our label order.
     A head with no xlnet task (XLNetForQuestionAnsweringSimple) is dropped on import, and the message says so."""
@@ -335,8 +343,6 @@ def test_transformers_heads_import(work, tmp_path, capsys):  # noqa: F811
 
 def test_readme_transformers_example_runs(cls_run, tmp_path, monkeypatch, capsys):
     """The README's transformers block, run against a real export of a finetuned classifier."""
-    from test_readme import code_blocks
-
     assert run_main(capsys, "export", cls_run / "run", "--out", tmp_path / "runs" / "pydocs-cls-hf")[0] == 0
     monkeypatch.chdir(tmp_path)
     block = next(b for b in code_blocks("python") if "AutoModelForSequenceClassification" in b)

@@ -11,30 +11,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from clitools import assert_one_line_error, run_main
+from clitools import FAST_PRETRAIN, TINY, TRAIN_TSV, assert_one_line_error, run_main, set_args
 
 from xlnetcli.config import config_to_dict, load_config
 from xlnetcli.core.errors import ConfigError, XLNetError
 from xlnetcli.train.pretrain import pretrain
 from xlnetcli.report.metrics_log import MetricsLogger, NullLogger, read_metrics
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "configs" / "tiny.yaml"
-TRAIN_TSV = ROOT / "data" / "pydocs" / "task_train.tsv"
+pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
+
 torch.set_num_threads(1)
 
-SMALL = [
-    "tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "model.d_model=64", "model.n_head=2",
-    "model.d_head=32", "model.d_inner=128", "data.seq_len=32", "model.reuse_len=16", "model.mem_len=16",
-    "data.num_predict=6", "train.global_batch_size=4", "train.micro_batch_size=2", "data.valid_fraction=0.05",
-    "train.warmup_steps=2", "train.log_every=1", "train.eval_batches=2", "train.eval_every=2", "train.save_every=2",
-]
+TRACKED_RUN = [*FAST_PRETRAIN, "train.eval_every=2", "train.save_every=2"]  # eval and save rows for the trackers
 
 
 @pytest.fixture(scope="module")
 def records(builds) -> Path:
     """Shared (conftest.py): read only."""
-    return builds.pipeline(SMALL).records
+    return builds.pipeline(TRACKED_RUN).records
 
 
 @pytest.fixture(autouse=True)
@@ -65,7 +59,7 @@ def mlflow_store(tmp_path, monkeypatch) -> str:
 
 
 def _cfg(*extra: str):
-    return load_config(TINY, SMALL + list(extra))
+    return load_config(TINY, TRACKED_RUN + list(extra))
 
 
 def _rows(run: Path, split: str) -> dict[int, dict]:
@@ -189,7 +183,7 @@ def test_finetune_report_to_mlflow(builds, tmp_path, mlflow_store):
     from xlnetcli.train.finetune import finetune
     from xlnetcli.model import XLNetLMHeadModel
 
-    base = load_config(TINY, SMALL + ["model.mem_len=0", "model.reuse_len=0", "model.bi_data=false",
+    base = load_config(TINY, TRACKED_RUN + ["model.mem_len=0", "model.reuse_len=0", "model.bi_data=false",
                                       "data.perm_size=16"])
     torch.manual_seed(0)
     save_model_dir(tmp_path / "init", XLNetLMHeadModel(base.model), base, builds.tokenizer(base.tokenizer),
@@ -239,7 +233,7 @@ def test_missing_tracker_package_is_one_line_naming_the_extra(name, records, tmp
     with pytest.raises(XLNetError, match=rf"pip install 'xlnetcli\[{name}\]'"):
         MetricsLogger(tmp_path / "direct", name)
     out = tmp_path / "run"
-    code, _, err = run_main(capsys, "pretrain", "--config", TINY, *sum((["--set", s] for s in SMALL), []),
+    code, _, err = run_main(capsys, "pretrain", "--config", TINY, *set_args(TRACKED_RUN),
                             "--set", "train.max_steps=2", "--set", f"train.report_to={name}", "--data", records,
                             "--out", out)
     assert_one_line_error(code, err, f"report_to {name}", f"pip install 'xlnetcli[{name}]'")
