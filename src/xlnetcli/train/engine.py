@@ -1,8 +1,8 @@
 """The training engine shared by pretraining and finetuning.
 
-    engine = Engine(model, task, plan, env, run_dir, cfg, tokenizer_dir, resume_from=step_folder)
+    engine = Engine(model, recipe, plan, env, run_dir, cfg, tokenizer_dir, resume_from=step_folder)
     engine.setup()          # resume weights and train state, distributed wrapping, optimizer, run folder
-    summary = engine.fit()  # train_step -> log -> validate -> save, until max_steps, an early stop or SIGTERM
+    summary = engine.fit()  # train_step -> log -> evaluate -> save, until max_steps, an early stop or SIGTERM
 
 Shaped after torchtitan's ``Trainer.train()`` (a short loop of train_step, validator, checkpointer) and litgpt's
 setup -> fit -> validate. The engine owns what both trainings share: gradient accumulation (DDP's ``no_sync`` on all
@@ -13,9 +13,10 @@ line per interval when stderr is not a terminal), distributed wrapping (parallel
 The device is synchronised once per optimizer step (loss and gradient norm, to refuse a non-finite update), never
 per micro-batch.
 
-A task (``pretrain.PretrainTask``, ``finetune.FinetuneTask``) supplies what differs:
+A recipe (``pretrain.PretrainRecipe``, ``finetune.FinetuneRecipe``) is what a training run plugs into the engine:
 
     name, loss_name                    progress-bar label; what the loss is called in messages ("PLM loss")
+    hints                              ``Hints``: the advice of out-of-memory, divergence and preemption messages
     next_batch(step, micro)            micro-batch ``micro`` of optimizer step ``step``, on the device
     loss(model, batch, micro)          the scalar loss of one micro-batch (called under autocast)
     eval_due(step), evaluate(model, step, log) -> Evaluation | None
@@ -28,9 +29,9 @@ A task (``pretrain.PretrainTask``, ``finetune.FinetuneTask``) supplies what diff
 
 Everything kept across steps is one collection of stateful objects (``state_dict()`` / ``load_state_dict()``), saved
 and loaded by ``train.checkpointer.Checkpointer``: {model, train (step, tokens seen, loss window), optimizer, scaler,
-**task.states()} once, and {rng, **task.rank_states()} of every rank. A resumable step folder (written to a temporary
-folder and renamed) holds model.safetensors, config.yaml, tokenizer/, meta.json and train_state.safetensors; the
-lr schedule is a function of the step (optim.lr_factor).
+**recipe.states()} once, and {rng, **recipe.rank_states()} of every rank. A resumable step folder (written to a
+temporary folder and renamed) holds model.safetensors, config.yaml, tokenizer/, meta.json and
+train_state.safetensors; the lr schedule is a function of the step (optim.lr_factor).
 
 SIGTERM (what schedulers send before they kill) finishes the current optimizer step (its evaluation included), writes a
 checkpoint and raises ``Preempted`` (exit code 75); ``--resume`` then continues exactly.
@@ -48,7 +49,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -70,7 +71,8 @@ from xlnetcli.train.checkpointer import (MODEL, PROGRESS, TRAIN_STATE, Checkpoin
 
 @dataclass
 class TrainPlan:
-    """What the engine needs from a config section (``train`` for pretraining, ``finetune`` for finetuning)."""
+    """What the engine needs from a config section (``train`` for pretraining, ``finetune`` for finetuning); built by
+    ``TrainPlan.from_config``."""
 
     section: str  # the config section; messages name its keys
     max_steps: int
@@ -99,14 +101,40 @@ class TrainPlan:
     distributed: str = "ddp"
     flops_per_token: float | None = None  # model FLOPs of a training step per token (flops.py), for MFU
     peak_tflops: float = 0.0  # configured device peak (0: from the GPU's name)
-    lengths: str = ""  # out-of-memory advice: the length keys to lower, with their values
-    warmup_hint: str = ""  # divergence advice about warmup
-    resume_hint: str = "--resume {step}"  # how to continue from a checkpoint of step {step}
+
+    @classmethod
+    def from_config(cls, cfg: Config, section: str, *, max_steps: int, warmup_steps: int, global_batch_size: int,
+                    accumulation: int, seq_len: int, log_every: int, peak_tflops: float,
+                    flops_per_token: float | None, rows: int = 1, save_on_eval: bool = False) -> TrainPlan:
+        """The plan of ``cfg``'s ``section``; the arguments are what the two trainings derive differently. ``rows``:
+        sequences per example (the options of a multiple-choice example). Keys the section lacks (finetune has no
+        schedule, adam_betas, compile, ...; train no layer_decay) keep the defaults above."""
+        sec = getattr(cfg, section)
+        optional = ("adam_betas", "schedule", "min_lr_ratio", "layer_decay", "activation_checkpointing", "compile",
+                    "distributed")
+        return cls(
+            section=section, max_steps=max_steps, lr=sec.lr, warmup_steps=warmup_steps, clip_norm=sec.clip_norm,
+            precision=sec.precision, micro_batch_size=sec.micro_batch_size, global_batch_size=global_batch_size,
+            accumulation=accumulation, seq_len=seq_len, tokens_per_step=global_batch_size * rows * seq_len,
+            log_every=log_every, save_every=sec.save_every, save_on_eval=save_on_eval,
+            weight_decay=sec.weight_decay, adam_eps=sec.adam_eps, n_layer=cfg.model.n_layer,
+            micro_multiple=2 if cfg.model.bi_data else 1, flops_per_token=flops_per_token, peak_tflops=peak_tflops,
+            **{key: getattr(sec, key) for key in optional if hasattr(sec, key)},
+        )
+
+
+@dataclass(frozen=True)
+class Hints:
+    """A recipe's advice in the engine's messages, naming its own config keys."""
+
+    lengths: str  # out of memory: the length keys to lower, with their values
+    warmup: str  # divergence: how to warm up longer
+    resume: str = "--resume {step}"  # how to continue from a checkpoint of step {step}
 
 
 @dataclass
 class Evaluation:
-    """What a task's evaluation tells the engine: its metrics, whether to keep the model of this step (a new best),
+    """What a recipe's evaluation tells the engine: its metrics, whether to keep the model of this step (a new best),
     and whether to stop (early stopping)."""
 
     metrics: dict | None = None
@@ -114,9 +142,13 @@ class Evaluation:
     stop: bool = False
 
 
-class Task(Protocol):
+class Recipe(Protocol):
+    """What a training run plugs into the engine (see the module docstring)."""
+
     name: str
     loss_name: str
+    hints: Hints
+    keep_last: int
 
     def next_batch(self, step: int, micro: int) -> Any: ...
     def loss(self, model: torch.nn.Module, batch: Any, micro: int) -> torch.Tensor: ...
@@ -126,7 +158,6 @@ class Task(Protocol):
     def step_meta(self, step: int) -> dict: ...
     def states(self) -> dict[str, Stateful]: ...
     def rank_states(self) -> dict[str, Stateful]: ...
-    keep_last: int
     def pinned_steps(self, with_state: bool) -> set[int]: ...
 
 
@@ -296,7 +327,8 @@ def printer(enabled: bool) -> Callable[..., None]:
 # Diagnosis messages
 
 
-def oom_message(plan: TrainPlan, world: int, device: torch.device, where: str) -> str:
+def oom_message(plan: TrainPlan, lengths: str, world: int, device: torch.device, where: str) -> str:
+    """Out of memory: the settings to lower, naming the section's keys; ``lengths`` are the recipe's (``Hints``)."""
     mb, multiple, s = plan.micro_batch_size, plan.micro_multiple, plan.section
     smaller = max(multiple, (mb // 2) // multiple * multiple)
     tips = []
@@ -307,7 +339,7 @@ def oom_message(plan: TrainPlan, world: int, device: torch.device, where: str) -
         tips.append(f"--set {s}.activation_checkpointing=true")
     if plan.precision == "fp32" and device.type == "cuda":
         tips.append(f"--set {s}.precision=bf16")
-    tips.append(f"or lower {plan.lengths}")
+    tips.append(f"or lower {lengths}")
     return (f"out of memory on {device} during {where} with micro-batch {mb} x seq {plan.seq_len} "
             f"(accumulation {plan.accumulation}, {world} process(es)); try " + ", ".join(tips))
 
@@ -324,14 +356,18 @@ def _nonfinite_grad_name(model: torch.nn.Module) -> str | None:
     return None
 
 
-class _PreemptionGuard:
+# ----------------------------------------------------------------------------------------------------------------
+# The loop's components: preemption, the clock, the progress bar
+
+
+class PreemptionGuard:
     """Turns SIGTERM into a request to stop after the current optimizer step (on every rank once any rank got it)."""
 
     def __init__(self) -> None:
         self.flag = False
         self._old: Any = None
 
-    def __enter__(self) -> _PreemptionGuard:
+    def __enter__(self) -> PreemptionGuard:
         if threading.current_thread() is threading.main_thread():
             self._old = signal.signal(signal.SIGTERM, self._handler)
         return self
@@ -347,16 +383,75 @@ class _PreemptionGuard:
         return dist.any_rank(self.flag, device)
 
 
+class StepClock:
+    """Wall time of a fit without its pauses (evaluation, checkpoint writing): the logged throughput counts data and
+    step time only, the ETA extrapolates it, and it is the summary's elapsed_s."""
+
+    def __init__(self) -> None:
+        self.start = self.interval_start = time.perf_counter()
+        self.paused_s = 0.0
+        self.steps = 0  # steps of this fit
+        self.steps_in_interval = 0  # steps since the last train row
+
+    def tick(self) -> None:
+        self.steps += 1
+        self.steps_in_interval += 1
+
+    def interval(self, tokens_per_step: int, steps_left: int) -> tuple[float, float]:
+        """(tokens/s over the steps since the last call, seconds left); the next interval starts now."""
+        now = time.perf_counter()
+        tps = tokens_per_step * self.steps_in_interval / max(now - self.interval_start, 1e-9)
+        eta = steps_left * (now - self.start - self.paused_s) / max(self.steps, 1)
+        self.interval_start, self.steps_in_interval = now, 0
+        return tps, eta
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        t = time.perf_counter()
+        yield
+        paused = time.perf_counter() - t
+        self.interval_start += paused
+        self.paused_s += paused
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start - self.paused_s
+
+
+class StepBar:
+    """The progress bar over optimizer steps (nothing when quiet or not rank 0). ``live``: it is drawn (stderr is a
+    terminal); when it is not, each train row is also printed as one plain line."""
+
+    def __init__(self, label: str, total: int, done: int, quiet: bool) -> None:
+        self.live = progress_is_live(quiet)
+        self._progress = step_progress(quiet=quiet)
+        self._label, self._total, self._done = label, total, done
+        self._bar: Any = None
+
+    def __enter__(self) -> StepBar:
+        self._progress.__enter__()
+        self._bar = self._progress.add_task(self._label, total=self._total, completed=self._done, info="")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._progress.__exit__(*exc)
+
+    def update(self, step: int, info: str | None = None) -> None:
+        if info is None:
+            self._progress.update(self._bar, completed=step)
+        else:
+            self._progress.update(self._bar, completed=step, info=info)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The engine
 
 
 class Engine:
-    def __init__(self, model: torch.nn.Module, task: Task, plan: TrainPlan, env: dist.DistEnv, run_dir: Path,
+    def __init__(self, model: torch.nn.Module, recipe: Recipe, plan: TrainPlan, env: dist.DistEnv, run_dir: Path,
                  cfg: Config, tokenizer_dir: Path | None = None, quiet: bool = False,
                  resume_from: Path | None = None, report_to: str = "auto") -> None:
-        self.model, self.task, self.plan, self.env = model, task, plan, env
-        self.report_to = report_to  # trackers besides metrics.jsonl (runlog.py)
+        self.model, self.recipe, self.plan, self.env = model, recipe, plan, env
+        self.report_to = report_to  # trackers besides metrics.jsonl (metrics_log.py)
         self.run_dir, self.cfg, self.tokenizer_dir = run_dir, cfg, tokenizer_dir
         self.quiet, self.resume_from = quiet, resume_from
         self.main = env.is_main
@@ -386,9 +481,9 @@ class Engine:
         self.checkpointer = Checkpointer(
             self.run_dir,
             {MODEL: ModelState(self.model), PROGRESS: self.progress, "optimizer": OptimizerState(self.model,
-             self.optimizer), "scaler": self.scaler, **self.task.states()},
-            {"rng": RandomState(), **self.task.rank_states()},
-            self.cfg, env, self.tokenizer_dir, self.task.keep_last, plan.resume_hint)
+             self.optimizer), "scaler": self.scaler, **self.recipe.states()},
+            {"rng": RandomState(), **self.recipe.rank_states()},
+            self.cfg, env, self.tokenizer_dir, self.recipe.keep_last, self.recipe.hints.resume)
         if self.resume_from is not None:
             self.checkpointer.load(self.resume_from)
         if self.main:
@@ -412,22 +507,57 @@ class Engine:
                 f", precision {precision}, fused AdamW {self.fused}, compile {plan.compile}, activation checkpointing "
                 f"{bool(plan.activation_checkpointing)}")
 
+    # ---- the loop --------------------------------------------------------------------------------------------------
+
+    def fit(self, stop_after: int | None = None) -> dict:
+        """Train until max_steps (or an early stop); ``stop_after``: return after this many steps of this call (the run
+        is then not finished). Returns {"step", "loss", "eval", "tokens_per_s", "elapsed_s", "complete", ...}.
+
+        Each step, as in torchtitan's ``Trainer.train()``: train_step, a train row when due, then (paused on the clock)
+        the evaluation and the checkpoint when due, and the preemption check."""
+        if self.step >= self.plan.max_steps:
+            return self._already_complete()
+        first_step, stopped_early = self.step, False
+        quiet = self.quiet or not self.main
+        self.clock = StepClock()
+        self.model.train()
+        with PreemptionGuard() as guard:
+            self._evaluate_initial_weights()
+            with StepBar(self.recipe.name, self.plan.max_steps, self.step, quiet) as bar:
+                while self.step < self.plan.max_steps and (stop_after is None or self.step - first_step < stop_after):
+                    loss_v, gnorm_v, lr = self.train_step()
+                    self._count_step(loss_v)
+                    self._log_step(bar, gnorm_v, lr)
+                    with self.clock.paused():
+                        evaluated = self.recipe.eval_due(self.step)
+                        ev = self.evaluate(self.step) if evaluated else None
+                        preempted = guard.requested(self.env.device)
+                        self._save_if_due(evaluated, ev, preempted)
+                    stop = ev is not None and ev.stop
+                    if preempted and not stop and self.step < self.plan.max_steps:
+                        raise self._preempted()
+                    if stop:
+                        stopped_early = True
+                        break
+        return self._summary(first_step, stopped_early)
+
     # ---- one optimizer step --------------------------------------------------------------------------------------
 
     def train_step(self) -> tuple[float, float, float]:
-        """Accumulate the step's micro-batches, clip, check, step. Returns (mean loss over ranks, grad norm, lr)."""
-        plan, task, dev = self.plan, self.task, self.env.device
+        """Accumulate the step's micro-batches, clip, check, step. Returns (mean loss over ranks, grad norm before
+        clipping, lr)."""
+        plan, recipe, dev = self.plan, self.recipe, self.env.device
         accum = plan.accumulation
         factor = lr_factor(self.step, plan.warmup_steps, plan.max_steps, plan.schedule, plan.min_lr_ratio)
         lr = set_lr(self.optimizer, plan.lr, factor)
         losses = []
         try:
             for a in range(accum):
-                batch = task.next_batch(self.step, a)
+                batch = recipe.next_batch(self.step, a)
                 sync = contextlib.nullcontext() if (not self.ddp or a == accum - 1) else self.model.no_sync()
                 with sync:
                     with autocast_ctx(dev, plan.precision):
-                        loss = task.loss(self.model, batch, a)
+                        loss = recipe.loss(self.model, batch, a)
                     self.scaler.scale(loss / accum).backward()
                 losses.append(loss.detach().float())
             self.scaler.unscale_(self.optimizer)
@@ -446,11 +576,20 @@ class Engine:
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
         except torch.OutOfMemoryError:
-            raise XLNetError(oom_message(plan, self.env.world_size, dev, f"training step {self.step + 1}")) from None
+            raise XLNetError(self._oom_message(f"training step {self.step + 1}")) from None
         return loss_v, gnorm_v, lr
 
+    def _count_step(self, loss_v: float) -> None:
+        self.progress.step += 1
+        self.progress.tokens_seen += self.plan.tokens_per_step
+        self.progress.log_window.append(loss_v)
+        self.clock.tick()
+
+    def _oom_message(self, where: str) -> str:
+        return oom_message(self.plan, self.recipe.hints.lengths, self.env.world_size, self.env.device, where)
+
     def _raise_nonfinite(self, loss_v: float, gnorm_v: float, step_losses: torch.Tensor) -> None:
-        plan, name = self.plan, self.task.loss_name
+        plan, name = self.plan, self.recipe.loss_name
         if not math.isfinite(loss_v):
             bad = [i for i, v in enumerate(step_losses.tolist()) if not math.isfinite(v)]
             if bad:
@@ -463,96 +602,19 @@ class Engine:
                     f"loss {loss_v:.4f})")
         raise XLNetError(
             f"training diverged at step {self.step + 1}: {what}; the update was not applied; {self.checkpointer.last_good_text()}; "
-            f"try a lower {plan.section}.lr (now {plan.lr:g}), {plan.warmup_hint} or {plan.section}.precision=fp32"
+            f"try a lower {plan.section}.lr (now {plan.lr:g}), {self.recipe.hints.warmup} or {plan.section}.precision=fp32"
         )
 
-    # ---- evaluation and checkpoints ------------------------------------------------------------------------------
+    # ---- logging -------------------------------------------------------------------------------------------------
 
-    def validate(self, step: int) -> Evaluation | None:
-        try:
-            ev = self.task.evaluate(self.model, step, self.logger.log)
-        except torch.OutOfMemoryError:
-            raise XLNetError(oom_message(self.plan, self.env.world_size, self.env.device, "evaluation")) from None
-        if ev is not None and ev.metrics is not None:
-            self.result["eval_start" if step == 0 else "eval"] = ev.metrics
-        return ev
-
-    def save(self, step: int, with_state: bool = True) -> Path:
-        """Write step folder ``step`` (with train_state.safetensors when ``with_state``); the task's rotation and
-        pinned steps decide which folders stay. A full disk is a one-line error naming the last good checkpoint."""
-        meta = {**self.task.step_meta(step), "step": step, "tokens_seen": self.progress.tokens_seen}
-        return self.checkpointer.save(step, with_state, meta, self.task.pinned_steps(with_state))
-
-    # ---- the loop --------------------------------------------------------------------------------------------------
-
-    def fit(self, stop_after: int | None = None) -> dict:
-        """Train until max_steps (or an early stop); ``stop_after``: return after this many steps of this call (the run
-        is then not finished). Returns {"step", "loss", "eval", "tokens_per_s", "elapsed_s", "complete", ...}."""
-        plan, task, dev = self.plan, self.task, self.env.device
-        result = self.result
-        if self.step >= plan.max_steps:
-            return self._already_complete()
-        live = progress_is_live(self.quiet or not self.main)
-        progress = step_progress(quiet=self.quiet or not self.main)
-        t0 = t_log = time.perf_counter()
-        steps_since_log = steps_this_call = 0
-        t_excluded = 0.0
-        first_step = self.step
-        stopped_early = False
-        self.model.train()
-        with _PreemptionGuard() as guard:
-            if self.step == 0 and task.eval_due(0):  # baseline: the initial weights, logged as step 0
-                self.validate(0)
-                self.model.train()
-            with progress:
-                bar = progress.add_task(task.name, total=plan.max_steps, completed=self.step, info="")
-                while self.step < plan.max_steps:
-                    if stop_after is not None and steps_this_call >= stop_after:
-                        break
-                    loss_v, gnorm_v, lr = self.train_step()
-                    self.progress.step += 1
-                    step = self.step
-                    steps_this_call += 1
-                    steps_since_log += 1
-                    self.progress.tokens_seen += plan.tokens_per_step
-                    self.progress.log_window.append(loss_v)
-                    now = time.perf_counter()
-                    if step % plan.log_every == 0 or step == plan.max_steps:
-                        tps = plan.tokens_per_step * steps_since_log / max(now - t_log, 1e-9)
-                        eta = (plan.max_steps - step) * (now - t0 - t_excluded) / max(steps_this_call, 1)
-                        info = self._log(step, gnorm_v, lr, tps, eta, live)
-                        progress.update(bar, completed=step, info=info)
-                        t_log, steps_since_log = now, 0
-                    else:
-                        progress.update(bar, completed=step)
-                    t_pause = time.perf_counter()
-                    due = task.eval_due(step)
-                    ev = self.validate(step) if due else None
-                    stop = bool(ev and ev.stop)
-                    preempt = guard.requested(dev)
-                    final = step >= plan.max_steps or stop
-                    with_state = (bool(plan.save_every and step % plan.save_every == 0) or final or preempt
-                                  or (plan.save_on_eval and due))
-                    if with_state or (ev is not None and ev.keep_model):
-                        self.save(step, with_state)
-                    paused = time.perf_counter() - t_pause
-                    t_log += paused  # throughput counts data + step time only, not evaluation or checkpoint writing
-                    t_excluded += paused
-                    if preempt and not final:
-                        self.logger.close()
-                        raise Preempted(f"stopped on SIGTERM after step {step} of {plan.max_steps}: checkpoint "
-                                        f"{self.checkpointer.last_good} written; continue with "
-                                        f"{plan.resume_hint.format(step=step)}")
-                    if stop:
-                        stopped_early = True
-                        break
-        elapsed = time.perf_counter() - t0 - t_excluded
-        self.logger.close()
-        done = self.step - first_step
-        result.update(step=self.step, loss=self._recent_loss(), elapsed_s=elapsed, stopped_early=stopped_early,
-                      complete=self.step >= plan.max_steps or stopped_early, already_complete=False,
-                      tokens_per_s=plan.tokens_per_step * done / elapsed if elapsed > 0 and done else 0.0)
-        return result
+    def _log_step(self, bar: StepBar, gnorm_v: float, lr: float) -> None:
+        """Every log_every steps and at the last: a train row, and the bar's figures."""
+        step, plan = self.step, self.plan
+        if step % plan.log_every == 0 or step == plan.max_steps:
+            tps, eta = self.clock.interval(plan.tokens_per_step, plan.max_steps - step)
+            bar.update(step, self._log(step, gnorm_v, lr, tps, eta, bar.live))
+        else:
+            bar.update(step)
 
     def _log(self, step: int, gnorm_v: float, lr: float, tps: float, eta: float, live: bool) -> str:
         """A train row (loss: the mean over the steps since the last row); a plain line when there is no bar."""
@@ -565,7 +627,7 @@ class Engine:
         if self.device_peak and plan.flops_per_token:
             mfu = tps * plan.flops_per_token / (self.env.world_size * self.device_peak * 1e12)
         mem = dist.peak_memory_gib(dev)
-        extras = self.task.log_extras(step)
+        extras = self.recipe.log_extras(step)
         self.logger.log(step, "train", loss=loss, lr=lr, grad_norm=gnorm_v, tokens_per_s=round(tps, 1),
                         tokens=self.progress.tokens_seen, peak_mem_gib=round(mem, 3),
                         **({"mfu": round(mfu, 4)} if mfu is not None else {}), **extras)
@@ -575,6 +637,58 @@ class Engine:
                      + f" peak {mem:.2f} GiB ETA {duration(eta)}"
                      + "".join(f" {k} {v}" for k, v in extras.items()))
         return f"loss {loss:.4f} lr {lr:.2e} {tps:,.0f} tok/s"
+
+    # ---- evaluation and checkpoints ------------------------------------------------------------------------------
+
+    def evaluate(self, step: int) -> Evaluation | None:
+        """The recipe's evaluation of the model at ``step``; its metrics go into the summary."""
+        try:
+            ev = self.recipe.evaluate(self.model, step, self.logger.log)
+        except torch.OutOfMemoryError:
+            raise XLNetError(self._oom_message("evaluation")) from None
+        if ev is not None and ev.metrics is not None:
+            self.result["eval_start" if step == 0 else "eval"] = ev.metrics
+        return ev
+
+    def _evaluate_initial_weights(self) -> None:
+        """The baseline before the first step, logged as step 0 (a fresh run whose recipe evaluates at step 0)."""
+        if self.step == 0 and self.recipe.eval_due(0):
+            self.evaluate(0)
+            self.model.train()
+
+    def _save_if_due(self, evaluated: bool, ev: Evaluation | None, preempted: bool) -> None:
+        """A resumable step folder every save_every steps, at the end (max_steps or an early stop), on preemption and,
+        with save_on_eval, at every evaluation; between them the weights alone when the evaluation keeps the model."""
+        step, plan = self.step, self.plan
+        final = step >= plan.max_steps or (ev is not None and ev.stop)
+        with_state = (bool(plan.save_every and step % plan.save_every == 0) or final or preempted
+                      or (plan.save_on_eval and evaluated))
+        if with_state or (ev is not None and ev.keep_model):
+            self.save(step, with_state)
+
+    def save(self, step: int, with_state: bool = True) -> Path:
+        """Write step folder ``step`` (with train_state.safetensors when ``with_state``); the recipe's rotation and
+        pinned steps decide which folders stay. A full disk is a one-line error naming the last good checkpoint."""
+        meta = {**self.recipe.step_meta(step), "step": step, "tokens_seen": self.progress.tokens_seen}
+        return self.checkpointer.save(step, with_state, meta, self.recipe.pinned_steps(with_state))
+
+    # ---- the end of a fit ------------------------------------------------------------------------------------------
+
+    def _preempted(self) -> Preempted:
+        """SIGTERM: the checkpoint of this step is written; the error that says how to continue."""
+        self.logger.close()
+        return Preempted(f"stopped on SIGTERM after step {self.step} of {self.plan.max_steps}: checkpoint "
+                         f"{self.checkpointer.last_good} written; continue with "
+                         f"{self.recipe.hints.resume.format(step=self.step)}")
+
+    def _summary(self, first_step: int, stopped_early: bool) -> dict:
+        elapsed = self.clock.elapsed()
+        self.logger.close()
+        done = self.step - first_step
+        self.result.update(step=self.step, loss=self._recent_loss(), elapsed_s=elapsed, stopped_early=stopped_early,
+                           complete=self.step >= self.plan.max_steps or stopped_early, already_complete=False,
+                           tokens_per_s=self.plan.tokens_per_step * done / elapsed if elapsed > 0 and done else 0.0)
+        return self.result
 
     def _recent_loss(self) -> float:
         """The training loss to report at the end: the last row's mean, or the mean of the steps after it."""

@@ -3,8 +3,8 @@
     finetune(cfg, "classification", "train.tsv", "valid.tsv", init="runs/pre", out="runs/sst2")
     finetune(cfg, "classification", "train.tsv", "valid.tsv", init="runs/pre", out="runs/sst2", resume=True)
 
-The loop, precision, checkpoints and resume are the engine's (engine.py); this module supplies the finetuning task
-(the shuffled example order, the head's loss, validation with the task metric, the best checkpoint) and the run
+The loop, precision, checkpoints and resume are the engine's (engine.py); this module supplies the finetuning
+recipe (the shuffled example order, the head's loss, validation with the task metric, the best checkpoint) and the run
 folder. AdamW (no decay on LayerNorm/bias), linear warmup then linear decay, layer-wise lr decay as parameter groups,
 dropout/dropatt from cfg.finetune, evaluation every epoch or every N steps, optional early stopping, gradient
 accumulation, DDP under torchrun.
@@ -31,8 +31,10 @@ import contextlib
 import json
 import math
 import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -40,11 +42,13 @@ import torch
 from xlnetcli.core import dist
 from xlnetcli.data import labelled
 from xlnetcli.checkpoint.folders import step_dir_name, step_folders, tokenizer_dir_of
+from xlnetcli.checkpoint.load import load_model_dir, resolve_checkpoint
 from xlnetcli.config import Config, check_config, config_from_dict, config_to_dict
 from xlnetcli.train.checkpointer import TRAIN_STATE, resumable_steps
-from xlnetcli.train.engine import Engine, Evaluation, TrainPlan, printer, resume_point
+from xlnetcli.train.engine import Engine, Evaluation, Hints, TrainPlan, printer, resume_point
 from xlnetcli.core.errors import CheckpointError, ConfigError, DataError, XLNetError
 from xlnetcli.model.flops import forward_flops
+from xlnetcli.model.heads import carry_head
 from xlnetcli.core.files import atomic_write_json, check_output_dir, check_output_not_input, commit_dir, output_lock, sha256_file
 from xlnetcli.evaluate.finetuned import (TRAIN_KEYS, TaskData, build_finetune_model, load_pretrained_into, load_task_data, make_batch,
                         predict, primary_metric, score)
@@ -71,14 +75,12 @@ def run_config(init_cfg: Config, cfg: Config) -> Config:
 def finetune_config_path(init: str | Path) -> Path | None:
     """Which YAML to load when the user gave no --config: the init checkpoint's config.yaml (None for an HF
     directory: the defaults). The model section is always taken from the checkpoint at training time."""
-    from xlnetcli.checkpoint.load import resolve_checkpoint
-
     path = resolve_checkpoint(init) / "config.yaml"
     return path if path.is_file() else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The finetuning task
+# The finetuning recipe
 
 
 class ExampleOrder:
@@ -144,11 +146,11 @@ class BestSoFar:
         self.stopped_early = bool(state["stopped_early"])
 
 
-class FinetuneTask:
-    """The engine's task for finetuning: each step takes the examples ``ExampleOrder`` draws, the head's loss,
+class FinetuneRecipe:
+    """The engine's recipe for finetuning: each step takes the examples ``ExampleOrder`` draws, the head's loss,
     validation with the task metric on rank 0, early stopping (``BestSoFar``), and which step folders stay (the best
-    and the latest resumable one). Its checkpointed state ("task", the same on every rank) is the run's identity
-    (task, labels, file digests), the example order and the best so far."""
+    and the latest resumable one). Its checkpointed state (the train state's "task" entry, the same on every rank) is
+    the run's identity (task, labels, file digests), the example order and the best so far."""
 
     loss_name = "loss"
     keep_last = 1  # the latest resumable step folder; pinned_steps adds the best ones
@@ -158,6 +160,8 @@ class FinetuneTask:
                  files: dict[str, str], say: Any) -> None:
         ft = run_cfg.finetune
         self.name = f"finetune {task}"
+        self.hints = Hints(lengths=f"finetune.max_seq_length ({ft.max_seq_length})",
+                           warmup="a larger finetune.warmup_ratio", resume="--resume")
         self.task, self.cfg, self.train, self.valid, self.labels = task, run_cfg, train, valid, label_list
         self.env, self.total, self.steps_per_epoch, self.meta_base, self.files, self.say = (
             env, total, steps_per_epoch, meta_base, files, say)
@@ -236,7 +240,7 @@ class FinetuneTask:
     # ---- checkpointed state (the same on every rank) ---------------------------------------------------------------
 
     def states(self) -> dict:
-        return {"task": self}
+        return {"task": self}  # the entry's name in train_state.safetensors
 
     def rank_states(self) -> dict:
         return {}
@@ -264,16 +268,13 @@ def finetune_plan(run_cfg: Config, train: TaskData, accum: int, total: int, warm
     shape = train.enc.arrays["input_ids"].shape  # [N, L] or [N, options, L]
     rows, L = int(np.prod(shape[1:-1], dtype=np.int64)), int(shape[-1])
     mb_rows = ft.micro_batch_size * rows
-    return TrainPlan(
-        section="finetune", max_steps=total, lr=ft.lr, warmup_steps=warmup, clip_norm=ft.clip_norm,
-        precision=ft.precision, micro_batch_size=ft.micro_batch_size, global_batch_size=ft.batch_size,
-        accumulation=accum, seq_len=L, tokens_per_step=ft.batch_size * rows * L,
-        log_every=ft.log_every, save_every=ft.save_every, save_on_eval=ft.save_every == 0,
-        weight_decay=ft.weight_decay, adam_eps=ft.adam_eps, layer_decay=ft.layer_decay, n_layer=m.n_layer,
+    return TrainPlan.from_config(
+        run_cfg, "finetune", max_steps=total, warmup_steps=warmup, global_batch_size=ft.batch_size,
+        accumulation=accum, seq_len=L, rows=rows, save_on_eval=ft.save_every == 0,
+        log_every=ft.log_every,
+        peak_tflops=ft.peak_tflops,
         # the content stream over every position, no memory, no LM head (flops.py), for the logged MFU
         flops_per_token=3.0 * forward_flops(m, mb_rows, L, 0, 0, last_layer_query_only=False) / (mb_rows * L),
-        peak_tflops=ft.peak_tflops, lengths=f"finetune.max_seq_length ({ft.max_seq_length})",
-        warmup_hint="a larger finetune.warmup_ratio", resume_hint="--resume",
     )
 
 
@@ -361,38 +362,95 @@ def finetune(
         dist.cleanup()
 
 
+@dataclass
+class InitCheckpoint:
+    """What ``--init`` gives the run: its folder, config, weights, meta.json and tokenizer."""
+
+    path: Path
+    cfg: Config
+    state: dict[str, torch.Tensor]
+    meta: dict
+    tokenizer_dir: Path
+    tokenizer: Tokenizer
+
+
+class StepCounts(NamedTuple):
+    """The batch maths of a run: micro-batches per step and rank, steps per epoch, steps, warmup steps."""
+
+    accumulation: int
+    per_epoch: int
+    total: int
+    warmup: int
+
+
 def _finetune(cfg: Config, task: str, train: Path, valid: Path | None, init: Path, out: Path,
               columns: labelled.Columns | None, header: bool, overwrite: bool, env: dist.DistEnv, quiet: bool,
               from_scratch: bool, resume: bool) -> dict[str, Any]:
-    from xlnetcli.checkpoint.load import load_model_dir, resolve_checkpoint
-
-    main = env.is_main
-    dev = env.device
-    ft = cfg.finetune
-    say = printer(main and not quiet)
-    require_trackers(ft.report_to)
-
+    """The steps of one finetuning call: the run folder's state, the init checkpoint, the data, the batch maths, the
+    resume point, the model, the training and the commit."""
+    say = printer(env.is_main and not quiet)
+    require_trackers(cfg.finetune.report_to)
     partial = partial_dir(out)
     mode = dist.broadcast_object(_run_mode(out, partial, resume, overwrite))
     if mode in ("complete", "finish"):
-        src = out if mode == "complete" else partial
-        results = json.loads((src / "results.json").read_text(encoding="utf-8"))
-        if main and mode == "finish":
-            _commit(partial, out, results.get("best_step"))
-        dist.barrier()
-        _say_complete(say, out, results)
-        return results
+        return _report_finished(mode, out, partial, env, say)
 
-    ckpt = resolve_checkpoint(init)
-    init_cfg, state, init_meta = load_model_dir(ckpt)
-    run_cfg = run_config(init_cfg, cfg)
-    tok_dir = tokenizer_dir_of(ckpt)
-    tok = Tokenizer.load(tok_dir)
-    if tok.vocab_size != run_cfg.model.vocab_size:
-        raise CheckpointError(f"tokenizer in {tok_dir} has {tok.vocab_size} pieces but the model's vocab_size is "
-                              f"{run_cfg.model.vocab_size}")
+    init_ckpt = _load_init(init)
+    run_cfg = run_config(init_ckpt.cfg, cfg)
+    if init_ckpt.tokenizer.vocab_size != run_cfg.model.vocab_size:
+        raise CheckpointError(f"tokenizer in {init_ckpt.tokenizer_dir} has {init_ckpt.tokenizer.vocab_size} pieces "
+                              f"but the model's vocab_size is {run_cfg.model.vocab_size}")
+    train_data, valid_data = _load_data(task, train, valid, init_ckpt.tokenizer, run_cfg, columns, header)
+    check_config(run_cfg, env.world_size, stage="finetune")
+    steps = _step_counts(run_cfg, len(train_data), env.world_size)
+    start = None
+    if mode == "resume":
+        start = resume_point(run_cfg, partial, "latest", "finetuning run", ("tokenizer", "model", "finetune"),
+                             RESUME_MUTABLE, "resume with the run's --config and --set, or start again with --overwrite")
+        start = dist.broadcast_object(start)
+    model = _build_model(run_cfg, task, train_data.label_list, init_ckpt, from_scratch, start is None, say)
+    model.to(env.device).train()
 
-    # data
+    meta_base = {"kind": "finetune", "task": task, "labels": train_data.label_list, "init": str(init_ckpt.path),
+                 "from_scratch": from_scratch,
+                 "squad_v2": bool(valid_data.squad_v2) if valid_data and task == "squad" else None}
+    files = {"train": sha256_file(train), **({"valid": sha256_file(valid)} if valid is not None else {})}
+    recipe = FinetuneRecipe(task, run_cfg, train_data, valid_data, train_data.label_list, env, steps.total,
+                            steps.per_epoch, meta_base, files, say)
+    plan = finetune_plan(run_cfg, train_data, steps.accumulation, steps.total, steps.warmup)
+    if env.is_main and mode == "fresh" and partial.exists():
+        shutil.rmtree(partial)  # --overwrite: an interrupted earlier run is discarded
+    dist.barrier()
+    engine = Engine(model, recipe, plan, env, partial, run_cfg, init_ckpt.tokenizer_dir, quiet,
+                    resume_from=start[1] if start is not None else None, report_to=run_cfg.finetune.report_to)
+    with _removed_on_failure(partial, env.is_main):
+        engine.setup()
+        _say_header(say, engine, task, init_ckpt.path, out, train_data, valid_data, steps)
+        result = engine.fit()
+    return _commit_results(recipe, result, out, partial, train_data, valid_data, say)
+
+
+def _report_finished(mode: str, out: Path, partial: Path, env: dist.DistEnv, say: Any) -> dict[str, Any]:
+    """A run that has completed (``complete``) or whose only step left is the rename (``finish``): its results."""
+    src = out if mode == "complete" else partial
+    results = json.loads((src / "results.json").read_text(encoding="utf-8"))
+    if env.is_main and mode == "finish":
+        _commit(partial, out, results.get("best_step"))
+    dist.barrier()
+    _say_complete(say, out, results)
+    return results
+
+
+def _load_init(init: Path) -> InitCheckpoint:
+    path = resolve_checkpoint(init)
+    init_cfg, state, meta = load_model_dir(path)
+    tok_dir = tokenizer_dir_of(path)
+    return InitCheckpoint(path, init_cfg, state, meta, tok_dir, Tokenizer.load(tok_dir))
+
+
+def _load_data(task: str, train: Path, valid: Path | None, tok: Tokenizer, run_cfg: Config,
+               columns: labelled.Columns | None, header: bool) -> tuple[TaskData, TaskData | None]:
+    """The training and validation examples, encoded (validation labels must be among the training ones)."""
     train_data = load_task_data(task, train, tok, run_cfg, None, columns, header, training=True)
     label_list = train_data.label_list
     if task == "classification" and len(label_list) < 2:
@@ -403,83 +461,83 @@ def _finetune(cfg: Config, task: str, train: Path, valid: Path | None, init: Pat
                                     train_path=train)
     if len(train_data) == 0:
         raise DataError(f"{train}: no usable training examples")
+    return train_data, valid_data
 
-    # batch maths
-    world = env.world_size
-    check_config(run_cfg, world, stage="finetune")
-    accum = ft.batch_size // (ft.micro_batch_size * world)
-    n_train = len(train_data)
-    steps_per_epoch = max(1, math.ceil(n_train / ft.batch_size))
-    total = ft.max_steps or max(1, math.ceil(ft.epochs * steps_per_epoch))
-    warmup = int(round(ft.warmup_ratio * total))
 
-    start = None
-    if mode == "resume":
-        start = resume_point(run_cfg, partial, "latest", "finetuning run", ("tokenizer", "model", "finetune"),
-                             RESUME_MUTABLE, "resume with the run's --config and --set, or start again with --overwrite")
-        start = dist.broadcast_object(start)
+def _step_counts(run_cfg: Config, n_train: int, world: int) -> StepCounts:
+    ft = run_cfg.finetune
+    per_epoch = max(1, math.ceil(n_train / ft.batch_size))
+    total = ft.max_steps or max(1, math.ceil(ft.epochs * per_epoch))
+    return StepCounts(ft.batch_size // (ft.micro_batch_size * world), per_epoch, total,
+                      int(round(ft.warmup_ratio * total)))
 
-    # model
-    torch.manual_seed(ft.seed)
-    n_labels = len(label_list) if label_list else 1
-    model = build_finetune_model(run_cfg, task, n_labels)
+
+def _build_model(run_cfg: Config, task: str, label_list: list[str] | None, init_ckpt: InitCheckpoint,
+                 from_scratch: bool, load_init: bool, say: Any) -> torch.nn.Module:
+    """The task model: random weights with ``from_scratch``; else the init checkpoint's (and its head when it fits)
+    unless ``load_init`` is False (a resume loads its own). Frees the init weights."""
+    torch.manual_seed(run_cfg.finetune.seed)
+    model = build_finetune_model(run_cfg, task, len(label_list) if label_list else 1)
+    ckpt = init_ckpt.path
     if from_scratch:
         say(f"  init       random weights (architecture and tokenizer of {ckpt}; --from-scratch baseline)")
-    elif start is None:
-        from xlnetcli.model.heads import carry_head
-
-        load_pretrained_into(model, state, f"checkpoint {ckpt}")
-        head_note = carry_head(model, state, init_cfg.finetune, init_meta, task, label_list, run_cfg.finetune, ckpt)
+    elif load_init:
+        load_pretrained_into(model, init_ckpt.state, f"checkpoint {ckpt}")
+        head_note = carry_head(model, init_ckpt.state, init_ckpt.cfg.finetune, init_ckpt.meta, task, label_list,
+                               run_cfg.finetune, ckpt)
         if head_note:
             say(f"  head       {head_note}")
-    del state
+    init_ckpt.state = {}
     # the query stream is not used in finetuning: freeze its start vector (DDP rejects parameters without gradients)
     model.transformer.mask_emb.requires_grad_(False)
-    model.to(dev).train()
+    return model
 
-    meta_base = {"kind": "finetune", "task": task, "labels": label_list, "init": str(ckpt), "from_scratch": from_scratch,
-                 "squad_v2": bool(valid_data.squad_v2) if valid_data and task == "squad" else None}
-    files = {"train": sha256_file(train), **({"valid": sha256_file(valid)} if valid is not None else {})}
-    ftask = FinetuneTask(task, run_cfg, train_data, valid_data, label_list, env, total, steps_per_epoch, meta_base,
-                         files, say)
-    plan = finetune_plan(run_cfg, train_data, accum, total, warmup)
-    if main and mode == "fresh" and partial.exists():
-        shutil.rmtree(partial)  # --overwrite: an interrupted earlier run is discarded
-    dist.barrier()
-    engine = Engine(model, ftask, plan, env, partial, run_cfg, tok_dir, quiet,
-                    resume_from=start[1] if start is not None else None, report_to=ft.report_to)
+
+def _say_header(say: Any, engine: Engine, task: str, ckpt: Path, out: Path, train_data: TaskData,
+                valid_data: TaskData | None, steps: StepCounts) -> None:
+    """The run's header: data (and its notes), batch, optimizer and device lines."""
+    ft, label_list = engine.cfg.finetune, train_data.label_list
+    say(f"[bold]xlnet finetune[/bold] {task} from {ckpt} -> {out}"
+        + (f" (resuming at step {engine.step})" if engine.step else ""))
+    say(f"  data       train {len(train_data)} {'features' if task == 'squad' else 'examples'} ({train_data.path})"
+        + (f", valid {len(valid_data)} ({valid_data.path})" if valid_data else ", no validation file")
+        + (f", {len(label_list)} labels: {', '.join(label_list)}" if label_list else ""))
+    for d in (train_data, valid_data):
+        for note in (d.notes if d else []):
+            say(f"[yellow]warning:[/yellow] {Path(d.path).name}: {note}")
+    say(f"  batch      {ft.batch_size} = micro {ft.micro_batch_size} x accumulation {steps.accumulation} x "
+        f"{engine.env.world_size} process(es); {steps.total} steps ({steps.per_epoch} per epoch), warmup {steps.warmup}")
+    say(f"  optimizer  AdamW lr {ft.lr:g}, layer decay {ft.layer_decay:g}, wd {ft.weight_decay:g}, "
+        f"dropout {ft.dropout:g}/{ft.dropatt:g}; device {engine.describe()}")
+
+
+@contextlib.contextmanager
+def _removed_on_failure(partial: Path, main: bool) -> Iterator[None]:
+    """A failure (or SIGTERM) before the first resumable checkpoint leaves nothing behind: nothing to resume from."""
     try:
-        engine.setup()
-        say(f"[bold]xlnet finetune[/bold] {task} from {ckpt} -> {out}"
-            + (f" (resuming at step {engine.step})" if engine.step else ""))
-        say(f"  data       train {n_train} {'features' if task == 'squad' else 'examples'} ({train})"
-            + (f", valid {len(valid_data)} ({valid})" if valid_data else ", no validation file")
-            + (f", {len(label_list)} labels: {', '.join(label_list)}" if label_list else ""))
-        for d in (train_data, valid_data):
-            for note in (d.notes if d else []):
-                say(f"[yellow]warning:[/yellow] {Path(d.path).name}: {note}")
-        say(f"  batch      {ft.batch_size} = micro {ft.micro_batch_size} x accumulation {accum} x {world} "
-            f"process(es); {total} steps ({steps_per_epoch} per epoch), warmup {warmup}")
-        say(f"  optimizer  AdamW lr {ft.lr:g}, layer decay {ft.layer_decay:g}, wd {ft.weight_decay:g}, "
-            f"dropout {ft.dropout:g}/{ft.dropatt:g}; device {engine.describe()}")
-        result = engine.fit()
+        yield
     except BaseException:
         if main and not resumable_steps(partial):
-            shutil.rmtree(partial, ignore_errors=True)  # nothing to resume from: leave nothing behind
+            shutil.rmtree(partial, ignore_errors=True)
         raise
 
-    best = ftask.tracker.best
+
+def _commit_results(recipe: FinetuneRecipe, result: dict, out: Path, partial: Path, train_data: TaskData,
+                    valid_data: TaskData | None, say: Any) -> dict[str, Any]:
+    """results.json into the partial folder, then the commit (prune, rename); the closing line."""
+    best = recipe.tracker.best
     results = {
-        "task": task, "out": str(out), "steps": result["step"], "best_step": best["step"],
+        "task": recipe.task, "out": str(out), "steps": result["step"], "best_step": best["step"],
         "checkpoint": str(out / step_dir_name(best["step"])) if best["step"] is not None else None,
         "metric": best["metric"], "value": None if best["value"] == -math.inf else best["value"],
-        "valid": best["metrics"], "train_examples": len(train_data.examples), "train_rows": n_train,
+        "valid": best["metrics"], "train_examples": len(train_data.examples), "train_rows": len(train_data),
         "valid_examples": len(valid_data.examples) if valid_data else 0,
-        "labels": label_list, "seconds": round(result["elapsed_s"], 2), "stopped_early": ftask.tracker.stopped_early,
+        "labels": train_data.label_list, "seconds": round(result["elapsed_s"], 2),
+        "stopped_early": recipe.tracker.stopped_early,
         "notes": (train_data.notes + (valid_data.notes if valid_data else [])),
         "final_train_loss": result["loss"],
     }
-    if main:
+    if recipe.env.is_main:
         atomic_write_json(partial / "results.json", results)
         _commit(partial, out, best["step"])
     dist.barrier()

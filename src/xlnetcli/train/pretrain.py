@@ -4,8 +4,8 @@
     from xlnetcli.train.pretrain import pretrain
     summary = pretrain(load_config("configs/tiny.yaml"), "records/", "runs/tiny", resume=None)
 
-The loop, precision, checkpoints and resume are the engine's (engine.py); this module supplies the pretraining task:
-the records stream, the PLM loss with memories, held-out evaluation, and which step folders to keep.
+The loop, precision, checkpoints and resume are the engine's (engine.py); this module supplies the pretraining
+recipe: the records stream, the PLM loss with memories, held-out evaluation, and which step folders to keep.
 
 Batch maths: ``train.global_batch_size`` rows (parallel text streams, fixed for the run) per optimizer step;
 each of W processes runs A = global / (micro * W) micro-batches and accumulates gradients. Micro-batch a of rank r
@@ -21,7 +21,7 @@ Run folder::
         model.safetensors config.yaml tokenizer/ meta.json
         train_state.safetensors       optimizer, grad scaler, step, RNG states, data cursors and memories of every rank
 
-The task's stateful objects are its records stream (``data``: the cursor) and its ``Memories`` (``mems``), both of
+The recipe's stateful objects are its records stream (``data``: the cursor) and its ``Memories`` (``mems``), both of
 each rank; the engine checkpoints them with everything else it keeps (engine.py).
 
 ``resume="latest"`` (or a step number) continues exactly: same data, same dropout masks, same memories.
@@ -37,9 +37,11 @@ import torch
 
 from xlnetcli.core import dist
 from xlnetcli.config import Config, check_config, config_to_dict
+from xlnetcli.data.pretrain_stream import PretrainStream
+from xlnetcli.data.tokenizer import Tokenizer
 from xlnetcli.train.checkpointer import resumable_steps
-from xlnetcli.train.engine import (Engine, Evaluation, TrainPlan, printer, resume_point, run_config_file,
-                     seed_everything)
+from xlnetcli.train.engine import (Engine, Evaluation, Hints, TrainPlan, printer, resume_point, run_config_file,
+                                   seed_everything)
 from xlnetcli.core.errors import ConfigError, DataError
 from xlnetcli.model.flops import train_flops
 from xlnetcli.core.files import check_output_not_input, output_lock
@@ -47,6 +49,8 @@ from xlnetcli.model import XLNetLMHeadModel, num_params
 from xlnetcli.evaluate.lm_loss import Memories, evaluate_plm, read_records_meta
 from xlnetcli.evaluate.lm_loss import forward as _forward
 from xlnetcli.evaluate.lm_loss import model_inputs as _model_inputs
+from xlnetcli.evaluate.probe import probe_checkpoint, read_rows, split_rows
+from xlnetcli.report.plot import maybe_plot
 from xlnetcli.report.trackers import require_trackers
 
 # train.* keys that may change when resuming a run (they do not change what is computed, only how often we
@@ -126,24 +130,24 @@ def check_run_dir(cfg: Config, out_dir: Path, resume: str | None) -> tuple[int, 
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The pretraining task
+# The pretraining recipe
 
 
 def build_lm_model(cfg: Config) -> torch.nn.Module:
     return XLNetLMHeadModel(cfg.model)
 
 
-class PretrainTask:
-    """The engine's task for pretraining: the records stream of this rank, the PLM loss with one memory per
+class PretrainRecipe:
+    """The engine's recipe for pretraining: the records stream of this rank, the PLM loss with one memory per
     micro-batch index, held-out evaluation on the valid split, and the last ``train.keep_last`` step folders."""
 
     name = "pretrain"
     loss_name = "PLM loss"
 
     def __init__(self, cfg: Config, data_dir: Path, meta: dict, env: dist.DistEnv, accum: int, say: Any) -> None:
-        from xlnetcli.data.pretrain_stream import PretrainStream
-
         t = cfg.train
+        self.hints = Hints(lengths=f"data.seq_len / model.mem_len ({cfg.data.seq_len}/{cfg.model.mem_len})",
+                           warmup="more train.warmup_steps")
         self.cfg, self.data_dir, self.meta, self.env, self.accum, self.say = cfg, data_dir, meta, env, accum, say
         self.stream = PretrainStream(data_dir, "train", env.rank, env.world_size, t.micro_batch_size, cfg.data.seed,
                                      dense=False, objective=cfg.model.objective)
@@ -152,9 +156,6 @@ class PretrainTask:
         self._it: Any = None
         self.probe_rows: tuple | None = None  # (train, valid) rows of train.probe_file, probed every probe_every
         if t.probe_every:
-            from xlnetcli.evaluate.probe import read_rows, split_rows
-            from xlnetcli.data.tokenizer import Tokenizer
-
             self.probe_rows = split_rows(read_rows(t.probe_file), seed=t.seed)
             self.probe_tok = Tokenizer.load(data_dir / "tokenizer")
 
@@ -189,8 +190,6 @@ class PretrainTask:
     def probe(self, model: torch.nn.Module, step: int, log: Any) -> None:
         """Linear-probe accuracy of the frozen features on train.probe_file (probe.py): does the representation pay
         off yet? Every rank takes part (FSDP gathers), rank 0 logs."""
-        from xlnetcli.evaluate.probe import probe_checkpoint
-
         train_rows, valid_rows = self.probe_rows
         res = probe_checkpoint(dist.unwrap(model), self.probe_tok,
                                train_rows, valid_rows, self.cfg.finetune.max_seq_length, seed=self.cfg.train.seed)
@@ -200,8 +199,6 @@ class PretrainTask:
                  + (" (initial weights)" if step == 0 else ""))
 
     def _evaluate_plm(self, model: torch.nn.Module, step: int, log: Any) -> Evaluation | None:
-        from xlnetcli.data.pretrain_stream import PretrainStream
-
         t = self.cfg.train
         if "valid" not in self.meta.get("splits", {"valid": None}):
             return None
@@ -233,19 +230,12 @@ class PretrainTask:
 
 def pretrain_plan(cfg: Config, accum: int) -> TrainPlan:
     t, L = cfg.train, cfg.data.seq_len
-    return TrainPlan(
-        section="train", max_steps=t.max_steps, lr=t.lr, warmup_steps=t.warmup_steps, schedule=t.schedule,
-        min_lr_ratio=t.min_lr_ratio, clip_norm=t.clip_norm, precision=t.precision,
-        micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size, accumulation=accum, seq_len=L,
-        tokens_per_step=t.global_batch_size * L, log_every=t.log_every, save_every=t.save_every,
-        weight_decay=t.weight_decay, adam_betas=t.adam_betas, adam_eps=t.adam_eps,
-        micro_multiple=2 if cfg.model.bi_data else 1, activation_checkpointing=t.activation_checkpointing,
-        compile=t.compile, distributed=t.distributed, peak_tflops=t.peak_tflops,
+    return TrainPlan.from_config(
+        cfg, "train", max_steps=t.max_steps, warmup_steps=t.warmup_steps, global_batch_size=t.global_batch_size,
+        accumulation=accum, seq_len=L, log_every=t.log_every, peak_tflops=t.peak_tflops,
         # model FLOPs per token at full memory (flops.py), for the logged MFU
         flops_per_token=train_flops(cfg.model, t.micro_batch_size, L, cfg.model.mem_len, cfg.data.num_predict) / (
             t.micro_batch_size * L),
-        lengths=f"data.seq_len / model.mem_len ({L}/{cfg.model.mem_len})",
-        warmup_hint="more train.warmup_steps",
     )
 
 
@@ -275,46 +265,67 @@ def pretrain(cfg: Config, data_dir: str | Path, out_dir: str | Path, resume: str
 
 def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, env: dist.DistEnv, quiet: bool,
               stop_after: int | None) -> dict:
-    t = cfg.train
-    main = env.is_main
-    dev = env.device
+    t, main = cfg.train, env.is_main
+    meta, accum, start = _check_inputs(cfg, data_dir, out_dir, resume, env)
+    model = _build_model(cfg, env)
+    sizes = num_params(model), num_params(model, embedding=False)  # before wrapping (FSDP shards in place)
+    say = printer(main and not quiet)
+    plan = pretrain_plan(cfg, accum)
+    recipe = PretrainRecipe(cfg, data_dir, meta, env, accum, say)
+    engine = Engine(model, recipe, plan, env, out_dir, cfg, data_dir / "tokenizer", quiet,
+                    resume_from=start[1] if start is not None else None, report_to=t.report_to).setup()
+    if engine.step >= t.max_steps:
+        result = engine.fit()  # nothing to train: the run's last logged figures
+        say(f"run {out_dir} is already complete: step {engine.step} of {t.max_steps}, final checkpoint "
+            f"{result['checkpoint']}; nothing to resume (raise train.max_steps to train further)")
+        return result
 
-    # ---- checks before any work ---------------------------------------------------------------------------
+    _say_header(say, cfg, engine, sizes, meta, data_dir, out_dir)
+    result = engine.fit(stop_after)
+    if main and result["complete"]:
+        result["plot"] = str(maybe_plot(out_dir) or "")
+    if main and not quiet and result["complete"]:
+        say(f"done: {result['step']} steps, last loss {result['loss']:.4f}, {result['tokens_per_s']:,.0f} tokens/s; "
+            f"checkpoints in {out_dir}")
+    return result
+
+
+def _check_inputs(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None,
+                  env: dist.DistEnv) -> tuple[dict, int, tuple[int, Path] | None]:
+    """Checks before any work: (the records' meta, accumulation, the checkpoint to resume from or None)."""
+    t = cfg.train
     meta = read_records_meta(data_dir)
     check_records(cfg, meta, data_dir)
     accum = check_config(cfg, env.world_size, stage="pretrain").accumulation
     require_trackers(t.report_to)
-    if t.precision == "fp16" and dev.type == "cpu":
+    if t.precision == "fp16" and env.device.type == "cpu":
         raise ConfigError("train.precision=fp16 needs a CUDA device (use bf16 or fp32 on CPU)")
     start = check_run_dir(cfg, out_dir, resume)
-    start = dist.broadcast_object(start)
+    return meta, accum, dist.broadcast_object(start)
 
-    # ---- model (the same init on every rank), then each rank draws its own dropout masks -------------------
-    dist.set_deterministic(t.deterministic)
-    seed_everything(t.seed)
-    model = build_lm_model(cfg).to(dev)
-    n_params, n_nonemb = num_params(model), num_params(model, embedding=False)
-    seed_everything(t.seed + 7919 * env.rank)
 
-    say = printer(main and not quiet)
-    plan = pretrain_plan(cfg, accum)
-    task = PretrainTask(cfg, data_dir, meta, env, accum, say)
-    engine = Engine(model, task, plan, env, out_dir, cfg, data_dir / "tokenizer", quiet,
-                    resume_from=start[1] if start is not None else None, report_to=t.report_to).setup()
-    step = engine.step
-    if step >= t.max_steps:
-        result = engine.fit()  # nothing to train: the run's last logged figures
-        say(f"run {out_dir} is already complete: step {step} of {t.max_steps}, final checkpoint "
-            f"{result['checkpoint']}; nothing to resume (raise train.max_steps to train further)")
-        return result
+def _build_model(cfg: Config, env: dist.DistEnv) -> torch.nn.Module:
+    """The same init on every rank; then each rank draws its own dropout masks."""
+    dist.set_deterministic(cfg.train.deterministic)
+    seed_everything(cfg.train.seed)
+    model = build_lm_model(cfg).to(env.device)
+    seed_everything(cfg.train.seed + 7919 * env.rank)
+    return model
 
+
+def _say_header(say: Any, cfg: Config, engine: Engine, sizes: tuple[int, int], meta: dict, data_dir: Path,
+                out_dir: Path) -> None:
+    """The run's header: model (``sizes``: parameters with and without the embedding), batch, device, data and
+    optimizer lines."""
+    t, plan, step = cfg.train, engine.plan, engine.step
+    n_params, n_nonemb = sizes
     say(f"[bold]xlnet pretrain[/bold] {'resuming at step ' + str(step) if step else 'from scratch'} -> {out_dir}")
     say(f"  model      {n_params / 1e6:.2f}M parameters ({n_nonemb / 1e6:.2f}M without embeddings), "
         f"{cfg.model.n_layer} layers, d_model {cfg.model.d_model}, seq {cfg.data.seq_len} "
         f"(reuse {cfg.model.reuse_len}, mem {cfg.model.mem_len}), {cfg.data.num_predict} targets, "
         f"bi_data {cfg.model.bi_data}")
-    say(f"  batch      global {t.global_batch_size} = micro {t.micro_batch_size} x accumulation {accum} x "
-        f"{env.world_size} process(es); {plan.tokens_per_step:,} tokens per step, {t.max_steps:,} steps")
+    say(f"  batch      global {t.global_batch_size} = micro {t.micro_batch_size} x accumulation {plan.accumulation} x "
+        f"{engine.env.world_size} process(es); {plan.tokens_per_step:,} tokens per step, {t.max_steps:,} steps")
     say(f"  device     {engine.describe()}, deterministic {t.deterministic}")
     spp = meta.get("splits", {}).get("train", {}).get("steps_per_pass")
     if spp:
@@ -324,13 +335,3 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
                if spp * passes < t.max_steps else ""))
     say(f"  optimizer  AdamW lr {t.lr:g}, warmup {t.warmup_steps}, {t.schedule} decay to x{t.min_lr_ratio:g}, "
         f"wd {t.weight_decay:g}, clip {t.clip_norm:g}; eval every {t.eval_every}, save every {t.save_every}")
-
-    result = engine.fit(stop_after)
-    if main and result["complete"]:
-        from xlnetcli.report.plot import maybe_plot
-
-        result["plot"] = str(maybe_plot(out_dir) or "")
-    if main and not quiet and result["complete"]:
-        say(f"done: {result['step']} steps, last loss {result['loss']:.4f}, {result['tokens_per_s']:,.0f} tokens/s; "
-            f"checkpoints in {out_dir}")
-    return result
