@@ -1,0 +1,274 @@
+"""The engine on its own: a toy recipe (fixed batches for a two-layer linear model) through Engine, in process.
+
+Gradient accumulation, clipping, the lr schedule, exact resume and preemption, as the engine applies them; the
+optimizer's step is wrapped to see the gradients and learning rates it is given.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from xlnetcli.checkpoint import load_train_state
+from xlnetcli.config import Config
+from xlnetcli.core.dist import DistEnv
+from xlnetcli.core.errors import Preempted, XLNetError
+from xlnetcli.report.metrics_log import read_metrics
+from xlnetcli.train.engine import Engine, Evaluation, Hints, TrainPlan, seed_everything
+from xlnetcli.train.optim import lr_factor
+
+N_EXAMPLES, D_IN, D_OUT = 64, 4, 2
+_gen = torch.Generator().manual_seed(0)
+X = torch.randn(N_EXAMPLES, D_IN, generator=_gen)
+Y = 10 * torch.randn(N_EXAMPLES, D_OUT, generator=_gen)  # large targets: gradient norms well above 1
+TIMING = ("time", "tokens_per_s", "peak_mem_gib")
+
+
+class ToyRecipe:
+    """Micro-batch ``micro`` of step ``step`` is rows [(step * accum + micro) * size, ... + size) of X, Y (wrapping):
+    the same rows however a step's batch is split, and a function of the step alone, so no state to checkpoint."""
+
+    name = "toy"
+    loss_name = "toy loss"
+    keep_last = 1
+    hints = Hints(lengths="toy.width (4)", warmup="more toy.warmup")
+
+    def __init__(self, size: int, accum: int, sigterm_at: int | None = None, nan_at: int | None = None,
+                 eval_every: int = 0, stop_at: int | None = None) -> None:
+        self.size, self.accum = size, accum
+        self.sigterm_at, self.nan_at = sigterm_at, nan_at  # step (0-based) to send SIGTERM at / return nan at
+        self.eval_every, self.stop_at = eval_every, stop_at
+        self.step = 0
+
+    def next_batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.step = step
+        if step == self.sigterm_at and micro == 0:
+            os.kill(os.getpid(), signal.SIGTERM)  # what a scheduler sends before it kills
+        idx = torch.arange((step * self.accum + micro) * self.size, (step * self.accum + micro + 1) * self.size)
+        return X[idx % N_EXAMPLES], Y[idx % N_EXAMPLES]
+
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], micro: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(model(x), y)
+        return loss * math.nan if self.step == self.nan_at else loss
+
+    def eval_due(self, step: int) -> bool:
+        return bool(self.eval_every) and step % self.eval_every == 0
+
+    def evaluate(self, model: nn.Module, step: int, log) -> Evaluation:
+        log(step, "eval", step_seen=step)
+        return Evaluation(metrics={"step_seen": step}, stop=step == self.stop_at)
+
+    def log_extras(self, step: int) -> dict:
+        return {}
+
+    def step_meta(self, step: int) -> dict:
+        return {"kind": "toy"}
+
+    def states(self) -> dict:
+        return {}
+
+    def rank_states(self) -> dict:
+        return {}
+
+    def pinned_steps(self, with_state: bool) -> set[int]:
+        return set()
+
+
+def make_engine(run_dir: Path, recipe: ToyRecipe | None = None, *, size: int = 4, accum: int = 1, max_steps: int = 6,
+                lr: float = 0.01, warmup: int = 0, schedule: str = "linear", min_lr_ratio: float = 0.0,
+                clip_norm: float = 0.0, save_every: int = 0, dropout: float = 0.0,
+                resume_from: Path | None = None) -> Engine:
+    seed_everything(0)
+    model = nn.Sequential(nn.Linear(D_IN, 8), nn.Dropout(dropout), nn.Linear(8, D_OUT))
+    plan = TrainPlan(section="toy", max_steps=max_steps, lr=lr, warmup_steps=warmup, clip_norm=clip_norm,
+                     precision="fp32", micro_batch_size=size, global_batch_size=size * accum, accumulation=accum,
+                     seq_len=1, tokens_per_step=size * accum, log_every=1, save_every=save_every, weight_decay=0.01,
+                     adam_eps=1e-8, schedule=schedule, min_lr_ratio=min_lr_ratio)
+    return Engine(model, recipe or ToyRecipe(size, accum), plan, DistEnv(), run_dir, Config(), quiet=True,
+                  resume_from=resume_from, report_to="none").setup()
+
+
+def record_steps(engine: Engine) -> list[dict]:
+    """What each optimizer step is given: the gradients (after clipping) and the groups' learning rates."""
+    seen: list[dict] = []
+    step = engine.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        seen.append({"grads": [p.grad.clone() for p in engine.params],
+                     "lrs": [g["lr"] for g in engine.optimizer.param_groups]})
+        return step(*args, **kwargs)
+
+    engine.optimizer.step = recording_step
+    return seen
+
+
+def params(engine: Engine) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in engine.model.parameters()]
+
+
+def rows(run_dir: Path, split: str = "train") -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(run_dir) if r["split"] == split]
+
+
+def total_norm(grads: list[torch.Tensor]) -> float:
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+
+
+def test_accumulated_micro_batches_equal_one_batch_of_them_all(tmp_path):
+    """4 micro-batches of 2 = one batch of 8: the same gradients, the same parameters after each step."""
+    accumulated = make_engine(tmp_path / "a", size=2, accum=4, max_steps=3)
+    one_batch = make_engine(tmp_path / "b", size=8, accum=1, max_steps=3)
+    seen_a, seen_b = record_steps(accumulated), record_steps(one_batch)
+    accumulated.fit()
+    one_batch.fit()
+    assert len(seen_a) == len(seen_b) == 3
+    for a, b in zip(seen_a, seen_b):
+        for ga, gb in zip(a["grads"], b["grads"]):
+            torch.testing.assert_close(ga, gb, rtol=1e-6, atol=1e-6)
+    for pa, pb in zip(params(accumulated), params(one_batch)):
+        torch.testing.assert_close(pa, pb, rtol=1e-6, atol=1e-6)
+    for ra, rb in zip(rows(tmp_path / "a"), rows(tmp_path / "b")):
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-6)
+        assert ra["grad_norm"] == pytest.approx(rb["grad_norm"], rel=1e-6)
+
+
+def test_clipping_bounds_the_applied_gradient_and_the_log_keeps_the_norm_before_it(tmp_path):
+    clip = 0.5
+    engine = make_engine(tmp_path / "run", size=2, accum=2, max_steps=2, clip_norm=clip)
+    # the gradient of the first step without the engine: the same weights, the same 2 micro-batches, mean loss
+    probe = make_engine(tmp_path / "probe", size=2, accum=2).model
+    recipe = ToyRecipe(2, 2)
+    loss = sum(recipe.loss(probe, recipe.next_batch(0, a), a) for a in range(2)) / 2
+    loss.backward()
+    unclipped = total_norm([p.grad for p in probe.parameters()])
+    seen = record_steps(engine)
+    engine.fit()
+    logged = rows(tmp_path / "run")
+    assert unclipped > 10 * clip
+    assert logged[0]["grad_norm"] == pytest.approx(unclipped, rel=1e-6)  # the log: the norm before clipping
+    for s in seen:
+        assert total_norm(s["grads"]) <= clip * (1 + 1e-5)  # what the optimizer is given: clipped
+    assert total_norm(seen[0]["grads"]) == pytest.approx(clip, rel=1e-5)
+
+
+@pytest.mark.parametrize("schedule, min_lr_ratio, by_hand", [
+    ("linear", 0.0, [0.5, 1.0, 1.0, 0.75, 0.5, 0.25]),
+    ("cosine", 0.1, [0.5, 1.0, 1.0, 0.1 + 0.45 * (1 + math.cos(math.pi / 4)), 0.55,
+                     0.1 + 0.45 * (1 - math.cos(math.pi / 4))]),
+])
+def test_lr_warms_up_then_decays_as_the_schedule_says(tmp_path, schedule, min_lr_ratio, by_hand):
+    """Warmup 2 of 6 steps: step i (0-based) is trained at lr * lr_factor(i); every parameter group gets it."""
+    lr = 0.01
+    engine = make_engine(tmp_path / "run", max_steps=6, lr=lr, warmup=2, schedule=schedule,
+                         min_lr_ratio=min_lr_ratio)
+    seen = record_steps(engine)
+    engine.fit()
+    applied = [s["lrs"] for s in seen]
+    assert all(len(set(group_lrs)) == 1 for group_lrs in applied)  # no layer decay: one lr for every group
+    assert [g[0] for g in applied] == pytest.approx([lr * f for f in by_hand], rel=1e-12)
+    assert [g[0] for g in applied] == pytest.approx([lr * lr_factor(i, 2, 6, schedule, min_lr_ratio)
+                                                     for i in range(6)], rel=1e-12)
+    assert [r["lr"] for r in rows(tmp_path / "run")] == [g[0] for g in applied]
+
+
+def test_resume_continues_bit_identically(tmp_path):
+    """Fit 3 steps, save, a new engine loads the step folder and fits to 6: the parameters and the logged losses are
+    those of an uninterrupted run of 6 (dropout on: the RNG state resumes too; AdamW's moments too)."""
+    straight = make_engine(tmp_path / "straight", dropout=0.5)
+    straight.fit()
+    first = make_engine(tmp_path / "run", dropout=0.5)
+    first.fit(stop_after=3)
+    assert first.step == 3 and not first.result["complete"]
+    folder = first.save(3)
+    assert load_train_state(folder)["step"] == 3
+    resumed = make_engine(tmp_path / "run", dropout=0.5, resume_from=folder)
+    assert resumed.step == 3
+    summary = resumed.fit()
+    assert summary["step"] == 6 and summary["complete"]
+    for a, b in zip(params(resumed), params(straight)):
+        assert torch.equal(a, b)
+    assert rows(tmp_path / "run") == rows(tmp_path / "straight")
+
+
+def test_sigterm_finishes_the_step_saves_and_raises_preempted(tmp_path):
+    """SIGTERM during step 4 (of 8): the step completes, a resumable checkpoint of step 4 is written, Preempted (exit
+    code 75) says how to continue, the previous SIGTERM handler is back; resuming gives the uninterrupted result."""
+    straight = make_engine(tmp_path / "straight", max_steps=8, dropout=0.5)
+    straight.fit()
+    outer_calls: list = []
+
+    def outer(*args):
+        outer_calls.append(args)
+
+    previous = signal.signal(signal.SIGTERM, outer)
+    try:
+        engine = make_engine(tmp_path / "run", ToyRecipe(4, 1, sigterm_at=3), max_steps=8, dropout=0.5)
+        with pytest.raises(Preempted) as e:
+            engine.fit()
+        restored = signal.getsignal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert restored is outer and not outer_calls  # the engine's handler took the signal, then gave SIGTERM back
+    folder = tmp_path / "run" / "step_0000004"
+    assert str(e.value) == (f"stopped on SIGTERM after step 4 of 8: checkpoint {folder} written; continue with "
+                            "--resume 4")
+    assert e.value.exit_code == 75
+    assert load_train_state(folder)["step"] == 4
+    assert json.loads((folder / "meta.json").read_text())["kind"] == "toy"
+    resumed = make_engine(tmp_path / "run", max_steps=8, dropout=0.5, resume_from=folder)
+    resumed.fit()
+    for a, b in zip(params(resumed), params(straight)):
+        assert torch.equal(a, b)
+
+
+def test_an_early_stop_is_the_end_of_the_run(tmp_path):
+    """An evaluation that says stop: a resumable checkpoint of that step, and the run is complete."""
+    engine = make_engine(tmp_path / "run", ToyRecipe(4, 1, eval_every=2, stop_at=4), max_steps=8)
+    summary = engine.fit()
+    assert summary["step"] == 4 and summary["stopped_early"] and summary["complete"]
+    assert summary["eval"] == {"step_seen": 4}
+    assert [r["step"] for r in rows(tmp_path / "run", "eval")] == [0, 2, 4]  # step 0: the initial weights
+    assert load_train_state(tmp_path / "run" / "step_0000004")["step"] == 4
+
+
+def test_out_of_memory_and_divergence_give_the_recipes_advice(tmp_path):
+    def oom(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    recipe = ToyRecipe(4, 2)
+    recipe.loss = oom
+    with pytest.raises(XLNetError) as e:
+        make_engine(tmp_path / "oom", recipe, accum=2).fit()
+    assert str(e.value) == ("out of memory on cpu during training step 1 with micro-batch 4 x seq 1 (accumulation 2, "
+                            "1 process(es)); try --set toy.micro_batch_size=2 (accumulation becomes 4, same global "
+                            "batch), or lower toy.width (4)")
+    with pytest.raises(XLNetError) as e:
+        make_engine(tmp_path / "nan", ToyRecipe(4, 1, nan_at=1), lr=0.1).fit()
+    assert str(e.value) == ("training diverged at step 2: toy loss is nan on micro-batch 0 of rank 0; the update was "
+                            "not applied; no checkpoint saved yet; try a lower toy.lr (now 0.1), more toy.warmup or "
+                            "toy.precision=fp32")
+
+
+def test_one_plan_for_both_sections():
+    """Keys a section lacks keep the plan's defaults; the rest come from the section."""
+    cfg = Config()
+    common = dict(max_steps=10, warmup_steps=1, global_batch_size=8, accumulation=2, seq_len=16, log_every=1,
+                  peak_tflops=0.0, flops_per_token=None)
+    pre = TrainPlan.from_config(cfg, "train", **common)
+    ft = TrainPlan.from_config(cfg, "finetune", rows=4, save_on_eval=True, **common)
+    assert (pre.section, pre.lr, pre.schedule, pre.adam_betas) == ("train", cfg.train.lr, cfg.train.schedule,
+                                                                   cfg.train.adam_betas)
+    assert pre.activation_checkpointing is False and pre.layer_decay == 1.0 and pre.micro_multiple == 2  # bi_data
+    assert (ft.section, ft.lr, ft.layer_decay, ft.precision) == ("finetune", cfg.finetune.lr, cfg.finetune.layer_decay,
+                                                                 cfg.finetune.precision)
+    assert ft.schedule == "linear" and ft.activation_checkpointing is None and not ft.compile
+    assert (pre.tokens_per_step, ft.tokens_per_step) == (8 * 16, 8 * 4 * 16)
+    assert ft.save_on_eval and not pre.save_on_eval
