@@ -601,8 +601,9 @@ class Engine:
             what = (f"gradient norm is {gnorm_v} (first non-finite gradient: {where or 'on another rank'}; "
                     f"loss {loss_v:.4f})")
         raise XLNetError(
-            f"training diverged at step {self.step + 1}: {what}; the update was not applied; {self.checkpointer.last_good_text()}; "
-            f"try a lower {plan.section}.lr (now {plan.lr:g}), {self.recipe.hints.warmup} or {plan.section}.precision=fp32"
+            f"training diverged at step {self.step + 1}: {what}; the update was not applied; "
+            f"{self.checkpointer.last_good_text()}; try a lower {plan.section}.lr (now {plan.lr:g}), "
+            f"{self.recipe.hints.warmup} or {plan.section}.precision=fp32"
         )
 
     # ---- logging -------------------------------------------------------------------------------------------------

@@ -403,11 +403,7 @@ def _finetune(cfg: Config, task: str, train: Path, valid: Path | None, init: Pat
     train_data, valid_data = _load_data(task, train, valid, init_ckpt.tokenizer, run_cfg, columns, header)
     check_config(run_cfg, env.world_size, stage="finetune")
     steps = _step_counts(run_cfg, len(train_data), env.world_size)
-    start = None
-    if mode == "resume":
-        start = resume_point(run_cfg, partial, "latest", "finetuning run", ("tokenizer", "model", "finetune"),
-                             RESUME_MUTABLE, "resume with the run's --config and --set, or start again with --overwrite")
-        start = dist.broadcast_object(start)
+    start = _resume_point(run_cfg, partial) if mode == "resume" else None
     model = _build_model(run_cfg, task, train_data.label_list, init_ckpt, from_scratch, start is None, say)
     model.to(env.device).train()
 
@@ -464,6 +460,13 @@ def _load_data(task: str, train: Path, valid: Path | None, tok: Tokenizer, run_c
     return train_data, valid_data
 
 
+def _resume_point(run_cfg: Config, partial: Path) -> tuple[int, Path] | None:
+    """The latest resumable step folder of the interrupted run (None: killed before its first one)."""
+    start = resume_point(run_cfg, partial, "latest", "finetuning run", ("tokenizer", "model", "finetune"),
+                         RESUME_MUTABLE, "resume with the run's --config and --set, or start again with --overwrite")
+    return dist.broadcast_object(start)
+
+
 def _step_counts(run_cfg: Config, n_train: int, world: int) -> StepCounts:
     ft = run_cfg.finetune
     per_epoch = max(1, math.ceil(n_train / ft.batch_size))
@@ -506,7 +509,8 @@ def _say_header(say: Any, engine: Engine, task: str, ckpt: Path, out: Path, trai
         for note in (d.notes if d else []):
             say(f"[yellow]warning:[/yellow] {Path(d.path).name}: {note}")
     say(f"  batch      {ft.batch_size} = micro {ft.micro_batch_size} x accumulation {steps.accumulation} x "
-        f"{engine.env.world_size} process(es); {steps.total} steps ({steps.per_epoch} per epoch), warmup {steps.warmup}")
+        f"{engine.env.world_size} process(es); {steps.total} steps ({steps.per_epoch} per epoch), "
+        f"warmup {steps.warmup}")
     say(f"  optimizer  AdamW lr {ft.lr:g}, layer decay {ft.layer_decay:g}, wd {ft.weight_decay:g}, "
         f"dropout {ft.dropout:g}/{ft.dropatt:g}; device {engine.describe()}")
 
