@@ -16,11 +16,11 @@ import pytest
 import torch
 from torch import nn
 
-from xlnetcli.checkpoint import load_train_state
 from xlnetcli.config import Config
 from xlnetcli.core.dist import DistEnv
 from xlnetcli.core.errors import Preempted, XLNetError
 from xlnetcli.report.metrics_log import read_metrics
+from xlnetcli.train.checkpointer import load_train_state
 from xlnetcli.train.engine import Engine, Evaluation, Hints, TrainPlan, seed_everything
 from xlnetcli.train.optim import lr_factor
 
@@ -130,12 +130,12 @@ def test_accumulated_micro_batches_equal_one_batch_of_them_all(tmp_path):
     accumulated.fit()
     one_batch.fit()
     assert len(seen_a) == len(seen_b) == 3
-    for a, b in zip(seen_a, seen_b):
-        for ga, gb in zip(a["grads"], b["grads"]):
+    for a, b in zip(seen_a, seen_b, strict=True):
+        for ga, gb in zip(a["grads"], b["grads"], strict=True):
             torch.testing.assert_close(ga, gb, rtol=1e-6, atol=1e-6)
-    for pa, pb in zip(params(accumulated), params(one_batch)):
+    for pa, pb in zip(params(accumulated), params(one_batch), strict=True):
         torch.testing.assert_close(pa, pb, rtol=1e-6, atol=1e-6)
-    for ra, rb in zip(rows(tmp_path / "a"), rows(tmp_path / "b")):
+    for ra, rb in zip(rows(tmp_path / "a"), rows(tmp_path / "b"), strict=True):
         assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-6)
         assert ra["grad_norm"] == pytest.approx(rb["grad_norm"], rel=1e-6)
 
@@ -193,7 +193,7 @@ def test_resume_continues_bit_identically(tmp_path):
     assert resumed.step == 3
     summary = resumed.fit()
     assert summary["step"] == 6 and summary["complete"]
-    for a, b in zip(params(resumed), params(straight)):
+    for a, b in zip(params(resumed), params(straight), strict=True):
         assert torch.equal(a, b)
     assert rows(tmp_path / "run") == rows(tmp_path / "straight")
 
@@ -225,7 +225,7 @@ def test_sigterm_finishes_the_step_saves_and_raises_preempted(tmp_path):
     assert json.loads((folder / "meta.json").read_text())["kind"] == "toy"
     resumed = make_engine(tmp_path / "run", max_steps=8, dropout=0.5, resume_from=folder)
     resumed.fit()
-    for a, b in zip(params(resumed), params(straight)):
+    for a, b in zip(params(resumed), params(straight), strict=True):
         assert torch.equal(a, b)
 
 
@@ -260,8 +260,7 @@ def test_out_of_memory_and_divergence_give_the_recipes_advice(tmp_path):
 def test_one_plan_for_both_sections():
     """Keys a section lacks keep the plan's defaults; the rest come from the section."""
     cfg = Config()
-    common = dict(max_steps=10, warmup_steps=1, global_batch_size=8, accumulation=2, seq_len=16, log_every=1,
-                  peak_tflops=0.0, flops_per_token=None)
+    common = dict(max_steps=10, warmup_steps=1, global_batch_size=8, accumulation=2, seq_len=16, flops_per_token=None)
     pre = TrainPlan.from_config(cfg, "train", **common)
     ft = TrainPlan.from_config(cfg, "finetune", rows=4, save_on_eval=True, **common)
     assert (pre.section, pre.lr, pre.schedule, pre.adam_betas) == ("train", cfg.train.lr, cfg.train.schedule,

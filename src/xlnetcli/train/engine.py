@@ -47,26 +47,35 @@ import signal
 import threading
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from xlnetcli.core import dist
 from xlnetcli.checkpoint.folders import step_folders
 from xlnetcli.config import Config, config_to_dict, load_config, save_config
+from xlnetcli.core import dist
+from xlnetcli.core.console import console, duration, progress_is_live, step_progress
 from xlnetcli.core.dist import autocast_ctx
 from xlnetcli.core.errors import CheckpointError, ConfigError, Preempted, XLNetError
-from xlnetcli.model.flops import device_peak_tflops
 from xlnetcli.core.files import atomic_write_text
-from xlnetcli.core.console import console, duration, progress_is_live, step_progress
-from xlnetcli.train.optim import build_optimizer, lr_factor, set_lr
 from xlnetcli.model import parallelize
+from xlnetcli.model.flops import device_peak_tflops
 from xlnetcli.report.metrics_log import MetricsLogger, NullLogger, read_metrics
-from xlnetcli.train.checkpointer import (MODEL, PROGRESS, TRAIN_STATE, Checkpointer, ModelState, OptimizerState,
-                                         Stateful, resumable_steps)
+from xlnetcli.train.checkpointer import (
+    MODEL,
+    PROGRESS,
+    TRAIN_STATE,
+    Checkpointer,
+    ModelState,
+    OptimizerState,
+    Stateful,
+    resumable_steps,
+)
+from xlnetcli.train.optim import build_optimizer, lr_factor, set_lr
 
 
 @dataclass
@@ -104,8 +113,8 @@ class TrainPlan:
 
     @classmethod
     def from_config(cls, cfg: Config, section: str, *, max_steps: int, warmup_steps: int, global_batch_size: int,
-                    accumulation: int, seq_len: int, log_every: int, peak_tflops: float,
-                    flops_per_token: float | None, rows: int = 1, save_on_eval: bool = False) -> TrainPlan:
+                    accumulation: int, seq_len: int, flops_per_token: float | None, rows: int = 1,
+                    save_on_eval: bool = False) -> TrainPlan:
         """The plan of ``cfg``'s ``section``; the arguments are what the two trainings derive differently. ``rows``:
         sequences per example (the options of a multiple-choice example). Keys the section lacks (finetune has no
         schedule, adam_betas, compile, ...; train no layer_decay) keep the defaults above."""
@@ -116,9 +125,10 @@ class TrainPlan:
             section=section, max_steps=max_steps, lr=sec.lr, warmup_steps=warmup_steps, clip_norm=sec.clip_norm,
             precision=sec.precision, micro_batch_size=sec.micro_batch_size, global_batch_size=global_batch_size,
             accumulation=accumulation, seq_len=seq_len, tokens_per_step=global_batch_size * rows * seq_len,
-            log_every=log_every, save_every=sec.save_every, save_on_eval=save_on_eval,
+            log_every=sec.log_every, save_every=sec.save_every, save_on_eval=save_on_eval,
             weight_decay=sec.weight_decay, adam_eps=sec.adam_eps, n_layer=cfg.model.n_layer,
-            micro_multiple=2 if cfg.model.bi_data else 1, flops_per_token=flops_per_token, peak_tflops=peak_tflops,
+            micro_multiple=2 if cfg.model.bi_data else 1, flops_per_token=flops_per_token,
+            peak_tflops=sec.peak_tflops,
             **{key: getattr(sec, key) for key in optional if hasattr(sec, key)},
         )
 
@@ -240,7 +250,7 @@ def run_config_file(run_dir: str | Path) -> Path | None:
                 None)
 
 
-def config_diff(a: dict, b: dict, ignore: set[str] = frozenset()) -> list[tuple[str, Any, Any]]:
+def config_diff(a: dict, b: dict, ignore: set[str] | frozenset[str] = frozenset()) -> list[tuple[str, Any, Any]]:
     out = []
     for section in a:
         for key in a[section]:
@@ -449,7 +459,7 @@ class StepBar:
 class Engine:
     def __init__(self, model: torch.nn.Module, recipe: Recipe, plan: TrainPlan, env: dist.DistEnv, run_dir: Path,
                  cfg: Config, tokenizer_dir: Path | None = None, quiet: bool = False,
-                 resume_from: Path | None = None, report_to: str = "auto") -> None:
+                 resume_from: Path | None = None, report_to: str | list[str] = "auto") -> None:
         self.model, self.recipe, self.plan, self.env = model, recipe, plan, env
         self.report_to = report_to  # trackers besides metrics.jsonl (metrics_log.py)
         self.run_dir, self.cfg, self.tokenizer_dir = run_dir, cfg, tokenizer_dir
@@ -503,7 +513,8 @@ class Engine:
         env, dev, plan = self.env, self.env.device, self.plan
         threads = f", {torch.get_num_threads()} threads" if dev.type == "cpu" else ""
         precision = plan.precision + (" + grad scaler" if self.scaler.is_enabled() else "")
-        return (f"{dev}{threads} ({env.backend or 'single process'}{', ' + plan.distributed if env.distributed else ''})"
+        wrapper = f", {plan.distributed}" if env.distributed else ""
+        return (f"{dev}{threads} ({env.backend or 'single process'}{wrapper})"
                 f", precision {precision}, fused AdamW {self.fused}, compile {plan.compile}, activation checkpointing "
                 f"{bool(plan.activation_checkpointing)}")
 

@@ -19,10 +19,10 @@ either absent (or, with --overwrite, the previous result) or complete:
                           `xlnet eval out`, `xlnet export out` and `--init out` resolve to it
     out/results.json      best step, its validation metrics, data statistics
 
-While it runs, ``.OUT.partial/`` also holds the latest resumable step folder (with train_state.safetensors: optimizer, example
-order, RNG states, best so far), written every ``finetune.save_every`` steps (0: at every evaluation) and on SIGTERM;
-``resume=True`` (``--resume``) continues from it exactly. results.json is written into the partial folder before the
-resumable folders are pruned and the folder is renamed, so an interruption there is finished by ``--resume``.
+While it runs, ``.OUT.partial/`` also holds the latest resumable step folder (with train_state.safetensors: optimizer,
+example order, RNG states, best so far), written every ``finetune.save_every`` steps (0: at every evaluation) and on
+SIGTERM; ``resume=True`` (``--resume``) continues from it exactly. results.json is written into the partial folder
+before the resumable folders are pruned and the folder is renamed, so an interruption there is finished by ``--resume``.
 """
 
 from __future__ import annotations
@@ -39,21 +39,37 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from xlnetcli.core import dist
-from xlnetcli.data import labelled
 from xlnetcli.checkpoint.folders import step_dir_name, step_folders, tokenizer_dir_of
 from xlnetcli.checkpoint.load import load_model_dir, resolve_checkpoint
 from xlnetcli.config import Config, check_config, config_from_dict, config_to_dict
-from xlnetcli.train.checkpointer import TRAIN_STATE, resumable_steps
-from xlnetcli.train.engine import Engine, Evaluation, Hints, TrainPlan, printer, resume_point
+from xlnetcli.core import dist
 from xlnetcli.core.errors import CheckpointError, ConfigError, DataError, XLNetError
+from xlnetcli.core.files import (
+    atomic_write_json,
+    check_output_dir,
+    check_output_not_input,
+    commit_dir,
+    output_lock,
+    sha256_file,
+)
+from xlnetcli.data import labelled
+from xlnetcli.data.tokenizer import Tokenizer
+from xlnetcli.evaluate.finetuned import (
+    TRAIN_KEYS,
+    TaskData,
+    build_finetune_model,
+    load_pretrained_into,
+    load_task_data,
+    make_batch,
+    predict,
+    primary_metric,
+    score,
+)
 from xlnetcli.model.flops import forward_flops
 from xlnetcli.model.heads import carry_head
-from xlnetcli.core.files import atomic_write_json, check_output_dir, check_output_not_input, commit_dir, output_lock, sha256_file
-from xlnetcli.evaluate.finetuned import (TRAIN_KEYS, TaskData, build_finetune_model, load_pretrained_into, load_task_data, make_batch,
-                        predict, primary_metric, score)
 from xlnetcli.report.trackers import require_trackers
-from xlnetcli.data.tokenizer import Tokenizer
+from xlnetcli.train.checkpointer import TRAIN_STATE, resumable_steps
+from xlnetcli.train.engine import Engine, Evaluation, Hints, TrainPlan, printer, resume_point
 
 # finetune.* keys that may change when resuming (how often metric lines and resumable checkpoints are written, where
 # metrics go, the device peak behind the logged MFU: nothing that changes what is computed)
@@ -271,8 +287,6 @@ def finetune_plan(run_cfg: Config, train: TaskData, accum: int, total: int, warm
     return TrainPlan.from_config(
         run_cfg, "finetune", max_steps=total, warmup_steps=warmup, global_batch_size=ft.batch_size,
         accumulation=accum, seq_len=L, rows=rows, save_on_eval=ft.save_every == 0,
-        log_every=ft.log_every,
-        peak_tflops=ft.peak_tflops,
         # the content stream over every position, no memory, no LM head (flops.py), for the logged MFU
         flops_per_token=3.0 * forward_flops(m, mb_rows, L, 0, 0, last_layer_query_only=False) / (mb_rows * L),
     )
@@ -449,7 +463,7 @@ def _load_data(task: str, train: Path, valid: Path | None, tok: Tokenizer, run_c
     """The training and validation examples, encoded (validation labels must be among the training ones)."""
     train_data = load_task_data(task, train, tok, run_cfg, None, columns, header, training=True)
     label_list = train_data.label_list
-    if task == "classification" and len(label_list) < 2:
+    if task == "classification" and len(label_list or []) < 2:
         raise DataError(f"{train}: classification needs at least 2 distinct labels, found {label_list}")
     valid_data = None
     if valid is not None:
@@ -472,7 +486,7 @@ def _step_counts(run_cfg: Config, n_train: int, world: int) -> StepCounts:
     per_epoch = max(1, math.ceil(n_train / ft.batch_size))
     total = ft.max_steps or max(1, math.ceil(ft.epochs * per_epoch))
     return StepCounts(ft.batch_size // (ft.micro_batch_size * world), per_epoch, total,
-                      int(round(ft.warmup_ratio * total)))
+                      round(ft.warmup_ratio * total))
 
 
 def _build_model(run_cfg: Config, task: str, label_list: list[str] | None, init_ckpt: InitCheckpoint,
@@ -506,8 +520,9 @@ def _say_header(say: Any, engine: Engine, task: str, ckpt: Path, out: Path, trai
         + (f", valid {len(valid_data)} ({valid_data.path})" if valid_data else ", no validation file")
         + (f", {len(label_list)} labels: {', '.join(label_list)}" if label_list else ""))
     for d in (train_data, valid_data):
-        for note in (d.notes if d else []):
-            say(f"[yellow]warning:[/yellow] {Path(d.path).name}: {note}")
+        if d is not None:
+            for note in d.notes:
+                say(f"[yellow]warning:[/yellow] {Path(d.path).name}: {note}")
     say(f"  batch      {ft.batch_size} = micro {ft.micro_batch_size} x accumulation {steps.accumulation} x "
         f"{engine.env.world_size} process(es); {steps.total} steps ({steps.per_epoch} per epoch), "
         f"warmup {steps.warmup}")

@@ -65,7 +65,9 @@ def build_optimizer(
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
 
 
-def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "linear", min_lr_ratio: float = 0.0) -> float:
+def lr_factor(
+    step: int, warmup_steps: int, total_steps: int, schedule: str = "linear", min_lr_ratio: float = 0.0
+) -> float:
     """Multiplier of the peak lr at ``step`` (0-based count of completed steps): linear warmup, then decay."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
@@ -73,10 +75,7 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "l
         return 1.0
     decay_steps = max(1, total_steps - warmup_steps)
     progress = min(1.0, (step - warmup_steps) / decay_steps)
-    if schedule == "cosine":
-        frac = 0.5 * (1.0 + math.cos(math.pi * progress))
-    else:
-        frac = 1.0 - progress
+    frac = 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
     return min_lr_ratio + (1.0 - min_lr_ratio) * frac
 
 

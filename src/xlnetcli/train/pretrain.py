@@ -35,23 +35,31 @@ from typing import Any
 
 import torch
 
-from xlnetcli.core import dist
 from xlnetcli.config import Config, check_config, config_to_dict
+from xlnetcli.core import dist
+from xlnetcli.core.errors import ConfigError, DataError
+from xlnetcli.core.files import check_output_not_input, output_lock
 from xlnetcli.data.pretrain_stream import PretrainStream
 from xlnetcli.data.tokenizer import Tokenizer
-from xlnetcli.train.checkpointer import resumable_steps
-from xlnetcli.train.engine import (Engine, Evaluation, Hints, TrainPlan, printer, resume_point, run_config_file,
-                                   seed_everything)
-from xlnetcli.core.errors import ConfigError, DataError
-from xlnetcli.model.flops import train_flops
-from xlnetcli.core.files import check_output_not_input, output_lock
-from xlnetcli.model import XLNetLMHeadModel, num_params
 from xlnetcli.evaluate.lm_loss import Memories, evaluate_plm, read_records_meta
 from xlnetcli.evaluate.lm_loss import forward as _forward
 from xlnetcli.evaluate.lm_loss import model_inputs as _model_inputs
 from xlnetcli.evaluate.probe import probe_checkpoint, read_rows, split_rows
+from xlnetcli.model import XLNetLMHeadModel, num_params
+from xlnetcli.model.flops import train_flops
 from xlnetcli.report.plot import maybe_plot
 from xlnetcli.report.trackers import require_trackers
+from xlnetcli.train.checkpointer import resumable_steps
+from xlnetcli.train.engine import (
+    Engine,
+    Evaluation,
+    Hints,
+    TrainPlan,
+    printer,
+    resume_point,
+    run_config_file,
+    seed_everything,
+)
 
 # train.* keys that may change when resuming a run (they do not change what is computed, only how often we
 # log/evaluate/save, how long we train, or how the same maths is executed).
@@ -119,7 +127,8 @@ def check_records(cfg: Config, meta: dict, data_dir: str | Path) -> None:
     if vocab is not None and vocab != cfg.model.vocab_size:
         raise DataError(
             f"records in {data_dir} use a tokenizer with vocab_size={vocab} but the config has "
-            f"model.vocab_size={cfg.model.vocab_size}; pass --set model.vocab_size={vocab} --set tokenizer.vocab_size={vocab}"
+            f"model.vocab_size={cfg.model.vocab_size}; pass --set model.vocab_size={vocab} "
+            f"--set tokenizer.vocab_size={vocab}"
         )
 
 
@@ -232,7 +241,7 @@ def pretrain_plan(cfg: Config, accum: int) -> TrainPlan:
     t, L = cfg.train, cfg.data.seq_len
     return TrainPlan.from_config(
         cfg, "train", max_steps=t.max_steps, warmup_steps=t.warmup_steps, global_batch_size=t.global_batch_size,
-        accumulation=accum, seq_len=L, log_every=t.log_every, peak_tflops=t.peak_tflops,
+        accumulation=accum, seq_len=L,
         # model FLOPs per token at full memory (flops.py), for the logged MFU
         flops_per_token=train_flops(cfg.model, t.micro_batch_size, L, cfg.model.mem_len, cfg.data.num_predict) / (
             t.micro_batch_size * L),
