@@ -19,7 +19,9 @@ from xlnetcli.data.tokenizer import CONTROL_SYMBOLS, USER_DEFINED_SYMBOLS
 from xlnetcli.report.metrics_log import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+# the README and every page of docs/, by path relative to the repository: what a user reads
+PAGES = {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8")
+         for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
 PRESET_DIR = ROOT / "src" / "xlnetcli" / "config" / "presets"
 TINY = PRESET_DIR / "tiny.yaml"
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -135,10 +137,11 @@ def step_weights(step_dir: Path) -> dict:
     return load_file(str(step_dir / "model.safetensors"))
 
 
-def code_blocks(lang: str) -> list[str]:
-    """The bodies of the README's fenced blocks whose info string is ``lang`` ('' for plain fences)."""
+def code_blocks(lang: str, text: str | None = None) -> list[str]:
+    """The bodies of the fenced blocks whose info string is ``lang`` ('' for plain fences), in ``text`` or, by
+    default, in the README and docs/ (PAGES)."""
     blocks, body, current = [], [], None
-    for line in README.splitlines():
+    for line in (text if text is not None else "\n".join(PAGES.values())).splitlines():
         if line.startswith("```"):
             if current is None:
                 current, body = line[3:].strip(), []
