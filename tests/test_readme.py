@@ -76,7 +76,7 @@ def test_make_targets_exist():
     makefile = (ROOT / "Makefile").read_text()
     for target in ("demo", "test"):
         assert f"make {target}" in PAGES["README.md"]
-    named = {t for text in PAGES.values() for t in re.findall(r"\bmake ([a-z][\w-]*)", text)}
+    named = {t for text in PAGES.values() for t in re.findall(r"(?:`|^\s*)make ([a-z][\w-]*)", text, flags=re.M)}
     for target in sorted(named):
         assert re.search(rf"^{re.escape(target)}:", makefile, flags=re.M), f"Makefile has no `{target}` target"
     assert "make test" in (ROOT / ".ci" / "run").read_text()
