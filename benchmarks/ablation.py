@@ -96,19 +96,42 @@ def calibrate(work: Path, records: dict[Row, Path], cal_steps: int, sets: tuple[
     single-threaded process's CPU time leaves out the time it waits for a core on a shared machine. Per step =
     (CPU of the run - CPU of a one-step run of the full model) / (steps - 1): the fixed start-up cost (imports,
     model, records, the final checkpoint) is the same for every row."""
-    common = ["--set", "train.warmup_steps=0", "--set", "train.eval_every=0", "--set", "train.save_every=0",
-              "--set", "train.log_every=2", "--set", "train.report_to=none", "--quiet"]
+    common = [
+        "--set",
+        "train.warmup_steps=0",
+        "--set",
+        "train.eval_every=0",
+        "--set",
+        "train.save_every=0",
+        "--set",
+        "train.log_every=2",
+        "--set",
+        "train.report_to=none",
+        "--quiet",
+    ]
 
     def run(row: Row, tag: str, steps: int) -> float:
         out = work / "calibration" / f"{row.key}-{tag}"
         shutil.rmtree(out, ignore_errors=True)
-        return xlnet("pretrain", "--config", CONFIG, "--data", str(records[row]), "--out", str(out), *common,
-                     "--set", f"train.max_steps={steps}", *sets_args(sets + row.sets))[1]
+        return xlnet(
+            "pretrain",
+            "--config",
+            CONFIG,
+            "--data",
+            str(records[row]),
+            "--out",
+            str(out),
+            *common,
+            "--set",
+            f"train.max_steps={steps}",
+            *sets_args(sets + row.sets),
+        )[1]
 
     cpu, ratio, full_cpu, loads = {}, {FULL.key: 1.0}, [], []
     with ThreadPoolExecutor(max_workers=2) as pool:
-        pairs = [(FULL, "startup", 1, FULL, "1-step", 1)] + [(FULL, f"with-{r.key}", cal_steps, r, "paired", cal_steps)
-                                                            for r in ROWS[1:]]
+        pairs = [(FULL, "startup", 1, FULL, "1-step", 1)] + [
+            (FULL, f"with-{r.key}", cal_steps, r, "paired", cal_steps) for r in ROWS[1:]
+        ]
         startup = []
         for a_row, a_tag, a_n, b_row, b_tag, b_n in pairs:
             loads.append(os.getloadavg()[0])
@@ -123,8 +146,15 @@ def calibrate(work: Path, records: dict[Row, Path], cal_steps: int, sets: tuple[
             full_cpu.append(fs)
             cpu[b_row.key], ratio[b_row.key] = rs, rs / fs
             say(f"calibration {b_row.key}: {rs:.3f} CPU s/step against the full model's {fs:.3f} (ratio {rs / fs:.3f})")
-    return {"cal_steps": cal_steps, "startup_cpu_s": startup, "full_step_cpu_s": statistics.median(full_cpu),
-            "full_step_cpu_s_each": full_cpu, "row_step_cpu_s": cpu, "ratio": ratio, "load_1min": loads}
+    return {
+        "cal_steps": cal_steps,
+        "startup_cpu_s": startup,
+        "full_step_cpu_s": statistics.median(full_cpu),
+        "full_step_cpu_s_each": full_cpu,
+        "row_step_cpu_s": cpu,
+        "ratio": ratio,
+        "load_1min": loads,
+    }
 
 
 def steps_per_row(cal: dict, budget_s: float | None, full_steps: int | None) -> dict[str, int]:
@@ -146,8 +176,9 @@ def unigram_loss(shards: Path, records: Path) -> float:
         counts += np.bincount(np.asarray(tokens, dtype=np.int64), minlength=len(counts))
     logp = np.log(counts / counts.sum())
     L = meta["seq_len"]
-    targets = np.concatenate([np.asarray(p.tokens, dtype=np.int64)[p.masked_bool(slice(None), slice(None), L)]
-                              for p in passes])
+    targets = np.concatenate(
+        [np.asarray(p.tokens, dtype=np.int64)[p.masked_bool(slice(None), slice(None), L)] for p in passes]
+    )
     return float(-logp[targets].mean())
 
 
@@ -156,8 +187,17 @@ def last_eval_accuracy(ft: Path) -> float:
     return [r for r in rows if r.get("split") == "eval"][-1]["accuracy"]
 
 
-def run_row(row: Row, seed: int, steps: int, work: Path, records: Path, eval_records: Path, task: dict,
-            ft_sets: tuple[str, ...], sets: tuple[str, ...]) -> dict:
+def run_row(
+    row: Row,
+    seed: int,
+    steps: int,
+    work: Path,
+    records: Path,
+    eval_records: Path,
+    task: dict,
+    ft_sets: tuple[str, ...],
+    sets: tuple[str, ...],
+) -> dict:
     """Pretrain one row with one seed, then its held-out loss, probe and finetuned accuracy (outputs kept in
     WORK/runs; a step whose output exists is not run again, so an interrupted table resumes)."""
     name = f"{row.key}-s{seed}-n{steps}"
@@ -168,10 +208,28 @@ def run_row(row: Row, seed: int, steps: int, work: Path, records: Path, eval_rec
         shutil.rmtree(run, ignore_errors=True)
         say(f"{name}: pretraining {steps} steps")
         res["pretrain_s"], res["pretrain_cpu_s"] = xlnet(
-            "pretrain", "--config", CONFIG, "--data", str(records), "--out", str(run), "--quiet",
-            "--set", f"train.seed={seed}", "--set", f"train.max_steps={steps}",
-            "--set", f"train.warmup_steps={steps // 10}", "--set", "train.eval_every=0",
-            "--set", "train.save_every=0", "--set", "train.report_to=none", *sets_args(sets + row.sets))
+            "pretrain",
+            "--config",
+            CONFIG,
+            "--data",
+            str(records),
+            "--out",
+            str(run),
+            "--quiet",
+            "--set",
+            f"train.seed={seed}",
+            "--set",
+            f"train.max_steps={steps}",
+            "--set",
+            f"train.warmup_steps={steps // 10}",
+            "--set",
+            "train.eval_every=0",
+            "--set",
+            "train.save_every=0",
+            "--set",
+            "train.report_to=none",
+            *sets_args(sets + row.sets),
+        )
         (d / "pretrain_s.json").write_text(json.dumps([res["pretrain_s"], res["pretrain_cpu_s"]]))
     res["pretrain_s"], res["pretrain_cpu_s"] = json.loads((d / "pretrain_s.json").read_text())
     res["train_loss"] = statistics.mean(r["loss"] for r in train_rows(run)[-3:])  # last 3 logged windows
@@ -181,9 +239,18 @@ def run_row(row: Row, seed: int, steps: int, work: Path, records: Path, eval_rec
     if not (d / "probe.json").exists():
         say(f"{name}: probe")
         base = ["--baseline", "random"] if row is FULL else []
-        _, cpu_s = xlnet("probe", str(run), "--train", task["train"], "--valid", task["valid"],
-                         "--output", str(d / "probe.json"), *base,
-                         *(["--max-seq-length", str(task["max_seq_length"])] if task["max_seq_length"] else []))
+        _, cpu_s = xlnet(
+            "probe",
+            str(run),
+            "--train",
+            task["train"],
+            "--valid",
+            task["valid"],
+            "--output",
+            str(d / "probe.json"),
+            *base,
+            *(["--max-seq-length", str(task["max_seq_length"])] if task["max_seq_length"] else []),
+        )
         (d / "probe_cpu_s.json").write_text(json.dumps(cpu_s))
     res["probe_cpu_s"] = json.loads((d / "probe_cpu_s.json").read_text())
     probe = json.loads((d / "probe.json").read_text())["results"]
@@ -193,9 +260,26 @@ def run_row(row: Row, seed: int, steps: int, work: Path, records: Path, eval_rec
         ft = d / tag
         if not ft.exists():
             say(f"{name}: finetune{' from scratch' if extra else ''}")
-            _, cpu_s = xlnet("finetune", "--task", "classification", "--train", task["train"], "--valid",
-                             task["valid"], "--init", str(run), "--out", str(ft), "--config", CONFIG, "--quiet",
-                             *extra, "--set", f"finetune.seed={seed}", *sets_args(ft_sets))
+            _, cpu_s = xlnet(
+                "finetune",
+                "--task",
+                "classification",
+                "--train",
+                task["train"],
+                "--valid",
+                task["valid"],
+                "--init",
+                str(run),
+                "--out",
+                str(ft),
+                "--config",
+                CONFIG,
+                "--quiet",
+                *extra,
+                "--set",
+                f"finetune.seed={seed}",
+                *sets_args(ft_sets),
+            )
             (d / f"{tag}_cpu_s.json").write_text(json.dumps(cpu_s))
         res[f"{tag}_acc"] = last_eval_accuracy(ft)
         res[f"{tag}_cpu_s"] = json.loads((d / f"{tag}_cpu_s.json").read_text())
@@ -218,22 +302,28 @@ def cell(values: list[float], digits: int = 3) -> str:
 
 def table(results: list[dict], steps: dict[str, int], cal: dict, unigram: float) -> str:
     by_row = {row.key: [r for r in results if r["row"] == row.key] for row in ROWS}
-    lines = ["| row | steps | step CPU / full | pretrain CPU s | held-out loss | probe mean | probe cls | finetuned |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| row | steps | step CPU / full | pretrain CPU s | held-out loss | probe mean | probe cls | finetuned |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in ROWS:
         rs = by_row[row.key]
         loss = cell([r["heldout_loss"] for r in rs])
         objective = next((s.split("=")[1] for s in row.sets if s.startswith("model.objective=")), None)
         if objective:
             loss += f" ({objective.upper()}, n/c)"
-        lines.append(f"| {row.label} | {steps[row.key]} | {cal['ratio'][row.key]:.2f} | "
-                     f"{cell([r['pretrain_cpu_s'] for r in rs], 0)} | {loss} | "
-                     f"{cell([r['probe']['pretrained']['mean'] for r in rs])} | "
-                     f"{cell([r['probe']['pretrained']['cls'] for r in rs])} | "
-                     f"{cell([r['finetune_acc'] for r in rs])} |")
+        lines.append(
+            f"| {row.label} | {steps[row.key]} | {cal['ratio'][row.key]:.2f} | "
+            f"{cell([r['pretrain_cpu_s'] for r in rs], 0)} | {loss} | "
+            f"{cell([r['probe']['pretrained']['mean'] for r in rs])} | "
+            f"{cell([r['probe']['pretrained']['cls'] for r in rs])} | "
+            f"{cell([r['finetune_acc'] for r in rs])} |"
+        )
     full = by_row[FULL.key]
-    lines.append(f"| no pretraining (random init) | 0 | - | - | - | {cell([r['probe']['random']['mean'] for r in full])} | "
-                 f"{cell([r['probe']['random']['cls'] for r in full])} | {cell([r['scratch_acc'] for r in full])} |")
+    lines.append(
+        f"| no pretraining (random init) | 0 | - | - | - | {cell([r['probe']['random']['mean'] for r in full])} | "
+        f"{cell([r['probe']['random']['cls'] for r in full])} | {cell([r['scratch_acc'] for r in full])} |"
+    )
     lines.append(f"| unigram frequencies (no context) | - | - | - | {unigram:.3f} | - | - | - |")
     return "\n".join(lines)
 
@@ -247,10 +337,18 @@ def cut_rows(src: str, dst: Path, n: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: one seed, a few steps, 150 task examples")
-    ap.add_argument("--budget", type=float, default=240.0,
-                    help="CPU seconds of pretraining per row, at the calibration's step cost (default 240)")
-    ap.add_argument("--steps", type=int, default=None,
-                    help="the full model's steps instead of --budget (other rows scaled by the calibration)")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=240.0,
+        help="CPU seconds of pretraining per row, at the calibration's step cost (default 240)",
+    )
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="the full model's steps instead of --budget (other rows scaled by the calibration)",
+    )
     ap.add_argument("--seeds", default="1,2", help="comma-separated seeds (default 1,2)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     ap.add_argument("--cal-steps", type=int, default=30, help="steps per calibration run (default 30)")
@@ -259,8 +357,12 @@ def main() -> None:
     ap.add_argument("--corpus", default="data/pydocs/corpus.txt")
     ap.add_argument("--train", default="data/pydocs/order_train.tsv", help="labelled task file (probe, finetune)")
     ap.add_argument("--valid", default="data/pydocs/order_valid.tsv", help="labelled validation file")
-    ap.add_argument("--max-seq-length", type=int, default=None,
-                    help="task tokens per example for probe and finetune (default: the preset's)")
+    ap.add_argument(
+        "--max-seq-length",
+        type=int,
+        default=None,
+        help="task tokens per example for probe and finetune (default: the preset's)",
+    )
     ap.add_argument("--finetune-epochs", type=float, default=None, help="finetune.epochs (default: the preset's)")
     add_override_args(ap, "every row's pretraining")
     ap.add_argument("--work", type=Path, default=None, help="keep every output here (default: a temporary folder)")
@@ -269,13 +371,14 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.quick:
         seeds, args.steps, args.cal_steps = seeds[:1], args.steps or 6, min(args.cal_steps, 6)
-    if args.steps is not None and args.steps < 1 or args.cal_steps < 4 or args.jobs < 1:
+    if (args.steps is not None and args.steps < 1) or args.cal_steps < 4 or args.jobs < 1:
         sys.exit("ablation: --steps must be >= 1, --cal-steps >= 4, --jobs >= 1")
     for f in (args.corpus, args.train, args.valid):
         if not Path(f).is_file() and not (ROOT / f).is_file():
             sys.exit(f"ablation: {f}: no such file")
-    corpus, train, valid = (str((Path(f) if Path(f).is_file() else ROOT / f).resolve())
-                            for f in (args.corpus, args.train, args.valid))
+    corpus, train, valid = (
+        str((Path(f) if Path(f).is_file() else ROOT / f).resolve()) for f in (args.corpus, args.train, args.valid)
+    )
 
     tmp = None if args.work else tempfile.TemporaryDirectory(prefix="ablation-")
     work = (args.work or Path(tmp.name)).resolve()
@@ -287,8 +390,10 @@ def main() -> None:
     if args.finetune_epochs:
         ft_sets += (f"finetune.epochs={args.finetune_epochs}",)
     if args.quick:
-        task.update(train=cut_rows(task["train"], work / "quick_train.tsv", 150),
-                    valid=cut_rows(task["valid"], work / "quick_valid.tsv", 60))
+        task.update(
+            train=cut_rows(task["train"], work / "quick_train.tsv", 150),
+            valid=cut_rows(task["valid"], work / "quick_valid.tsv", 60),
+        )
         ft_sets += ("finetune.max_steps=4",)
     # a work folder holds one setting: its outputs are reused, so a different corpus or task needs another folder
     setting = {"corpus": corpus, **task, "pretrain": list(sets), "finetune": list(ft_sets)}
@@ -302,8 +407,21 @@ def main() -> None:
     if not tok.exists():
         xlnet("tokenize", "train", corpus, "--out", str(tok), "--config", CONFIG, "--quiet")
     if not shards.exists():
-        xlnet("shard", corpus, "--tokenizer", str(tok), "--out", str(shards), "--config", CONFIG,
-              "--shards", "2", "--workers", "1", "--quiet")
+        xlnet(
+            "shard",
+            corpus,
+            "--tokenizer",
+            str(tok),
+            "--out",
+            str(shards),
+            "--config",
+            CONFIG,
+            "--shards",
+            "2",
+            "--workers",
+            "1",
+            "--quiet",
+        )
     variants = {record_sets(row.sets) for row in ROWS} | {EVAL_SETS}
     rec_dir = {v: work / records_name(v) for v in variants}
 
@@ -329,30 +447,40 @@ def main() -> None:
 
     jobs = [(row, seed) for seed in seeds for row in ROWS]  # seed-major: load drift spreads over all rows
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(run_row, row, seed, steps[row.key], work, records[row], rec_dir[EVAL_SETS], task,
-                               ft_sets, sets) for row, seed in jobs]
+        futures = [
+            pool.submit(run_row, row, seed, steps[row.key], work, records[row], rec_dir[EVAL_SETS], task, ft_sets, sets)
+            for row, seed in jobs
+        ]
         results = [f.result() for f in futures]
 
     minutes, load_end = (time.time() - t_start) / 60, os.getloadavg()
     import torch
 
-    print(f"Ablations (Table 6 in miniature): tiny config{''.join(' --set ' + s for s in sets)}, corpus {args.corpus}, "
-          f"task {args.train} / {args.valid} (finetune: {', '.join(ft_sets)}); "
-          f"seeds {','.join(map(str, seeds))}; full-model step {cal['full_step_cpu_s']:.3f} CPU s at calibration, "
-          f"{steps[FULL.key]} steps = {steps[FULL.key] * cal['full_step_cpu_s']:.0f} CPU s per row; "
-          f"{minutes:.1f} min wall; load (1/5/15 min) {load_start[0]:.1f}/{load_start[1]:.1f}/{load_start[2]:.1f} "
-          f"at start, {load_end[0]:.1f}/{load_end[1]:.1f}/{load_end[2]:.1f} at end; {os.cpu_count()} CPUs; "
-          f"torch {torch.__version__}")
-    print("Cells: median (min-max) over seeds. Pretrain CPU s: the whole `xlnet pretrain` process, start-up "
-          f"({statistics.mean(cal['startup_cpu_s']):.0f} s) included. Held-out loss: `xlnet eval` on the forward-only "
-          "valid records, the row's own objective (n/c: a different task, not comparable with the PLM rows).")
+    print(
+        f"Ablations (Table 6 in miniature): tiny config{''.join(' --set ' + s for s in sets)}, corpus {args.corpus}, "
+        f"task {args.train} / {args.valid} (finetune: {', '.join(ft_sets)}); "
+        f"seeds {','.join(map(str, seeds))}; full-model step {cal['full_step_cpu_s']:.3f} CPU s at calibration, "
+        f"{steps[FULL.key]} steps = {steps[FULL.key] * cal['full_step_cpu_s']:.0f} CPU s per row; "
+        f"{minutes:.1f} min wall; load (1/5/15 min) {load_start[0]:.1f}/{load_start[1]:.1f}/{load_start[2]:.1f} "
+        f"at start, {load_end[0]:.1f}/{load_end[1]:.1f}/{load_end[2]:.1f} at end; {os.cpu_count()} CPUs; "
+        f"torch {torch.__version__}"
+    )
+    print(
+        "Cells: median (min-max) over seeds. Pretrain CPU s: the whole `xlnet pretrain` process, start-up "
+        f"({statistics.mean(cal['startup_cpu_s']):.0f} s) included. Held-out loss: `xlnet eval` on the forward-only "
+        "valid records, the row's own objective (n/c: a different task, not comparable with the PLM rows)."
+    )
     print(table(results, steps, cal, unigram_loss(shards, rec_dir[EVAL_SETS])))
     print("\nper run:")
     for r in results:
         print(json.dumps(r))
     if args.output:
-        args.output.write_text(json.dumps({"calibration": cal, "steps": steps, "seeds": seeds, "results": results,
-                                           "minutes": minutes}, indent=2) + "\n")
+        args.output.write_text(
+            json.dumps(
+                {"calibration": cal, "steps": steps, "seeds": seeds, "results": results, "minutes": minutes}, indent=2
+            )
+            + "\n"
+        )
     if tmp is not None:
         tmp.cleanup()
 

@@ -49,9 +49,19 @@ def main() -> None:
     (xt, yt), (xv, yv) = features(train), features(valid)
     res = linear_probe(xt, yt, xv, yv, len(labels), groups=word_bag_groups(train))
     majority = max(collections.Counter(yv.tolist()).values()) / len(yv)
-    print(json.dumps({"train_examples": len(train), "valid_examples": len(valid), "vocabulary": len(vocab),
-                      "accuracy": round(res["accuracy"], 4), "train_accuracy": round(res["train_accuracy"], 4),
-                      "l2": res["l2"], "majority": round(majority, 4)}))
+    print(
+        json.dumps(
+            {
+                "train_examples": len(train),
+                "valid_examples": len(valid),
+                "vocabulary": len(vocab),
+                "accuracy": round(res["accuracy"], 4),
+                "train_accuracy": round(res["train_accuracy"], 4),
+                "l2": res["l2"],
+                "majority": round(majority, 4),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def make_batch(B: int, L: int, seed: int = 0):
     ids = rng.integers(9, CFG["vocab_size"], size=(B, L))
     ids[:, -1], ids[:, -2], ids[:, R + (L - R) // 2] = 3, 4, 4  # <cls>, <sep>, <sep>
     tt = np.zeros((B, L), dtype=np.int64)
-    tt[:, R + (L - R) // 2 + 1: L - 1] = 1
+    tt[:, R + (L - R) // 2 + 1 : L - 1] = 1
     tt[:, -1] = 2
     perm = np.ones((B, L, L), dtype=np.float32)
     tidx = np.zeros((B, P), dtype=np.int64)
@@ -76,8 +76,14 @@ def make_batch(B: int, L: int, seed: int = 0):
     t = torch.from_numpy
     labels = t(np.take_along_axis(ids, tidx, 1))
     tmap = torch.nn.functional.one_hot(t(tidx), L).float()
-    return dict(input_ids=t(ids), token_type_ids=t(tt), perm_mask=t(perm), target_index=t(tidx),
-                target_mapping=tmap, labels=labels)
+    return dict(
+        input_ids=t(ids),
+        token_type_ids=t(tt),
+        perm_mask=t(perm),
+        target_index=t(tidx),
+        target_mapping=tmap,
+        labels=labels,
+    )
 
 
 def build(which: str, B: int, L: int, impl: str, bf16: bool, batch: dict):
@@ -89,29 +95,49 @@ def build(which: str, B: int, L: int, impl: str, bf16: bool, batch: dict):
     if which == "hf":
         import transformers
 
-        hc = transformers.XLNetConfig(**{k: v for k, v in CFG.items() if k not in ("dropatt", "d_head")},
-                                      mem_len=None, reuse_len=L // 2, bi_data=False, untie_r=True)
+        hc = transformers.XLNetConfig(
+            **{k: v for k, v in CFG.items() if k not in ("dropatt", "d_head")},
+            mem_len=None,
+            reuse_len=L // 2,
+            bi_data=False,
+            untie_r=True,
+        )
         model = transformers.XLNetLMHeadModel(hc)
 
         def fwd():  # HF's own loss path: CrossEntropyLoss over logits.view(-1, V) (mean over the B*P targets)
-            out = model(batch["input_ids"], token_type_ids=batch["token_type_ids"], perm_mask=batch["perm_mask"],
-                        target_mapping=batch["target_mapping"], labels=batch["labels"], use_mems=False)
+            out = model(
+                batch["input_ids"],
+                token_type_ids=batch["token_type_ids"],
+                perm_mask=batch["perm_mask"],
+                target_mapping=batch["target_mapping"],
+                labels=batch["labels"],
+                use_mems=False,
+            )
             return out.loss
     else:
         from xlnetcli.model import XLNetLMHeadModel, named_config
 
         with_mem = which == "ours+mem"
-        cfg = named_config("tiny", **CFG, mem_len=L // 2 if with_mem else 0, reuse_len=L // 2, bi_data=False,
-                           attn_impl=impl)
+        cfg = named_config(
+            "tiny", **CFG, mem_len=L // 2 if with_mem else 0, reuse_len=L // 2, bi_data=False, attn_impl=impl
+        )
         model = XLNetLMHeadModel(cfg)
 
         def fwd():  # our own loss path: the same mean cross entropy over the B*P targets
             nonlocal mem
-            out = model(batch["input_ids"], token_type_ids=batch["token_type_ids"], perm_mask=batch["perm_mask"],
-                        target_index=batch["target_index"], mems=mem, return_mems=with_mem, labels=batch["labels"],
-                        need_hidden=False)  # the loss needs only the query stream (as pretrain.py)
+            out = model(
+                batch["input_ids"],
+                token_type_ids=batch["token_type_ids"],
+                perm_mask=batch["perm_mask"],
+                target_index=batch["target_index"],
+                mems=mem,
+                return_mems=with_mem,
+                labels=batch["labels"],
+                need_hidden=False,
+            )  # the loss needs only the query stream (as pretrain.py)
             mem = out.mems
             return out.loss
+
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
 
@@ -141,8 +167,15 @@ def paired(B: int, L: int, steps: int, warmup: int, impl: str, bf16: bool = Fals
             t0 = time.perf_counter()
             fn()
             acc.append(time.perf_counter() - t0)
-    return {"which": "pair", "B": B, "L": L, "bf16": bf16, "ours_s": t_o, "hf_s": t_h,
-            "threads": torch.get_num_threads()}
+    return {
+        "which": "pair",
+        "B": B,
+        "L": L,
+        "bf16": bf16,
+        "ours_s": t_o,
+        "hf_s": t_h,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def child(which: str, B: int, L: int, steps: int, warmup: int, impl: str, bf16: bool = False) -> dict:
@@ -170,16 +203,42 @@ def child(which: str, B: int, L: int, steps: int, warmup: int, impl: str, bf16: 
     step_peak = _status("VmHWM") - steady
     sec = statistics.median(times)
     cpu_sec = statistics.median(cpu)
-    return {"which": which, "B": B, "L": L, "bf16": bf16, "step_s": sec, "tokens_per_s": B * L / sec,
-            "cpu_s": cpu_sec, "tokens_per_cpu_s": B * L / cpu_sec,
-            "peak_delta_mib": peak - base, "step_peak_mib": step_peak, "base_rss_mib": base,
-            "steady_delta_mib": steady - base, "peak_rss_mib": peak, "params": n_params,
-            "threads": torch.get_num_threads()}
+    return {
+        "which": which,
+        "B": B,
+        "L": L,
+        "bf16": bf16,
+        "step_s": sec,
+        "tokens_per_s": B * L / sec,
+        "cpu_s": cpu_sec,
+        "tokens_per_cpu_s": B * L / cpu_sec,
+        "peak_delta_mib": peak - base,
+        "step_peak_mib": step_peak,
+        "base_rss_mib": base,
+        "steady_delta_mib": steady - base,
+        "peak_rss_mib": peak,
+        "params": n_params,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def run_child(which, B, L, steps, warmup, impl, bf16=False):
-    cmd = [sys.executable, __file__, "--child", which, "--B", str(B), "--L", str(L), "--steps", str(steps),
-           "--warmup", str(warmup), "--impl", impl] + (["--bf16"] if bf16 else [])
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        which,
+        "--B",
+        str(B),
+        "--L",
+        str(L),
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(warmup),
+        "--impl",
+        impl,
+    ] + (["--bf16"] if bf16 else [])
     # big allocations via mmap so freed memory leaves RSS at once: the peak then tracks live tensors, not malloc caching
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
@@ -192,7 +251,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: seq 128 only, 2 steps, 1 round")
     ap.add_argument("--rounds", type=int, default=3, help="timing processes per shape (ours/HF alternate inside)")
-    ap.add_argument("--steps", type=int, default=None, help="timed step pairs per process (default 8 at L<=128, else 4)")
+    ap.add_argument(
+        "--steps", type=int, default=None, help="timed step pairs per process (default 8 at L<=128, else 4)"
+    )
     ap.add_argument("--impl", default="auto", help="our attention path: auto (= fused), fused, einsum, sdpa")
     ap.add_argument("--with-mem", action="store_true", help="also time ours with a carried memory of L/2")
     ap.add_argument("--bf16", action="store_true", help="also run both under CPU bf16 autocast (extra rows)")
@@ -216,10 +277,12 @@ def main() -> None:
         shapes = shapes[:1]
     rounds = 1 if a.quick else a.rounds
     precisions = [False, True] if a.bf16 else [False]
-    print(f"CPU: {os.cpu_count()} cores visible, torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}; "
-          f"load average {os.getloadavg()[0]:.2f}. Memory: one process per engine. Speed: ours and HF alternate "
-          f"step by step in one process, {rounds} process(es) per shape; speedup = median of per-pair time ratios",
-          flush=True)
+    print(
+        f"CPU: {os.cpu_count()} cores visible, torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}; "
+        f"load average {os.getloadavg()[0]:.2f}. Memory: one process per engine. Speed: ours and HF alternate "
+        f"step by step in one process, {rounds} process(es) per shape; speedup = median of per-pair time ratios",
+        flush=True,
+    )
     rows, results = [], []
     for bf16 in precisions:
         prec = "bf16" if bf16 else "fp32"
@@ -229,9 +292,12 @@ def main() -> None:
             for who in ["ours", "hf"] + (["ours+mem"] if a.with_mem else []):
                 mem[who] = res = run_child(who, B, L, 2, 1, a.impl, bf16)
                 results.append(res)
-                print(f"  memory {who:9s} {prec} B={B} L={L}: peak +{res['peak_delta_mib']:.0f} MiB "
-                      f"(VmHWM {res['peak_rss_mib']:.0f}), steady +{res['steady_delta_mib']:.0f} MiB, "
-                      f"step working set +{res['step_peak_mib']:.0f} MiB", flush=True)
+                print(
+                    f"  memory {who:9s} {prec} B={B} L={L}: peak +{res['peak_delta_mib']:.0f} MiB "
+                    f"(VmHWM {res['peak_rss_mib']:.0f}), steady +{res['steady_delta_mib']:.0f} MiB, "
+                    f"step working set +{res['step_peak_mib']:.0f} MiB",
+                    flush=True,
+                )
             t_o, t_h = [], []
             for r in range(rounds):
                 res = run_child("pair", B, L, steps, 1 if a.quick else 2, a.impl, bf16)
@@ -239,26 +305,46 @@ def main() -> None:
                 t_o += res["ours_s"]
                 t_h += res["hf_s"]
                 ratios = [h / o for o, h in zip(res["ours_s"], res["hf_s"])]
-                print(f"  speed  round {r} {prec} B={B} L={L}: ours {B * L / statistics.median(res['ours_s']):.0f} "
-                      f"tok/s, HF {B * L / statistics.median(res['hf_s']):.0f} tok/s, per-pair speedups "
-                      f"{' '.join(f'{x:.2f}' for x in ratios)}, load {os.getloadavg()[0]:.2f}", flush=True)
+                print(
+                    f"  speed  round {r} {prec} B={B} L={L}: ours {B * L / statistics.median(res['ours_s']):.0f} "
+                    f"tok/s, HF {B * L / statistics.median(res['hf_s']):.0f} tok/s, per-pair speedups "
+                    f"{' '.join(f'{x:.2f}' for x in ratios)}, load {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
             ratios = [h / o for o, h in zip(t_o, t_h)]
-            rows.append((B, L, prec, B * L / statistics.median(t_o), B * L / statistics.median(t_h),
-                         statistics.median(ratios), min(ratios), max(ratios), mem))
+            rows.append(
+                (
+                    B,
+                    L,
+                    prec,
+                    B * L / statistics.median(t_o),
+                    B * L / statistics.median(t_h),
+                    statistics.median(ratios),
+                    min(ratios),
+                    max(ratios),
+                    mem,
+                )
+            )
     print()
-    print("| shape | precision | HF tok/s | ours tok/s | speedup (median [min-max] of pairs) | HF peak MiB "
-          "| ours peak MiB | peak ratio | HF step working set MiB | ours step working set MiB | ratio |")
+    print(
+        "| shape | precision | HF tok/s | ours tok/s | speedup (median [min-max] of pairs) | HF peak MiB "
+        "| ours peak MiB | peak ratio | HF step working set MiB | ours step working set MiB | ratio |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for B, L, prec, ours_tps, hf_tps, sp, lo, hi, mem in rows:
         o, h = mem["ours"], mem["hf"]
-        print(f"| {B}x{L} | {prec} | {hf_tps:.0f} | {ours_tps:.0f} | {sp:.2f}x [{lo:.2f}-{hi:.2f}] | "
-              f"{h['peak_delta_mib']:.0f} | {o['peak_delta_mib']:.0f} | "
-              f"{o['peak_delta_mib'] / h['peak_delta_mib']:.2f}x | {h['step_peak_mib']:.0f} | "
-              f"{o['step_peak_mib']:.0f} | {o['step_peak_mib'] / h['step_peak_mib']:.2f}x |")
+        print(
+            f"| {B}x{L} | {prec} | {hf_tps:.0f} | {ours_tps:.0f} | {sp:.2f}x [{lo:.2f}-{hi:.2f}] | "
+            f"{h['peak_delta_mib']:.0f} | {o['peak_delta_mib']:.0f} | "
+            f"{o['peak_delta_mib'] / h['peak_delta_mib']:.2f}x | {h['step_peak_mib']:.0f} | "
+            f"{o['step_peak_mib']:.0f} | {o['step_peak_mib'] / h['step_peak_mib']:.2f}x |"
+        )
         if "ours+mem" in mem:
             om = mem["ours+mem"]
-            print(f"| {B}x{L} ours+mem(L/2) | {prec} | | | | | {om['peak_delta_mib']:.0f} | | | "
-                  f"{om['step_peak_mib']:.0f} | |")
+            print(
+                f"| {B}x{L} ours+mem(L/2) | {prec} | | | | | {om['peak_delta_mib']:.0f} | | | "
+                f"{om['step_peak_mib']:.0f} | |"
+            )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)

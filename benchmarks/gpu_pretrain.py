@@ -31,13 +31,14 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 sys.path.insert(0, os.path.dirname(__file__))
 
-import torch  # noqa: E402
+import torch
+from engine_vs_hf import make_batch  # the same original-style PLM batch as the CPU benchmark
 
-from engine_vs_hf import make_batch  # noqa: E402  (the same original-style PLM batch as the CPU benchmark)
-
-DEFAULT_ROWS = ("base:16:einsum:compile,base:16:einsum:compile:det,base:16:einsum:compile:dropatt0,"
-                "base:8:einsum:compile,base:32:einsum:compile,base:16:sdpa,base:16:sdpa:det,"
-                "large:8:einsum:compile,large:8:einsum:compile:ac,large:16:einsum:compile:ac")
+DEFAULT_ROWS = (
+    "base:16:einsum:compile,base:16:einsum:compile:det,base:16:einsum:compile:dropatt0,"
+    "base:8:einsum:compile,base:32:einsum:compile,base:16:sdpa,base:16:sdpa:det,"
+    "large:8:einsum:compile,large:8:einsum:compile:ac,large:16:einsum:compile:ac"
+)
 SIZES = {"base": "configs/base.yaml", "large": "configs/large.yaml", "tiny": "configs/tiny.yaml"}
 
 
@@ -50,8 +51,7 @@ def model_config(size: str, impl: str, dropatt0: bool, smoke: bool):
     if dropatt0:
         over["dropatt"] = 0.0
     if smoke:
-        over.update(vocab_size=1000, d_model=64, n_layer=2, n_head=2, d_head=32, d_inner=128, mem_len=24,
-                    reuse_len=16)
+        over.update(vocab_size=1000, d_model=64, n_layer=2, n_head=2, d_head=32, d_inner=128, mem_len=24, reuse_len=16)
     import dataclasses
 
     m = dataclasses.replace(cfg.model, **over)
@@ -77,8 +77,15 @@ def build_ours(m, compile_: bool, ac: bool, dev):
 
     def loss_fn(b):
         nonlocal mems
-        out = model(b["input_ids"], token_type_ids=b["token_type_ids"], perm_mask=b["perm_mask"],
-                    target_index=b["target_index"], mems=mems, labels=b["labels"], need_hidden=False)
+        out = model(
+            b["input_ids"],
+            token_type_ids=b["token_type_ids"],
+            perm_mask=b["perm_mask"],
+            target_index=b["target_index"],
+            mems=mems,
+            labels=b["labels"],
+            need_hidden=False,
+        )
         mems = out.mems
         return out.loss
 
@@ -98,8 +105,15 @@ def build_hf(m, dev):
 
     def loss_fn(b):
         nonlocal mems
-        out = model(b["input_ids"], token_type_ids=b["token_type_ids"], perm_mask=b["perm_mask"],
-                    target_mapping=b["target_mapping"], labels=b["labels"], mems=mems, use_mems=True)
+        out = model(
+            b["input_ids"],
+            token_type_ids=b["token_type_ids"],
+            perm_mask=b["perm_mask"],
+            target_mapping=b["target_mapping"],
+            labels=b["labels"],
+            mems=mems,
+            use_mems=True,
+        )
         mems = [t.detach() for t in out.mems]
         return out.loss
 
@@ -141,8 +155,14 @@ def time_steps(model, loss_fn, batch, dev, warmup: int, steps: int, precision_bf
             loss = step()
             times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else float("nan")
-    return dict(step_s=statistics.median(times), min_s=min(times), max_s=max(times), peak_gib=peak,
-                loss=float(loss), warmup_s=warm_s)
+    return dict(
+        step_s=statistics.median(times),
+        min_s=min(times),
+        max_s=max(times),
+        peak_gib=peak,
+        loss=float(loss),
+        warmup_s=warm_s,
+    )
 
 
 def sdpa_backend(cudnn: bool):
@@ -213,8 +233,9 @@ def run_row(row: str, args, dev, peak_tflops, results: list, done_hf: set) -> No
             torch.use_deterministic_algorithms("det" in opts and engine == "ours", warn_only=True)
             try:
                 with sdpa_backend("cudnn" in opts):
-                    r = time_steps(model, loss_fn, batch, dev, args.warmup, args.steps,
-                                   not args.smoke or dev.type == "cuda")
+                    r = time_steps(
+                        model, loss_fn, batch, dev, args.warmup, args.steps, not args.smoke or dev.type == "cuda"
+                    )
                     if args.profile:
                         profile(model, loss_fn, batch, dev, args.profile)
             finally:
@@ -225,8 +246,16 @@ def run_row(row: str, args, dev, peak_tflops, results: list, done_hf: set) -> No
             r = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
         finally:
             model = loss_fn = None
-        r.update(row=name, engine=engine, size=size, micro=micro, seq=L, mem=m.mem_len, targets=P,
-                 tflop_per_step=flops / 1e12)
+        r.update(
+            row=name,
+            engine=engine,
+            size=size,
+            micro=micro,
+            seq=L,
+            mem=m.mem_len,
+            targets=P,
+            tflop_per_step=flops / 1e12,
+        )
         if "step_s" in r:
             r["tokens_per_s"] = micro * L / r["step_s"]
             r["mfu"] = flops / r["step_s"] / (peak_tflops * 1e12) if peak_tflops else None
@@ -234,8 +263,11 @@ def run_row(row: str, args, dev, peak_tflops, results: list, done_hf: set) -> No
         print(fmt(r), flush=True)
         if args.json:  # after every row, so a run cut short keeps what it measured
             with open(args.json, "w") as f:
-                json.dump(dict(device=name_of(dev), torch=torch.__version__, peak_tflops=peak_tflops,
-                               results=results), f, indent=1)
+                json.dump(
+                    dict(device=name_of(dev), torch=torch.__version__, peak_tflops=peak_tflops, results=results),
+                    f,
+                    indent=1,
+                )
 
 
 def name_of(dev) -> str:
@@ -246,8 +278,10 @@ def fmt(r: dict) -> str:
     if "error" in r:
         return f"{r['row']:<34} {r['error']}"
     mfu = f"{100 * r['mfu']:5.1f}%" if r.get("mfu") else "   n/a"
-    return (f"{r['row']:<34} {r['step_s'] * 1e3:8.1f} ms  {r['tokens_per_s']:>10,.0f} tok/s  MFU {mfu}  "
-            f"peak {r['peak_gib']:6.2f} GiB  loss {r['loss']:.3f}  (warm-up {r['warmup_s']:.0f} s)")
+    return (
+        f"{r['row']:<34} {r['step_s'] * 1e3:8.1f} ms  {r['tokens_per_s']:>10,.0f} tok/s  MFU {mfu}  "
+        f"peak {r['peak_gib']:6.2f} GiB  loss {r['loss']:.3f}  (warm-up {r['warmup_s']:.0f} s)"
+    )
 
 
 def main() -> None:
@@ -258,7 +292,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--json", default=None, help="write all figures here")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest kernels of each row")
-    ap.add_argument("--smoke", action="store_true", help="tiny sizes on whatever device is there (CPU: checks the code)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny sizes on whatever device is there (CPU: checks the code)"
+    )
     args = ap.parse_args()
     if args.smoke:
         args.warmup, args.steps = 3, 2
@@ -280,8 +316,10 @@ def main() -> None:
     for r in results:
         h = hf.get((r["size"], r["micro"]))
         if r["engine"] == "ours" and "step_s" in r and h:
-            print(f"  {r['row']:<34} speed {h['step_s'] / r['step_s']:.2f}x  peak memory "
-                  f"{r['peak_gib'] / h['peak_gib']:.2f}x")
+            print(
+                f"  {r['row']:<34} speed {h['step_s'] / r['step_s']:.2f}x  peak memory "
+                f"{r['peak_gib'] / h['peak_gib']:.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -21,17 +21,47 @@ import sys
 import tempfile
 from pathlib import Path
 
-from xlnetcli.evaluate.probe import draw_rows, read_rows
-
 from runner import xlnet
 
+from xlnetcli.evaluate.probe import draw_rows, read_rows
 
-def finetune(train: Path, valid: str, init: str, out: Path, scratch: bool, epochs: float, eval_every: int, seed: int,
-             summary_type: str) -> float:
-    xlnet("finetune", "--task", "classification", "--train", str(train), "--valid", valid, "--init", init,
-          "--out", str(out), "--config", "tiny", "--set", f"finetune.epochs={epochs:g}",
-          "--set", f"finetune.eval_every={eval_every}", "--set", f"finetune.seed={seed}",
-          "--set", f"finetune.summary_type={summary_type}", "--quiet", *(["--from-scratch"] if scratch else []))
+
+def finetune(
+    train: Path,
+    valid: str,
+    init: str,
+    out: Path,
+    scratch: bool,
+    epochs: float,
+    eval_every: int,
+    seed: int,
+    summary_type: str,
+) -> float:
+    xlnet(
+        "finetune",
+        "--task",
+        "classification",
+        "--train",
+        str(train),
+        "--valid",
+        valid,
+        "--init",
+        init,
+        "--out",
+        str(out),
+        "--config",
+        "tiny",
+        "--set",
+        f"finetune.epochs={epochs:g}",
+        "--set",
+        f"finetune.eval_every={eval_every}",
+        "--set",
+        f"finetune.seed={seed}",
+        "--set",
+        f"finetune.summary_type={summary_type}",
+        "--quiet",
+        *(["--from-scratch"] if scratch else []),
+    )
     return json.loads((out / "results.json").read_text())["valid"]["accuracy"]
 
 
@@ -60,16 +90,29 @@ def main() -> None:
             epochs = max(3.0, math.ceil(args.min_steps * args.batch / len(part)))
             eval_every = max(1, math.ceil(len(part) / args.batch) * int(epochs) // 3)  # 3 evaluations, as 3 epochs
             for seed in seeds:
-                acc = {start: finetune(path, args.valid, args.run, Path(tmp) / f"{start}_{n}_{seed}",
-                                       start == "scratch", epochs, eval_every, seed, args.summary_type)
-                       for start in ("pretrained", "scratch")}
+                acc = {
+                    start: finetune(
+                        path,
+                        args.valid,
+                        args.run,
+                        Path(tmp) / f"{start}_{n}_{seed}",
+                        start == "scratch",
+                        epochs,
+                        eval_every,
+                        seed,
+                        args.summary_type,
+                    )
+                    for start in ("pretrained", "scratch")
+                }
                 results.append({"n": len(part), "seed": seed, "epochs": epochs, **acc})
                 print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     print("| labelled examples | epochs | finetune.seed | pretrained | from scratch | difference (points) |")
     print("|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['n']} | {r['epochs']:g} | {r['seed']} | {r['pretrained']:.3f} | {r['scratch']:.3f} | "
-              f"{100 * (r['pretrained'] - r['scratch']):+.1f} |")
+        print(
+            f"| {r['n']} | {r['epochs']:g} | {r['seed']} | {r['pretrained']:.3f} | {r['scratch']:.3f} | "
+            f"{100 * (r['pretrained'] - r['scratch']):+.1f} |"
+        )
     print(json.dumps({"run": args.run, "train": args.train, "valid": args.valid, "results": results}))
     if args.png:
         from xlnetcli.report.plot import plot_curves
@@ -81,6 +124,7 @@ def main() -> None:
                 by_n.setdefault(r["n"], []).append(r[start])
             curves[name, "finetuned"] = [(n, sum(v) / len(v)) for n, v in by_n.items()]
         plot_curves(curves, args.png, "validation accuracy (finetuned)", f"label efficiency: {Path(args.valid).name}")
+
 
 if __name__ == "__main__":
     main()

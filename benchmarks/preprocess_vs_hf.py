@@ -64,10 +64,16 @@ def build_corpus(path: Path, mb: float) -> int:
 def cfg_for(vocab: int, batch: int):
     from xlnetcli.config import load_config
 
-    return load_config(ROOT / "configs" / "base.yaml", [
-        f"tokenizer.vocab_size={vocab}", f"model.vocab_size={vocab}", f"train.global_batch_size={batch}",
-        f"train.micro_batch_size={batch}", "data.valid_fraction=0.0",
-    ])
+    return load_config(
+        ROOT / "configs" / "base.yaml",
+        [
+            f"tokenizer.vocab_size={vocab}",
+            f"model.vocab_size={vocab}",
+            f"train.global_batch_size={batch}",
+            f"train.micro_batch_size={batch}",
+            "data.valid_fraction=0.0",
+        ],
+    )
 
 
 def child_preprocess(shards: str, out: str, vocab: int, batch: int, workers: int = 1) -> None:
@@ -79,9 +85,17 @@ def child_preprocess(shards: str, out: str, vocab: int, batch: int, workers: int
     t = time.perf_counter()
     meta = preprocess(cfg, shards, out, quiet=True, workers=workers)
     dt = time.perf_counter() - t
-    print(json.dumps({"seconds": dt, "examples": meta["splits"]["train"]["examples"],
-                      "tokens": meta["splits"]["train"]["tokens"], "rss_before_mb": base,
-                      "peak_rss_mb": _vm_hwm_mb()}))
+    print(
+        json.dumps(
+            {
+                "seconds": dt,
+                "examples": meta["splits"]["train"]["examples"],
+                "tokens": meta["splits"]["train"]["tokens"],
+                "rss_before_mb": base,
+                "peak_rss_mb": _vm_hwm_mb(),
+            }
+        )
+    )
 
 
 def _vm_hwm_mb() -> float:
@@ -99,9 +113,11 @@ def run_child(shards: Path, out: Path, vocab: int, batch: int, workers: int = 1)
     import shutil
 
     shutil.rmtree(out, ignore_errors=True)
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-            f"from preprocess_vs_hf import child_preprocess; "
-            f"child_preprocess({str(shards)!r}, {str(out)!r}, {vocab}, {batch}, {workers})")
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        f"from preprocess_vs_hf import child_preprocess; "
+        f"child_preprocess({str(shards)!r}, {str(out)!r}, {vocab}, {batch}, {workers})"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -132,8 +148,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         vocab = 8000
-        train_tokenizer(load_config(None, [f"tokenizer.vocab_size={vocab}"]),
-                        [str(ROOT / "data" / "pydocs" / "corpus.txt")], d / "tok", quiet=True)
+        train_tokenizer(
+            load_config(None, [f"tokenizer.vocab_size={vocab}"]),
+            [str(ROOT / "data" / "pydocs" / "corpus.txt")],
+            d / "tok",
+            quiet=True,
+        )
         none_held_out = load_config(None, ["data.valid_fraction=0"])
         sizes = {}
         for name, frac in (("quarter", 0.25), ("half", 0.5), ("full", 1.0)):
@@ -178,37 +198,58 @@ def main() -> None:
             if rep == 0:
                 mem["full"] = pre
                 rec = np.load(d / "rec_full" / "train" / "pass_000.tokens.npy", mmap_mode="r")
-                examples = [torch.from_numpy(np.array(rec[g % rec.shape[0], g // rec.shape[0]], dtype=np.int64))
-                            for g in range(min(256, rec.shape[0] * rec.shape[1]))]
+                examples = [
+                    torch.from_numpy(np.array(rec[g % rec.shape[0], g // rec.shape[0]], dtype=np.int64))
+                    for g in range(min(256, rec.shape[0] * rec.shape[1]))
+                ]
             hf = hf_rate(examples)
             pre2 = run_child(d / "shards_full", d / "rec_w2", vocab, B, workers=2)
             n_dense, t_dense = read_all(True, limit=min(secs, 3.0))
             N = pre["examples"]
-            runs.append({
-                "examples": N, "preprocess_s": pre["seconds"], "read_s": t_read,
-                "preprocess_ex_s": N / pre["seconds"], "read_ex_s": N / t_read,
-                "ours_ex_s": N / (pre["seconds"] + t_read), "hf_ex_s": hf,
-                "speedup": N / (pre["seconds"] + t_read) / hf,
-                "ours_2workers_ex_s": N / (pre2["seconds"] + t_read),
-                "speedup_2workers": N / (pre2["seconds"] + t_read) / hf,
-                "read_dense_ex_s": n_dense / t_dense,
-            })
-            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in runs[-1].items()}),
-                  file=sys.stderr)
+            runs.append(
+                {
+                    "examples": N,
+                    "preprocess_s": pre["seconds"],
+                    "read_s": t_read,
+                    "preprocess_ex_s": N / pre["seconds"],
+                    "read_ex_s": N / t_read,
+                    "ours_ex_s": N / (pre["seconds"] + t_read),
+                    "hf_ex_s": hf,
+                    "speedup": N / (pre["seconds"] + t_read) / hf,
+                    "ours_2workers_ex_s": N / (pre2["seconds"] + t_read),
+                    "speedup_2workers": N / (pre2["seconds"] + t_read) / hf,
+                    "read_dense_ex_s": n_dense / t_dense,
+                }
+            )
+            print(
+                json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in runs[-1].items()}),
+                file=sys.stderr,
+            )
 
     med = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
     res = {
         "definition": "ours = N / (preprocess wall time + reading all N through PretrainStream(dense=False)); "
-                      "HF = DataCollatorForPermutationLanguageModeling examples/s on batches of the same size from "
-                      "pre-tokenised examples; median of interleaved repeats",
-        "seq_len": L, "batch": B, "corpus_mb": round(sizes["full"] / 1e6, 1), "examples": runs[0]["examples"],
+        "HF = DataCollatorForPermutationLanguageModeling examples/s on batches of the same size from "
+        "pre-tokenised examples; median of interleaved repeats",
+        "seq_len": L,
+        "batch": B,
+        "corpus_mb": round(sizes["full"] / 1e6, 1),
+        "examples": runs[0]["examples"],
         "repeats": repeats,
-        **{k: round(v, 1) if k.startswith("speedup") else round(v) if not k.endswith("_s") or k.endswith("ex_s")
-           else round(v, 3) for k, v in med.items() if k != "examples"},
+        **{
+            k: round(v, 1)
+            if k.startswith("speedup")
+            else round(v)
+            if not k.endswith("_s") or k.endswith("ex_s")
+            else round(v, 3)
+            for k, v in med.items()
+            if k != "examples"
+        },
         "per_repeat_speedup": [round(r["speedup"], 1) for r in runs],
         "peak_rss_mb (preprocess process, one worker; before -> peak)": {
-            f"{sizes[k] / 1e6:.1f} MB corpus ({mem[k]['tokens']} tokens)":
-                f"{mem[k]['rss_before_mb']:.0f} -> {mem[k]['peak_rss_mb']:.0f}" for k in ("quarter", "half", "full")},
+            f"{sizes[k] / 1e6:.1f} MB corpus ({mem[k]['tokens']} tokens)": f"{mem[k]['rss_before_mb']:.0f} -> {mem[k]['peak_rss_mb']:.0f}"
+            for k in ("quarter", "half", "full")
+        },
     }
     print(json.dumps(res, indent=2))
 

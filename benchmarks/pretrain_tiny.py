@@ -34,16 +34,43 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         xlnet("tokenize", "train", "data/pydocs/corpus.txt", "--out", str(t / "tok"), "--config", cfg, "--quiet")
-        xlnet("shard", "data/pydocs/corpus.txt", "--tokenizer", str(t / "tok"), "--out", str(t / "shards"),
-              "--config", cfg, "--quiet")
+        xlnet(
+            "shard",
+            "data/pydocs/corpus.txt",
+            "--tokenizer",
+            str(t / "tok"),
+            "--out",
+            str(t / "shards"),
+            "--config",
+            cfg,
+            "--quiet",
+        )
         xlnet("preprocess", "--shards", str(t / "shards"), "--out", str(t / "rec"), "--config", cfg)
         rows = []
         for threads in ("1", "2"):
             env = {**os.environ, "OMP_NUM_THREADS": threads, "XLNET_NO_PROGRESS": "1"}
             out = t / f"run{threads}"
-            xlnet("pretrain", "--config", cfg, "--data", str(t / "rec"), "--out", str(out), "--quiet",
-                  "--set", f"train.max_steps={steps}", "--set", f"train.warmup_steps={steps // 10}",
-                  "--set", "train.eval_every=0", "--set", "train.save_every=0", "--set", "train.log_every=5", env=env)
+            xlnet(
+                "pretrain",
+                "--config",
+                cfg,
+                "--data",
+                str(t / "rec"),
+                "--out",
+                str(out),
+                "--quiet",
+                "--set",
+                f"train.max_steps={steps}",
+                "--set",
+                f"train.warmup_steps={steps // 10}",
+                "--set",
+                "train.eval_every=0",
+                "--set",
+                "train.save_every=0",
+                "--set",
+                "train.log_every=5",
+                env=env,
+            )
             train = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
             tps = [r["tokens_per_s"] for r in train if r["split"] == "train"][1:]  # skip the warm-up window
             tps.sort()

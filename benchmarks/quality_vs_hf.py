@@ -48,9 +48,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from xlnetcli.config import load_config
-
 from runner import ROOT, XLNET, add_override_args, overrides, say, sets_args, xlnet
+
+from xlnetcli.config import load_config
 
 TINY = load_config("tiny")  # sequence length of both sides' blocks; the probe's task length (an imported
 # transformers checkpoint has no finetune settings of ours, so every probe is given the preset's)
@@ -81,8 +81,13 @@ def hf_train(spec: dict) -> None:
     """XLNetLMHeadModel + DataCollatorForPermutationLanguageModeling + AdamW + linear schedule, as Trainer runs
     run_plm; one JSON line per step (its end time), save_pretrained + tokenizer files at spec["save"] steps."""
     import torch
-    from transformers import (AutoTokenizer, DataCollatorForPermutationLanguageModeling, XLNetConfig,
-                              XLNetLMHeadModel, get_linear_schedule_with_warmup)
+    from transformers import (
+        AutoTokenizer,
+        DataCollatorForPermutationLanguageModeling,
+        XLNetConfig,
+        XLNetLMHeadModel,
+        get_linear_schedule_with_warmup,
+    )
 
     from xlnetcli.model.state_dict_adapter import to_hf_config
 
@@ -93,8 +98,10 @@ def hf_train(spec: dict) -> None:
     blocks = torch.load(spec["blocks"])
     model = XLNetLMHeadModel(XLNetConfig(**to_hf_config(cfg.model))).train()
     no_decay = [n for n, p in model.named_parameters() if n.endswith("bias") or "layer_norm" in n]
-    groups = [{"params": [p for n, p in model.named_parameters() if n not in no_decay], "weight_decay": t.weight_decay},
-              {"params": [p for n, p in model.named_parameters() if n in no_decay], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if n not in no_decay], "weight_decay": t.weight_decay},
+        {"params": [p for n, p in model.named_parameters() if n in no_decay], "weight_decay": 0.0},
+    ]
     opt = torch.optim.AdamW(groups, lr=t.lr, eps=t.adam_eps)
     steps = spec["steps"]
     sched = get_linear_schedule_with_warmup(opt, steps // 10, steps)
@@ -131,34 +138,74 @@ def prepare(work: Path, corpus: Path) -> None:
     if (work / "records" / "meta.json").is_file() and (work / "hf_blocks.pt").is_file():
         return
     xlnet("tokenize", "train", str(corpus), "--out", str(work / "tok"), "--config", "tiny", "--quiet")
-    xlnet("shard", str(corpus), "--tokenizer", str(work / "tok"), "--out", str(work / "shards"), "--config", "tiny",
-          "--shards", "2", "--workers", "1")
+    xlnet(
+        "shard",
+        str(corpus),
+        "--tokenizer",
+        str(work / "tok"),
+        "--out",
+        str(work / "shards"),
+        "--config",
+        "tiny",
+        "--shards",
+        "2",
+        "--workers",
+        "1",
+    )
     xlnet("preprocess", "--shards", str(work / "shards"), "--out", str(work / "records"), "--config", "tiny")
     n = hf_blocks(work / "tok", corpus, work / "hf_blocks.pt")
     say(f"transformers' data: {n} blocks of {TINY.data.seq_len} tokens")
 
 
 def ours_cmd(work: Path, out: Path, steps: int, seed: int, save_every: int, sets: list[str]) -> list[str]:
-    run_sets = {"train.max_steps": steps, "train.warmup_steps": steps // 10, "train.save_every": save_every,
-            "train.keep_last": 8, "train.eval_every": 0, "train.log_every": 1, "train.seed": seed}
-    return [XLNET, "pretrain", "--config", "tiny", "--data", str(work / "records"), "--out", str(out), "--quiet",
-            *sets_args(sets), *sets_args(f"{k}={v}" for k, v in run_sets.items())]
+    run_sets = {
+        "train.max_steps": steps,
+        "train.warmup_steps": steps // 10,
+        "train.save_every": save_every,
+        "train.keep_last": 8,
+        "train.eval_every": 0,
+        "train.log_every": 1,
+        "train.seed": seed,
+    }
+    return [
+        XLNET,
+        "pretrain",
+        "--config",
+        "tiny",
+        "--data",
+        str(work / "records"),
+        "--out",
+        str(out),
+        "--quiet",
+        *sets_args(sets),
+        *sets_args(f"{k}={v}" for k, v in run_sets.items()),
+    ]
 
 
-def run_both(work: Path, name: str, steps: dict[str, int], seed: int, save: dict[str, list[int]],
-             sets: list[str]) -> dict:
+def run_both(
+    work: Path, name: str, steps: dict[str, int], seed: int, save: dict[str, list[int]], sets: list[str]
+) -> dict:
     """Start ours and transformers' training together; wait for both. Returns per side: start time, step end times,
     CPU seconds."""
     out = work / name
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    spec = {"tokenizer": str(work / "tok"), "blocks": str(work / "hf_blocks.pt"), "out": str(out / "hf"),
-            "steps": steps["hf"], "seed": seed, "save": save["hf"], "sets": sets}
+    spec = {
+        "tokenizer": str(work / "tok"),
+        "blocks": str(work / "hf_blocks.pt"),
+        "out": str(out / "hf"),
+        "steps": steps["hf"],
+        "seed": seed,
+        "save": save["hf"],
+        "sets": sets,
+    }
     save_every = save["ours"][0] if save["ours"] else 0
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    cmds = {"ours": ours_cmd(work, out / "ours", steps["ours"], seed, save_every, sets),
-            "hf": [sys.executable, __file__, "--hf-train", json.dumps(spec)]}
+    cmds = {
+        "ours": ours_cmd(work, out / "ours", steps["ours"], seed, save_every, sets),
+        "hf": [sys.executable, __file__, "--hf-train", json.dumps(spec)],
+    }
     start, procs, cpu = {}, {}, {}
     for side, cmd in cmds.items():
         start[side] = time.time()
@@ -173,11 +220,23 @@ def run_both(work: Path, name: str, steps: dict[str, int], seed: int, save: dict
         cpu[side] = usage.ru_utime + usage.ru_stime
         if os.waitstatus_to_exitcode(status) != 0:
             sys.exit(f"quality_vs_hf: {side} training failed: {(out / f'{side}.err').read_text()[-800:]}")
-    rows = {"ours": [r for r in map(json.loads, (out / "ours" / "metrics.jsonl").read_text().splitlines())
-                     if r.get("split") == "train"],
-            "hf": [json.loads(s) for s in (out / "hf" / "steps.jsonl").read_text().splitlines()]}
-    return {side: {"start": start[side], "times": {r["step"]: r["time"] for r in rows[side]},
-                   "loss": {r["step"]: r["loss"] for r in rows[side]}, "cpu_s": cpu[side]} for side in cmds}
+    rows = {
+        "ours": [
+            r
+            for r in map(json.loads, (out / "ours" / "metrics.jsonl").read_text().splitlines())
+            if r.get("split") == "train"
+        ],
+        "hf": [json.loads(s) for s in (out / "hf" / "steps.jsonl").read_text().splitlines()],
+    }
+    return {
+        side: {
+            "start": start[side],
+            "times": {r["step"]: r["time"] for r in rows[side]},
+            "loss": {r["step"]: r["loss"] for r in rows[side]},
+            "cpu_s": cpu[side],
+        }
+        for side in cmds
+    }
 
 
 def calibrate(work: Path, sets: list[str]) -> dict[str, float]:
@@ -207,8 +266,16 @@ def checkpoints(work: Path, run: str, res: dict, save: dict[str, list[int]]) -> 
             else:
                 ck = work / run / "hf" / f"ck_{step:07d}"
                 xlnet("import", "--from-hf", str(work / run / "hf" / f"hf_{step:07d}"), "--out", str(ck))
-            out.append({"side": side, "step": step, "fraction": frac, "ckpt": str(ck),
-                        "wall_s": r["times"][step] - r["start"], "loss": r["loss"][step]})
+            out.append(
+                {
+                    "side": side,
+                    "step": step,
+                    "fraction": frac,
+                    "ckpt": str(ck),
+                    "wall_s": r["times"][step] - r["start"],
+                    "loss": r["loss"][step],
+                }
+            )
     return out
 
 
@@ -219,22 +286,51 @@ def evaluate(jobs: list[list[str]], parallel: int = 2) -> None:
 
 
 def probe_args(ck: str, train: str, valid: str, out: Path, baseline: bool = False) -> list[str]:
-    return ["probe", ck, "--train", train, "--valid", valid, "--max-seq-length", str(TINY.finetune.max_seq_length), "--output", str(out),
-            *(["--baseline", "random"] if baseline else [])]
+    return [
+        "probe",
+        ck,
+        "--train",
+        train,
+        "--valid",
+        valid,
+        "--max-seq-length",
+        str(TINY.finetune.max_seq_length),
+        "--output",
+        str(out),
+        *(["--baseline", "random"] if baseline else []),
+    ]
 
 
 def finetune_args(ck: str, train: str, valid: str, out: Path, sets: list[str], scratch: bool = False) -> list[str]:
-    return ["finetune", "--task", "classification", "--train", train, "--valid", valid, "--config", "tiny",
-            "--init", ck, "--out", str(out), *(["--from-scratch"] if scratch else []),
-            *sets_args(sets)]
+    return [
+        "finetune",
+        "--task",
+        "classification",
+        "--train",
+        train,
+        "--valid",
+        valid,
+        "--config",
+        "tiny",
+        "--init",
+        ck,
+        "--out",
+        str(out),
+        *(["--from-scratch"] if scratch else []),
+        *sets_args(sets),
+    ]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--budget-s", type=float, default=900.0, help="training wall-clock budget per side (seconds)")
     ap.add_argument("--seeds", type=int, default=1, help="pretraining seeds (each: both sides, all checkpoints)")
-    ap.add_argument("--first-seed", type=int, default=0,
-                    help="seeds run are FIRST .. FIRST+SEEDS-1 (train.seed 1234 + seed on both sides)")
+    ap.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="seeds run are FIRST .. FIRST+SEEDS-1 (train.seed 1234 + seed on both sides)",
+    )
     ap.add_argument("--corpus", default="data/pydocs/corpus.txt")
     ap.add_argument("--train", default="data/pydocs/order_train.tsv", help="labelled file for probe and finetuning")
     ap.add_argument("--valid", default="data/pydocs/order_valid.tsv")
@@ -265,8 +361,15 @@ def main() -> None:
     for seed in range(a.first_seed, a.first_seed + a.seeds):
         name = f"seed{seed}"
         res = run_both(work, name, steps, 1234 + seed, save, list(sets))
-        runs.append({"seed": seed, **{side: {"cpu_s": r["cpu_s"], "wall_s": max(r["times"].values()) - r["start"]}
-                                      for side, r in res.items()}})
+        runs.append(
+            {
+                "seed": seed,
+                **{
+                    side: {"cpu_s": r["cpu_s"], "wall_s": max(r["times"].values()) - r["start"]}
+                    for side, r in res.items()
+                },
+            }
+        )
         cks = checkpoints(work, name, res, save)
         ev = work / name / "eval"
         ev.mkdir()
@@ -285,22 +388,48 @@ def main() -> None:
             p = json.loads(Path(c["probe_json"]).read_text())["results"]["pretrained"]
             ft_file = Path(c["finetune_dir"]) / "results.json"
             ft = json.loads(ft_file.read_text()) if ft_file.is_file() else {"value": None}
-            rows.append({"seed": seed, "side": c["side"], "step": c["step"], "fraction": c["fraction"],
-                         "wall_s": round(c["wall_s"], 1), "train_loss": round(c["loss"], 3),
-                         "probe_mean": p["mean"]["accuracy"], "probe_cls": p["cls"]["accuracy"],
-                         "finetune": ft["value"]})
+            rows.append(
+                {
+                    "seed": seed,
+                    "side": c["side"],
+                    "step": c["step"],
+                    "fraction": c["fraction"],
+                    "wall_s": round(c["wall_s"], 1),
+                    "train_loss": round(c["loss"], 3),
+                    "probe_mean": p["mean"]["accuracy"],
+                    "probe_cls": p["cls"]["accuracy"],
+                    "finetune": ft["value"],
+                }
+            )
         pr = json.loads((ev / "probe_random.json").read_text())["results"]["random"]
         fs = json.loads((ev / "ft_scratch" / "results.json").read_text())
-        baselines.append({"seed": seed, "probe_mean": pr["mean"]["accuracy"], "probe_cls": pr["cls"]["accuracy"],
-                          "finetune": fs["value"]})
+        baselines.append(
+            {
+                "seed": seed,
+                "probe_mean": pr["mean"]["accuracy"],
+                "probe_cls": pr["cls"]["accuracy"],
+                "finetune": fs["value"],
+            }
+        )
 
     summary = goals(rows, baselines)
-    result = {"budget_s": budget, "calibration_s_per_step": step_s, "steps": steps,
-              "seeds": list(range(a.first_seed, a.first_seed + a.seeds)),
-              "sets": list(sets), "finetune_sets": ft_sets,
-              "corpus": a.corpus, "train": a.train, "valid": a.valid, "rows": rows, "random_init": baselines,
-              "runs": runs, "goals": summary, "minutes": round((time.time() - t_all) / 60, 1),
-              "load_average_end": os.getloadavg()}
+    result = {
+        "budget_s": budget,
+        "calibration_s_per_step": step_s,
+        "steps": steps,
+        "seeds": list(range(a.first_seed, a.first_seed + a.seeds)),
+        "sets": list(sets),
+        "finetune_sets": ft_sets,
+        "corpus": a.corpus,
+        "train": a.train,
+        "valid": a.valid,
+        "rows": rows,
+        "random_init": baselines,
+        "runs": runs,
+        "goals": summary,
+        "minutes": round((time.time() - t_all) / 60, 1),
+        "load_average_end": os.getloadavg(),
+    }
     out = Path(a.output) if a.output else work / "results.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
@@ -321,40 +450,64 @@ def goals(rows: list[dict], random_init: list[dict]) -> dict:
                 q = [r[m] for r in sel if r[m] is not None]
                 med[side, f] = (statistics.median(q) if q else None, statistics.median(r["wall_s"] for r in sel))
         hf_q, hf_t = med["hf", 1.0]
-        reach = next((med["ours", f][1] / hf_t for f in FRACTIONS
-                      if med["ours", f][0] is not None and med["ours", f][0] >= hf_q), None)
+        reach = next(
+            (
+                med["ours", f][1] / hf_t
+                for f in FRACTIONS
+                if med["ours", f][0] is not None and med["ours", f][0] >= hf_q
+            ),
+            None,
+        )
         if hf_q <= rand:
             reach = None
-        out[m] = {"hf_final": hf_q, "ours_final": med["ours", 1.0][0], "random_init": rand,
-                  "hf_final_above_random_init": hf_q > rand,
-                  "gain_at_equal_time_pts": round(100 * (med["ours", 1.0][0] - hf_q), 1),
-                  "ours_time_to_hf_final_quality": None if reach is None else round(reach, 2)}
+        out[m] = {
+            "hf_final": hf_q,
+            "ours_final": med["ours", 1.0][0],
+            "random_init": rand,
+            "hf_final_above_random_init": hf_q > rand,
+            "gain_at_equal_time_pts": round(100 * (med["ours", 1.0][0] - hf_q), 1),
+            "ours_time_to_hf_final_quality": None if reach is None else round(reach, 2),
+        }
     return out
 
 
 def print_table(r: dict) -> None:
-    print(f"\nbudget {r['budget_s']:.0f} s per side; calibration s/step: ours {r['calibration_s_per_step']['ours']:.3f},"
-          f" transformers {r['calibration_s_per_step']['hf']:.3f}; steps: ours {r['steps']['ours']}, "
-          f"transformers {r['steps']['hf']}")
+    print(
+        f"\nbudget {r['budget_s']:.0f} s per side; calibration s/step: ours {r['calibration_s_per_step']['ours']:.3f},"
+        f" transformers {r['calibration_s_per_step']['hf']:.3f}; steps: ours {r['steps']['ours']}, "
+        f"transformers {r['steps']['hf']}"
+    )
     print("| seed | recipe | step | wall s | train loss | probe mean | probe cls | finetuned |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for x in r["rows"]:
-        print(f"| {x['seed']} | {'ours' if x['side'] == 'ours' else 'transformers'} | {x['step']} | {x['wall_s']:.0f} "
-              f"| {x['train_loss']:.2f} | {x['probe_mean']:.3f} | {x['probe_cls']:.3f} | "
-              + ("" if x["finetune"] is None else f"{x['finetune']:.3f}") + " |")
+        print(
+            f"| {x['seed']} | {'ours' if x['side'] == 'ours' else 'transformers'} | {x['step']} | {x['wall_s']:.0f} "
+            f"| {x['train_loss']:.2f} | {x['probe_mean']:.3f} | {x['probe_cls']:.3f} | "
+            + ("" if x["finetune"] is None else f"{x['finetune']:.3f}")
+            + " |"
+        )
     for b in r["random_init"]:
-        print(f"| {b['seed']} | random init | 0 | | | {b['probe_mean']:.3f} | {b['probe_cls']:.3f} | "
-              f"{b['finetune']:.3f} |")
+        print(
+            f"| {b['seed']} | random init | 0 | | | {b['probe_mean']:.3f} | {b['probe_cls']:.3f} | "
+            f"{b['finetune']:.3f} |"
+        )
     for run in r["runs"]:
-        print(f"seed {run['seed']}: ours {run['ours']['wall_s']:.0f} s wall / {run['ours']['cpu_s']:.0f} CPU s, "
-              f"transformers {run['hf']['wall_s']:.0f} s wall / {run['hf']['cpu_s']:.0f} CPU s")
+        print(
+            f"seed {run['seed']}: ours {run['ours']['wall_s']:.0f} s wall / {run['ours']['cpu_s']:.0f} CPU s, "
+            f"transformers {run['hf']['wall_s']:.0f} s wall / {run['hf']['cpu_s']:.0f} CPU s"
+        )
     for m, g in r["goals"].items():
         reach = g["ours_time_to_hf_final_quality"]
-        print(f"{m}: transformers final {g['hf_final']:.3f}, ours final {g['ours_final']:.3f} "
-              f"({g['gain_at_equal_time_pts']:+.1f} pts at equal time), random init {g['random_init']:.3f}; "
-              + ("transformers' final quality is not above random init: no time-to-quality"
-                 if not g["hf_final_above_random_init"] else "ours reaches transformers' final quality at "
-                 + ("no checkpoint" if reach is None else f"{reach:.2f}x its time")))
+        print(
+            f"{m}: transformers final {g['hf_final']:.3f}, ours final {g['ours_final']:.3f} "
+            f"({g['gain_at_equal_time_pts']:+.1f} pts at equal time), random init {g['random_init']:.3f}; "
+            + (
+                "transformers' final quality is not above random init: no time-to-quality"
+                if not g["hf_final_above_random_init"]
+                else "ours reaches transformers' final quality at "
+                + ("no checkpoint" if reach is None else f"{reach:.2f}x its time")
+            )
+        )
 
 
 if __name__ == "__main__":

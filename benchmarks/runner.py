@@ -35,8 +35,11 @@ def xlnet(*args: str, threads: int | None = None, echo: bool = False) -> tuple[f
     """Run ``xlnet ARGS`` with ``threads`` OpenMP threads (default: OMP_NUM_THREADS, else 1) and no progress bars;
     returns its (wall, CPU user + system) seconds. ``echo`` prints the command first. A failure exits with the
     command and the last lines of its output."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads or os.environ.get("OMP_NUM_THREADS", "1")),
-           "XLNET_NO_PROGRESS": "1"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads or os.environ.get("OMP_NUM_THREADS", "1")),
+        "XLNET_NO_PROGRESS": "1",
+    }
     if echo:
         say("$ " + shlex.join(["xlnet", *args]))
     t0 = time.time()
@@ -46,8 +49,10 @@ def xlnet(*args: str, threads: int | None = None, echo: bool = False) -> tuple[f
         if os.waitstatus_to_exitcode(status) != 0:
             log.seek(0)
             tail = log.read().strip().splitlines()[-5:]
-            raise SystemExit(f"{Path(sys.argv[0]).stem}: {shlex.join(['xlnet', *args])} failed "
-                             f"({os.waitstatus_to_exitcode(status)}):\n" + "\n".join(tail))
+            raise SystemExit(
+                f"{Path(sys.argv[0]).stem}: {shlex.join(['xlnet', *args])} failed "
+                f"({os.waitstatus_to_exitcode(status)}):\n" + "\n".join(tail)
+            )
     return time.time() - t0, usage.ru_utime + usage.ru_stime
 
 
@@ -62,11 +67,14 @@ def check_sets(sets: Iterable[str], prefixes: tuple[str, ...], flag: str, config
     for s in sets:
         key = s.split("=", 1)[0]
         if "=" not in s or not key.startswith(prefixes):
-            raise SystemExit(f"{Path(sys.argv[0]).stem}: {flag} {s!r}: expected KEY=VALUE with a key under "
-                             f"{' or '.join(prefixes)}")
+            raise SystemExit(
+                f"{Path(sys.argv[0]).stem}: {flag} {s!r}: expected KEY=VALUE with a key under {' or '.join(prefixes)}"
+            )
         if key in RECORD_KEYS.values():
-            raise SystemExit(f"{Path(sys.argv[0]).stem}: {flag} {s!r}: {key} changes the preprocessed records, "
-                             "which this benchmark builds once from the preset")
+            raise SystemExit(
+                f"{Path(sys.argv[0]).stem}: {flag} {s!r}: {key} changes the preprocessed records, "
+                "which this benchmark builds once from the preset"
+            )
     try:
         load_config(config, sets)
     except XLNetError as e:
@@ -78,12 +86,23 @@ DEMO_FINETUNE = ("finetune.summary_type=mean",)  # the demo's finetuning reads t
 
 def add_override_args(ap: argparse.ArgumentParser, pretraining: str) -> None:
     """--set (model.* / train.* for ``pretraining``) and --finetune-set (every finetuning), both repeatable."""
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help=f"model.* / train.* override of the tiny preset for {pretraining} (repeatable; the demo's "
-                         "recipe: --set model.n_layer=2)")
-    ap.add_argument("--finetune-set", action="append", default=None, metavar="KEY=VALUE",
-                    help="finetune.* override for every finetuning (repeatable; default: the demo's "
-                         + " ".join(DEMO_FINETUNE) + ")")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"model.* / train.* override of the tiny preset for {pretraining} (repeatable; the demo's "
+        "recipe: --set model.n_layer=2)",
+    )
+    ap.add_argument(
+        "--finetune-set",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="finetune.* override for every finetuning (repeatable; default: the demo's "
+        + " ".join(DEMO_FINETUNE)
+        + ")",
+    )
 
 
 def overrides(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import ast
-import resource
 import json
 import os
+import resource
 import sys
 import sysconfig
 import tempfile
@@ -80,7 +80,7 @@ def raw_sentencepiece(tok: Tokenizer, corpus: Path, repeats: int) -> tuple[float
         t, c = time.perf_counter(), time.process_time()
         ntok = 0
         for i in range(0, len(lines), 20000):
-            ntok += sum(map(len, tok.sp.encode(lines[i:i + 20000], out_type=int, num_threads=1)))
+            ntok += sum(map(len, tok.sp.encode(lines[i : i + 20000], out_type=int, num_threads=1)))
         best = min(best, time.perf_counter() - t)
         best_cpu = min(best_cpu, time.process_time() - c)
     return nbytes / 1e6 / best, ntok / best, nbytes / 1e6 / best_cpu
@@ -119,8 +119,14 @@ def main() -> None:
         if args.tokenizer:
             tok = Tokenizer.load(args.tokenizer)
         else:
-            cfg = load_config(None, [f"tokenizer.vocab_size={args.vocab}", "tokenizer.character_coverage=0.9999",
-                                     "tokenizer.input_sentence_size=100000"])
+            cfg = load_config(
+                None,
+                [
+                    f"tokenizer.vocab_size={args.vocab}",
+                    "tokenizer.character_coverage=0.9999",
+                    "tokenizer.input_sentence_size=100000",
+                ],
+            )
             tok = train_tokenizer(cfg, [corpus], tmp / "tok", quiet=True)
         print(f"tokenizer: vocab {tok.vocab_size} ({time.perf_counter() - t:.0f} s to train)")
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -143,30 +149,53 @@ def main() -> None:
             # speedup 2 idle cores would give: 1-worker CPU time / the busiest process's share with w workers.
             cores = os.cpu_count() or 1
             busiest = max(cpu[0], cpu[1] / w, total_cpu / min(cores, w + 1)) if w > 1 else total_cpu
-            rows.append({"workers": w, "seconds": best.seconds, "mb_per_s": best.mb_per_s,
-                         "tokens_per_s": best.tokens_per_s, "per_worker_vs_raw": best.mb_per_s / w / raw_mb,
-                         "cpu_parent_s": cpu[0], "cpu_workers_s": cpu[1],
-                         "cpu_mb_per_s": nbytes / 1e6 / total_cpu, "busiest_s": busiest})
+            rows.append(
+                {
+                    "workers": w,
+                    "seconds": best.seconds,
+                    "mb_per_s": best.mb_per_s,
+                    "tokens_per_s": best.tokens_per_s,
+                    "per_worker_vs_raw": best.mb_per_s / w / raw_mb,
+                    "cpu_parent_s": cpu[0],
+                    "cpu_workers_s": cpu[1],
+                    "cpu_mb_per_s": nbytes / 1e6 / total_cpu,
+                    "busiest_s": busiest,
+                }
+            )
         base = rows[0]["mb_per_s"]
         print(f"\nload average at start: {load:.2f} on {os.cpu_count()} cores (other processes share the CPU)\n")
         print("| run | MB/s | tokens/s | speedup | per worker vs raw SentencePiece |")
         print("|---|---|---|---|---|")
         print(f"| raw SentencePiece encode, 1 thread | {raw_mb:.2f} | {raw_tok / 1e3:.0f}K | - | 1.00 |")
         for r in rows:
-            print(f"| xlnet shard, {r['workers']} worker(s) | {r['mb_per_s']:.2f} | {r['tokens_per_s'] / 1e3:.0f}K | "
-                  f"{r['mb_per_s'] / base:.2f}x | {r['per_worker_vs_raw']:.2f} |")
+            print(
+                f"| xlnet shard, {r['workers']} worker(s) | {r['mb_per_s']:.2f} | {r['tokens_per_s'] / 1e3:.0f}K | "
+                f"{r['mb_per_s'] / base:.2f}x | {r['per_worker_vs_raw']:.2f} |"
+            )
         print("\nCPU-time view (less sensitive to other processes on the machine):\n")
         print("| run | CPU s parent | CPU s workers | MB per CPU-second | vs raw | speedup bound on idle cores |")
         print("|---|---|---|---|---|---|")
         print(f"| raw SentencePiece | {nbytes / 1e6 / raw_cpu_mb:.2f} | - | {raw_cpu_mb:.2f} | 1.00 | - |")
         t1 = rows[0]["cpu_parent_s"] + rows[0]["cpu_workers_s"]
         for r in rows:
-            print(f"| shard, {r['workers']} worker(s) | {r['cpu_parent_s']:.2f} | {r['cpu_workers_s']:.2f} | "
-                  f"{r['cpu_mb_per_s']:.2f} | {r['cpu_mb_per_s'] / raw_cpu_mb:.2f} | {t1 / r['busiest_s']:.2f}x |")
+            print(
+                f"| shard, {r['workers']} worker(s) | {r['cpu_parent_s']:.2f} | {r['cpu_workers_s']:.2f} | "
+                f"{r['cpu_mb_per_s']:.2f} | {r['cpu_mb_per_s'] / raw_cpu_mb:.2f} | {t1 / r['busiest_s']:.2f}x |"
+            )
         if args.json:
-            args.json.write_text(json.dumps({"corpus_mb": nbytes / 1e6, "vocab": tok.vocab_size, "load": load,
-                                             "raw": {"mb_per_s": raw_mb, "tokens_per_s": raw_tok, "cpu_mb_per_s": raw_cpu_mb},
-                                             "shard": rows}, indent=2) + "\n")
+            args.json.write_text(
+                json.dumps(
+                    {
+                        "corpus_mb": nbytes / 1e6,
+                        "vocab": tok.vocab_size,
+                        "load": load,
+                        "raw": {"mb_per_s": raw_mb, "tokens_per_s": raw_tok, "cpu_mb_per_s": raw_cpu_mb},
+                        "shard": rows,
+                    },
+                    indent=2,
+                )
+                + "\n"
+            )
 
 
 if __name__ == "__main__":

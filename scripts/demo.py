@@ -41,8 +41,14 @@ def demo_steps_sets(steps: str | None) -> list[str]:
     if not steps:
         return []
     n = int(steps)
-    return ["--set", f"train.max_steps={n}", "--set", f"train.warmup_steps={n // 10}",
-            "--set", f"train.eval_every={max(1, n // 4)}"]
+    return [
+        "--set",
+        f"train.max_steps={n}",
+        "--set",
+        f"train.warmup_steps={n // 10}",
+        "--set",
+        f"train.eval_every={max(1, n // 4)}",
+    ]
 
 
 def run(*args: str, capture: bool = False) -> str:
@@ -69,24 +75,63 @@ def main() -> None:
     pre_sets = demo_steps_sets(os.environ.get("DEMO_STEPS"))
 
     run("tokenize", "train", CORPUS, "--out", "demo/tokenizer", "--config", CONFIG)
-    run("tokenize", "encode", "--tokenizer", "demo/tokenizer", "--text",
-        "Return a new event loop, or raise RuntimeError if there is none.")
-    run("shard", CORPUS, "--tokenizer", "demo/tokenizer", "--out", "demo/shards", "--config", CONFIG,
-        "--shards", "2", "--workers", "2")
+    run(
+        "tokenize",
+        "encode",
+        "--tokenizer",
+        "demo/tokenizer",
+        "--text",
+        "Return a new event loop, or raise RuntimeError if there is none.",
+    )
+    run(
+        "shard",
+        CORPUS,
+        "--tokenizer",
+        "demo/tokenizer",
+        "--out",
+        "demo/shards",
+        "--config",
+        CONFIG,
+        "--shards",
+        "2",
+        "--workers",
+        "2",
+    )
     run("preprocess", "--shards", "demo/shards", "--out", "demo/records", "--config", CONFIG)
     run("pretrain", "--config", CONFIG, "--data", "demo/records", "--out", "demo/pretrain", *pre_sets)
     run("eval", "demo/pretrain", "--data", "demo/records", "--output", "demo/eval_pretrain.json", capture=True)
     # frozen features of the pretrained model against the same architecture from random init, refitted on a few
     # labelled examples too (features once; seconds on CPU)
-    run("probe", "demo/pretrain", "--train", TASK_TRAIN, "--valid", TASK_VALID, "--baseline", "random",
-        "--train-sizes", ",".join(map(str, TRAIN_SIZES)), "--output", "demo/probe.json")
+    run(
+        "probe",
+        "demo/pretrain",
+        "--train",
+        TASK_TRAIN,
+        "--valid",
+        TASK_VALID,
+        "--baseline",
+        "random",
+        "--train-sizes",
+        ",".join(map(str, TRAIN_SIZES)),
+        "--output",
+        "demo/probe.json",
+    )
     run("plot", "demo/probe.json")
     common = ["--task", "classification", "--train", TASK_TRAIN, "--valid", TASK_VALID, "--config", CONFIG]
     run("finetune", *common, "--init", "demo/pretrain", "--out", "demo/finetune")
     run("finetune", *common, "--init", "demo/pretrain", "--from-scratch", "--out", "demo/finetune_scratch")
     for name in ("finetune", "finetune_scratch"):
-        run("eval", f"demo/{name}", "--file", TASK_VALID, "--output", f"demo/eval_{name}.json",
-            "--predict", f"demo/predictions_{name}.tsv", capture=True)
+        run(
+            "eval",
+            f"demo/{name}",
+            "--file",
+            TASK_VALID,
+            "--output",
+            f"demo/eval_{name}.json",
+            "--predict",
+            f"demo/predictions_{name}.tsv",
+            capture=True,
+        )
     # how far the words alone go on the task: the same linear probe on bag-of-words features (seconds)
     bow_cmd = ["benchmarks/bow_baseline.py", "--train", TASK_TRAIN, "--valid", TASK_VALID]
     print(f"\n$ python {shlex.join(bow_cmd)}", flush=True)
@@ -112,33 +157,45 @@ def main() -> None:
     from rich.table import Table
 
     n_layer = yaml.safe_load((DEMO / "pretrain" / "config.yaml").read_text())["model"]["n_layer"]
-    table = Table(title=f"xlnet demo: tiny config, {n_layer} layers, on the Python docs corpus (CPU); "
-                        "task: a sentence as written, or with adjacent words swapped")
+    table = Table(
+        title=f"xlnet demo: tiny config, {n_layer} layers, on the Python docs corpus (CPU); "
+        "task: a sentence as written, or with adjacent words swapped"
+    )
     table.add_column("measure")
     table.add_column("value", justify="right")
     table.add_row("held-out PLM loss, initial weights (step 0)", f"{before['loss']:.3f} (ppl {before['ppl']:.0f})")
-    table.add_row(f"held-out PLM loss after pretraining (step {evals[-1]['step']})",
-                  f"{after['loss']:.3f} (ppl {after['ppl']:.0f})")
+    table.add_row(
+        f"held-out PLM loss after pretraining (step {evals[-1]['step']})",
+        f"{after['loss']:.3f} (ppl {after['ppl']:.0f})",
+    )
     table.add_row("held-out target accuracy after pretraining", f"{after['acc']:.3f}")
     for feat in ("mean", "cls"):
         pre, rnd = probe["pretrained"][feat]["accuracy"], probe["random"][feat]["accuracy"]
-        table.add_row(f"linear probe, frozen {feat} features: pretrained / random",
-                      f"{pre:.3f} / {rnd:.3f} ({100 * (pre - rnd):+.1f} pts)")
+        table.add_row(
+            f"linear probe, frozen {feat} features: pretrained / random",
+            f"{pre:.3f} / {rnd:.3f} ({100 * (pre - rnd):+.1f} pts)",
+        )
     for n in pre_curve["mean"]:
-        table.add_row(f"  the same from {n} labelled examples (mean of 3 draws)",
-                      "  ".join(f"{f} {pre_curve[f][n]:.3f} / {rnd_curve[f][n]:.3f}" for f in ("mean", "cls")))
+        table.add_row(
+            f"  the same from {n} labelled examples (mean of 3 draws)",
+            "  ".join(f"{f} {pre_curve[f][n]:.3f} / {rnd_curve[f][n]:.3f}" for f in ("mean", "cls")),
+        )
     gain = ft["metrics"]["accuracy"] - scratch["metrics"]["accuracy"]
     table.add_row("demo task accuracy, finetuned from the pretrained model", f"{ft['metrics']['accuracy']:.3f}")
-    table.add_row("demo task accuracy, same model from random init",
-                  f"{scratch['metrics']['accuracy']:.3f} ({100 * gain:+.1f} pts)")
+    table.add_row(
+        "demo task accuracy, same model from random init",
+        f"{scratch['metrics']['accuracy']:.3f} ({100 * gain:+.1f} pts)",
+    )
     table.add_row("bag-of-words linear classifier (words alone)", f"{bow['accuracy']:.3f}")
     table.add_row("chance (2 balanced labels)", "0.500")
     table.add_row("wall time", f"{(time.time() - t_start) / 60:.1f} min")
     console = Console()
     console.print()
     console.print(table)
-    console.print("curves: demo/pretrain/curves.png, demo/finetune/curves.png, label efficiency: demo/probe.png; "
-                  "HF exports: demo/hf (pretrained), demo/hf-finetune (the finetuned transformer)")
+    console.print(
+        "curves: demo/pretrain/curves.png, demo/finetune/curves.png, label efficiency: demo/probe.png; "
+        "HF exports: demo/hf (pretrained), demo/hf-finetune (the finetuned transformer)"
+    )
     gains = {f: probe["pretrained"][f]["accuracy"] - probe["random"][f]["accuracy"] for f in ("mean", "cls")}
     if min(max(gains.values()), gain) < 0.05:
         console.print(
@@ -146,14 +203,19 @@ def main() -> None:
             f"the probe and {100 * gain:+.1f} after finetuning: short of 5 points in at least one. The task needs word "
             "order (a bag of words is at chance by construction), and a few minutes of CPU pretraining on 0.4M tokens "
             "teach a tiny model only part of it; runs vary by a few points with the seed (BENCHMARKS.md, "
-            "\"Small-budget recipe\")."
+            '"Small-budget recipe").'
         )
-    summary = {"plm_loss_before": before["loss"], "plm_loss_after": after["loss"], "plm_acc_after": after["acc"],
-               "probe": {m: {f: probe[m][f]["accuracy"] for f in ("mean", "cls")} for m in probe},
-               "probe_curve": {"pretrained": pre_curve, "random": rnd_curve},
-               "finetune_accuracy": ft["metrics"]["accuracy"], "scratch_accuracy": scratch["metrics"]["accuracy"],
-               "bow_accuracy": bow["accuracy"],
-               "minutes": (time.time() - t_start) / 60}
+    summary = {
+        "plm_loss_before": before["loss"],
+        "plm_loss_after": after["loss"],
+        "plm_acc_after": after["acc"],
+        "probe": {m: {f: probe[m][f]["accuracy"] for f in ("mean", "cls")} for m in probe},
+        "probe_curve": {"pretrained": pre_curve, "random": rnd_curve},
+        "finetune_accuracy": ft["metrics"]["accuracy"],
+        "scratch_accuracy": scratch["metrics"]["accuracy"],
+        "bow_accuracy": bow["accuracy"],
+        "minutes": (time.time() - t_start) / 60,
+    }
     (DEMO / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 

@@ -31,12 +31,32 @@ STDLIB = Path(os.__file__).parent
 SENT_SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
 # Demo task: paragraph -> area of the standard library it documents.
 TASK_LABELS = {
-    "asyncio": "concurrency", "concurrent": "concurrency", "multiprocessing": "concurrency", "threading": "concurrency",
-    "email": "internet", "http": "internet", "urllib": "internet", "smtplib": "internet", "imaplib": "internet",
-    "ftplib": "internet", "poplib": "internet", "mailbox": "internet", "xmlrpc": "internet",
-    "tkinter": "gui", "idlelib": "gui", "turtle": "gui", "turtledemo": "gui",
-    "unittest": "testing", "doctest": "testing", "pdb": "testing", "bdb": "testing", "trace": "testing",
-    "profile": "testing", "cProfile": "testing", "pstats": "testing", "timeit": "testing",
+    "asyncio": "concurrency",
+    "concurrent": "concurrency",
+    "multiprocessing": "concurrency",
+    "threading": "concurrency",
+    "email": "internet",
+    "http": "internet",
+    "urllib": "internet",
+    "smtplib": "internet",
+    "imaplib": "internet",
+    "ftplib": "internet",
+    "poplib": "internet",
+    "mailbox": "internet",
+    "xmlrpc": "internet",
+    "tkinter": "gui",
+    "idlelib": "gui",
+    "turtle": "gui",
+    "turtledemo": "gui",
+    "unittest": "testing",
+    "doctest": "testing",
+    "pdb": "testing",
+    "bdb": "testing",
+    "trace": "testing",
+    "profile": "testing",
+    "cProfile": "testing",
+    "pstats": "testing",
+    "timeit": "testing",
 }
 # Word-order task: its sentences come from these modules, which the pretraining corpus leaves out, and its
 # validation sentences from different modules than its training sentences.
@@ -111,7 +131,7 @@ def write_corpus(path: Path, documents: list[list[str]]) -> None:
 
 
 def word_runs(words: list[str]) -> set[tuple[str, ...]]:
-    return {tuple(words[i:i + OVERLAP_WORDS]) for i in range(len(words) - OVERLAP_WORDS + 1)}
+    return {tuple(words[i : i + OVERLAP_WORDS]) for i in range(len(words) - OVERLAP_WORDS + 1)}
 
 
 def swap_adjacent(sentence: str, rng: random.Random) -> str:
@@ -152,8 +172,11 @@ def order_task(stdlib: list[tuple[str, list[str]]], corpus_sentences: set[str]) 
                 continue
             for sent in (s for p in paras for s in sentences(p)):
                 words = sent.split()
-                if (ORDER_WORDS[0] <= len(words) <= ORDER_WORDS[1] and " ".join(words) not in seen
-                        and not corpus_runs & word_runs(words)):
+                if (
+                    ORDER_WORDS[0] <= len(words) <= ORDER_WORDS[1]
+                    and " ".join(words) not in seen
+                    and not corpus_runs & word_runs(words)
+                ):
                     seen.add(" ".join(words))
                     picked.append(" ".join(words))
         rows = []
@@ -193,9 +216,11 @@ def main() -> None:
     n_valid = len(rows) // 5
     for name, part in (("task_valid.tsv", rows[:n_valid]), ("task_train.tsv", rows[n_valid:])):
         write_tsv(ROOT / "data/pydocs" / name, part)
-    print(f"python {sys.version.split()[0]}: {len(documents)} corpus documents ({len(held_out)} modules held out); "
-          f"word-order task {len(order['train'])} train / {len(order['valid'])} valid rows; topic task {n} "
-          f"paragraphs per label x {len(by_label)} labels ({len(rows) - n_valid} train / {n_valid} valid)")
+    print(
+        f"python {sys.version.split()[0]}: {len(documents)} corpus documents ({len(held_out)} modules held out); "
+        f"word-order task {len(order['train'])} train / {len(order['valid'])} valid rows; topic task {n} "
+        f"paragraphs per label x {len(by_label)} labels ({len(rows) - n_valid} train / {n_valid} valid)"
+    )
 
 
 if __name__ == "__main__":

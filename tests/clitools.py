@@ -20,8 +20,10 @@ from xlnetcli.report.metrics_log import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 # the README and every page of docs/, by path relative to the repository: what a user reads
-PAGES = {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8")
-         for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+PAGES = {
+    p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8")
+    for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+}
 PRESET_DIR = ROOT / "src" / "xlnetcli" / "config" / "presets"
 TINY = PRESET_DIR / "tiny.yaml"
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -36,18 +38,41 @@ BIN = Path(sys.executable).parent  # where the `xlnet` and `torchrun` console sc
 # The tiny preset shrunk so that a pretraining step takes milliseconds on a shared 2-core CPU (d_model 64, 2 layers,
 # 32-token rows, 6 targets); modules add their schedule (eval_every, save_every, max_steps) after it.
 FAST_PRETRAIN = [
-    "tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "model.d_model=64", "model.n_head=2",
-    "model.d_head=32", "model.d_inner=128", "data.seq_len=32", "model.reuse_len=16", "model.mem_len=16",
-    "data.num_predict=6", "train.global_batch_size=4", "train.micro_batch_size=2", "data.valid_fraction=0.05",
-    "train.warmup_steps=2", "train.log_every=1", "train.eval_batches=2",
+    "tokenizer.vocab_size=1000",
+    "model.vocab_size=1000",
+    "model.n_layer=2",
+    "model.d_model=64",
+    "model.n_head=2",
+    "model.d_head=32",
+    "model.d_inner=128",
+    "data.seq_len=32",
+    "model.reuse_len=16",
+    "model.mem_len=16",
+    "data.num_predict=6",
+    "train.global_batch_size=4",
+    "train.micro_batch_size=2",
+    "data.valid_fraction=0.05",
+    "train.warmup_steps=2",
+    "train.log_every=1",
+    "train.eval_batches=2",
 ]
 
 # Smaller still, for runs in subprocesses (d_model 32, 32-token rows, 6 targets): the model and data settings
 # without the layer count, which modules set with their schedule.
 MICRO_MODEL = [
-    "tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.d_model=32", "model.n_head=2", "model.d_head=16",
-    "model.d_inner=64", "data.seq_len=32", "model.reuse_len=16", "model.mem_len=16", "data.num_predict=6",
-    "train.global_batch_size=4", "train.micro_batch_size=2", "data.valid_fraction=0.05",
+    "tokenizer.vocab_size=1000",
+    "model.vocab_size=1000",
+    "model.d_model=32",
+    "model.n_head=2",
+    "model.d_head=16",
+    "model.d_inner=64",
+    "data.seq_len=32",
+    "model.reuse_len=16",
+    "model.mem_len=16",
+    "data.num_predict=6",
+    "train.global_batch_size=4",
+    "train.micro_batch_size=2",
+    "data.valid_fraction=0.05",
 ]
 
 
@@ -85,8 +110,16 @@ def flip_bit(path: Path, offset_from_end: int) -> None:
 def preprocess_cfg(*extra: str) -> Config:
     """The tiny preset with a 2000-piece vocabulary and 64-token rows: the data tests' records (tests/data/conftest.py)
     plus ``extra`` overrides."""
-    base = ["tokenizer.vocab_size=2000", "model.vocab_size=2000", "data.seq_len=64", "model.reuse_len=32",
-            "data.num_predict=11", "train.global_batch_size=8", "train.micro_batch_size=4", "model.bi_data=true"]
+    base = [
+        "tokenizer.vocab_size=2000",
+        "model.vocab_size=2000",
+        "data.seq_len=64",
+        "model.reuse_len=32",
+        "data.num_predict=11",
+        "train.global_batch_size=8",
+        "train.micro_batch_size=4",
+        "model.bi_data=true",
+    ]
     return load_config(TINY, base + list(extra))
 
 
@@ -161,7 +194,17 @@ def xlnet_spm(tmp_path: Path, train_file: str, lower: bool = False) -> bytes:
     text = SAMPLE.read_text(encoding="utf-8")
     src.write_text(text.lower() if lower else text, encoding="utf-8")
     spm.SentencePieceTrainer.train(
-        input=str(src), model_prefix=str(tmp_path / "m"), model_type="unigram", vocab_size=600, num_threads=1,
-        control_symbols=list(CONTROL_SYMBOLS), user_defined_symbols=list(USER_DEFINED_SYMBOLS), unk_id=0, bos_id=1,
-        eos_id=2, pad_id=-1, minloglevel=2)
+        input=str(src),
+        model_prefix=str(tmp_path / "m"),
+        model_type="unigram",
+        vocab_size=600,
+        num_threads=1,
+        control_symbols=list(CONTROL_SYMBOLS),
+        user_defined_symbols=list(USER_DEFINED_SYMBOLS),
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        minloglevel=2,
+    )
     return (tmp_path / "m.model").read_bytes()

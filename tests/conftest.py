@@ -14,11 +14,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import pytest
-
 from clitools import SAMPLE, TINY
 
 
@@ -30,8 +30,10 @@ class Pipeline(NamedTuple):
 
 def tree_digest(root: Path) -> dict[str, str]:
     """Every file and folder under ``root``: relative path -> sha256 of the bytes ("dir" for a folder)."""
-    return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+    }
 
 
 class Builds:
@@ -57,18 +59,25 @@ class Builds:
         from xlnetcli.data.tokenizer import train_tokenizer
 
         cfg = Config(tokenizer=tcfg, model=ModelConfig(vocab_size=tcfg.vocab_size))
-        return self._once(("tokenizer", str(src), dataclasses.astuple(tcfg)), "tok",
-                          lambda out: train_tokenizer(cfg, [src], out, quiet=True))
+        return self._once(
+            ("tokenizer", str(src), dataclasses.astuple(tcfg)),
+            "tok",
+            lambda out: train_tokenizer(cfg, [src], out, quiet=True),
+        )
 
-    def shards(self, tokenizer: Path, src: Path = SAMPLE, *, valid_fraction: float, seed: int = 42,
-               shards: int = 1) -> Path:
+    def shards(
+        self, tokenizer: Path, src: Path = SAMPLE, *, valid_fraction: float, seed: int = 42, shards: int = 1
+    ) -> Path:
         """``src`` sharded with ``tokenizer`` (a folder from :meth:`tokenizer`)."""
         from xlnetcli.config import Config, DataConfig
         from xlnetcli.data.shard import shard_corpus
 
         cfg = Config(data=DataConfig(valid_fraction=valid_fraction, seed=seed))
-        return self._once(("shards", str(tokenizer), str(src), valid_fraction, seed, shards), "shards",
-                          lambda out: shard_corpus(cfg, [src], out, tokenizer, shards=shards, quiet=True))
+        return self._once(
+            ("shards", str(tokenizer), str(src), valid_fraction, seed, shards),
+            "shards",
+            lambda out: shard_corpus(cfg, [src], out, tokenizer, shards=shards, quiet=True),
+        )
 
     def records(self, shards: Path, cfg, passes: int | None = None) -> Path:
         """Records of ``shards`` preprocessed with the Config ``cfg`` (all of it: records keep their config.yaml,

@@ -13,8 +13,21 @@ V, L, R = 60, 16, 8  # vocab, seq_len, reuse_len
 
 
 def tiny_cfg(**kw):
-    base = dict(vocab_size=V, d_model=32, n_layer=2, n_head=4, d_head=8, d_inner=64, dropout=0.0, dropatt=0.0,
-                mem_len=12, reuse_len=R, bi_data=False, clamp_len=-1, attn_impl="einsum")
+    base = dict(
+        vocab_size=V,
+        d_model=32,
+        n_layer=2,
+        n_head=4,
+        d_head=8,
+        d_inner=64,
+        dropout=0.0,
+        dropatt=0.0,
+        mem_len=12,
+        reuse_len=R,
+        bi_data=False,
+        clamp_len=-1,
+        attn_impl="einsum",
+    )
     base.update(kw)
     return named_config("tiny", **base)
 

@@ -3,6 +3,7 @@ and trains on records made with its own settings (what pretrain checks)."""
 
 import importlib.util
 import sys
+
 from clitools import ROOT
 
 from xlnetcli.config import config_to_dict, load_config
@@ -22,9 +23,13 @@ def flat(cfg) -> dict:
 
 def test_rows_differ_from_the_full_model_in_their_ablation_only():
     full = flat(load_config(ablation.CONFIG, ablation.FULL.sets))
-    intended = {"dae": {"model.objective": "mlm"}, "clm": {"model.objective": "clm"},
-                "no-memory": {"model.mem_len": 0}, "no-span": {"data.max_gram": 1},
-                "no-bidata": {"model.bi_data": False}}
+    intended = {
+        "dae": {"model.objective": "mlm"},
+        "clm": {"model.objective": "clm"},
+        "no-memory": {"model.mem_len": 0},
+        "no-span": {"data.max_gram": 1},
+        "no-bidata": {"model.bi_data": False},
+    }
     assert [r.key for r in ablation.ROWS] == ["xlnet", *intended]
     for row in ablation.ROWS[1:]:
         cfg = flat(load_config(ablation.CONFIG, row.sets))
@@ -46,13 +51,18 @@ def test_benchmark_overrides_are_checked_before_anything_runs():
     """--set / --finetune-set of the quality benchmarks: KEY=VALUE under the allowed sections, no key that would need
     other records, a value the config accepts; anything else is one line and an exit."""
     import pytest
-
     from runner import check_sets
 
     check_sets(["model.n_layer=2", "train.lr=2e-3"], ("model.", "train."), "--set")
     check_sets(["finetune.summary_type=mean"], ("finetune.",), "--finetune-set")
-    for bad in ("model.bi_data=false", "data.seq_len=64", "finetune.lr=1e-3", "model.n_layer", "model.n_layer=two",
-                "model.no_such_key=1"):
+    for bad in (
+        "model.bi_data=false",
+        "data.seq_len=64",
+        "finetune.lr=1e-3",
+        "model.n_layer",
+        "model.n_layer=two",
+        "model.no_such_key=1",
+    ):
         with pytest.raises(SystemExit) as e:
             check_sets([bad], ("model.", "train."), "--set")
         assert isinstance(e.value.code, str) and "\n" not in e.value.code and "--set" in e.value.code, bad

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 from collections import Counter
+
 from clitools import PYDOCS
 
 RUN = 8  # no task sentence shares a run of this many words with the corpus (make_demo_data.OVERLAP_WORDS)
@@ -18,7 +19,7 @@ def _rows(split: str) -> list[tuple[str, str]]:
 
 
 def _runs(words: list[str]) -> set[tuple[str, ...]]:
-    return {tuple(words[i:i + RUN]) for i in range(len(words) - RUN + 1)}
+    return {tuple(words[i : i + RUN]) for i in range(len(words) - RUN + 1)}
 
 
 def test_every_sentence_comes_as_an_original_and_a_swapped_version_of_the_same_words():
@@ -34,8 +35,9 @@ def test_every_sentence_comes_as_an_original_and_a_swapped_version_of_the_same_w
                 assert words != source  # ... in another order
                 assert (words[0], words[-1]) == (source[0], source[-1])  # the ends stay: no capital or full stop cue
                 moved = [i for i, (a, b) in enumerate(zip(words, source)) if a != b]
-                assert moved and all(words[i] == source[i + 1] and words[i + 1] == source[i]
-                                     for i in moved[::2])  # adjacent pairs swapped, no other change
+                assert moved and all(
+                    words[i] == source[i + 1] and words[i + 1] == source[i] for i in moved[::2]
+                )  # adjacent pairs swapped, no other change
                 assert len(moved) <= 2 * max(1, len(words) // 6)
 
 

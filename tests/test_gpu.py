@@ -18,6 +18,7 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 from modeltools import plm_batch, tiny_cfg, twins  # noqa: E402
+
 from xlnetcli.model import XLNetLMHeadModel  # noqa: E402
 
 CUDA = torch.device("cuda")
@@ -36,8 +37,10 @@ def gpu_cfg(**kw):
 def batch(B=4, P=3, seed=0, device=CUDA):
     ids, tt, perm, tmap = plm_batch(B, P, np.random.default_rng(seed))
     labels = torch.randint(0, 60, (B, P), generator=torch.Generator().manual_seed(seed))
-    return {k: v.to(device) for k, v in dict(input_ids=ids, token_type_ids=tt, perm_mask=perm, target_mapping=tmap,
-                                                labels=labels).items()}
+    return {
+        k: v.to(device)
+        for k, v in dict(input_ids=ids, token_type_ids=tt, perm_mask=perm, target_mapping=tmap, labels=labels).items()
+    }
 
 
 def run(model, b, steps=2, autocast=None, need_hidden=True):
@@ -50,8 +53,11 @@ def run(model, b, steps=2, autocast=None, need_hidden=True):
             out = model(**b, mems=mems, need_hidden=need_hidden)
         out.loss.backward()
         mems = out.mems
-    grads = {k.replace("._checkpoint_wrapped_module", ""): p.grad.detach().double().cpu()
-             for k, p in model.named_parameters() if p.grad is not None}
+    grads = {
+        k.replace("._checkpoint_wrapped_module", ""): p.grad.detach().double().cpu()
+        for k, p in model.named_parameters()
+        if p.grad is not None
+    }
     return out.loss.detach().double().cpu(), out.logits.detach().double().cpu(), [m.double().cpu() for m in mems], grads
 
 
@@ -186,15 +192,20 @@ def test_pretrain_on_cuda_resumes_exactly(builds, tmp_path, compile_):
     """`pretrain` end to end on the GPU in bf16 (fused AdamW; attn_impl auto: sdpa eager, einsum compiled; dropout
     on; train.deterministic as shipped); stopping after a checkpoint and resuming gives bit-identical losses and
     weights to an uninterrupted run."""
+    from clitools import FAST_PRETRAIN, TINY, train_losses
     from safetensors.torch import load_file
 
-    from clitools import FAST_PRETRAIN, TINY, train_losses
     from xlnetcli.config import load_config
     from xlnetcli.train.pretrain import pretrain
 
     rec = builds.pipeline(FAST_PRETRAIN).records
-    over = FAST_PRETRAIN + ["train.max_steps=8", "train.save_every=4", "train.eval_every=4", "train.precision=bf16",
-                    f"train.compile={str(compile_).lower()}"]
+    over = FAST_PRETRAIN + [
+        "train.max_steps=8",
+        "train.save_every=4",
+        "train.eval_every=4",
+        "train.precision=bf16",
+        f"train.compile={str(compile_).lower()}",
+    ]
     cfg = load_config(TINY, over)
     a = pretrain(cfg, rec, tmp_path / "a", device="cuda", quiet=True)
     assert a["step"] == 8

@@ -10,7 +10,6 @@ import shlex
 
 import click
 import pytest
-
 from clitools import PAGES, ROOT, TINY, code_blocks
 
 from xlnetcli.cli import cli
@@ -21,7 +20,6 @@ TREE_DESC_COL = 26  # in the tree, a name starts left of this column; a descript
 TREE_NAME = r"(?:\{[^}]*\}|[^\s,{])+"  # a file or folder name in the tree, braces allowed: finetune/{glue,race}.yaml
 
 
-
 def as_argv(line: str) -> list[str] | None:
     """The argv after `xlnet` of an `xlnet ...` or `... -m xlnetcli ...` command line, else None."""
     line = line.split(" #")[0].strip()
@@ -29,7 +27,7 @@ def as_argv(line: str) -> list[str] | None:
     if argv[:1] == ["xlnet"]:
         return argv[1:]
     if "xlnetcli" in argv and "-m" in argv:
-        return argv[argv.index("xlnetcli") + 1:]
+        return argv[argv.index("xlnetcli") + 1 :]
     return None
 
 
@@ -105,16 +103,20 @@ def _expand_braces(s: str) -> list[str]:
     m = re.search(r"\{([^}]*)\}", s)
     if not m:
         return [s]
-    return [x for part in m.group(1).split(",") for x in _expand_braces(s[: m.start()] + part + s[m.end():])]
+    return [x for part in m.group(1).split(",") for x in _expand_braces(s[: m.start()] + part + s[m.end() :])]
 
 
 def test_file_tree_lists_exactly_the_package():
     tree = next(b for b in code_blocks("", PAGES[TREE_PAGE]) if "src/xlnetcli/" in b)
     entries = tree_entries(tree)
-    listed = {p.removeprefix("src/xlnetcli/") for _, p in entries
-              if p.startswith("src/xlnetcli/") and not p.endswith("/")}
-    files = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*")
-             if p.is_file() and p.name != "__init__.py" and "__pycache__" not in p.parts}
+    listed = {
+        p.removeprefix("src/xlnetcli/") for _, p in entries if p.startswith("src/xlnetcli/") and not p.endswith("/")
+    }
+    files = {
+        p.relative_to(PACKAGE).as_posix()
+        for p in PACKAGE.rglob("*")
+        if p.is_file() and p.name != "__init__.py" and "__pycache__" not in p.parts
+    }
     assert files - listed == set(), f"files missing from the {TREE_PAGE} tree: {sorted(files - listed)}"
     assert listed - files == set(), f"the {TREE_PAGE} tree lists files that do not exist: {sorted(listed - files)}"
     for indent, path in entries:
@@ -172,10 +174,23 @@ def test_python_api_example_runs(builds, tmp_path, monkeypatch):
     from xlnetcli.config import load_config
     from xlnetcli.model import XLNetLMHeadModel
 
-    cfg = load_config(TINY, ["tokenizer.vocab_size=1000", "model.vocab_size=1000",
-                             "model.n_layer=1", "model.d_model=32", "model.d_inner=64"])
-    save_model_dir(tmp_path / "runs" / "tiny" / "step_0000001", XLNetLMHeadModel(cfg.model).eval(), cfg,
-                   tokenizer_dir=builds.tokenizer(cfg.tokenizer), meta={"kind": "pretrain", "step": 1})
+    cfg = load_config(
+        TINY,
+        [
+            "tokenizer.vocab_size=1000",
+            "model.vocab_size=1000",
+            "model.n_layer=1",
+            "model.d_model=32",
+            "model.d_inner=64",
+        ],
+    )
+    save_model_dir(
+        tmp_path / "runs" / "tiny" / "step_0000001",
+        XLNetLMHeadModel(cfg.model).eval(),
+        cfg,
+        tokenizer_dir=builds.tokenizer(cfg.tokenizer),
+        meta={"kind": "pretrain", "step": 1},
+    )
     monkeypatch.chdir(tmp_path)
     examples = [(page, b) for page, text in PAGES.items() for b in code_blocks("python", text) if "api.load" in b]
     assert examples, "no page has the Python API example"

@@ -22,14 +22,23 @@ from xlnetcli.core.errors import CheckpointError, DataError
 from xlnetcli.core.files import lock_path
 from xlnetcli.report.metrics_log import read_metrics
 
-INTEGRITY_RUN = [*MICRO_MODEL, "model.n_layer=1", "train.warmup_steps=1", "train.log_every=1", "train.eval_batches=1",
-                 "train.save_every=2", "train.max_steps=4", "train.eval_every=0"]
+INTEGRITY_RUN = [
+    *MICRO_MODEL,
+    "model.n_layer=1",
+    "train.warmup_steps=1",
+    "train.log_every=1",
+    "train.eval_batches=1",
+    "train.save_every=2",
+    "train.max_steps=4",
+    "train.eval_every=0",
+]
 
 
 def _xlnet(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, XLNET_NO_PROGRESS="1", OMP_NUM_THREADS="1")
-    return subprocess.run([str(BIN / "xlnet"), *map(str, args)], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=cwd)
+    return subprocess.run(
+        [str(BIN / "xlnet"), *map(str, args)], env=env, capture_output=True, text=True, timeout=300, cwd=cwd
+    )
 
 
 def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
@@ -76,9 +85,22 @@ def test_two_pretraining_processes_on_one_folder_one_is_refused(pipeline, tmp_pa
 
     cfg.write_text(dump_config(load_config(TINY, [*INTEGRITY_RUN, "train.max_steps=400", "train.save_every=0"])))
     env = dict(os.environ, XLNET_NO_PROGRESS="1", OMP_NUM_THREADS="1")
-    first = subprocess.Popen([str(BIN / "xlnet"), "pretrain", "--config", str(cfg), "--data", str(pipeline["rec"]),
-                              "--out", str(tmp_path / "run")], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [
+            str(BIN / "xlnet"),
+            "pretrain",
+            "--config",
+            str(cfg),
+            "--data",
+            str(pipeline["rec"]),
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         import time
 
@@ -144,8 +166,12 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_on_load_and_resume(pipeline, t
     run = tmp_path / "run"
     shutil.copytree(pipeline["run"], run)
     meta = json.loads((run / "step_0000004" / "meta.json").read_text())
-    assert set(meta["sha256"]) >= {"model.safetensors", "train_state.safetensors", "config.yaml",
-                                   "tokenizer/spiece.model"}
+    assert set(meta["sha256"]) >= {
+        "model.safetensors",
+        "train_state.safetensors",
+        "config.yaml",
+        "tokenizer/spiece.model",
+    }
     load_model_dir(run)  # intact: loads
     flip_bit(run / "step_0000004" / "model.safetensors", 100)
     with pytest.raises(CheckpointError, match="model.safetensors does not match the checksum"):
@@ -179,15 +205,21 @@ def test_a_flipped_bit_in_the_records_is_refused_when_pretraining_opens_them(pip
 def test_checkpoints_are_byte_reproducible_across_processes(pipeline, tmp_path):
     from xlnetcli.core.files import sha256_file
 
-    code = ("import sys, torch; from xlnetcli.checkpoint.folders import save_model_dir;"
-            "from xlnetcli.checkpoint.load import load_model_dir;"
-            "from xlnetcli.model import XLNetLMHeadModel;"
-            "cfg, sd, _ = load_model_dir(sys.argv[1]); m = XLNetLMHeadModel(cfg.model); m.load_state_dict(sd);"
-            "save_model_dir(sys.argv[2], m, cfg, tokenizer_dir=sys.argv[3], meta={'kind': 'pretrain', 'step': 4})")
+    code = (
+        "import sys, torch; from xlnetcli.checkpoint.folders import save_model_dir;"
+        "from xlnetcli.checkpoint.load import load_model_dir;"
+        "from xlnetcli.model import XLNetLMHeadModel;"
+        "cfg, sd, _ = load_model_dir(sys.argv[1]); m = XLNetLMHeadModel(cfg.model); m.load_state_dict(sd);"
+        "save_model_dir(sys.argv[2], m, cfg, tokenizer_dir=sys.argv[3], meta={'kind': 'pretrain', 'step': 4})"
+    )
     for name, seed in (("a", "1"), ("b", "2")):  # different hash seeds: dict/set orders differ between the two
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        subprocess.run([sys.executable, "-c", code, str(pipeline["run"]), str(tmp_path / name), str(pipeline["tok"])],
-                       env=env, check=True, timeout=120)
+        subprocess.run(
+            [sys.executable, "-c", code, str(pipeline["run"]), str(tmp_path / name), str(pipeline["tok"])],
+            env=env,
+            check=True,
+            timeout=120,
+        )
     files = sorted(p.relative_to(tmp_path / "a").as_posix() for p in (tmp_path / "a").rglob("*") if p.is_file())
     for f in files:
         assert sha256_file(tmp_path / "a" / f) == sha256_file(tmp_path / "b" / f), f
@@ -217,11 +249,13 @@ def test_a_torn_last_metrics_line_is_skipped_by_readers_and_dropped_on_resume(pi
     assert proc.returncode == 0, proc.stderr
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert all(json.loads(ln) for ln in lines)
+
     def key(r):
         return r["step"], r["loss"], r["lr"]
 
-    assert [key(r) for r in read_metrics(run) if r["split"] == "train"] == [key(r) for r in rows
-                                                                            if r["split"] == "train"]
+    assert [key(r) for r in read_metrics(run) if r["split"] == "train"] == [
+        key(r) for r in rows if r["split"] == "train"
+    ]
 
 
 @pytest.mark.slow

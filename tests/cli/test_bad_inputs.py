@@ -22,11 +22,29 @@ pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or bu
 
 SMALL_CONFIG = {  # a config file for quick runs of every command
     "tokenizer": {"vocab_size": 1000},
-    "model": {"vocab_size": 1000, "d_model": 32, "n_layer": 1, "n_head": 2, "d_head": 16, "d_inner": 64,
-              "mem_len": 16, "reuse_len": 16, "dropout": 0.0, "dropatt": 0.0},
+    "model": {
+        "vocab_size": 1000,
+        "d_model": 32,
+        "n_layer": 1,
+        "n_head": 2,
+        "d_head": 16,
+        "d_inner": 64,
+        "mem_len": 16,
+        "reuse_len": 16,
+        "dropout": 0.0,
+        "dropatt": 0.0,
+    },
     "data": {"seq_len": 32, "num_predict": 5, "valid_fraction": 0.05},
-    "train": {"global_batch_size": 4, "micro_batch_size": 2, "max_steps": 2, "warmup_steps": 1, "eval_every": 0,
-              "save_every": 0, "keep_last": 1, "precision": "fp32"},
+    "train": {
+        "global_batch_size": 4,
+        "micro_batch_size": 2,
+        "max_steps": 2,
+        "warmup_steps": 1,
+        "eval_every": 0,
+        "save_every": 0,
+        "keep_last": 1,
+        "precision": "fp32",
+    },
     "finetune": {"max_seq_length": 32, "batch_size": 8, "micro_batch_size": 8, "max_steps": 2},
 }
 
@@ -57,8 +75,27 @@ def work(tmp_path_factory):
     (w / "train.tsv").write_text("\n".join(head) + "\n")
     (w / "valid.tsv").write_text("\n".join(head[:1] + head[1:21]) + "\n")
     with pytest.raises(SystemExit) as e:
-        main([str(a) for a in ["finetune", "--task", "classification", "--train", w / "train.tsv", "--valid",
-                               w / "valid.tsv", "--init", w / "pre", "--out", w / "ft", "--config", cfg, "--quiet"]])
+        main(
+            [
+                str(a)
+                for a in [
+                    "finetune",
+                    "--task",
+                    "classification",
+                    "--train",
+                    w / "train.tsv",
+                    "--valid",
+                    w / "valid.tsv",
+                    "--init",
+                    w / "pre",
+                    "--out",
+                    w / "ft",
+                    "--config",
+                    cfg,
+                    "--quiet",
+                ]
+            ]
+        )
     assert e.value.code == 0
     return w
 
@@ -83,69 +120,195 @@ def _case(work, name):
     cases = {
         # --- tokenize train
         "tok-missing-input": (["tokenize", "train", bad / "nope.txt", "--out", out], "nope.txt"),
-        "tok-binary": (["tokenize", "train", text("img.txt", b"\x89PNG\r\n\x1a\n\x00\x00" * 100), "--out", out],
-                       "binary"),
-        "tok-invalid-utf8": (["tokenize", "train", text("latin.txt", "caf\xe9 cr\xe8me ".encode("latin-1") * 200),
-                              "--out", out], "UTF-8"),
+        "tok-binary": (
+            ["tokenize", "train", text("img.txt", b"\x89PNG\r\n\x1a\n\x00\x00" * 100), "--out", out],
+            "binary",
+        ),
+        "tok-invalid-utf8": (
+            ["tokenize", "train", text("latin.txt", "caf\xe9 cr\xe8me ".encode("latin-1") * 200), "--out", out],
+            "UTF-8",
+        ),
         "tok-empty": (["tokenize", "train", text("empty.txt", ""), "--out", out], "no text"),
-        "tok-lines-too-long": (["tokenize", "train", text("long.txt", ((" ".join(["alpha", "beta"] * 4000) + "\n")
-                                                                        * 3).encode()), "--out", out,
-                                "--set", "tokenizer.vocab_size=100"], "split the text into lines"),
+        "tok-lines-too-long": (
+            [
+                "tokenize",
+                "train",
+                text("long.txt", ((" ".join(["alpha", "beta"] * 4000) + "\n") * 3).encode()),
+                "--out",
+                out,
+                "--set",
+                "tokenizer.vocab_size=100",
+            ],
+            "split the text into lines",
+        ),
         "tok-dir-without-text": (["tokenize", "train", (bad / "d").mkdir() or bad / "d", "--out", out], "no text"),
         "tok-existing-output": (["tokenize", "train", SAMPLE, "--out", w / "tok"], "--overwrite"),
-        "tok-unknown-key": (["tokenize", "train", SAMPLE, "--out", out, "--set", "tokenizer.vocab=10"],
-                            "unknown key tokenizer.vocab"),
-        "tok-wrong-type": (["tokenize", "train", SAMPLE, "--out", out, "--set", "tokenizer.uncased=maybe"],
-                           "tokenizer.uncased"),
-        "config-bad-yaml": (["tokenize", "train", SAMPLE, "--out", out, "--config", text("c.yaml", "model: [1, 2\n")],
-                            "not valid YAML"),
-        "config-missing": (["tokenize", "train", SAMPLE, "--out", out, "--config", bad / "missing.yaml"],
-                           "config file not found"),
+        "tok-unknown-key": (
+            ["tokenize", "train", SAMPLE, "--out", out, "--set", "tokenizer.vocab=10"],
+            "unknown key tokenizer.vocab",
+        ),
+        "tok-wrong-type": (
+            ["tokenize", "train", SAMPLE, "--out", out, "--set", "tokenizer.uncased=maybe"],
+            "tokenizer.uncased",
+        ),
+        "config-bad-yaml": (
+            ["tokenize", "train", SAMPLE, "--out", out, "--config", text("c.yaml", "model: [1, 2\n")],
+            "not valid YAML",
+        ),
+        "config-missing": (
+            ["tokenize", "train", SAMPLE, "--out", out, "--config", bad / "missing.yaml"],
+            "config file not found",
+        ),
         # --- tokenize encode
         "encode-missing-tokenizer": (["tokenize", "encode", "--tokenizer", bad / "notok", "--text", "hi"], "notok"),
-        "encode-corrupt-model": (["tokenize", "encode", "--tokenizer", _corrupt_tokenizer(w, bad), "--text", "hi"],
-                                 "tokenizer"),
+        "encode-corrupt-model": (
+            ["tokenize", "encode", "--tokenizer", _corrupt_tokenizer(w, bad), "--text", "hi"],
+            "tokenizer",
+        ),
         # --- shard
-        "shard-gz-corrupt": (["shard", text("c.txt.gz", b"\x1f\x8b\x08\x00garbage"), "--tokenizer", w / "tok",
-                              "--out", out], "c.txt.gz"),
-        "shard-existing-output": (["shard", SAMPLE, "--tokenizer", w / "tok", "--out", w / "shards"],
-                                  "--overwrite"),
-        "shard-blank-corpus": (["shard", text("blank.txt", "\n\n   \n"), "--tokenizer", w / "tok", "--out", out],
-                               "no text"),
-        "shard-tokenizer-edited": (["shard", SAMPLE, "--tokenizer", _edited_tokenizer(w, bad), "--out", out],
-                                   "tokenizer"),
+        "shard-gz-corrupt": (
+            ["shard", text("c.txt.gz", b"\x1f\x8b\x08\x00garbage"), "--tokenizer", w / "tok", "--out", out],
+            "c.txt.gz",
+        ),
+        "shard-existing-output": (["shard", SAMPLE, "--tokenizer", w / "tok", "--out", w / "shards"], "--overwrite"),
+        "shard-blank-corpus": (
+            ["shard", text("blank.txt", "\n\n   \n"), "--tokenizer", w / "tok", "--out", out],
+            "no text",
+        ),
+        "shard-tokenizer-edited": (
+            ["shard", SAMPLE, "--tokenizer", _edited_tokenizer(w, bad), "--out", out],
+            "tokenizer",
+        ),
         # --- preprocess
         "prep-not-shards": (["preprocess", "--shards", w / "tok", "--out", out, "--config", cfg], "manifest"),
-        "prep-too-small": (["preprocess", "--shards", _tiny_shards(w, bad), "--out", out, "--config", cfg],
-                           "tokens"),
-        "prep-odd-bi-batch": (["preprocess", "--shards", w / "shards", "--out", out, "--config", cfg,
-                               "--set", "train.micro_batch_size=3", "--set", "train.global_batch_size=3"], "even"),
-        "prep-num-predict": (["preprocess", "--shards", w / "shards", "--out", out, "--config", cfg,
-                              "--set", "data.num_predict=40"], "num_predict"),
-        "prep-other-tokenizer": (["preprocess", "--shards", _other_tokenizer_shards(w, bad), "--out", out,
-                                  "--config", cfg], "tokenizer"),
+        "prep-too-small": (["preprocess", "--shards", _tiny_shards(w, bad), "--out", out, "--config", cfg], "tokens"),
+        "prep-odd-bi-batch": (
+            [
+                "preprocess",
+                "--shards",
+                w / "shards",
+                "--out",
+                out,
+                "--config",
+                cfg,
+                "--set",
+                "train.micro_batch_size=3",
+                "--set",
+                "train.global_batch_size=3",
+            ],
+            "even",
+        ),
+        "prep-num-predict": (
+            ["preprocess", "--shards", w / "shards", "--out", out, "--config", cfg, "--set", "data.num_predict=40"],
+            "num_predict",
+        ),
+        "prep-other-tokenizer": (
+            ["preprocess", "--shards", _other_tokenizer_shards(w, bad), "--out", out, "--config", cfg],
+            "tokenizer",
+        ),
         # --- pretrain
-        "pre-records-disagree": (["pretrain", "--config", cfg, "--data", w / "records", "--out", out,
-                                  "--set", "data.num_predict=6"], "num_predict"),
+        "pre-records-disagree": (
+            ["pretrain", "--config", cfg, "--data", w / "records", "--out", out, "--set", "data.num_predict=6"],
+            "num_predict",
+        ),
         "pre-missing-data": (["pretrain", "--config", cfg, "--data", bad / "nodata", "--out", out], "nodata"),
-        "pre-other-run": (["pretrain", "--config", cfg, "--data", w / "records", "--out", w / "pre",
-                           "--set", "model.d_inner=128"], "--resume"),
-        "pre-batch-maths": (["pretrain", "--config", cfg, "--data", w / "records", "--out", out,
-                             "--set", "train.global_batch_size=5"], "multiple"),
-        "pre-interrupted-run": (["pretrain", "--config", cfg, "--data", w / "records", "--out",
-                                 _interrupted_run(w, bad), "--resume"], "step_"),
+        "pre-other-run": (
+            ["pretrain", "--config", cfg, "--data", w / "records", "--out", w / "pre", "--set", "model.d_inner=128"],
+            "--resume",
+        ),
+        "pre-batch-maths": (
+            ["pretrain", "--config", cfg, "--data", w / "records", "--out", out, "--set", "train.global_batch_size=5"],
+            "multiple",
+        ),
+        "pre-interrupted-run": (
+            ["pretrain", "--config", cfg, "--data", w / "records", "--out", _interrupted_run(w, bad), "--resume"],
+            "step_",
+        ),
         # --- finetune
-        "ft-missing-column": (["finetune", "--task", "classification", "--train", w / "train.tsv", "--init", w / "pre",
-                               "--out", out, "--config", cfg, "--label-column", "gold"], "gold"),
-        "ft-empty-train": (["finetune", "--task", "classification", "--train", text("e.tsv", ""), "--init",
-                            w / "pre", "--out", out, "--config", cfg], "e.tsv"),
-        "ft-unseen-label": (["finetune", "--task", "classification", "--train", w / "train.tsv", "--valid",
-                             text("v.tsv", "text\tlabel\nsome words here\tmystery\n"), "--init", w / "pre",
-                             "--out", out, "--config", cfg], "mystery"),
-        "ft-not-a-checkpoint": (["finetune", "--task", "classification", "--train", w / "train.tsv", "--init",
-                                 w / "shards", "--out", out, "--config", cfg], "shards"),
-        "ft-nan-weights": (["finetune", "--task", "classification", "--train", w / "train.tsv", "--init",
-                            _nan_checkpoint(w, bad), "--out", out, "--config", cfg], "non-finite"),
+        "ft-missing-column": (
+            [
+                "finetune",
+                "--task",
+                "classification",
+                "--train",
+                w / "train.tsv",
+                "--init",
+                w / "pre",
+                "--out",
+                out,
+                "--config",
+                cfg,
+                "--label-column",
+                "gold",
+            ],
+            "gold",
+        ),
+        "ft-empty-train": (
+            [
+                "finetune",
+                "--task",
+                "classification",
+                "--train",
+                text("e.tsv", ""),
+                "--init",
+                w / "pre",
+                "--out",
+                out,
+                "--config",
+                cfg,
+            ],
+            "e.tsv",
+        ),
+        "ft-unseen-label": (
+            [
+                "finetune",
+                "--task",
+                "classification",
+                "--train",
+                w / "train.tsv",
+                "--valid",
+                text("v.tsv", "text\tlabel\nsome words here\tmystery\n"),
+                "--init",
+                w / "pre",
+                "--out",
+                out,
+                "--config",
+                cfg,
+            ],
+            "mystery",
+        ),
+        "ft-not-a-checkpoint": (
+            [
+                "finetune",
+                "--task",
+                "classification",
+                "--train",
+                w / "train.tsv",
+                "--init",
+                w / "shards",
+                "--out",
+                out,
+                "--config",
+                cfg,
+            ],
+            "shards",
+        ),
+        "ft-nan-weights": (
+            [
+                "finetune",
+                "--task",
+                "classification",
+                "--train",
+                w / "train.tsv",
+                "--init",
+                _nan_checkpoint(w, bad),
+                "--out",
+                out,
+                "--config",
+                cfg,
+            ],
+            "non-finite",
+        ),
         # --- eval / export / import
         "eval-nothing-to-score": (["eval", w / "ft"], "--file"),
         "eval-missing-file": (["eval", w / "ft", "--file", bad / "nofile.tsv"], "nofile.tsv"),
@@ -160,7 +323,8 @@ def _case(work, name):
 
 # "billion laughs": 9 levels of 9 aliases, a few hundred bytes that expand to 9**9 values
 BOMB = "tokenizer:\n  threads: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
-    f"  k{i}: &b{i} [{', '.join([f'*{prev}'] * 9)}]\n" for i, prev in enumerate(["a"] + [f"b{j}" for j in range(7)]))
+    f"  k{i}: &b{i} [{', '.join([f'*{prev}'] * 9)}]\n" for i, prev in enumerate(["a"] + [f"b{j}" for j in range(7)])
+)
 
 
 def _value_and_usage_cases(w: Path, bad: Path, out: Path, text) -> dict:
@@ -172,13 +336,27 @@ def _value_and_usage_cases(w: Path, bad: Path, out: Path, text) -> dict:
     tok = ["tokenize", "train", SAMPLE, "--out", out]
     shard = ["shard", SAMPLE, "--tokenizer", w / "tok", "--out", out]
     prep = ["preprocess", "--shards", w / "shards", "--out", out, "--config", cfg]
-    fine = ["finetune", "--task", "classification", "--train", w / "train.tsv", "--init", pre, "--out", out,
-            "--config", cfg]
+    fine = [
+        "finetune",
+        "--task",
+        "classification",
+        "--train",
+        w / "train.tsv",
+        "--init",
+        pre,
+        "--out",
+        out,
+        "--config",
+        cfg,
+    ]
     return {
         # --- config values, via --set (each names the key and the allowed range)
         "pre-lr-nan": ([*pretrain, "--set", "train.lr=.nan"], "train.lr must be a finite number > 0, got nan"),
         "pre-lr-inf": ([*pretrain, "--set", "train.lr=inf"], "train.lr must be a finite number > 0, got inf"),
-        "pre-adam-betas": ([*pretrain, "--set", "train.adam_betas=[0.9, 1.0]"], "train.adam_betas[1] must be in [0, 1)"),
+        "pre-adam-betas": (
+            [*pretrain, "--set", "train.adam_betas=[0.9, 1.0]"],
+            "train.adam_betas[1] must be in [0, 1)",
+        ),
         "pre-adam-eps-negative": ([*pretrain, "--set", "train.adam_eps=-1e-6"], "train.adam_eps must be"),
         "pre-layer-norm-eps": ([*pretrain, "--set", "model.layer_norm_eps=-1e-12"], "model.layer_norm_eps must be in"),
         "pre-seed-negative": ([*pretrain, "--set", "train.seed=-1"], "train.seed must be in [0, 4294967295]"),
@@ -200,13 +378,18 @@ def _value_and_usage_cases(w: Path, bad: Path, out: Path, text) -> dict:
         "pre-set-finetune": ([*pretrain, "--set", "finetune.lr=1e-5"], "xlnet pretrain reads tokenizer.*"),
         "pre-resume-word": (["pretrain", "--data", rec, "--out", pre, "--resume", "first"], "--resume takes"),
         "pre-config-folder": (["pretrain", "--config", w / "tok", "--data", rec, "--out", out], "is a folder"),
-        "pre-config-unknown": (["pretrain", "--config", "tinyy", "--data", rec, "--out", out],
-                               "tiny, base, large, glue, squad, race"),
+        "pre-config-unknown": (
+            ["pretrain", "--config", "tinyy", "--data", rec, "--out", out],
+            "tiny, base, large, glue, squad, race",
+        ),
         "pre-missing-data-option": (["pretrain", "--config", cfg, "--out", out], "Missing option '--data'"),
         # --- tokenizer values (SentencePiece's own limits, checked before it runs)
         "tok-threads-negative": ([*tok, "--threads", "-1"], "tokenizer.threads must be in [0, 1024]"),
         "tok-threads-too-many": ([*tok, "--threads", "5000"], "tokenizer.threads must be in [0, 1024]"),
-        "tok-vocab-int-range": ([*tok, "--vocab-size", "3000000000"], "tokenizer.vocab_size must be in [9, 2147483647]"),
+        "tok-vocab-int-range": (
+            [*tok, "--vocab-size", "3000000000"],
+            "tokenizer.vocab_size must be in [9, 2147483647]",
+        ),
         "tok-input-sentence-size": ([*tok, "--input-sentence-size", "-1"], "tokenizer.input_sentence_size"),
         "tok-character-coverage": ([*tok, "--character-coverage", "0.5"], "character_coverage must be in [0.98, 1]"),
         "tok-set-other-section": ([*tok, "--set", "train.lr=1"], "xlnet tokenize train reads tokenizer.*"),
@@ -218,10 +401,14 @@ def _value_and_usage_cases(w: Path, bad: Path, out: Path, text) -> dict:
         "config-alias-bomb": ([*tok, "--config", text("bomb.yaml", BOMB)], "aliases"),
         "config-alias-in-set": ([*tok, "--set", "tokenizer.threads=[&a 1, *a]"], "aliases"),
         "config-not-a-mapping": ([*tok, "--config", text("list.yaml", "- 1\n- 2\n")], "mapping"),
-        "config-unknown-section": ([*tok, "--config", text("sec.yaml", "tokeniser:\n  threads: 1\n")],
-                                   "unknown section 'tokeniser'"),
-        "config-file-value": ([*tok, "--config", text("v.yaml", "tokenizer:\n  threads: -1\n")],
-                              "v.yaml: tokenizer.threads must be in [0, 1024]"),
+        "config-unknown-section": (
+            [*tok, "--config", text("sec.yaml", "tokeniser:\n  threads: 1\n")],
+            "unknown section 'tokeniser'",
+        ),
+        "config-file-value": (
+            [*tok, "--config", text("v.yaml", "tokenizer:\n  threads: -1\n")],
+            "v.yaml: tokenizer.threads must be in [0, 1024]",
+        ),
         "config-binary-file": ([*tok, "--config", text("b.yaml", b"\xff\xfe\x00garbage")], "not valid YAML"),
         "config-show-unknown": (["config", "show", "nope"], "nor a preset name"),
         "config-show-bad-set": (["config", "show", "tiny", "--set", "train.lr=-1"], "--set train.lr=-1"),
@@ -258,10 +445,14 @@ def _value_and_usage_cases(w: Path, bad: Path, out: Path, text) -> dict:
         "ft-lr-nan": ([*fine, "--set", "finetune.lr=nan"], "finetune.lr must be a finite number > 0"),
         "ft-doc-stride-zero": ([*fine, "--set", "finetune.doc_stride=0"], "finetune.doc_stride must be >= 1"),
         "ft-warmup-ratio": ([*fine, "--set", "finetune.warmup_ratio=1"], "finetune.warmup_ratio must be in [0, 1)"),
-        "ft-task-unknown": (["finetune", "--task", "nope", "--train", w / "train.tsv", "--init", pre, "--out", out],
-                            "'nope' is not one of"),
-        "ft-missing-init": (["finetune", "--task", "classification", "--train", w / "train.tsv", "--out", out],
-                            "Missing option '--init'"),
+        "ft-task-unknown": (
+            ["finetune", "--task", "nope", "--train", w / "train.tsv", "--init", pre, "--out", out],
+            "'nope' is not one of",
+        ),
+        "ft-missing-init": (
+            ["finetune", "--task", "classification", "--train", w / "train.tsv", "--out", out],
+            "Missing option '--init'",
+        ),
         "ft-preset-unknown": ([*fine[:-1], "gluee"], "nor a preset name"),
         # --- eval / export / import / plot / the command itself
         "eval-batches-zero": (["eval", pre, "--data", rec, "--batches", "0"], "--batches"),
@@ -301,16 +492,19 @@ def _tiny_shards(w: Path, bad: Path) -> Path:
     src.write_text("One short line.\n\nAnother one.\n")
     out = bad / "tiny_shards"
     with pytest.raises(SystemExit) as e:
-        main([str(a) for a in ["shard", src, "--tokenizer", w / "tok", "--out", out, "--quiet",
-                               "--valid-fraction", "0"]])
+        main(
+            [str(a) for a in ["shard", src, "--tokenizer", w / "tok", "--out", out, "--quiet", "--valid-fraction", "0"]]
+        )
     assert e.value.code == 0
     return out
 
 
 def _other_tokenizer_shards(w: Path, bad: Path) -> Path:
     tok2, out = bad / "tok2", bad / "shards2"
-    for args in (["tokenize", "train", SAMPLE, "--out", tok2, "--vocab-size", "900", "--quiet"],
-                 ["shard", SAMPLE, "--tokenizer", tok2, "--out", out, "--quiet"]):
+    for args in (
+        ["tokenize", "train", SAMPLE, "--out", tok2, "--vocab-size", "900", "--quiet"],
+        ["shard", SAMPLE, "--tokenizer", tok2, "--out", out, "--quiet"],
+    ):
         with pytest.raises(SystemExit) as e:
             main([str(a) for a in args])
         assert e.value.code == 0
@@ -348,36 +542,127 @@ def _nan_checkpoint(w: Path, bad: Path) -> Path:
 
 CASES = [
     "tok-lines-too-long",
-    "tok-missing-input", "tok-binary", "tok-invalid-utf8", "tok-empty", "tok-dir-without-text", "tok-existing-output",
-    "tok-unknown-key", "tok-wrong-type", "config-bad-yaml", "config-missing",
-    "encode-missing-tokenizer", "encode-corrupt-model",
-    "shard-gz-corrupt", "shard-existing-output", "shard-blank-corpus", "shard-tokenizer-edited",
-    "prep-not-shards", "prep-too-small", "prep-odd-bi-batch", "prep-num-predict", "prep-other-tokenizer",
-    "pre-records-disagree", "pre-missing-data", "pre-other-run", "pre-batch-maths", "pre-interrupted-run",
-    "ft-missing-column", "ft-empty-train", "ft-unseen-label", "ft-not-a-checkpoint", "ft-nan-weights",
-    "eval-nothing-to-score", "eval-missing-file", "eval-nan-weights", "export-missing", "import-not-hf",
+    "tok-missing-input",
+    "tok-binary",
+    "tok-invalid-utf8",
+    "tok-empty",
+    "tok-dir-without-text",
+    "tok-existing-output",
+    "tok-unknown-key",
+    "tok-wrong-type",
+    "config-bad-yaml",
+    "config-missing",
+    "encode-missing-tokenizer",
+    "encode-corrupt-model",
+    "shard-gz-corrupt",
+    "shard-existing-output",
+    "shard-blank-corpus",
+    "shard-tokenizer-edited",
+    "prep-not-shards",
+    "prep-too-small",
+    "prep-odd-bi-batch",
+    "prep-num-predict",
+    "prep-other-tokenizer",
+    "pre-records-disagree",
+    "pre-missing-data",
+    "pre-other-run",
+    "pre-batch-maths",
+    "pre-interrupted-run",
+    "ft-missing-column",
+    "ft-empty-train",
+    "ft-unseen-label",
+    "ft-not-a-checkpoint",
+    "ft-nan-weights",
+    "eval-nothing-to-score",
+    "eval-missing-file",
+    "eval-nan-weights",
+    "export-missing",
+    "import-not-hf",
 ]
 VALUE_AND_USAGE_CASES = [
-    "pre-lr-nan", "pre-lr-inf", "pre-adam-betas", "pre-adam-eps-negative", "pre-layer-norm-eps", "pre-seed-negative",
-    "pre-weight-decay", "pre-save-every", "pre-clip-norm-inf", "pre-min-lr-ratio", "pre-warmup-over-max",
-    "pre-keep-last-zero", "pre-eval-batches", "pre-log-every", "pre-peak-tflops", "pre-init-range-nan", "pre-mem-len",
-    "pre-clamp-len", "pre-dropout-one", "pre-n-head-zero", "pre-max-steps-zero", "pre-set-finetune",
-    "pre-resume-word", "pre-config-folder", "pre-config-unknown", "pre-missing-data-option",
-    "tok-threads-negative", "tok-threads-too-many", "tok-vocab-int-range", "tok-input-sentence-size",
-    "tok-character-coverage", "tok-set-other-section", "tok-vocab-abc", "tok-missing-out", "tok-set-no-section",
+    "pre-lr-nan",
+    "pre-lr-inf",
+    "pre-adam-betas",
+    "pre-adam-eps-negative",
+    "pre-layer-norm-eps",
+    "pre-seed-negative",
+    "pre-weight-decay",
+    "pre-save-every",
+    "pre-clip-norm-inf",
+    "pre-min-lr-ratio",
+    "pre-warmup-over-max",
+    "pre-keep-last-zero",
+    "pre-eval-batches",
+    "pre-log-every",
+    "pre-peak-tflops",
+    "pre-init-range-nan",
+    "pre-mem-len",
+    "pre-clamp-len",
+    "pre-dropout-one",
+    "pre-n-head-zero",
+    "pre-max-steps-zero",
+    "pre-set-finetune",
+    "pre-resume-word",
+    "pre-config-folder",
+    "pre-config-unknown",
+    "pre-missing-data-option",
+    "tok-threads-negative",
+    "tok-threads-too-many",
+    "tok-vocab-int-range",
+    "tok-input-sentence-size",
+    "tok-character-coverage",
+    "tok-set-other-section",
+    "tok-vocab-abc",
+    "tok-missing-out",
+    "tok-set-no-section",
     "tok-set-huge-value",
-    "config-alias-bomb", "config-alias-in-set", "config-not-a-mapping", "config-unknown-section", "config-file-value",
-    "config-binary-file", "config-show-unknown", "config-show-bad-set", "config-show-folder", "config-show-bomb",
-    "encode-neither", "encode-missing-tokenizer-option",
-    "shard-shards-abc", "shard-shards-zero", "shard-too-many-shards", "shard-workers-zero", "shard-valid-fraction",
-    "shard-seed-negative", "shard-missing-tokenizer", "shard-set-model", "shard-unknown-option",
-    "shard-valid-and-fraction", "shard-data-seed",
-    "prep-passes-zero", "prep-workers-abc", "prep-mask-mode", "prep-set-finetune", "prep-perm-size-zero",
-    "prep-mask-beta-zero", "prep-valid-fraction",
-    "ft-set-train-lr", "ft-max-steps-negative", "ft-layer-decay-zero", "ft-epochs-zero", "ft-lr-nan",
-    "ft-doc-stride-zero", "ft-warmup-ratio", "ft-task-unknown", "ft-missing-init", "ft-preset-unknown",
-    "eval-batches-zero", "eval-batch-size-abc", "eval-missing-checkpoint", "export-format", "import-missing-out",
-    "plot-missing-run", "usage-unknown-command",
+    "config-alias-bomb",
+    "config-alias-in-set",
+    "config-not-a-mapping",
+    "config-unknown-section",
+    "config-file-value",
+    "config-binary-file",
+    "config-show-unknown",
+    "config-show-bad-set",
+    "config-show-folder",
+    "config-show-bomb",
+    "encode-neither",
+    "encode-missing-tokenizer-option",
+    "shard-shards-abc",
+    "shard-shards-zero",
+    "shard-too-many-shards",
+    "shard-workers-zero",
+    "shard-valid-fraction",
+    "shard-seed-negative",
+    "shard-missing-tokenizer",
+    "shard-set-model",
+    "shard-unknown-option",
+    "shard-valid-and-fraction",
+    "shard-data-seed",
+    "prep-passes-zero",
+    "prep-workers-abc",
+    "prep-mask-mode",
+    "prep-set-finetune",
+    "prep-perm-size-zero",
+    "prep-mask-beta-zero",
+    "prep-valid-fraction",
+    "ft-set-train-lr",
+    "ft-max-steps-negative",
+    "ft-layer-decay-zero",
+    "ft-epochs-zero",
+    "ft-lr-nan",
+    "ft-doc-stride-zero",
+    "ft-warmup-ratio",
+    "ft-task-unknown",
+    "ft-missing-init",
+    "ft-preset-unknown",
+    "eval-batches-zero",
+    "eval-batch-size-abc",
+    "eval-missing-checkpoint",
+    "export-format",
+    "import-missing-out",
+    "plot-missing-run",
+    "usage-unknown-command",
 ]
 CASES += VALUE_AND_USAGE_CASES
 
@@ -419,8 +704,10 @@ def test_resume_without_the_run_config_uses_the_latest_checkpoints(work, tmp_pat
     (run / "config.yaml").unlink()
     code, _, err = run_cli(["pretrain", "--data", work / "records", "--out", run], capsys)  # not a fresh start
     assert code == 2 and "already holds a pretraining run" in err and "--resume" in err
-    code, _, err = run_cli(["pretrain", "--data", work / "records", "--out", run, "--resume", "--set",
-                            "train.max_steps=3", "--quiet"], capsys)
+    code, _, err = run_cli(
+        ["pretrain", "--data", work / "records", "--out", run, "--resume", "--set", "train.max_steps=3", "--quiet"],
+        capsys,
+    )
     assert code == 0, err
     assert (run / "step_0000003" / "model.safetensors").is_file()
     restored = yaml.safe_load((run / "config.yaml").read_text())  # the run's config is back, as it was

@@ -20,8 +20,19 @@ def test_help_lists_commands_in_pipeline_order(capsys):
     assert code == 0
     listed = out.split("Commands:")[1].splitlines()
     names = [ln.split()[0] for ln in listed if ln.startswith("  ") and not ln.startswith("   ")]
-    assert names == ["tokenize", "shard", "preprocess", "pretrain", "finetune", "eval", "probe", "export", "import",
-                     "plot", "config"]
+    assert names == [
+        "tokenize",
+        "shard",
+        "preprocess",
+        "pretrain",
+        "finetune",
+        "eval",
+        "probe",
+        "export",
+        "import",
+        "plot",
+        "config",
+    ]
     assert sorted(names) == sorted(cli.commands)
 
 

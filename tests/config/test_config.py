@@ -57,8 +57,16 @@ def test_paper_sizes():
 
 
 def test_overrides_are_typed():
-    cfg = load_config(None, ["train.lr=1e-3", "model.bi_data=false", "train.adam_betas=[0.9, 0.98]",
-                             "data.perm_size=128", "model.reuse_len=256"])
+    cfg = load_config(
+        None,
+        [
+            "train.lr=1e-3",
+            "model.bi_data=false",
+            "train.adam_betas=[0.9, 0.98]",
+            "data.perm_size=128",
+            "model.reuse_len=256",
+        ],
+    )
     assert cfg.train.lr == 1e-3 and cfg.model.bi_data is False and cfg.train.adam_betas == (0.9, 0.98)
     assert cfg.perm_size == 128
 
@@ -251,8 +259,9 @@ def test_unbounded_values_are_cut_in_messages():
 def test_override_of_an_unused_section_is_refused_with_a_hint():
     with pytest.raises(ConfigError) as e:
         check_override_sections(["finetune.lr=1e-5", "train.lr=1e-3"], "finetune")
-    assert str(e.value) == ("--set train.lr=1e-3: xlnet finetune reads finetune.*; train.lr is not used; "
-                            "did you mean finetune.lr?")
+    assert str(e.value) == (
+        "--set train.lr=1e-3: xlnet finetune reads finetune.*; train.lr is not used; did you mean finetune.lr?"
+    )
     with pytest.raises(ConfigError, match=r"xlnet shard reads data\.\*; model\.d_model is not used$"):
         check_override_sections(["model.d_model=64"], "shard")
     with pytest.raises(ConfigError, match=r"tokenize train reads tokenizer\.\*; train\.seed is not used$"):
@@ -263,16 +272,24 @@ def test_override_of_an_unused_section_is_refused_with_a_hint():
 
 def test_check_config_adds_what_each_stage_needs():
     """One function holds the cross-key checks: a config valid for one process may not be for a stage's world."""
-    cfg = load_config("tiny", ["train.global_batch_size=16", "train.micro_batch_size=8",
-                               "finetune.batch_size=16", "finetune.micro_batch_size=8"])
+    cfg = load_config(
+        "tiny",
+        [
+            "train.global_batch_size=16",
+            "train.micro_batch_size=8",
+            "finetune.batch_size=16",
+            "finetune.micro_batch_size=8",
+        ],
+    )
     assert check_config(cfg, 2, stage="pretrain").accumulation == 1
     with pytest.raises(ConfigError, match=r"train.global_batch_size=16 must be a multiple of .* x 3 process"):
         check_config(cfg, 3, stage="pretrain")
     with pytest.raises(ConfigError, match=r"finetune.micro_batch_size \(8\) x processes \(3\)$"):
         check_config(cfg, 3, stage="finetune")
     assert check_config(cfg, 3, stage="preprocess").world == 1  # records are laid out for any number of processes
-    no_reuse = load_config("tiny", ["model.reuse_len=0", "data.perm_size=64", "finetune.batch_size=8",
-                                    "finetune.micro_batch_size=2"])
+    no_reuse = load_config(
+        "tiny", ["model.reuse_len=0", "data.perm_size=64", "finetune.batch_size=8", "finetune.micro_batch_size=2"]
+    )
     assert check_config(no_reuse, 4, stage="finetune")  # fine to finetune from (an HF import has no reuse_len)
     with pytest.raises(ConfigError, match="model.reuse_len must be >= 1 for pretraining records"):
         check_config(no_reuse, stage="preprocess")

@@ -20,7 +20,6 @@ from clitools import ROOT, SAMPLE, assert_one_line_error, run_main
 from xlnetcli.config import PRESETS, config_to_dict, load_config
 
 
-
 def test_presets_are_package_data():
     """Every preset is a resource of the installed package and pyproject ships it in wheels and sdists."""
     root = importlib.resources.files("xlnetcli") / "config" / "presets"
@@ -31,7 +30,9 @@ def test_presets_are_package_data():
     tomllib = pytest.importorskip("tomllib")
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["xlnetcli"]
     for rel in PRESETS.values():
-        assert any(fnmatch.fnmatch(f"config/presets/{rel}", pat) for pat in patterns), f"config/presets/{rel} is not package data"
+        assert any(fnmatch.fnmatch(f"config/presets/{rel}", pat) for pat in patterns), (
+            f"config/presets/{rel} is not package data"
+        )
 
 
 @pytest.mark.slow
@@ -45,36 +46,72 @@ def test_wheel_ships_the_presets_and_runs_them_without_a_checkout(tmp_path):
         (src / name).write_bytes((ROOT / name).read_bytes())
     shutil.copytree(ROOT / "src" / "xlnetcli", src / "src" / "xlnetcli", ignore=shutil.ignore_patterns("__pycache__"))
     env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(src),
-                    "-w", str(tmp_path / "dist")], check=True, env=env, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            str(src),
+            "-w",
+            str(tmp_path / "dist"),
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     wheel = next((tmp_path / "dist").glob("xlnetcli-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"xlnetcli/config/presets/{rel}" for rel in PRESETS.values()} <= names
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-                   check=True, env=env, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     empty = tmp_path / "empty"
     empty.mkdir()
     run_env = {**env, "PYTHONPATH": str(site)}
-    where = subprocess.run([sys.executable, "-c", "import xlnetcli; print(xlnetcli.__file__)"], cwd=empty,
-                           env=run_env, capture_output=True, text=True, check=True).stdout
+    where = subprocess.run(
+        [sys.executable, "-c", "import xlnetcli; print(xlnetcli.__file__)"],
+        cwd=empty,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert where.startswith(str(site)), where  # the installed copy, not the checkout
     for name in PRESETS:
-        out = subprocess.run([sys.executable, "-m", "xlnetcli", "config", "show", name], cwd=empty, env=run_env,
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "xlnetcli", "config", "show", name],
+            cwd=empty,
+            env=run_env,
+            capture_output=True,
+            text=True,
+        )
         assert out.returncode == 0, out.stderr
         assert yaml.safe_load(out.stdout) == config_to_dict(load_config(name))
     # without a checkout there is no bundled corpus: tokenize train without inputs says what to pass, in one line
-    out = subprocess.run([sys.executable, "-m", "xlnetcli", "tokenize", "train", "--out", "tok", "--config", "tiny"],
-                         cwd=empty, env=run_env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "xlnetcli", "tokenize", "train", "--out", "tok", "--config", "tiny"],
+        cwd=empty,
+        env=run_env,
+        capture_output=True,
+        text=True,
+    )
     assert_one_line_error(out.returncode, out.stderr, "no input files given", "source checkout")
     assert list(empty.iterdir()) == []
 
 
 def test_config_by_name_from_an_empty_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    code, _, err = run_main(capsys, "tokenize", "train", SAMPLE, "--out", "tok", "--config", "tiny",
-                            "--vocab-size", "1000", "--quiet")
+    code, _, err = run_main(
+        capsys, "tokenize", "train", SAMPLE, "--out", "tok", "--config", "tiny", "--vocab-size", "1000", "--quiet"
+    )
     assert code == 0, err
     saved = yaml.safe_load((tmp_path / "tok" / "config.yaml").read_text())
     want = config_to_dict(load_config("tiny", ["tokenizer.vocab_size=1000"]))
@@ -95,8 +132,9 @@ def test_config_show(capsys):
     assert yaml.safe_load(out) == config_to_dict(load_config("tiny"))
     code, out, _ = run_main(capsys, "config", "show")
     assert code == 0 and yaml.safe_load(out) == config_to_dict(load_config(None))
-    code, out, _ = run_main(capsys, "config", "show", "glue", "--set", "finetune.lr=5e-5", "--set",
-                            "tokenizer.vocab_size=1000")
+    code, out, _ = run_main(
+        capsys, "config", "show", "glue", "--set", "finetune.lr=5e-5", "--set", "tokenizer.vocab_size=1000"
+    )
     shown = yaml.safe_load(out)
     assert code == 0 and shown["finetune"]["lr"] == 5e-5 and shown["model"]["vocab_size"] == 1000
     assert load_config(None, []) != load_config("glue")
@@ -107,21 +145,64 @@ def test_config_show(capsys):
 
 
 def test_set_of_a_section_finetune_does_not_read_is_refused(tmp_path, capsys):
-    code, _, err = run_main(capsys, "finetune", "--task", "classification", "--train", tmp_path / "t.tsv", "--init",
-                            tmp_path / "nothing", "--out", tmp_path / "out", "--set", "train.lr=1e-3")
-    assert_one_line_error(code, err, "xlnet finetune reads finetune.*", "train.lr is not used",
-                          "did you mean finetune.lr?")
+    code, _, err = run_main(
+        capsys,
+        "finetune",
+        "--task",
+        "classification",
+        "--train",
+        tmp_path / "t.tsv",
+        "--init",
+        tmp_path / "nothing",
+        "--out",
+        tmp_path / "out",
+        "--set",
+        "train.lr=1e-3",
+    )
+    assert_one_line_error(
+        code, err, "xlnet finetune reads finetune.*", "train.lr is not used", "did you mean finetune.lr?"
+    )
     assert not (tmp_path / "out").exists()
 
 
 # ---- file modes ---------------------------------------------------------------------------------------------------
 
-TWO_STEP_RUN = ["--set", "model.vocab_size=1000", "--set", "model.d_model=32", "--set", "model.n_layer=1",
-                "--set", "model.n_head=2", "--set", "model.d_head=16", "--set", "model.d_inner=64",
-                "--set", "model.mem_len=16", "--set", "model.reuse_len=16", "--set", "data.seq_len=32",
-                "--set", "data.num_predict=5", "--set", "train.global_batch_size=4",
-                "--set", "train.micro_batch_size=2", "--set", "train.max_steps=2", "--set", "train.warmup_steps=1",
-                "--set", "train.eval_every=0", "--set", "train.save_every=1", "--set", "train.precision=fp32"]
+TWO_STEP_RUN = [
+    "--set",
+    "model.vocab_size=1000",
+    "--set",
+    "model.d_model=32",
+    "--set",
+    "model.n_layer=1",
+    "--set",
+    "model.n_head=2",
+    "--set",
+    "model.d_head=16",
+    "--set",
+    "model.d_inner=64",
+    "--set",
+    "model.mem_len=16",
+    "--set",
+    "model.reuse_len=16",
+    "--set",
+    "data.seq_len=32",
+    "--set",
+    "data.num_predict=5",
+    "--set",
+    "train.global_batch_size=4",
+    "--set",
+    "train.micro_batch_size=2",
+    "--set",
+    "train.max_steps=2",
+    "--set",
+    "train.warmup_steps=1",
+    "--set",
+    "train.eval_every=0",
+    "--set",
+    "train.save_every=1",
+    "--set",
+    "train.precision=fp32",
+]
 
 
 def _modes(root: Path) -> tuple[set[int], set[int]]:
@@ -139,12 +220,13 @@ def test_outputs_honour_the_umask(tmp_path, capsys, mask, file_mode, dir_mode):
     old = os.umask(mask)
     try:
         w = tmp_path
-        steps = [["tokenize", "train", SAMPLE, "--out", w / "tok", "--vocab-size", "1000", "--quiet"],
-                 ["shard", SAMPLE, "--tokenizer", w / "tok", "--out", w / "shards", "--quiet",
-                  "--valid-fraction", "0.05"],
-                 ["preprocess", "--shards", w / "shards", "--out", w / "records", "--config", "tiny", *TWO_STEP_RUN],
-                 ["pretrain", "--data", w / "records", "--out", w / "run", "--quiet"]]
-        for args in (steps if mask == 0o022 else steps[:2]):
+        steps = [
+            ["tokenize", "train", SAMPLE, "--out", w / "tok", "--vocab-size", "1000", "--quiet"],
+            ["shard", SAMPLE, "--tokenizer", w / "tok", "--out", w / "shards", "--quiet", "--valid-fraction", "0.05"],
+            ["preprocess", "--shards", w / "shards", "--out", w / "records", "--config", "tiny", *TWO_STEP_RUN],
+            ["pretrain", "--data", w / "records", "--out", w / "run", "--quiet"],
+        ]
+        for args in steps if mask == 0o022 else steps[:2]:
             code, _, err = run_main(capsys, *args)
             assert code == 0, err
     finally:
@@ -161,8 +243,13 @@ def test_outputs_honour_the_umask(tmp_path, capsys, mask, file_mode, dir_mode):
 # ---- the demo preset ----------------------------------------------------------------------------------------------
 
 # what scripts/demo.py set on top of the tiny preset before the demo preset existed (its RECIPE and FINETUNE_SETS)
-DEMO_SETS = ["model.n_layer=2", "train.max_steps=1000", "train.warmup_steps=100", "train.eval_every=250",
-             "finetune.summary_type=mean"]
+DEMO_SETS = [
+    "model.n_layer=2",
+    "train.max_steps=1000",
+    "train.warmup_steps=100",
+    "train.eval_every=250",
+    "finetune.summary_type=mean",
+]
 
 
 def test_demo_preset_is_tiny_with_the_demo_recipe(capsys):

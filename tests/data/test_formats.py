@@ -14,9 +14,9 @@ import pytest
 from clitools import CORPUS, assert_one_line_error, run_main, settings_config
 
 import xlnetcli.data.corpus as corpus_mod
-from xlnetcli.data.corpus import FileStats, detect_format, expand_inputs, iter_file_text
 from xlnetcli.config import TokenizerConfig
 from xlnetcli.core.errors import DataError, XLNetError
+from xlnetcli.data.corpus import FileStats, detect_format, expand_inputs, iter_file_text
 from xlnetcli.data.shard import shard_corpus
 from xlnetcli.data.tokenizer import train_tokenizer
 
@@ -56,9 +56,16 @@ def files(tmp_path_factory) -> dict[str, Path]:
     docs = _documents()
     plain = _plain(docs)
     jsonl = "".join(json.dumps({"id": i, "text": t, "meta": {"n": i}}) + "\n" for i, t in enumerate(docs))
-    out = {"plain": d / "plain.txt", "jsonl": d / "c.jsonl", "jsonl.gz": d / "c.jsonl.gz",
-           "jsonl.zst": d / "c.jsonl.zst", "txt.zst": d / "p.txt.zst", "json.gz": d / "c4-style.json.gz",
-           "parquet": d / "c.parquet", "datasets": d / "ds"}
+    out = {
+        "plain": d / "plain.txt",
+        "jsonl": d / "c.jsonl",
+        "jsonl.gz": d / "c.jsonl.gz",
+        "jsonl.zst": d / "c.jsonl.zst",
+        "txt.zst": d / "p.txt.zst",
+        "json.gz": d / "c4-style.json.gz",
+        "parquet": d / "c.parquet",
+        "datasets": d / "ds",
+    }
     out["plain"].write_text(plain, encoding="utf-8")
     out["jsonl"].write_text(jsonl, encoding="utf-8")
     with gzip.open(out["jsonl.gz"], "wt", encoding="utf-8") as f:
@@ -73,8 +80,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
     out["txt.zst"].write_bytes(cz.compress(plain.encode()))
     # several row groups; the text in a column not named "text"
     pq.write_table(pa.table({"id": list(range(len(docs))), "body": docs}), out["parquet"], row_group_size=300)
-    datasets.Dataset.from_dict({"text": docs, "n": list(range(len(docs)))}).save_to_disk(str(out["datasets"]),
-                                                                                          num_shards=2)
+    datasets.Dataset.from_dict({"text": docs, "n": list(range(len(docs)))}).save_to_disk(
+        str(out["datasets"]), num_shards=2
+    )
     return out
 
 
@@ -97,10 +105,15 @@ def _shard_bytes(d: Path) -> dict[str, bytes]:
 
 def test_detect_format(files):
     assert {k: detect_format(p) for k, p in files.items()} == {
-        "plain": corpus_mod.InputFormat("text"), "jsonl": corpus_mod.InputFormat("jsonl"),
-        "jsonl.gz": corpus_mod.InputFormat("jsonl", "gzip"), "jsonl.zst": corpus_mod.InputFormat("jsonl", "zstd"),
-        "txt.zst": corpus_mod.InputFormat("text", "zstd"), "json.gz": corpus_mod.InputFormat("jsonl", "gzip"),
-        "parquet": corpus_mod.InputFormat("parquet"), "datasets": corpus_mod.InputFormat("datasets")}
+        "plain": corpus_mod.InputFormat("text"),
+        "jsonl": corpus_mod.InputFormat("jsonl"),
+        "jsonl.gz": corpus_mod.InputFormat("jsonl", "gzip"),
+        "jsonl.zst": corpus_mod.InputFormat("jsonl", "zstd"),
+        "txt.zst": corpus_mod.InputFormat("text", "zstd"),
+        "json.gz": corpus_mod.InputFormat("jsonl", "gzip"),
+        "parquet": corpus_mod.InputFormat("parquet"),
+        "datasets": corpus_mod.InputFormat("datasets"),
+    }
 
 
 def test_shards_identical_to_plain_text(files, tok_dir, tmp_path):
@@ -117,16 +130,50 @@ def test_shards_identical_to_plain_text(files, tok_dir, tmp_path):
 
 
 def test_shard_cli_text_field_and_workers(files, tok_dir, tmp_path, capsys):
-    code, _, err = run_main(capsys, "shard", files["plain"], "--tokenizer", tok_dir, "--out", tmp_path / "a",
-                            "--valid-fraction", "0", "--quiet")
+    code, _, err = run_main(
+        capsys,
+        "shard",
+        files["plain"],
+        "--tokenizer",
+        tok_dir,
+        "--out",
+        tmp_path / "a",
+        "--valid-fraction",
+        "0",
+        "--quiet",
+    )
     assert code == 0, err
-    code, _, err = run_main(capsys, "shard", files["parquet"], "--text-field", "body", "--tokenizer", tok_dir,
-                            "--out", tmp_path / "b", "--valid-fraction", "0", "--workers", "2", "--quiet")
+    code, _, err = run_main(
+        capsys,
+        "shard",
+        files["parquet"],
+        "--text-field",
+        "body",
+        "--tokenizer",
+        tok_dir,
+        "--out",
+        tmp_path / "b",
+        "--valid-fraction",
+        "0",
+        "--workers",
+        "2",
+        "--quiet",
+    )
     assert code == 0, err
     assert _shard_bytes(tmp_path / "a") == _shard_bytes(tmp_path / "b")
     # a --valid file may be in another format too
-    code, _, err = run_main(capsys, "shard", files["plain"], "--valid", files["datasets"], "--tokenizer", tok_dir,
-                            "--out", tmp_path / "c", "--quiet")
+    code, _, err = run_main(
+        capsys,
+        "shard",
+        files["plain"],
+        "--valid",
+        files["datasets"],
+        "--tokenizer",
+        tok_dir,
+        "--out",
+        tmp_path / "c",
+        "--quiet",
+    )
     assert code == 0, err
     m = json.loads((tmp_path / "c" / "manifest.json").read_text())
     assert m["splits"]["valid"][0]["documents"] == N_DOCS and m["inputs"]["valid"] == [str(files["datasets"])]
@@ -155,11 +202,14 @@ def test_tokenizer_training_input_identical_to_plain_text(files, tmp_path, monke
 
 
 def test_tokenize_train_cli_datasets_folder(files, tmp_path, capsys):
-    code, out, err = run_main(capsys, "tokenize", "train", files["datasets"], "--out", tmp_path / "t",
-                              "--vocab-size", "600", "--quiet")
+    code, out, err = run_main(
+        capsys, "tokenize", "train", files["datasets"], "--out", tmp_path / "t", "--vocab-size", "600", "--quiet"
+    )
     assert code == 0, err
     assert (tmp_path / "t" / "spiece.model").is_file()
-    assert json.loads((tmp_path / "t" / "xlnet_tokenizer.json").read_text())["train"]["inputs"] == [str(files["datasets"])]
+    assert json.loads((tmp_path / "t" / "xlnet_tokenizer.json").read_text())["train"]["inputs"] == [
+        str(files["datasets"])
+    ]
 
 
 def test_directory_and_glob_pick_up_every_format(files, tok_dir, tmp_path):
@@ -167,8 +217,9 @@ def test_directory_and_glob_pick_up_every_format(files, tok_dir, tmp_path):
     d = tmp_path / "corpus"
     (d / "sub").mkdir(parents=True)
     (d / "a.txt").write_text(_plain(docs[:400]), encoding="utf-8")
-    (d / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(
-        "".join(json.dumps({"text": t}) + "\n" for t in docs[400:800]).encode()))
+    (d / "b.jsonl.zst").write_bytes(
+        zstandard.ZstdCompressor().compress("".join(json.dumps({"text": t}) + "\n" for t in docs[400:800]).encode())
+    )
     pq.write_table(pa.table({"text": docs[800:]}), d / "sub" / "c.parquet")
     (d / "notes.md").write_text("ignored")
     (d / "stats.json").write_text("{}")  # a stray .json in a folder is not taken for JSONL
@@ -196,8 +247,18 @@ def test_null_records_are_skipped_and_counted(tok_dir, tmp_path, capsys):
     (tmp_path / "n.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[:5] + [None] + docs[5:]))
     (tmp_path / "p.txt").write_text(_plain(docs))
     for name in ("n.parquet", "n.jsonl"):
-        code, _, err = run_main(capsys, "shard", tmp_path / name, "--tokenizer", tok_dir, "--out", tmp_path / name[2:],
-                                "--valid-fraction", "0", "--quiet")
+        code, _, err = run_main(
+            capsys,
+            "shard",
+            tmp_path / name,
+            "--tokenizer",
+            tok_dir,
+            "--out",
+            tmp_path / name[2:],
+            "--valid-fraction",
+            "0",
+            "--quiet",
+        )
         assert code == 0, err
         assert f"skipped {2 if 'parquet' in name else 1} record(s) whose text is null" in err
     shard_corpus(settings_config("data", valid_fraction=0.0), [tmp_path / "p.txt"], tmp_path / "p", tok_dir, quiet=True)
@@ -244,43 +305,79 @@ def test_zstd_errors(files, tok_dir, tmp_path, capsys):
 
 
 def test_parquet_and_datasets_errors(files, tok_dir, tmp_path, capsys):
-    _refused(capsys, tmp_path, tok_dir, files["parquet"], "c.parquet", "no column 'text'", "columns: id, body",
-             "--text-field")
-    _refused(capsys, tmp_path, tok_dir, files["parquet"], "column 'id' holds int64, expected text",
-             extra=("--text-field", "id"))
+    _refused(
+        capsys,
+        tmp_path,
+        tok_dir,
+        files["parquet"],
+        "c.parquet",
+        "no column 'text'",
+        "columns: id, body",
+        "--text-field",
+    )
+    _refused(
+        capsys,
+        tmp_path,
+        tok_dir,
+        files["parquet"],
+        "column 'id' holds int64, expected text",
+        extra=("--text-field", "id"),
+    )
     bad = tmp_path / "cut.parquet"
     bad.write_bytes(files["parquet"].read_bytes()[:5000])
     _refused(capsys, tmp_path, tok_dir, bad, "cut.parquet", "not a readable Parquet file")
     fake = tmp_path / "fake.parquet"
     fake.write_text("text, not parquet\n")
     _refused(capsys, tmp_path, tok_dir, fake, "fake.parquet", "not a Parquet file")
-    _refused(capsys, tmp_path, tok_dir, files["datasets"], "ds", "no column 'body'", "columns: text, n",
-             extra=("--text-field", "body"))
+    _refused(
+        capsys,
+        tmp_path,
+        tok_dir,
+        files["datasets"],
+        "ds",
+        "no column 'body'",
+        "columns: text, n",
+        extra=("--text-field", "body"),
+    )
     dd = tmp_path / "dd"
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a b"]}),
-                          "test": datasets.Dataset.from_dict({"text": ["c"]})}).save_to_disk(str(dd))
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict({"text": ["a b"]}), "test": datasets.Dataset.from_dict({"text": ["c"]})}
+    ).save_to_disk(str(dd))
     capsys.readouterr()  # datasets' own progress bar while saving
     _refused(capsys, tmp_path, tok_dir, dd, "DatasetDict", "splits: test, train", f"{dd / 'test'}")
-    code, _, err = run_main(capsys, "shard", dd / "train", "--tokenizer", tok_dir, "--out", tmp_path / "ok",
-                            "--valid-fraction", "0", "--quiet")
+    code, _, err = run_main(
+        capsys,
+        "shard",
+        dd / "train",
+        "--tokenizer",
+        tok_dir,
+        "--out",
+        tmp_path / "ok",
+        "--valid-fraction",
+        "0",
+        "--quiet",
+    )
     assert code == 0, err
 
 
-@pytest.mark.parametrize("kind,blocked,extra", [
-    ("parquet", ["pyarrow", "pyarrow.parquet"], "parquet"),
-    ("datasets", ["datasets"], "datasets"),
-    ("jsonl.zst", ["zstandard", "compression", "compression.zstd"], "zstd"),
-    ("txt.zst", ["zstandard", "compression", "compression.zstd"], "zstd"),
-])
-def test_missing_optional_package_names_the_extra(kind, blocked, extra, files, tok_dir, tmp_path, monkeypatch,
-                                                  capsys):
+@pytest.mark.parametrize(
+    "kind,blocked,extra",
+    [
+        ("parquet", ["pyarrow", "pyarrow.parquet"], "parquet"),
+        ("datasets", ["datasets"], "datasets"),
+        ("jsonl.zst", ["zstandard", "compression", "compression.zstd"], "zstd"),
+        ("txt.zst", ["zstandard", "compression", "compression.zstd"], "zstd"),
+    ],
+)
+def test_missing_optional_package_names_the_extra(kind, blocked, extra, files, tok_dir, tmp_path, monkeypatch, capsys):
     for mod in blocked:
         monkeypatch.setitem(sys.modules, mod, None)  # import raises ImportError
     # refused before any work: also when the file comes after a plain one
     with pytest.raises(XLNetError, match=rf"pip install 'xlnetcli\[{extra}\]'"):
         expand_inputs([files["plain"], files[kind]])
-    _refused(capsys, tmp_path, tok_dir, files[kind], f"pip install 'xlnetcli[{extra}]'", extra=("--text-field",
-             _field(kind)))
+    _refused(
+        capsys, tmp_path, tok_dir, files[kind], f"pip install 'xlnetcli[{extra}]'", extra=("--text-field", _field(kind))
+    )
 
 
 def test_detect_format_refusals(tmp_path):

@@ -20,10 +20,10 @@ from clitools import CORPUS, SAMPLE, code_blocks, xlnet_spm
 from xlnetcli.checkpoint.folders import save_model_dir, step_dir_name
 from xlnetcli.cli import main
 from xlnetcli.config import config_from_dict
-from xlnetcli.model import XLNetLMHeadModel
-from xlnetcli.data.special import CLS_ID, EOD_ID, PAD_ID, SEG_ID_PAD, SEP_ID
 from xlnetcli.data.labelled import build_pair, left_pad
+from xlnetcli.data.special import CLS_ID, EOD_ID, PAD_ID, SEG_ID_PAD, SEP_ID
 from xlnetcli.data.tokenizer import Tokenizer, hf_tokenizer_json, train_tokenizer
+from xlnetcli.model import XLNetLMHeadModel
 
 pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
 
@@ -42,15 +42,34 @@ WORLD = [
     "中文分词 日本語のテキスト 한국어 텍스트",
 ]
 CODE = ["Pairs (0,1), (1,2) and [0,0,1] index from 0, then 1, then 2, as f(0, 1) does."]  # digit-comma pieces
-HANDCRAFTED = WORLD + CODE + [
-    "Law (prov.", "): As", "Law (prov. 12): As amended in 1999, 2000, and 2001.",
-    "In 2000, the value was 1,000,000 (one million), i.e. 10^6.", "f(1, 2) [0,1] {3,4} x=5,y=6",
-    "It costs $3,50 or 3.50 - about 4,2% more.", "Call 555-0100, ext. 12, or +1 (202) 555-0199.",
-    "café naïve Ångström ``quoted'' «guillemets»", "ΟΔΟΣ Σίσυφος ΣΑΣ. Α'Σ ΑΣ.", "İstanbul Straße ǅemal ﬁle ＡＢＣ１２３ ½ ㎏",
-    "tab\there  two  spaces ", "line\nbreak\r\nand\u00a0nbsp\u2028sep\u3000ideographic", "", "   ", "e\u0301 = é",
-    "¨ ´ ¸ spacing marks", '"double" \'single\' `back` ``both\'\'', "–dash— £5 €10 a..b Mr. O'Neil's", "emoji 😀 test ☃",
-    "zero\u200bwidth and \ufeffbom", "<eop> between paragraphs", "UPPER CASE WORDS AND MiXeD cAsE",
-]
+HANDCRAFTED = (
+    WORLD
+    + CODE
+    + [
+        "Law (prov.",
+        "): As",
+        "Law (prov. 12): As amended in 1999, 2000, and 2001.",
+        "In 2000, the value was 1,000,000 (one million), i.e. 10^6.",
+        "f(1, 2) [0,1] {3,4} x=5,y=6",
+        "It costs $3,50 or 3.50 - about 4,2% more.",
+        "Call 555-0100, ext. 12, or +1 (202) 555-0199.",
+        "café naïve Ångström ``quoted'' «guillemets»",
+        "ΟΔΟΣ Σίσυφος ΣΑΣ. Α'Σ ΑΣ.",
+        "İstanbul Straße ǅemal ﬁle ＡＢＣ１２３ ½ ㎏",
+        "tab\there  two  spaces ",
+        "line\nbreak\r\nand\u00a0nbsp\u2028sep\u3000ideographic",
+        "",
+        "   ",
+        "e\u0301 = é",
+        "¨ ´ ¸ spacing marks",
+        "\"double\" 'single' `back` ``both''",
+        "–dash— £5 €10 a..b Mr. O'Neil's",
+        "emoji 😀 test ☃",
+        "zero\u200bwidth and \ufeffbom",
+        "<eop> between paragraphs",
+        "UPPER CASE WORDS AND MiXeD cAsE",
+    ]
+)
 
 
 def _lines(path: Path) -> list[str]:
@@ -78,8 +97,12 @@ def tok_dir(request, tmp_path_factory, corpus) -> Path:
     """One small tokenizer per variant: cased (accents stripped, the default) and --uncased --keep-accents."""
     uncased = request.param == "uncased"
     out = tmp_path_factory.mktemp(request.param) / "tok"
-    cfg = config_from_dict({"tokenizer": {"vocab_size": 1200, "threads": 1, "uncased": uncased,
-                                          "keep_accents": uncased}, "model": {"vocab_size": 1200}})
+    cfg = config_from_dict(
+        {
+            "tokenizer": {"vocab_size": 1200, "threads": 1, "uncased": uncased, "keep_accents": uncased},
+            "model": {"vocab_size": 1200},
+        }
+    )
     train_tokenizer(cfg, [corpus], out, quiet=True)
     return out
 
@@ -93,14 +116,33 @@ def tok(tok_dir) -> Tokenizer:
 def export_dir(tok_dir, tmp_path_factory) -> Path:
     """`xlnet export` of a (tiny, random) checkpoint that carries the tokenizer."""
     v = Tokenizer.load(tok_dir).vocab_size
-    cfg = config_from_dict({"tokenizer": {"vocab_size": v}, "model": dict(
-        vocab_size=v, d_model=16, n_layer=1, n_head=2, d_head=8, d_inner=32, mem_len=0, reuse_len=0, bi_data=False),
-        "data": {"seq_len": 16, "perm_size": 8, "num_predict": 3},
-        "train": {"micro_batch_size": 2, "global_batch_size": 2}})
+    cfg = config_from_dict(
+        {
+            "tokenizer": {"vocab_size": v},
+            "model": dict(
+                vocab_size=v,
+                d_model=16,
+                n_layer=1,
+                n_head=2,
+                d_head=8,
+                d_inner=32,
+                mem_len=0,
+                reuse_len=0,
+                bi_data=False,
+            ),
+            "data": {"seq_len": 16, "perm_size": 8, "num_predict": 3},
+            "train": {"micro_batch_size": 2, "global_batch_size": 2},
+        }
+    )
     torch.manual_seed(0)
     run = tmp_path_factory.mktemp("run")
-    save_model_dir(run / step_dir_name(1), XLNetLMHeadModel(cfg.model), cfg, tokenizer_dir=tok_dir,
-                   meta={"kind": "pretrain", "step": 1})
+    save_model_dir(
+        run / step_dir_name(1),
+        XLNetLMHeadModel(cfg.model),
+        cfg,
+        tokenizer_dir=tok_dir,
+        meta={"kind": "pretrain", "step": 1},
+    )
     out = run.parent / f"{run.name}-hf"
     with pytest.raises(SystemExit) as e:
         main(["export", str(run), "--out", str(out)])
@@ -130,8 +172,11 @@ def _difference(tok: Tokenizer, scores: dict[int, float], ours: list[int], their
     a, b = _words(tok, ours), _words(tok, theirs)
     if ["".join(w) for w in a] != ["".join(w) for w in b]:
         return "other"  # the text itself was cut into different words
-    if (all(x == y or re.search(r"\d,", "".join(x)) for x, y in zip(a, b)) and not tok.fix_mask[theirs].any()
-            and [p for w in a for p in w].count(",") <= [p for w in b for p in w].count(",")):
+    if (
+        all(x == y or re.search(r"\d,", "".join(x)) for x, y in zip(a, b))
+        and not tok.fix_mask[theirs].any()
+        and [p for w in a for p in w].count(",") <= [p for w in b for p in w].count(",")
+    ):
         # only words with a comma after a digit differ: tokenizer.json splits such a comma off before the unigram
         # model runs, we re-encode a piece ending in one ('1,') after it ran; no piece we never produce comes out
         return "digit-comma"
@@ -144,8 +189,13 @@ def _difference(tok: Tokenizer, scores: dict[int, float], ours: list[int], their
 
 
 def test_folder_holds_tokenizers_format_files(tok_dir, tok):
-    assert {p.name for p in tok_dir.iterdir()} == {"spiece.model", "xlnet_tokenizer.json", "tokenizer.json",
-                                                   "tokenizer_config.json", "config.yaml"}
+    assert {p.name for p in tok_dir.iterdir()} == {
+        "spiece.model",
+        "xlnet_tokenizer.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "config.yaml",
+    }
     ours = json.loads((tok_dir / "tokenizer.json").read_text(encoding="utf-8"))
     back = json.loads(tokenizers.Tokenizer.from_file(str(tok_dir / "tokenizer.json")).to_str())
     # the library writes back exactly what we wrote (scores up to its float parsing, ~1 ulp)
@@ -217,8 +267,10 @@ def test_autotokenizer_frames_sequences_as_our_pipeline(tok, tok_dir):
     assert seg.count(0) - 1 == 11 and seg.count(1) - 1 == 10
     enc = hf(a, b, truncation="longest_first", max_length=24)
     assert enc["token_type_ids"].count(0) - 1 == 10 and enc["token_type_ids"].count(1) - 1 == 11
-    assert hf(a, b, truncation="longest_first", max_length=25)["input_ids"] == build_pair(
-        tok.encode_ids(a), tok.encode_ids(b), 25)[0]  # an even budget: the same
+    assert (
+        hf(a, b, truncation="longest_first", max_length=25)["input_ids"]
+        == build_pair(tok.encode_ids(a), tok.encode_ids(b), 25)[0]
+    )  # an even budget: the same
 
 
 def test_known_differences_are_pinned(tok, tok_dir):
@@ -279,8 +331,11 @@ def test_import_of_a_transformers_directory_keeps_its_casing(tmp_path):
     """`xlnet import` of a transformers directory whose spiece.model comes without our metadata (as a downloaded
     uncased model would): tokenizer_config.json's do_lower_case is kept, and written down in the checkpoint."""
     hf = tmp_path / "hf"
-    model = transformers.XLNetLMHeadModel(transformers.XLNetConfig(vocab_size=600, d_model=16, n_layer=1, n_head=2,
-                                                                   d_inner=32, mem_len=None, reuse_len=None))
+    model = transformers.XLNetLMHeadModel(
+        transformers.XLNetConfig(
+            vocab_size=600, d_model=16, n_layer=1, n_head=2, d_inner=32, mem_len=None, reuse_len=None
+        )
+    )
     model.save_pretrained(hf)
     (hf / "spiece.model").write_bytes(xlnet_spm(tmp_path, "corpus.txt", lower=True))
     (hf / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLNetTokenizer", "do_lower_case": True}))
@@ -304,8 +359,9 @@ def test_readme_autotokenizer_example_runs(tok, export_dir, tmp_path, monkeypatc
     block = next(b for b in code_blocks("python") if "AutoTokenizer" in b and "runs/tiny-hf" in b)
     scope: dict = {}
     exec(compile(block, "README.md", "exec"), scope)
-    ids, seg, _ = build_pair(tok.encode_ids("The event loop runs in one thread."),
-                             tok.encode_ids("It returns a future."), 512)
+    ids, seg, _ = build_pair(
+        tok.encode_ids("The event loop runs in one thread."), tok.encode_ids("It returns a future."), 512
+    )
     enc = scope["enc"]
     assert enc["input_ids"] == [ids] and enc["token_type_ids"] == [seg] and enc["attention_mask"] == [[1] * len(ids)]
 
@@ -327,6 +383,15 @@ def test_normalisation_agrees_on_every_bmp_code_point(tok, tok_dir):
         if want != ("\u2581" + got.replace(" ", "\u2581") if got else ""):
             bad.append(c)
     assert len(bad) <= 12, [hex(c) for c in bad]
-    common = [(0, 0x2FF), (0x370, 0x52F), (0x590, 0x6FF), (0x900, 0xDFF), (0x2000, 0x206F), (0x3040, 0x30FF),
-              (0x4E00, 0x9FFF), (0xAC00, 0xD7A3), (0xFF00, 0xFFEF)]
+    common = [
+        (0, 0x2FF),
+        (0x370, 0x52F),
+        (0x590, 0x6FF),
+        (0x900, 0xDFF),
+        (0x2000, 0x206F),
+        (0x3040, 0x30FF),
+        (0x4E00, 0x9FFF),
+        (0xAC00, 0xD7A3),
+        (0xFF00, 0xFFEF),
+    ]
     assert [hex(c) for c in bad if any(a <= c <= b for a, b in common)] == []

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from clitools import TINY, preprocess_cfg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from clitools import TINY, preprocess_cfg
 
 from xlnetcli.config import load_config
 from xlnetcli.core.errors import ConfigError, DataError
@@ -19,6 +19,7 @@ from xlnetcli.data.preprocess import _Params, build_row, preprocess, row_source
 from xlnetcli.data.record_format import open_records, segment_ids
 from xlnetcli.data.segments import Row, trim_lengths
 from xlnetcli.data.special import CLS_ID, SEP_ID
+
 
 def stream_rows(shard_dir: Path, meta: dict, split: str = "train", pass_id: int = 0) -> np.ndarray:
     """Forward rows [n_fwd, row_len] of a pass, rebuilt independently (file order, sentence-id flips)."""
@@ -37,8 +38,21 @@ def stream_rows(shard_dir: Path, meta: dict, split: str = "train", pass_id: int 
 
 def test_meta_records_every_parameter(records):
     meta = json.loads((records / "meta.json").read_text())
-    for key in ("format_version", "seq_len", "reuse_len", "perm_size", "bi_data", "num_predict", "mask_alpha",
-                "mask_beta", "mask_mode", "tokenizer_sha256", "global_batch_size", "micro_batch_size", "passes"):
+    for key in (
+        "format_version",
+        "seq_len",
+        "reuse_len",
+        "perm_size",
+        "bi_data",
+        "num_predict",
+        "mask_alpha",
+        "mask_beta",
+        "mask_mode",
+        "tokenizer_sha256",
+        "global_batch_size",
+        "micro_batch_size",
+        "passes",
+    ):
         assert key in meta
     assert meta["passes"] == 2 and meta["splits"]["train"]["steps_per_pass"] > 100
     assert (records / "tokenizer" / "spiece.model").is_file() and (records / "config.yaml").is_file()
@@ -60,7 +74,11 @@ def test_layout_segments_and_targets(records):
         rows = np.arange(len(tok))
         # [inp | A | <sep> | B | <sep> | <cls>] with |A| + |B| = L - R - 3, both non-empty
         assert (alen >= 1).all() and (alen <= L - R - 4).all()
-        assert (tok[rows, R + alen] == SEP_ID).all() and (tok[:, L - 2] == SEP_ID).all() and (tok[:, L - 1] == CLS_ID).all()
+        assert (
+            (tok[rows, R + alen] == SEP_ID).all()
+            and (tok[:, L - 2] == SEP_ID).all()
+            and (tok[:, L - 1] == CLS_ID).all()
+        )
         func = (tok == SEP_ID) | (tok == CLS_ID)
         assert (func.sum(1) == 3).all()
         seg = segment_ids(alen, L, R)
@@ -108,7 +126,9 @@ def test_passes_differ_and_runs_are_deterministic(records, shard_dir, tmp_path):
     other = tmp_path / "again"
     preprocess(preprocess_cfg("data.passes=2"), shard_dir, other, workers=2, quiet=True)
     for f in sorted((records / "train").iterdir()):
-        assert hashlib.sha256(f.read_bytes()).digest() == hashlib.sha256((other / "train" / f.name).read_bytes()).digest()
+        assert (
+            hashlib.sha256(f.read_bytes()).digest() == hashlib.sha256((other / "train" / f.name).read_bytes()).digest()
+        )
 
 
 def test_mask_mode_original_counts_subword_pieces(shard_dir, tmp_path):
@@ -146,15 +166,24 @@ def test_cli_preprocess_and_bad_input(shard_dir, tmp_path, capsys):
     assert code == 2 and "need" in err and "tokens" in err and err.count("\n") == 1
     assert not (tmp_path / "big").exists()
     # num_predict larger than possible
-    code, err = run("--out", str(tmp_path / "np"), "--set", "model.reuse_len=8", "--set", "data.perm_size=8",
-                    "--set", "data.num_predict=30")
+    code, err = run(
+        "--out",
+        str(tmp_path / "np"),
+        "--set",
+        "model.reuse_len=8",
+        "--set",
+        "data.perm_size=8",
+        "--set",
+        "data.num_predict=30",
+    )
     assert code == 2 and "num_predict" in err and not (tmp_path / "np").exists()
     # seq_len / reuse_len / perm_size inconsistent
     code, err = run("--out", str(tmp_path / "ps"), "--set", "data.perm_size=24")
     assert code == 2 and "perm_size" in err
     # odd per-device batch with bi_data
-    code, err = run("--out", str(tmp_path / "odd"), "--set", "train.micro_batch_size=3", "--set",
-                    "train.global_batch_size=9")
+    code, err = run(
+        "--out", str(tmp_path / "odd"), "--set", "train.micro_batch_size=3", "--set", "train.global_batch_size=9"
+    )
     assert code == 2 and "even" in err
 
 
@@ -169,8 +198,12 @@ def test_bad_shards(shard_dir, tmp_path):
     with pytest.raises(DataError, match="another tokenizer"):
         preprocess(preprocess_cfg(), bad, tmp_path / "x", quiet=True)
     with pytest.raises(DataError, match="vocab"):
-        preprocess(load_config(None, ["train.micro_batch_size=4", "train.global_batch_size=8"]), shard_dir,
-                   tmp_path / "y", quiet=True)
+        preprocess(
+            load_config(None, ["train.micro_batch_size=4", "train.global_batch_size=8"]),
+            shard_dir,
+            tmp_path / "y",
+            quiet=True,
+        )
     with pytest.raises(DataError, match="shard"):
         preprocess(preprocess_cfg(), tmp_path / "nothing", tmp_path / "z", quiet=True)
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
@@ -264,8 +297,14 @@ def _runs(m):
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.integers(0, 2**31), st.integers(8, 120), st.integers(1, 30), st.booleans(),
-       st.sampled_from([(6, 1), (4, 1), (3, 2)]), st.booleans())
+@given(
+    st.integers(0, 2**31),
+    st.integers(8, 120),
+    st.integers(1, 30),
+    st.booleans(),
+    st.sampled_from([(6, 1), (4, 1), (3, 2)]),
+    st.booleans(),
+)
 def test_span_masking_properties(seed, n, goal, reverse, ab, with_func):
     rng = np.random.default_rng(seed)
     vocab = 50
@@ -330,11 +369,19 @@ def test_max_gram_caps_span_lengths_with_the_same_one_over_n_law(max_gram):
 def test_max_gram_is_recorded_and_checked_by_pretrain(builds):
     """Records built with data.max_gram=1 say so in meta.json; pretraining them with another value is refused."""
     from xlnetcli.core.errors import XLNetError
-    from xlnetcli.train.pretrain import check_records
     from xlnetcli.data.record_format import read_meta
+    from xlnetcli.train.pretrain import check_records
 
-    over = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "data.seq_len=64", "model.reuse_len=32",
-            "data.num_predict=10", "train.global_batch_size=4", "train.micro_batch_size=2", "data.max_gram=1"]
+    over = [
+        "tokenizer.vocab_size=1000",
+        "model.vocab_size=1000",
+        "data.seq_len=64",
+        "model.reuse_len=32",
+        "data.num_predict=10",
+        "train.global_batch_size=4",
+        "train.micro_batch_size=2",
+        "data.max_gram=1",
+    ]
     rec = builds.pipeline(over).records
     meta = read_meta(rec)
     assert meta["max_gram"] == 1

@@ -12,8 +12,9 @@ from xlnetcli.data.special import CLS_ID, SEP_ID
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(0, 2**31), st.integers(8, 90), st.integers(1, 20), st.sampled_from(["word", "original"]),
-       st.booleans())
+@given(
+    st.integers(0, 2**31), st.integers(8, 90), st.integers(1, 20), st.sampled_from(["word", "original"]), st.booleans()
+)
 def test_masks_do_not_depend_on_batching(seed, n, goal, mode, top_up):
     rng = np.random.default_rng(seed)
     ws = rng.random(60) < 0.5

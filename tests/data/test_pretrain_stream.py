@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from clitools import preprocess_cfg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clitools import preprocess_cfg
+from xlnetcli.core.errors import ConfigError
 from xlnetcli.data.pretrain_stream import (
     PretrainStream,
     make_perm_mask,
@@ -18,7 +19,6 @@ from xlnetcli.data.pretrain_stream import (
     target_mapping,
     targets,
 )
-from xlnetcli.core.errors import ConfigError
 from xlnetcli.data.special import CLS_ID, SEP_ID
 
 
@@ -186,14 +186,32 @@ def test_stream_feeds_the_engine(records):
     model_mod = pytest.importorskip("xlnetcli.model")
     from xlnetcli.config import replace
 
-    cfg = replace(preprocess_cfg(), model={"d_model": 32, "n_layer": 2, "n_head": 2, "d_head": 16, "d_inner": 64,
-                                      "mem_len": 32, "dropout": 0.0, "dropatt": 0.0})
+    cfg = replace(
+        preprocess_cfg(),
+        model={
+            "d_model": 32,
+            "n_layer": 2,
+            "n_head": 2,
+            "d_head": 16,
+            "d_inner": 64,
+            "mem_len": 32,
+            "dropout": 0.0,
+            "dropatt": 0.0,
+        },
+    )
     model = model_mod.XLNetLMHeadModel(cfg.model)
     stream = PretrainStream(records, "train", 0, 1, 4, seed=1, dense=True)
     mems = None
     for b in (stream.batch(0, 0), stream.batch(1, 0)):  # consecutive steps of one micro-batch stream carry memory
-        out = model(b["input_ids"], token_type_ids=b["token_type_ids"], perm_mask=b["perm_mask"],
-                    target_index=b["target_index"], mems=mems, labels=b["labels"], label_mask=b["label_mask"])
+        out = model(
+            b["input_ids"],
+            token_type_ids=b["token_type_ids"],
+            perm_mask=b["perm_mask"],
+            target_index=b["target_index"],
+            mems=mems,
+            labels=b["labels"],
+            label_mask=b["label_mask"],
+        )
         out.loss.backward()
         assert torch.isfinite(out.loss) and out.logits.shape[:2] == b["labels"].shape
         mems = out.mems

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clitools import SAMPLE, assert_one_line_error, flip_bit, run_main, settings_config
 from click.testing import CliRunner
+from clitools import SAMPLE, assert_one_line_error, flip_bit, run_main, settings_config
 
 import xlnetcli.data.corpus as corpus_mod
 import xlnetcli.data.shard_format as shardfmt
@@ -24,7 +24,6 @@ from xlnetcli.data.special import EOD_ID
 from xlnetcli.data.tokenizer import Tokenizer
 
 
-
 @pytest.fixture(scope="module")
 def tok_dir(builds) -> Path:
     """Shared (conftest.py, the one test_formats and test_finetune use): read only."""
@@ -34,8 +33,6 @@ def tok_dir(builds) -> Path:
 @pytest.fixture(scope="module")
 def tok(tok_dir) -> Tokenizer:
     return Tokenizer.load(tok_dir)
-
-
 
 
 def no_leftovers(parent: Path) -> bool:
@@ -61,8 +58,25 @@ def test_end_to_end_tokenize_then_shard_cli(tmp_path):
     r = runner.invoke(cli, ["tokenize", "train", str(SAMPLE), "--out", str(tok), "--vocab-size", "2000", "--quiet"])
     assert r.exit_code == 0, r.output
     out = tmp_path / "shards"
-    r = runner.invoke(cli, ["shard", str(SAMPLE), "--tokenizer", str(tok), "--out", str(out), "--shards", "3",
-                            "--workers", "2", "--valid-fraction", "0.1", "--seed", "7"])
+    r = runner.invoke(
+        cli,
+        [
+            "shard",
+            str(SAMPLE),
+            "--tokenizer",
+            str(tok),
+            "--out",
+            str(out),
+            "--shards",
+            "3",
+            "--workers",
+            "2",
+            "--valid-fraction",
+            "0.1",
+            "--seed",
+            "7",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "train shard(s)" in r.output
     m = verify_shards(out)
@@ -90,15 +104,21 @@ def test_end_to_end_tokenize_then_shard_cli(tmp_path):
 
 def test_exact_content_and_sentence_ids(tmp_path, tok):
     a = tmp_path / "a.txt"
-    a.write_bytes("First doc line one.\nLine  two,\tspaced.\n\n\n  \nSecond doc.\r\nIn 2000, ok.\r\n\r\nThird "
-                  "doc, no newline at end".encode())
+    a.write_bytes(
+        b"First doc line one.\nLine  two,\tspaced.\n\n\n  \nSecond doc.\r\nIn 2000, ok.\r\n\r\nThird "
+        b"doc, no newline at end"
+    )
     b = tmp_path / "b.txt"
     b.write_text("Fourth doc (other file).\nIts ``second'' line.\n")
     out = tmp_path / "s"
     shard([a, b], out, tok, shards=1, valid_fraction=0.0)
-    (tokens, sentid), = list(open_shards(out, "train"))
-    docs = [["First doc line one.", "Line  two,\tspaced."], ["Second doc.", "In 2000, ok."],
-            ["Third doc, no newline at end"], ["Fourth doc (other file).", "Its ``second'' line."]]
+    ((tokens, sentid),) = list(open_shards(out, "train"))
+    docs = [
+        ["First doc line one.", "Line  two,\tspaced."],
+        ["Second doc.", "In 2000, ok."],
+        ["Third doc, no newline at end"],
+        ["Fourth doc (other file).", "Its ``second'' line."],
+    ]
     exp_t, exp_s, s = [], [], 0
     for doc in docs:
         for line in doc:
@@ -153,17 +173,30 @@ def test_valid_files(tmp_path, tok, capsys):
     v = tmp_path / "valid.txt"
     v.write_text("A held-out document.\nWith two lines.\n\nAnother one.\n")
     out = tmp_path / "s"
-    code, _, err = run_main(capsys, "shard", SAMPLE, "--tokenizer", tok.where.parent, "--out", out, "--valid", v,
-                            "--quiet")
+    code, _, err = run_main(
+        capsys, "shard", SAMPLE, "--tokenizer", tok.where.parent, "--out", out, "--valid", v, "--quiet"
+    )
     assert code == 0, err
     m = read_manifest(out)
     assert m["splits"]["valid"][0]["documents"] == 2 and m["splits"]["valid"][0]["sentences"] == 3
     assert m["inputs"]["valid"] == [str(v)]
-    code, _, err = run_main(capsys, "shard", SAMPLE, "--tokenizer", tok.where.parent, "--out", tmp_path / "x",
-                            "--valid", v, "--valid-fraction", "0.1")
+    code, _, err = run_main(
+        capsys,
+        "shard",
+        SAMPLE,
+        "--tokenizer",
+        tok.where.parent,
+        "--out",
+        tmp_path / "x",
+        "--valid",
+        v,
+        "--valid-fraction",
+        "0.1",
+    )
     assert_one_line_error(code, err, "either")
-    code, _, err = run_main(capsys, "shard", SAMPLE, "--tokenizer", tok.where.parent, "--out", tmp_path / "y",
-                            "--valid", SAMPLE)
+    code, _, err = run_main(
+        capsys, "shard", SAMPLE, "--tokenizer", tok.where.parent, "--out", tmp_path / "y", "--valid", SAMPLE
+    )
     assert_one_line_error(code, err, "both a training input and a --valid file")
 
 
@@ -191,15 +224,17 @@ def test_inputs_gz_directory_glob(tmp_path, tok):
 
 
 def test_missing_path_and_empty_dir_and_glob(tmp_path, tok, capsys):
-    code, _, err = run_main(capsys, "shard", tmp_path / "nope.txt", "--tokenizer", tok.where.parent, "--out",
-                            tmp_path / "o")
+    code, _, err = run_main(
+        capsys, "shard", tmp_path / "nope.txt", "--tokenizer", tok.where.parent, "--out", tmp_path / "o"
+    )
     assert_one_line_error(code, err, "nope.txt", "does not exist")
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "image.png").write_bytes(b"\x89PNG")
     code, _, err = run_main(capsys, "shard", tmp_path / "d", "--tokenizer", tok.where.parent, "--out", tmp_path / "o")
     assert_one_line_error(code, err, "holds no text files")
-    code, _, err = run_main(capsys, "shard", str(tmp_path / "*.txt"), "--tokenizer", tok.where.parent, "--out",
-                            tmp_path / "o")
+    code, _, err = run_main(
+        capsys, "shard", str(tmp_path / "*.txt"), "--tokenizer", tok.where.parent, "--out", tmp_path / "o"
+    )
     assert_one_line_error(code, err, "matches no files")
     assert not (tmp_path / "o").exists()
 
@@ -267,8 +302,16 @@ def test_invalid_utf8_refused_over_one_percent(tmp_path, tok, capsys):
 def test_empty_corpus(tmp_path, tok, capsys):
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "blank.txt").write_text("\n \n\t\n")
-    code, _, err = run_main(capsys, "shard", tmp_path / "empty.txt", tmp_path / "blank.txt", "--tokenizer",
-                            tok.where.parent, "--out", tmp_path / "o")
+    code, _, err = run_main(
+        capsys,
+        "shard",
+        tmp_path / "empty.txt",
+        tmp_path / "blank.txt",
+        "--tokenizer",
+        tok.where.parent,
+        "--out",
+        tmp_path / "o",
+    )
     assert_one_line_error(code, err, "holds no text")
     assert not (tmp_path / "o").exists() and no_leftovers(tmp_path)
 
@@ -299,8 +342,19 @@ def test_existing_output_needs_overwrite(tmp_path, tok, capsys):
     code, _, err = run_main(capsys, "shard", SAMPLE, "--tokenizer", tok.where.parent, "--out", out, "--shards", "2")
     assert_one_line_error(code, err, "--overwrite")
     assert tree_bytes(out) == before
-    code, _, err = run_main(capsys, "shard", SAMPLE, "--tokenizer", tok.where.parent, "--out", out, "--shards", "2",
-                            "--overwrite", "--quiet")
+    code, _, err = run_main(
+        capsys,
+        "shard",
+        SAMPLE,
+        "--tokenizer",
+        tok.where.parent,
+        "--out",
+        out,
+        "--shards",
+        "2",
+        "--overwrite",
+        "--quiet",
+    )
     assert code == 0, err
     assert len(read_manifest(out)["splits"]["train"]) == 2
     assert no_leftovers(tmp_path)

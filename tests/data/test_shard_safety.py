@@ -22,8 +22,16 @@ from xlnetcli.data.shard_format import verify_shards
 
 pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
 
-SETS = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "data.seq_len=32", "model.reuse_len=16",
-        "data.num_predict=6", "train.global_batch_size=4", "train.micro_batch_size=2", "data.valid_fraction=0.05"]
+SETS = [
+    "tokenizer.vocab_size=1000",
+    "model.vocab_size=1000",
+    "data.seq_len=32",
+    "model.reuse_len=16",
+    "data.num_predict=6",
+    "train.global_batch_size=4",
+    "train.micro_batch_size=2",
+    "data.valid_fraction=0.05",
+]
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +103,12 @@ def _big_corpus(path: Path, copies: int = 15) -> Path:
 
 
 def _start(args: list, err_path: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "xlnetcli", *map(str, args)], env=child_env(),
-                            stdout=subprocess.DEVNULL, stderr=open(err_path, "wb"))  # noqa: SIM115
+    return subprocess.Popen(
+        [sys.executable, "-m", "xlnetcli", *map(str, args)],
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=open(err_path, "wb"),
+    )
 
 
 def _temps(out: Path) -> list[Path]:
@@ -141,8 +153,13 @@ def test_sigkill_leaves_a_temp_that_the_next_run_removes(kind, big, tmp_path):
     small = tmp_path / "small.txt"
     small.write_bytes(CORPUS.read_bytes()[:400_000])
     args = [a if a != corpus else small for a in _command(kind, big, out)]
-    r = subprocess.run([sys.executable, "-m", "xlnetcli", *map(str, args)], env=child_env(), capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "xlnetcli", *map(str, args)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert _temps(out) == [] and out.is_dir()
 
@@ -170,8 +187,11 @@ def test_shard_worker_whose_parent_died_exits_quietly(big, tmp_path):
     p.send_signal(signal.SIGKILL)  # the parent only: its workers are orphaned mid-chunk
     p.wait()
     deadline = time.time() + 20
-    while any(Path(f"/proc/{k}").exists() and "Z" not in Path(f"/proc/{k}/stat").read_text().split()[2]
-              for k in kids if Path(f"/proc/{k}/stat").exists()):
+    while any(
+        Path(f"/proc/{k}").exists() and "Z" not in Path(f"/proc/{k}/stat").read_text().split()[2]
+        for k in kids
+        if Path(f"/proc/{k}/stat").exists()
+    ):
         assert time.time() < deadline, "a worker outlived its parent"
         time.sleep(0.1)
     time.sleep(0.3)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clitools import CORPUS, SAMPLE, assert_one_line_error, run_main, settings_config, xlnet_spm
 from click.testing import CliRunner
+from clitools import CORPUS, SAMPLE, assert_one_line_error, run_main, settings_config, xlnet_spm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -63,8 +63,6 @@ def tok_dir(tmp_path_factory, corpus) -> Path:
 @pytest.fixture(scope="module")
 def tok(tok_dir) -> Tokenizer:
     return Tokenizer.load(tok_dir)
-
-
 
 
 # ---- training and the fixed ids ----------------------------------------------------------------------------------
@@ -136,8 +134,12 @@ def test_uncased_and_keep_accents_training(tmp_path, corpus, capsys):
     # the options travel inside spiece.model: without the metadata file the folder still loads uncased, and a bare
     # copy of the model file too (uppercase text does not become <unk>)
     model = (tmp_path / "u" / "spiece.model").read_bytes()
-    assert read_model_info(model).options == {"normalizer": "xlnet-preprocess-text-v1", "uncased": True,
-                                              "keep_accents": True, "digit_comma_fix": True}
+    assert read_model_info(model).options == {
+        "normalizer": "xlnet-preprocess-text-v1",
+        "uncased": True,
+        "keep_accents": True,
+        "digit_comma_fix": True,
+    }
     (tmp_path / "u" / "xlnet_tokenizer.json").unlink()
     (tmp_path / "bare").mkdir()
     (tmp_path / "bare" / "spiece.model").write_bytes(model)
@@ -221,8 +223,12 @@ def test_pickle_and_save(tok, tmp_path):
     assert t2.encode_ids("hello world") == tok.encode_ids("hello world") and t2.sha256 == tok.sha256
     tok.save(tmp_path / "copy")
     assert Tokenizer.load(tmp_path / "copy").sha256 == tok.sha256
-    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["spiece.model", "tokenizer.json",
-                                                                     "tokenizer_config.json", "xlnet_tokenizer.json"]
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == [
+        "spiece.model",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "xlnet_tokenizer.json",
+    ]
 
 
 # ---- normalisation ---------------------------------------------------------------------------------------------
@@ -252,8 +258,23 @@ def _reference(text: str, uncased: bool, keep_accents: bool) -> list[str]:
     return out
 
 
-ALPHABET = st.sampled_from(list("ab Z9,.`'\"\t\r\n ") + ["\u00e9", "\u00c5", "\u0130", "\u00df", "\u00a0", "\u2028",
-                                                        "\x85", "\x1c", "\uff40", "\u0301", "\u00a8", "\u03a3"])
+ALPHABET = st.sampled_from(
+    list("ab Z9,.`'\"\t\r\n ")
+    + [
+        "\u00e9",
+        "\u00c5",
+        "\u0130",
+        "\u00df",
+        "\u00a0",
+        "\u2028",
+        "\x85",
+        "\x1c",
+        "\uff40",
+        "\u0301",
+        "\u00a8",
+        "\u03a3",
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -319,8 +340,9 @@ def test_load_edited_options_or_corrupt_json(tok_dir, tmp_path):
 def test_load_non_xlnet_model(tmp_path):
     import sentencepiece as spm
 
-    spm.SentencePieceTrainer.train(input=str(SAMPLE), model_prefix=str(tmp_path / "plain"), vocab_size=300,
-                                   minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        input=str(SAMPLE), model_prefix=str(tmp_path / "plain"), vocab_size=300, minloglevel=2
+    )
     with pytest.raises(DataError, match="expected XLNet"):
         Tokenizer.load(tmp_path / "plain.model")
 
@@ -363,7 +385,8 @@ def test_cli_train_and_encode(tmp_path, corpus, capsys):
     r = runner.invoke(cli, ["tokenize", "train", str(corpus), "--out", str(out), "--vocab-size", "900", "--quiet"])
     assert r.exit_code == 0, r.output
     assert {"spiece.model", "xlnet_tokenizer.json", "tokenizer.json", "tokenizer_config.json", "config.yaml"} == {
-        p.name for p in out.iterdir()}
+        p.name for p in out.iterdir()
+    }
     assert "vocab_size: 900" in (out / "config.yaml").read_text()
     t = Tokenizer.load(out)
     r = runner.invoke(cli, ["tokenize", "encode", "--tokenizer", str(out), "--text", "Hello world."])
@@ -377,8 +400,9 @@ def test_cli_train_and_encode(tmp_path, corpus, capsys):
     # an existing tokenizer is refused without --overwrite: one line, exit 2
     code, _, err = run_main(capsys, "tokenize", "train", corpus, "--out", out, "--vocab-size", "900", "--quiet")
     assert_one_line_error(code, err, "--overwrite")
-    code, _, err = run_main(capsys, "tokenize", "train", corpus, "--out", out, "--vocab-size", "900", "--quiet",
-                            "--overwrite")
+    code, _, err = run_main(
+        capsys, "tokenize", "train", corpus, "--out", out, "--vocab-size", "900", "--quiet", "--overwrite"
+    )
     assert code == 0, err
 
 
@@ -387,8 +411,9 @@ def test_cli_errors(tmp_path, capsys, tok_dir):
     assert_one_line_error(code, err, "does not exist")
     code, _, err = run_main(capsys, "tokenize", "encode", "--tokenizer", tok_dir)
     assert_one_line_error(code, err, "--text")
-    code, _, err = run_main(capsys, "tokenize", "train", tmp_path / "missing.txt", "--out", tmp_path / "o",
-                            "--vocab-size", "900")
+    code, _, err = run_main(
+        capsys, "tokenize", "train", tmp_path / "missing.txt", "--out", tmp_path / "o", "--vocab-size", "900"
+    )
     assert_one_line_error(code, err, "missing.txt")
     with pytest.raises(XLNetError):
         Tokenizer.load(tmp_path / "none")

@@ -8,23 +8,41 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from clitools import BIN, FAST_PRETRAIN, TINY, child_env, step_weights, train_losses, write_config
 
-from clitools import BIN, FAST_PRETRAIN, TINY, step_weights, child_env, train_losses, write_config
 from xlnetcli.config import load_config
-from xlnetcli.data.pretrain_stream import PretrainStream, perm_mask_from_ranks, permutation_batch
 from xlnetcli.core.errors import ConfigError
+from xlnetcli.data.pretrain_stream import PretrainStream, perm_mask_from_ranks, permutation_batch
+from xlnetcli.data.special import CLS_ID, MASK_ID, SEP_ID
 from xlnetcli.model import XLNetLMHeadModel
 from xlnetcli.train.pretrain import pretrain
-from xlnetcli.data.special import CLS_ID, MASK_ID, SEP_ID
 
 pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
 
 # 2 layers, d 64, seq 64 (reuse 32, memory 32), 10 targets, batch 8: a step takes a few milliseconds
-OVER = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "model.d_model=64",
-        "model.n_head=2", "model.d_head=32", "model.d_inner=128", "data.seq_len=64", "model.reuse_len=32",
-        "model.mem_len=32", "data.num_predict=10", "train.global_batch_size=8", "train.micro_batch_size=8",
-        "data.valid_fraction=0.05", "model.dropout=0.0", "model.dropatt=0.0", "train.warmup_steps=5",
-        "train.lr=3e-3", "train.eval_batches=4", "train.save_every=0", "train.log_every=10"]
+OVER = [
+    "tokenizer.vocab_size=1000",
+    "model.vocab_size=1000",
+    "model.n_layer=2",
+    "model.d_model=64",
+    "model.n_head=2",
+    "model.d_head=32",
+    "model.d_inner=128",
+    "data.seq_len=64",
+    "model.reuse_len=32",
+    "model.mem_len=32",
+    "data.num_predict=10",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=8",
+    "data.valid_fraction=0.05",
+    "model.dropout=0.0",
+    "model.dropatt=0.0",
+    "train.warmup_steps=5",
+    "train.lr=3e-3",
+    "train.eval_batches=4",
+    "train.save_every=0",
+    "train.log_every=10",
+]
 L, R = 64, 32
 
 
@@ -49,8 +67,13 @@ def _model(objective: str, seed: int = 0) -> XLNetLMHeadModel:
 
 
 def _run(model, b: dict, ids=None, mems=None):
-    return model(b["input_ids"] if ids is None else ids, b["token_type_ids"], perm_mask=b["perm_mask"],
-                 target_index=b["target_index"], mems=mems)
+    return model(
+        b["input_ids"] if ids is None else ids,
+        b["token_type_ids"],
+        perm_mask=b["perm_mask"],
+        target_index=b["target_index"],
+        mems=mems,
+    )
 
 
 def test_objective_is_validated():
@@ -77,8 +100,9 @@ def test_mlm_input_has_no_target_token(records):
         assert (mlm["input_ids"][tgt] == MASK_ID).all()
         assert torch.equal(mlm["input_ids"][~tgt], plm["input_ids"][~tgt])
         assert not (mlm["input_ids"][~tgt] == MASK_ID).any()
-        assert torch.equal(plm["input_ids"].gather(1, plm["target_index"])[plm["label_mask"] > 0],
-                           mlm["labels"][mlm["label_mask"] > 0])
+        assert torch.equal(
+            plm["input_ids"].gather(1, plm["target_index"])[plm["label_mask"] > 0], mlm["labels"][mlm["label_mask"] > 0]
+        )
         pm = mlm["perm_mask"][0].bool()
         want = torch.zeros(L, L, dtype=torch.bool)
         want[:R, R:] = True
@@ -131,8 +155,9 @@ def test_mlm_predicts_from_the_content_stream(records):
     out = _run(model, b)
     full = model(b["input_ids"], b["token_type_ids"], perm_mask=b["perm_mask"])  # no targets: every position
     assert out.query is None
-    assert torch.allclose(out.logits, full.logits.gather(1, b["target_index"][:, :, None].expand(-1, -1, 1000)),
-                          atol=1e-5)
+    assert torch.allclose(
+        out.logits, full.logits.gather(1, b["target_index"][:, :, None].expand(-1, -1, 1000)), atol=1e-5
+    )
     mapped = model(b["input_ids"], b["token_type_ids"], perm_mask=b["perm_mask"], target_mapping=b["target_mapping"])
     real = b["label_mask"] > 0
     assert torch.allclose(mapped.logits[real], out.logits[real], atol=1e-5)
@@ -193,8 +218,15 @@ def test_flop_count_matches_the_executed_matmuls(records, objective):
         mems = _run(model, first).mems
         B, P, M = b["input_ids"].shape[0], b["target_index"].shape[1], mems[0].shape[1]
         with FlopCounterMode(display=False) as counter:
-            model(b["input_ids"], b["token_type_ids"], perm_mask=b["perm_mask"], target_index=b["target_index"],
-                  labels=b["labels"], mems=mems, need_hidden=False)
+            model(
+                b["input_ids"],
+                b["token_type_ids"],
+                perm_mask=b["perm_mask"],
+                target_index=b["target_index"],
+                labels=b["labels"],
+                mems=mems,
+                need_hidden=False,
+            )
     m = cfg.model
     hd = m.n_head * m.d_head
     rows = [L] * m.n_layer if objective == "mlm" else [L + P] * (m.n_layer - 1) + [P]
@@ -213,8 +245,10 @@ def _unigram_loss(records, batches: int) -> float:
     for b in PretrainStream(records, "train", 0, 1, 8, seed=0, prefetch=0, loop=False):
         np.add.at(counts, b["labels"][b["label_mask"] > 0].numpy(), 1)
     logp = np.log(counts / counts.sum())
-    nll = [-logp[b["labels"][b["label_mask"] > 0].numpy()]
-           for _, b in zip(range(batches), PretrainStream(records, "valid", 0, 1, 8, seed=0, prefetch=0, loop=False))]
+    nll = [
+        -logp[b["labels"][b["label_mask"] > 0].numpy()]
+        for _, b in zip(range(batches), PretrainStream(records, "valid", 0, 1, 8, seed=0, prefetch=0, loop=False))
+    ]
     return float(np.concatenate(nll).mean())
 
 
@@ -230,8 +264,10 @@ def test_each_objective_learns(records, tmp_path, objective):
     res = pretrain(cfg, records, tmp_path / "run", quiet=True)
     start, end = res["eval_start"]["loss"], res["eval"]["loss"]
     unigram = _unigram_loss(records, cfg.train.eval_batches)
-    print(f"{objective}: held-out loss {start:.3f} -> {end:.3f} (unigram {unigram:.3f}), "
-          f"target accuracy {res['eval']['acc']:.3f}")
+    print(
+        f"{objective}: held-out loss {start:.3f} -> {end:.3f} (unigram {unigram:.3f}), "
+        f"target accuracy {res['eval']['acc']:.3f}"
+    )
     assert start > 6.5
     assert end < start - 1.0, (start, end)
     assert end < unigram + 0.15, (end, unigram)  # measured: 0.06 above (plm, clm) and 0.07 (mlm)
@@ -245,13 +281,34 @@ def test_mlm_trains_under_torchrun_ddp(builds, tmp_path):
     import subprocess
 
     rec = builds.pipeline(FAST_PRETRAIN).records
-    over = FAST_PRETRAIN + ["model.objective=mlm", "train.max_steps=4", "train.save_every=4", "train.eval_every=0",
-                    "model.dropout=0.0", "model.dropatt=0.0"]
+    over = FAST_PRETRAIN + [
+        "model.objective=mlm",
+        "train.max_steps=4",
+        "train.save_every=4",
+        "train.eval_every=0",
+        "model.dropout=0.0",
+        "model.dropatt=0.0",
+    ]
     cfg_file = write_config(tmp_path / "cfg.yaml", over)
     pretrain(load_config(cfg_file), rec, tmp_path / "one", quiet=True)
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "xlnetcli", "pretrain",
-           "--config", str(cfg_file), "--data", str(rec), "--out", str(tmp_path / "two"), "--device", "cpu",
-           "--quiet"]
+    cmd = [
+        str(BIN / "torchrun"),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "xlnetcli",
+        "pretrain",
+        "--config",
+        str(cfg_file),
+        "--data",
+        str(rec),
+        "--out",
+        str(tmp_path / "two"),
+        "--device",
+        "cpu",
+        "--quiet",
+    ]
     out = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     l1, l2 = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")

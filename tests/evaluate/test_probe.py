@@ -9,21 +9,30 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from clitools import BIN, SAMPLE, TINY, assert_one_line_error, child_env, run_main
+
 from xlnetcli.config import load_config
 from xlnetcli.core.errors import ConfigError
 
-PROBE_SETS = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "model.reuse_len=32",
-         "model.mem_len=32", "data.seq_len=64", "finetune.max_seq_length=64"]
+PROBE_SETS = [
+    "tokenizer.vocab_size=1000",
+    "model.vocab_size=1000",
+    "model.n_layer=2",
+    "model.reuse_len=32",
+    "model.mem_len=32",
+    "data.seq_len=64",
+    "finetune.max_seq_length=64",
+]
 A, B = "thread", "socket"  # single pieces in a 1000-piece vocabulary trained on the sample text
 
 
 def _lines() -> list[str]:
     """Short real sentences of the sample text that contain neither planted word, in a fixed shuffled order."""
-    lines = [ln.strip() for ln in SAMPLE.read_text(encoding="utf-8").splitlines()
-             if 4 <= len(ln.split()) <= 10 and len(ln) <= 80 and "\t" not in ln
-             and not {A, B} & set(ln.lower().split())]
+    lines = [
+        ln.strip()
+        for ln in SAMPLE.read_text(encoding="utf-8").splitlines()
+        if 4 <= len(ln.split()) <= 10 and len(ln) <= 80 and "\t" not in ln and not {A, B} & set(ln.lower().split())
+    ]
     random.Random(0).shuffle(lines)
     return lines
 
@@ -44,8 +53,13 @@ def env(builds, tmp_path_factory):
     cfg = load_config(TINY, PROBE_SETS)
     tok = builds.tokenizer(cfg.tokenizer)
     torch.manual_seed(cfg.train.seed)
-    save_model_dir(d / "run" / "step_0000001", XLNetLMHeadModel(cfg.model).eval(), cfg, tokenizer_dir=tok,
-                   meta={"kind": "pretrain", "step": 1})
+    save_model_dir(
+        d / "run" / "step_0000001",
+        XLNetLMHeadModel(cfg.model).eval(),
+        cfg,
+        tokenizer_dir=tok,
+        meta={"kind": "pretrain", "step": 1},
+    )
     lines = _lines()
     assert len(lines) >= 1050
     rng = random.Random(1)
@@ -73,8 +87,21 @@ def test_planted_word_is_found_by_both_features(env, capsys):
     (and the <cls>) features far above chance. The checkpoint here is the run's initial weights, so the random-init
     baseline (same train.seed) must give exactly the same numbers."""
     out = env["dir"] / "planted.json"
-    code, stdout, err = run_main(capsys, "probe", env["run"], "--train", env["planted_train"], "--valid",
-                                 env["planted_valid"], "--baseline", "random", "--output", out, "--device", "cpu")
+    code, stdout, err = run_main(
+        capsys,
+        "probe",
+        env["run"],
+        "--train",
+        env["planted_train"],
+        "--valid",
+        env["planted_valid"],
+        "--baseline",
+        "random",
+        "--output",
+        out,
+        "--device",
+        "cpu",
+    )
     assert code == 0, err
     res = json.loads(out.read_text())
     print(stdout)
@@ -95,9 +122,21 @@ def test_label_curve_rises_with_labelled_rows_and_is_plotted(env, capsys):
     `xlnet plot` draws the curve from the JSON."""
     pytest.importorskip("matplotlib")
     out = env["dir"] / "curve.json"
-    code, stdout, err = run_main(capsys, "probe", env["run"], "--train", env["planted_train"], "--valid",
-                                 env["planted_valid"], "--train-sizes", "20,200,5000", "--output", out,
-                                 "--device", "cpu")
+    code, stdout, err = run_main(
+        capsys,
+        "probe",
+        env["run"],
+        "--train",
+        env["planted_train"],
+        "--valid",
+        env["planted_valid"],
+        "--train-sizes",
+        "20,200,5000",
+        "--output",
+        out,
+        "--device",
+        "cpu",
+    )
     assert code == 0, err
     res = json.loads(out.read_text())
     mean = res["results"]["pretrained"]["mean"]
@@ -155,9 +194,9 @@ def test_probe_checkpoint_in_process_leaves_the_model_as_it_was(env):
     """What the training engine calls every train.probe_every steps: a model object in train mode (dropout on),
     rows from one labelled file split deterministically. Mode, gradients and RNG states are untouched, and the
     result is the one of the same weights probed in eval mode."""
-    from xlnetcli.model import XLNetLMHeadModel
-    from xlnetcli.evaluate.probe import probe_checkpoint, read_rows, split_rows
     from xlnetcli.data.tokenizer import Tokenizer
+    from xlnetcli.evaluate.probe import probe_checkpoint, read_rows, split_rows
+    from xlnetcli.model import XLNetLMHeadModel
 
     rows = read_rows(env["planted_train"])
     tr, va = split_rows(rows, seed=3)
@@ -188,8 +227,8 @@ def test_held_out_splits_keep_rows_made_of_the_same_words_together():
     bags of words gets exactly the per-label draw."""
     import numpy as np
 
-    from xlnetcli.evaluate.probe import _stratified, draw_rows, split_rows, word_bag_groups
     from xlnetcli.data.labelled import TextExample
+    from xlnetcli.evaluate.probe import _stratified, draw_rows, split_rows, word_bag_groups
 
     words = _lines()[:120]
     rows = []
@@ -230,18 +269,21 @@ def test_bad_inputs_are_one_line(env, tmp_path, capsys):
     assert_one_line_error(code, err, "never seen", "'c'")
     code, _, err = run_main(capsys, *base, "--train", tmp_path / "missing.tsv", "--valid", env["planted_valid"])
     assert_one_line_error(code, err, "file not found")
-    code, _, err = run_main(capsys, "probe", tmp_path / "nothing", "--train", env["planted_train"], "--valid",
-                            env["planted_valid"])
+    code, _, err = run_main(
+        capsys, "probe", tmp_path / "nothing", "--train", env["planted_train"], "--valid", env["planted_valid"]
+    )
     assert_one_line_error(code, err)
-    code, _, err = run_main(capsys, *base, "--train", env["planted_train"], "--valid", env["planted_valid"],
-                            "--baseline", "bert")
+    code, _, err = run_main(
+        capsys, *base, "--train", env["planted_train"], "--valid", env["planted_valid"], "--baseline", "bert"
+    )
     assert code == 2 and "Traceback" not in err
     out = tmp_path / "res.json"
     code, _, err = run_main(capsys, *base, "--train", one, "--valid", env["planted_valid"], "--output", out)
     assert code == 2 and not out.exists()
     for sizes in ("50,x", "2,100"):
-        code, _, err = run_main(capsys, *base, "--train", env["planted_train"], "--valid", env["planted_valid"],
-                                "--train-sizes", sizes)
+        code, _, err = run_main(
+            capsys, *base, "--train", env["planted_train"], "--valid", env["planted_valid"], "--train-sizes", sizes
+        )
         assert_one_line_error(code, err, "--train-sizes")
 
 
@@ -281,20 +323,34 @@ def test_probe_checkpoint_on_a_sharded_model(env, tmp_path):
     run below the root, whose embeddings must be gathered first): same result as the unsharded model, on every rank."""
     import subprocess
 
-    from xlnetcli.model import XLNetLMHeadModel
-    from xlnetcli.evaluate.probe import probe_checkpoint, read_rows, split_rows
     from xlnetcli.data.tokenizer import Tokenizer
+    from xlnetcli.evaluate.probe import probe_checkpoint, read_rows, split_rows
+    from xlnetcli.model import XLNetLMHeadModel
 
     script = tmp_path / "sharded.py"
     script.write_text(_SHARDED)
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(script), str(TINY),
-           json.dumps(PROBE_SETS), "fsdp", str(env["tok"]), str(env["planted_train"])]
+    cmd = [
+        str(BIN / "torchrun"),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        str(TINY),
+        json.dumps(PROBE_SETS),
+        "fsdp",
+        str(env["tok"]),
+        str(env["planted_train"]),
+    ]
     out = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     got = [json.loads(ln.split(" ", 2)[2]) for ln in out.stdout.splitlines() if ln.startswith("RESULT")]
     torch.manual_seed(0)
-    ref = probe_checkpoint(XLNetLMHeadModel(env["cfg"].model), Tokenizer.load(env["tok"]),
-                           *split_rows(read_rows(env["planted_train"])), max_seq_length=64)
+    ref = probe_checkpoint(
+        XLNetLMHeadModel(env["cfg"].model),
+        Tokenizer.load(env["tok"]),
+        *split_rows(read_rows(env["planted_train"])),
+        max_seq_length=64,
+    )
     assert len(got) == 2
     for g in got:
         assert g["training"]
@@ -307,13 +363,25 @@ def test_probe_checkpoint_on_a_sharded_model(env, tmp_path):
 def test_probe_during_pretraining_is_logged_plotted_and_leaves_training_unchanged(env, builds, tmp_path):
     """train.probe_every: probe rows at steps 0, 2, 4 in metrics.jsonl, a probe panel in the plot, and the training
     itself bit-identical to the same run without the probe (the probe draws from no RNG the run uses)."""
-    from xlnetcli.train.pretrain import pretrain
     from xlnetcli.report.metrics_log import read_metrics
+    from xlnetcli.train.pretrain import pretrain
 
-    over = PROBE_SETS + ["data.num_predict=10", "train.global_batch_size=4", "train.micro_batch_size=2",
-                    "data.valid_fraction=0.05", "train.max_steps=4", "train.warmup_steps=1", "train.log_every=1",
-                    "train.eval_every=2", "train.eval_batches=1", "train.save_every=0", "model.d_model=64",
-                    "model.n_head=2", "model.d_head=32", "model.d_inner=128"]
+    over = PROBE_SETS + [
+        "data.num_predict=10",
+        "train.global_batch_size=4",
+        "train.micro_batch_size=2",
+        "data.valid_fraction=0.05",
+        "train.max_steps=4",
+        "train.warmup_steps=1",
+        "train.log_every=1",
+        "train.eval_every=2",
+        "train.eval_batches=1",
+        "train.save_every=0",
+        "model.d_model=64",
+        "model.n_head=2",
+        "model.d_head=32",
+        "model.d_inner=128",
+    ]
     cfg = load_config(TINY, over)
     tok, _, rec = builds.pipeline(over)  # env's tokenizer: the same settings
     assert tok == env["tok"]
@@ -328,8 +396,11 @@ def test_probe_during_pretraining_is_logged_plotted_and_leaves_training_unchange
     assert min(r["mean"] for r in probes) > 0.7  # the planted word is visible even in the initial features
 
     def train_rows(run):
-        return [(r["split"], r["step"], r["loss"], r.get("grad_norm")) for r in read_metrics(run)
-                if r["split"] in ("train", "eval")]
+        return [
+            (r["split"], r["step"], r["loss"], r.get("grad_norm"))
+            for r in read_metrics(run)
+            if r["split"] in ("train", "eval")
+        ]
 
     assert train_rows(tmp_path / "probed") == train_rows(tmp_path / "plain")
     try:

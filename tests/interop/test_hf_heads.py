@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from clitools import SQUAD, TRAIN_TSV, VALID_TSV, assert_one_line_error, code_blocks, run_main
 from finetunetools import LABELS, ft_cfg, pydocs_rows, random_init_checkpoint
 
@@ -50,16 +49,23 @@ def cls_run(work, tmp_path_factory):
 
     d = tmp_path_factory.mktemp("cls")
     train, valid = small_tsv(d / "train.tsv", TRAIN_TSV, None), small_tsv(d / "valid.tsv", VALID_TSV, 48)
-    finetune(ft_cfg("finetune.max_steps=60", "finetune.eval_every=60"), "classification", train, valid,
-             work / "init", d / "run", quiet=True)
+    finetune(
+        ft_cfg("finetune.max_steps=60", "finetune.eval_every=60"),
+        "classification",
+        train,
+        valid,
+        work / "init",
+        d / "run",
+        quiet=True,
+    )
     return d
 
 
 def encoded(run: Path, file: Path):
     """The rows `xlnet eval` feeds the model for ``file``: our tokenizer, our input layout."""
     from xlnetcli.checkpoint.folders import tokenizer_dir_of
-    from xlnetcli.evaluate.finetuned import load_finetuned, load_task_data
     from xlnetcli.data.tokenizer import Tokenizer
+    from xlnetcli.evaluate.finetuned import load_finetuned, load_task_data
 
     model, cfg, meta = load_finetuned(run)
     tok = Tokenizer.load(tokenizer_dir_of(Path(meta["path"])))
@@ -110,8 +116,10 @@ def test_classifier_export_gives_eval_predictions_in_transformers(cls_run, tmp_p
     # a batch of one, unpadded (no attention mask), gives the same scores as the padded batch
     row = data.enc.arrays["attention_mask"][0] > 0
     with torch.no_grad():
-        one = hf(input_ids=torch.from_numpy(data.enc.arrays["input_ids"][0][row])[None],
-                 token_type_ids=torch.from_numpy(data.enc.arrays["token_type_ids"][0][row])[None]).logits
+        one = hf(
+            input_ids=torch.from_numpy(data.enc.arrays["input_ids"][0][row])[None],
+            token_type_ids=torch.from_numpy(data.enc.arrays["token_type_ids"][0][row])[None],
+        ).logits
     assert torch.allclose(one[0], logits[0], atol=1e-4)
 
     # `xlnet eval` reads the export itself, with its head
@@ -139,9 +147,24 @@ def test_import_brings_the_head_back_and_init_keeps_it(cls_run, tmp_path, capsys
     assert run_main(capsys, "eval", run, "--file", valid, "--predict", tmp_path / "ours.jsonl")[0] == 0
     ours = predictions(tmp_path / "ours.jsonl")
     # --init from the export, same task and labels: the head is kept (one step at a negligible lr changes nothing)
-    code, out, err = run_main(capsys, "finetune", "--task", "classification", "--train", cls_run / "train.tsv",
-                              "--init", hf_dir, "--out", tmp_path / "again", "--set", "finetune.max_steps=1",
-                              "--set", "finetune.lr=1e-12", "--set", "finetune.max_seq_length=64")
+    code, out, err = run_main(
+        capsys,
+        "finetune",
+        "--task",
+        "classification",
+        "--train",
+        cls_run / "train.tsv",
+        "--init",
+        hf_dir,
+        "--out",
+        tmp_path / "again",
+        "--set",
+        "finetune.max_steps=1",
+        "--set",
+        "finetune.lr=1e-12",
+        "--set",
+        "finetune.max_seq_length=64",
+    )
     assert code == 0, err
     assert f"classification head kept from {hf_dir} (labels concurrency, gui, internet, testing)" in err
     assert run_main(capsys, "eval", tmp_path / "again", "--file", valid, "--predict", tmp_path / "again.jsonl")[0] == 0
@@ -151,15 +174,42 @@ def test_import_brings_the_head_back_and_init_keeps_it(cls_run, tmp_path, capsys
 
     # other labels: a new head, and the log says why
     three = small_tsv(tmp_path / "three.tsv", TRAIN_TSV, 96, {"concurrency", "gui", "internet"})
-    code, out, err = run_main(capsys, "finetune", "--task", "classification", "--train", three, "--init", hf_dir,
-                              "--out", tmp_path / "other", "--set", "finetune.max_steps=1")
+    code, out, err = run_main(
+        capsys,
+        "finetune",
+        "--task",
+        "classification",
+        "--train",
+        three,
+        "--init",
+        hf_dir,
+        "--out",
+        tmp_path / "other",
+        "--set",
+        "finetune.max_steps=1",
+    )
     assert code == 0, err
-    assert ("new classification head (random init): the head of " in err
-            and "its labels (concurrency, gui, internet, testing) differ from the training file's "
-                "(concurrency, gui, internet)" in err)
+    assert (
+        "new classification head (random init): the head of " in err
+        and "its labels (concurrency, gui, internet, testing) differ from the training file's "
+        "(concurrency, gui, internet)"
+        in err
+    )
     # another task: a new head too
-    code, out, err = run_main(capsys, "finetune", "--task", "regression", "--train", regression_tsv(tmp_path / "r.tsv"),
-                              "--init", hf_dir, "--out", tmp_path / "reg", "--set", "finetune.max_steps=1")
+    code, out, err = run_main(
+        capsys,
+        "finetune",
+        "--task",
+        "regression",
+        "--train",
+        regression_tsv(tmp_path / "r.tsv"),
+        "--init",
+        hf_dir,
+        "--out",
+        tmp_path / "reg",
+        "--set",
+        "finetune.max_steps=1",
+    )
     assert code == 0, err
     assert "it was trained for classification, this run is regression" in err
 
@@ -167,8 +217,9 @@ def test_import_brings_the_head_back_and_init_keeps_it(cls_run, tmp_path, capsys
 def regression_tsv(path: Path, src: Path = TRAIN_TSV, n: int = 128) -> Path:
     """The docstrings with a real numeric target read off the text: min(words, 40) / 10 (as test_finetune.py)."""
     rows = pydocs_rows(src, n)
-    path.write_text("\n".join(["sentence\tscore"] + [f"{t}\t{min(len(t.split()), 40) / 10:.1f}" for t, _ in rows])
-                    + "\n")
+    path.write_text(
+        "\n".join(["sentence\tscore"] + [f"{t}\t{min(len(t.split()), 40) / 10:.1f}" for t, _ in rows]) + "\n"
+    )
     return path
 
 
@@ -176,8 +227,15 @@ def test_regression_export(work, tmp_path, capsys):
     from xlnetcli.train.finetune import finetune
 
     train, valid = regression_tsv(tmp_path / "train.tsv"), regression_tsv(tmp_path / "valid.tsv", VALID_TSV, 32)
-    finetune(ft_cfg("finetune.max_steps=8", "finetune.summary_type=first", "finetune.summary_use_proj=false"),
-             "regression", train, valid, work / "init", tmp_path / "run", quiet=True)
+    finetune(
+        ft_cfg("finetune.max_steps=8", "finetune.summary_type=first", "finetune.summary_use_proj=false"),
+        "regression",
+        train,
+        valid,
+        work / "init",
+        tmp_path / "run",
+        quiet=True,
+    )
     assert run_main(capsys, "export", tmp_path / "run", "--out", tmp_path / "hf")[0] == 0
     hc = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert hc["problem_type"] == "regression" and hc["id2label"] == {"0": "LABEL_0"}
@@ -204,11 +262,29 @@ def test_multiple_choice_export(work, tmp_path, capsys):
         for i in range(24):
             opts = [pos[i], *rng.sample(neg, 3)]
             rng.shuffle(opts)
-            f.write(json.dumps({"id": str(i), "context": "Python standard library documentation.",
-                                "question": "Which paragraph documents concurrency?", "options": opts,
-                                "answer": opts.index(pos[i])}) + "\n")
-    finetune(ft_cfg("finetune.max_seq_length=48", "finetune.batch_size=8", "finetune.micro_batch_size=8",
-                    "finetune.max_steps=4"), "multiple-choice", file, file, work / "init", tmp_path / "run", quiet=True)
+            f.write(
+                json.dumps(
+                    {
+                        "id": str(i),
+                        "context": "Python standard library documentation.",
+                        "question": "Which paragraph documents concurrency?",
+                        "options": opts,
+                        "answer": opts.index(pos[i]),
+                    }
+                )
+                + "\n"
+            )
+    finetune(
+        ft_cfg(
+            "finetune.max_seq_length=48", "finetune.batch_size=8", "finetune.micro_batch_size=8", "finetune.max_steps=4"
+        ),
+        "multiple-choice",
+        file,
+        file,
+        work / "init",
+        tmp_path / "run",
+        quiet=True,
+    )
     assert run_main(capsys, "export", tmp_path / "run", "--out", tmp_path / "hf")[0] == 0
     hf = transformers.AutoModelForMultipleChoice.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == "XLNetForMultipleChoice"
@@ -225,8 +301,12 @@ def same_beam(idx_a: np.ndarray, p_a: np.ndarray, idx_b: np.ndarray, p_b: np.nda
     """The same top-k positions with the same probabilities (1e-4) in each beam; positions whose probabilities tie
     to 1e-7 may come in either order."""
     assert idx_a.shape == idx_b.shape
-    for ia, pa, ib, pb in zip(idx_a.reshape(-1, idx_a.shape[-1]), p_a.reshape(-1, idx_a.shape[-1]),
-                              idx_b.reshape(-1, idx_a.shape[-1]), p_b.reshape(-1, idx_a.shape[-1])):
+    for ia, pa, ib, pb in zip(
+        idx_a.reshape(-1, idx_a.shape[-1]),
+        p_a.reshape(-1, idx_a.shape[-1]),
+        idx_b.reshape(-1, idx_a.shape[-1]),
+        p_b.reshape(-1, idx_a.shape[-1]),
+    ):
         a, b = dict(zip(ia.tolist(), pa.tolist())), dict(zip(ib.tolist(), pb.tolist()))
         assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-4 for k in a), (a, b)
         assert np.all(np.diff(pa) <= 1e-7) and np.all(np.diff(pb) <= 1e-7)  # each sorted best first
@@ -237,9 +317,16 @@ def test_squad_export_gives_our_beam_in_transformers(work, tmp_path, capsys):
     the answerability logit agree, and so do the answers `xlnet eval` reads off them."""
     from xlnetcli.train.finetune import finetune, predict
 
-    cfg = ft_cfg("finetune.max_seq_length=96", "finetune.batch_size=8", "finetune.micro_batch_size=8",
-                 "finetune.max_steps=6", "finetune.doc_stride=32", "finetune.max_query_length=24",
-                 "finetune.max_answer_length=16", "finetune.lr=2e-3")
+    cfg = ft_cfg(
+        "finetune.max_seq_length=96",
+        "finetune.batch_size=8",
+        "finetune.micro_batch_size=8",
+        "finetune.max_steps=6",
+        "finetune.doc_stride=32",
+        "finetune.max_query_length=24",
+        "finetune.max_answer_length=16",
+        "finetune.lr=2e-3",
+    )
     finetune(cfg, "squad", SQUAD, SQUAD, work / "init", tmp_path / "run", quiet=True)
     code, _, err = run_main(capsys, "export", tmp_path / "run", "--out", tmp_path / "hf")
     assert code == 0 and "as XLNetForQuestionAnswering" in err
@@ -249,15 +336,23 @@ def test_squad_export_gives_our_beam_in_transformers(work, tmp_path, capsys):
     ours = predict(model, data, 16, torch.device("cpu"))
     a = data.enc.arrays
     with torch.no_grad():
-        h = hf(**hf_inputs(data), p_mask=torch.from_numpy(a["p_mask"]).float(),
-               cls_index=torch.from_numpy(a["cls_index"]))
+        h = hf(
+            **hf_inputs(data), p_mask=torch.from_numpy(a["p_mask"]).float(), cls_index=torch.from_numpy(a["cls_index"])
+        )
     n = len(a["input_ids"])
-    same_beam(h.start_top_index.numpy(), h.start_top_log_probs.numpy(),  # HF's "log probs" are probabilities
-              ours["start_top_index"], np.exp(ours["start_top_log_probs"]))
+    same_beam(
+        h.start_top_index.numpy(),
+        h.start_top_log_probs.numpy(),  # HF's "log probs" are probabilities
+        ours["start_top_index"],
+        np.exp(ours["start_top_log_probs"]),
+    )
     # HF's end beam is [B, end, start] flattened; ours [B, start, end]
-    same_beam(h.end_top_index.numpy().reshape(n, 5, 5).transpose(0, 2, 1),
-              h.end_top_log_probs.numpy().reshape(n, 5, 5).transpose(0, 2, 1),
-              ours["end_top_index"], np.exp(ours["end_top_log_probs"]))
+    same_beam(
+        h.end_top_index.numpy().reshape(n, 5, 5).transpose(0, 2, 1),
+        h.end_top_log_probs.numpy().reshape(n, 5, 5).transpose(0, 2, 1),
+        ours["end_top_index"],
+        np.exp(ours["end_top_log_probs"]),
+    )
     assert np.abs(h.cls_logits.numpy() - ours["cls_logits"]).max() < 1e-4
     # `xlnet eval` of the export (head and null-odds threshold from the export) scores as the run does
     res = [json.loads(run_main(capsys, "eval", p, "--file", SQUAD)[1]) for p in (tmp_path / "run", tmp_path / "hf")]
@@ -270,8 +365,15 @@ def test_heads_transformers_cannot_represent(work, tmp_path, capsys):
     from xlnetcli.train.finetune import finetune
 
     train = small_tsv(tmp_path / "t.tsv", TRAIN_TSV, 64)
-    finetune(ft_cfg("finetune.max_steps=1", "finetune.summary_type=mean"), "classification", train, None,
-             work / "init", tmp_path / "run", quiet=True)
+    finetune(
+        ft_cfg("finetune.max_steps=1", "finetune.summary_type=mean"),
+        "classification",
+        train,
+        None,
+        work / "init",
+        tmp_path / "run",
+        quiet=True,
+    )
     code, _, err = run_main(capsys, "export", tmp_path / "run", "--out", tmp_path / "hf")
     assert_one_line_error(code, err, "summary_type 'mean'", "--backbone-only")
     assert not (tmp_path / "hf").exists()
@@ -298,8 +400,16 @@ def test_transformers_heads_import(work, tmp_path, capsys):
     from xlnetcli.checkpoint.folders import tokenizer_dir_of
 
     order = ["testing", "internet", "gui", "concurrency"]
-    hc = transformers.XLNetConfig(vocab_size=2000, d_model=64, n_layer=2, n_head=2, d_inner=128, mem_len=None,
-                                  id2label=dict(enumerate(order)), label2id={lab: i for i, lab in enumerate(order)})
+    hc = transformers.XLNetConfig(
+        vocab_size=2000,
+        d_model=64,
+        n_layer=2,
+        n_head=2,
+        d_inner=128,
+        mem_len=None,
+        id2label=dict(enumerate(order)),
+        label2id={lab: i for i, lab in enumerate(order)},
+    )
     torch.manual_seed(0)
     hf = transformers.XLNetForSequenceClassification(hc).eval()
     with torch.no_grad():
@@ -323,9 +433,26 @@ def test_transformers_heads_import(work, tmp_path, capsys):
     assert run_main(capsys, "import", "--from-hf", hf_dir, "--out", tmp_path / "ck")[0] == 0
     assert run_main(capsys, "eval", tmp_path / "ck", "--file", valid, "--predict", tmp_path / "b.jsonl")[0] == 0
     same(tmp_path / "b.jsonl")
-    code, out, err = run_main(capsys, "finetune", "--task", "classification", "--train", valid, "--init", hf_dir,
-                              "--out", tmp_path / "ft", "--set", "finetune.max_steps=1", "--set", "finetune.lr=1e-12",
-                              "--set", "finetune.dropout=0", "--set", "finetune.dropatt=0")
+    code, out, err = run_main(
+        capsys,
+        "finetune",
+        "--task",
+        "classification",
+        "--train",
+        valid,
+        "--init",
+        hf_dir,
+        "--out",
+        tmp_path / "ft",
+        "--set",
+        "finetune.max_steps=1",
+        "--set",
+        "finetune.lr=1e-12",
+        "--set",
+        "finetune.dropout=0",
+        "--set",
+        "finetune.dropatt=0",
+    )
     assert code == 0 and "classification head kept" in err, err
     assert json.loads((next((tmp_path / "ft").glob("step_*")) / "meta.json").read_text())["labels"] == LABELS
     assert run_main(capsys, "eval", tmp_path / "ft", "--file", valid, "--predict", tmp_path / "c.jsonl")[0] == 0

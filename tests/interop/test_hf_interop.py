@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+
 import numpy as np
 import pytest
 import torch
@@ -16,8 +17,8 @@ from xlnetcli.checkpoint.load import load_lm_model, load_model_dir, resolve_chec
 from xlnetcli.cli import main
 from xlnetcli.config import ModelConfig, config_from_dict
 from xlnetcli.core.errors import CheckpointError
-from xlnetcli.model.state_dict_adapter import mems_to_hf
 from xlnetcli.model import XLNetLMHeadModel
+from xlnetcli.model.state_dict_adapter import mems_to_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -35,19 +36,31 @@ def tok_dir(tmp_path_factory):
     from xlnetcli.data.tokenizer import train_tokenizer
 
     out = tmp_path_factory.mktemp("tok") / "tokenizer"
-    train_tokenizer(settings_config("tokenizer", vocab_size=400, threads=1), [SAMPLE],
-                    out, quiet=True)
+    train_tokenizer(settings_config("tokenizer", vocab_size=400, threads=1), [SAMPLE], out, quiet=True)
     return out
 
 
 def make_cfg(vocab: int):
-    return config_from_dict({
-        "tokenizer": {"vocab_size": vocab},
-        "model": dict(vocab_size=vocab, d_model=32, n_layer=2, n_head=4, d_head=8, d_inner=64, dropout=0.0,
-                      dropatt=0.0, mem_len=12, reuse_len=8, bi_data=False),
-        "data": {"seq_len": 16, "perm_size": 8, "num_predict": 3},
-        "train": {"micro_batch_size": 2, "global_batch_size": 2},
-    })
+    return config_from_dict(
+        {
+            "tokenizer": {"vocab_size": vocab},
+            "model": dict(
+                vocab_size=vocab,
+                d_model=32,
+                n_layer=2,
+                n_head=4,
+                d_head=8,
+                d_inner=64,
+                dropout=0.0,
+                dropatt=0.0,
+                mem_len=12,
+                reuse_len=8,
+                bi_data=False,
+            ),
+            "data": {"seq_len": 16, "perm_size": 8, "num_predict": 3},
+            "train": {"micro_batch_size": 2, "global_batch_size": 2},
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +135,14 @@ def test_export_of_a_real_pretraining_run_gives_our_logits_in_transformers(build
     from xlnetcli.config import load_config
     from xlnetcli.train.pretrain import pretrain
 
-    over = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "train.max_steps=3", "train.eval_every=0",
-            "train.save_every=0", "train.warmup_steps=1"]
+    over = [
+        "tokenizer.vocab_size=1000",
+        "model.vocab_size=1000",
+        "train.max_steps=3",
+        "train.eval_every=0",
+        "train.save_every=0",
+        "train.warmup_steps=1",
+    ]
     cfg = load_config(TINY, over)
     assert cfg.model.bi_data and cfg.model.mem_len == 96 and cfg.model.reuse_len == 64
     rec = builds.pipeline(over).records
@@ -165,8 +184,21 @@ def test_round_trips_are_bit_exact(ckpt, tmp_path):
     assert s0.keys() == s1.keys()
     for k in s0:
         assert torch.equal(s0[k], s1[k]), k
-    for key in ("vocab_size", "d_model", "n_layer", "n_head", "d_head", "d_inner", "ff_activation", "untie_r",
-                "mem_len", "reuse_len", "bi_data", "clamp_len", "layer_norm_eps"):
+    for key in (
+        "vocab_size",
+        "d_model",
+        "n_layer",
+        "n_head",
+        "d_head",
+        "d_inner",
+        "ff_activation",
+        "untie_r",
+        "mem_len",
+        "reuse_len",
+        "bi_data",
+        "clamp_len",
+        "layer_norm_eps",
+    ):
         assert getattr(cfg0.model, key) == getattr(cfg1.model, key), key
     # HF -> ours -> HF: identical tensors
     from safetensors.torch import load_file
@@ -209,8 +241,9 @@ def test_objective_round_trips(tok_dir, tmp_path, objective):
 
 def test_import_transformers_save_pretrained(tmp_path):
     """A directory written by transformers itself (as a downloaded xlnet-base-cased copy would be)."""
-    hc = transformers.XLNetConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, d_inner=64, mem_len=None,
-                                  reuse_len=None)
+    hc = transformers.XLNetConfig(
+        vocab_size=50, d_model=32, n_layer=2, n_head=4, d_inner=64, mem_len=None, reuse_len=None
+    )
     torch.manual_seed(1)
     hf = transformers.XLNetLMHeadModel(hc).eval()
     with torch.no_grad():

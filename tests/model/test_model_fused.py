@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from modeltools import TOL, maxdiff, plm_batch, tiny_cfg
-from xlnetcli.model.kernels import NEG_INF, _FeedForwardCore, _LMHeadLoss, _RelAttnCore, fused_dropout, keep_mask
+
 from xlnetcli.model import XLNetLMHeadModel
+from xlnetcli.model.kernels import NEG_INF, _FeedForwardCore, _LMHeadLoss, _RelAttnCore, fused_dropout, keep_mask
 
 
 def attn_reference(q, k, v, kr, r_w, r_r, r_s, seg, rel_index, same, mask, keep, ks):
@@ -38,8 +38,10 @@ def attn_reference(q, k, v, kr, r_w, r_r, r_s, seg, rel_index, same, mask, keep,
     return p @ v
 
 
-@pytest.mark.parametrize("G,with_seg,with_mask,with_drop", [(1, True, True, True), (2, True, False, True),
-                                                             (1, False, True, False), (2, False, False, False)])
+@pytest.mark.parametrize(
+    "G,with_seg,with_mask,with_drop",
+    [(1, True, True, True), (2, True, False, True), (1, False, True, False), (2, False, False, False)],
+)
 @pytest.mark.slow
 def test_attention_core_gradcheck(G, with_seg, with_mask, with_drop):
     g = torch.Generator().manual_seed(0)
@@ -139,8 +141,16 @@ def run_train(cfg, batch, mems=None, seed=0):
     ids, tt, perm, tmap = batch
     torch.manual_seed(seed)
     m = XLNetLMHeadModel(cfg).train()
-    o = m(ids, tt, None, perm, target_mapping=tmap, mems=mems, labels=tmap.argmax(-1),
-          label_mask=(tmap.sum(-1) > 0).float())
+    o = m(
+        ids,
+        tt,
+        None,
+        perm,
+        target_mapping=tmap,
+        mems=mems,
+        labels=tmap.argmax(-1),
+        label_mask=(tmap.sum(-1) > 0).float(),
+    )
     o.loss.backward()
     return o, {k: p.grad for k, p in m.named_parameters()}
 
@@ -181,8 +191,17 @@ def test_need_hidden_false_skips_only_the_last_content_rows(impl):
     for need in (True, False):
         torch.manual_seed(0)
         m = XLNetLMHeadModel(cfg).train()
-        o = m(ids, tt, None, perm, target_mapping=tmap, mems=mems, labels=tmap.argmax(-1),
-              label_mask=(tmap.sum(-1) > 0).float(), need_hidden=need)
+        o = m(
+            ids,
+            tt,
+            None,
+            perm,
+            target_mapping=tmap,
+            mems=mems,
+            labels=tmap.argmax(-1),
+            label_mask=(tmap.sum(-1) > 0).float(),
+            need_hidden=need,
+        )
         o.loss.backward()
         outs.append((o, {k: p.grad for k, p in m.named_parameters()}))
     (o1, g1), (o2, g2) = outs

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from modeltools import TOL, L, R, V, maxdiff, plm_batch, tiny_cfg
 
-from modeltools import L, R, TOL, V, maxdiff, plm_batch, tiny_cfg
 from xlnetcli.core.errors import XLNetError
-from xlnetcli.model.state_dict_adapter import mems_from_hf, mems_to_hf, to_hf_config, to_hf_state
-from xlnetcli.model.heads import SequenceSummary
 from xlnetcli.model import XLNetLMHeadModel, named_config
+from xlnetcli.model.heads import SequenceSummary
+from xlnetcli.model.state_dict_adapter import mems_from_hf, mems_to_hf, to_hf_config, to_hf_state
 
 transformers = pytest.importorskip("transformers")
 
@@ -135,8 +135,7 @@ def test_left_padding_attention_mask(impl, with_targets):
     am[2, :11] = 0
     ids = ids.masked_fill(am == 0, 5)
     tt = tt.masked_fill(am == 0, 0)
-    run_both(ours, hf, cfg, ids, tt=tt, am=am, perm=perm if with_targets else None,
-             tmap=tmap if with_targets else None)
+    run_both(ours, hf, cfg, ids, tt=tt, am=am, perm=perm if with_targets else None, tmap=tmap if with_targets else None)
 
 
 def test_sdpa_matches_einsum_training_graph():
@@ -187,7 +186,7 @@ def plain_reference(model, ids, tt, perm, tmap, mems=None):
     for li, layer in enumerate(tr.layer):
         a = layer.rel_attn
         src = a if cfg.untie_r else tr
-        new_mems.append(torch.cat(([] if mems is None else [mems[li]]) + [h[:, :cfg.reuse_len]], 1)[:, -cfg.mem_len:])
+        new_mems.append(torch.cat(([] if mems is None else [mems[li]]) + [h[:, : cfg.reuse_len]], 1)[:, -cfg.mem_len :])
         cat = h if mems is None else torch.cat([mems[li], h], 1)
         k = torch.einsum("bjd,dnh->bjnh", cat, a.k)
         v = torch.einsum("bjd,dnh->bjnh", cat, a.v)
@@ -222,15 +221,22 @@ def test_plain_reference_untie_r(untie_r, impl):
     mems = model(ids, tt, None, perm, target_mapping=tmap).mems
     ids, tt, perm, tmap = plm_batch(2, 3, rng, pad=False)
     grads = []
-    for fn in (lambda: model(ids, tt, None, perm, target_mapping=tmap, mems=mems),
-               lambda: plain_reference(model, ids, tt, perm, tmap, mems)):
+    for fn in (
+        lambda: model(ids, tt, None, perm, target_mapping=tmap, mems=mems),
+        lambda: plain_reference(model, ids, tt, perm, tmap, mems),
+    ):
         model.zero_grad(set_to_none=True)
         out = fn()
         logits, new_mems = (out.logits, out.mems) if hasattr(out, "logits") else out
         y = torch.randint(0, V, logits.shape[:-1], generator=torch.Generator().manual_seed(2)).reshape(-1)
         F.cross_entropy(logits.reshape(-1, V), y).backward()
-        grads.append((logits.detach(), [m.detach() for m in new_mems],
-                      {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}))
+        grads.append(
+            (
+                logits.detach(),
+                [m.detach() for m in new_mems],
+                {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None},
+            )
+        )
     (l1, m1, g1), (l2, m2, g2) = grads
     assert maxdiff(l1, l2) <= TOL
     for a, b in zip(m1, m2):
@@ -274,9 +280,12 @@ def test_sequence_summary(kind):
     am = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]], dtype=torch.float32)
     s = SequenceSummary(8, kind, use_proj=False, dropout=0.0)
     out = s(h, am)
-    want = {"last": h[:, -1], "first": h[:, 0],
-            "mean": torch.stack([h[0].mean(0), h[1, 2:].mean(0)]),
-            "attn": torch.stack([h[0].mean(0), h[1, 2:].mean(0)])}[kind]  # zero query -> uniform over real tokens
+    want = {
+        "last": h[:, -1],
+        "first": h[:, 0],
+        "mean": torch.stack([h[0].mean(0), h[1, 2:].mean(0)]),
+        "attn": torch.stack([h[0].mean(0), h[1, 2:].mean(0)]),
+    }[kind]  # zero query -> uniform over real tokens
     assert maxdiff(out, want) <= 1e-6
     sp = SequenceSummary(8, kind, use_proj=True, dropout=0.0)
     assert sp(h, am).abs().max() <= 1.0

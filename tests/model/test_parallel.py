@@ -9,12 +9,12 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-
 from modeltools import maxdiff, plm_batch, tiny_cfg, twins
+
 from xlnetcli.core import dist
+from xlnetcli.model import XLNetLayer
 from xlnetcli.model.flops import forward_flops, peak_tflops, train_flops
 from xlnetcli.model.kernels import _RelShift, resolve_impl
-from xlnetcli.model import XLNetLayer
 from xlnetcli.model.parallel import apply_activation_checkpointing, compile_layers, parallelize
 
 
@@ -39,8 +39,11 @@ def train_grads(model, b, seed=1):
         out = model(**b, mems=mems, need_hidden=False)
         out.loss.backward()
         mems = out.mems
-    grads = {k.replace("._checkpoint_wrapped_module", ""): p.grad.clone() for k, p in model.named_parameters()
-             if p.grad is not None}
+    grads = {
+        k.replace("._checkpoint_wrapped_module", ""): p.grad.clone()
+        for k, p in model.named_parameters()
+        if p.grad is not None
+    }
     return out.loss.detach(), grads
 
 
@@ -105,8 +108,9 @@ def test_kernel_choice():
 
 def test_flop_count_by_hand():
     """XLNet-Base, batch 1, L 512, M 384, P 85: the per-layer terms written out once more."""
-    m = dataclasses.replace(tiny_cfg(), vocab_size=32000, d_model=768, n_layer=12, n_head=12, d_head=64,
-                            d_inner=3072, bi_data=False)
+    m = dataclasses.replace(
+        tiny_cfg(), vocab_size=32000, d_model=768, n_layer=12, n_head=12, d_head=64, d_inner=3072, bi_data=False
+    )
     d, L, M, P, K, R = 768, 512, 384, 85, 896, 1408
     N = L + P
     proj = 2 * N * d * d + 4 * K * d * d + 2 * R * d * d + 2 * N * d * d + 4 * N * d * 3072

@@ -8,8 +8,10 @@ from xlnetcli.report.plot import plot_run
 
 def _write_metrics(run):
     run.mkdir()
-    rows = [{"step": s, "split": "train", "loss": 9.0 - s / 10, "lr": 1e-3 * min(1, s / 5), "tokens_per_s": 1000 + s}
-            for s in range(1, 30)]
+    rows = [
+        {"step": s, "split": "train", "loss": 9.0 - s / 10, "lr": 1e-3 * min(1, s / 5), "tokens_per_s": 1000 + s}
+        for s in range(1, 30)
+    ]
     rows += [{"step": s, "split": "eval", "loss": 8.5 - s / 12, "accuracy": 0.1 + s / 100} for s in (10, 20, 29)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 

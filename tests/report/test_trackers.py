@@ -15,8 +15,8 @@ from clitools import FAST_PRETRAIN, TINY, TRAIN_TSV, assert_one_line_error, run_
 
 from xlnetcli.config import config_to_dict, load_config
 from xlnetcli.core.errors import ConfigError, XLNetError
-from xlnetcli.train.pretrain import pretrain
 from xlnetcli.report.metrics_log import MetricsLogger, NullLogger, read_metrics
+from xlnetcli.train.pretrain import pretrain
 
 pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
 
@@ -82,11 +82,11 @@ def _wandb_records(path: Path) -> list:
         if left < 7:  # block trailer padding
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0 and length == 0:
             pos += left
             continue
-        chunk = data[pos + 7:pos + 7 + length]
+        chunk = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind == 1:
             chunks.append(chunk)
@@ -180,18 +180,33 @@ def test_mlflow_file_store_gets_the_metrics_jsonl_values_and_resume_continues(re
 def test_finetune_report_to_mlflow(builds, tmp_path, mlflow_store):
     """finetune.report_to is the finetuning run's own key (its train.* settings come from the checkpoint)."""
     from xlnetcli.checkpoint.folders import save_model_dir
-    from xlnetcli.train.finetune import finetune
     from xlnetcli.model import XLNetLMHeadModel
+    from xlnetcli.train.finetune import finetune
 
-    base = load_config(TINY, TRACKED_RUN + ["model.mem_len=0", "model.reuse_len=0", "model.bi_data=false",
-                                      "data.perm_size=16"])
+    base = load_config(
+        TINY, TRACKED_RUN + ["model.mem_len=0", "model.reuse_len=0", "model.bi_data=false", "data.perm_size=16"]
+    )
     torch.manual_seed(0)
-    save_model_dir(tmp_path / "init", XLNetLMHeadModel(base.model), base, builds.tokenizer(base.tokenizer),
-                   meta={"kind": "pretrain", "step": 0})
+    save_model_dir(
+        tmp_path / "init",
+        XLNetLMHeadModel(base.model),
+        base,
+        builds.tokenizer(base.tokenizer),
+        meta={"kind": "pretrain", "step": 0},
+    )
     lines = TRAIN_TSV.read_text(encoding="utf-8").splitlines()
     (tmp_path / "train.tsv").write_text("\n".join(lines[:65]) + "\n", encoding="utf-8")
-    cfg = load_config(None, ["finetune.max_seq_length=32", "finetune.batch_size=16", "finetune.micro_batch_size=16",
-                             "finetune.max_steps=3", "finetune.report_to=mlflow", "finetune.precision=fp32"])
+    cfg = load_config(
+        None,
+        [
+            "finetune.max_seq_length=32",
+            "finetune.batch_size=16",
+            "finetune.micro_batch_size=16",
+            "finetune.max_steps=3",
+            "finetune.report_to=mlflow",
+            "finetune.precision=fp32",
+        ],
+    )
     finetune(cfg, "classification", tmp_path / "train.tsv", None, tmp_path / "init", tmp_path / "ft", quiet=True)
     run_id = json.loads((tmp_path / "ft" / "trackers.json").read_text())["mlflow"]["run_id"]
     want = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "ft") if r["split"] == "train"}
@@ -226,16 +241,31 @@ def test_none_writes_only_metrics_jsonl(tmp_path):
 
 @pytest.mark.parametrize("name", ["wandb", "mlflow", "tensorboard"])
 def test_missing_tracker_package_is_one_line_naming_the_extra(name, records, tmp_path, monkeypatch, capsys):
-    blocked = {"wandb": ["wandb"], "mlflow": ["mlflow", "mlflow.tracking"],
-               "tensorboard": ["torch.utils.tensorboard", "tensorboard"]}[name]
+    blocked = {
+        "wandb": ["wandb"],
+        "mlflow": ["mlflow", "mlflow.tracking"],
+        "tensorboard": ["torch.utils.tensorboard", "tensorboard"],
+    }[name]
     for mod in blocked:
         monkeypatch.setitem(sys.modules, mod, None)  # import raises ImportError
     with pytest.raises(XLNetError, match=rf"pip install 'xlnetcli\[{name}\]'"):
         MetricsLogger(tmp_path / "direct", name)
     out = tmp_path / "run"
-    code, _, err = run_main(capsys, "pretrain", "--config", TINY, *set_args(TRACKED_RUN),
-                            "--set", "train.max_steps=2", "--set", f"train.report_to={name}", "--data", records,
-                            "--out", out)
+    code, _, err = run_main(
+        capsys,
+        "pretrain",
+        "--config",
+        TINY,
+        *set_args(TRACKED_RUN),
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        f"train.report_to={name}",
+        "--data",
+        records,
+        "--out",
+        out,
+    )
     assert_one_line_error(code, err, f"report_to {name}", f"pip install 'xlnetcli[{name}]'")
     assert not out.exists()  # refused before the run folder is made
 

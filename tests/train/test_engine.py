@@ -40,8 +40,15 @@ class ToyRecipe:
     keep_last = 1
     hints = Hints(lengths="toy.width (4)", warmup="more toy.warmup")
 
-    def __init__(self, size: int, accum: int, sigterm_at: int | None = None, nan_at: int | None = None,
-                 eval_every: int = 0, stop_at: int | None = None) -> None:
+    def __init__(
+        self,
+        size: int,
+        accum: int,
+        sigterm_at: int | None = None,
+        nan_at: int | None = None,
+        eval_every: int = 0,
+        stop_at: int | None = None,
+    ) -> None:
         self.size, self.accum = size, accum
         self.sigterm_at, self.nan_at = sigterm_at, nan_at  # step (0-based) to send SIGTERM at / return nan at
         self.eval_every, self.stop_at = eval_every, stop_at
@@ -82,18 +89,54 @@ class ToyRecipe:
         return set()
 
 
-def make_engine(run_dir: Path, recipe: ToyRecipe | None = None, *, size: int = 4, accum: int = 1, max_steps: int = 6,
-                lr: float = 0.01, warmup: int = 0, schedule: str = "linear", min_lr_ratio: float = 0.0,
-                clip_norm: float = 0.0, save_every: int = 0, dropout: float = 0.0,
-                resume_from: Path | None = None) -> Engine:
+def make_engine(
+    run_dir: Path,
+    recipe: ToyRecipe | None = None,
+    *,
+    size: int = 4,
+    accum: int = 1,
+    max_steps: int = 6,
+    lr: float = 0.01,
+    warmup: int = 0,
+    schedule: str = "linear",
+    min_lr_ratio: float = 0.0,
+    clip_norm: float = 0.0,
+    save_every: int = 0,
+    dropout: float = 0.0,
+    resume_from: Path | None = None,
+) -> Engine:
     seed_everything(0)
     model = nn.Sequential(nn.Linear(D_IN, 8), nn.Dropout(dropout), nn.Linear(8, D_OUT))
-    plan = TrainPlan(section="toy", max_steps=max_steps, lr=lr, warmup_steps=warmup, clip_norm=clip_norm,
-                     precision="fp32", micro_batch_size=size, global_batch_size=size * accum, accumulation=accum,
-                     seq_len=1, tokens_per_step=size * accum, log_every=1, save_every=save_every, weight_decay=0.01,
-                     adam_eps=1e-8, schedule=schedule, min_lr_ratio=min_lr_ratio)
-    return Engine(model, recipe or ToyRecipe(size, accum), plan, DistEnv(), run_dir, Config(), quiet=True,
-                  resume_from=resume_from, report_to="none").setup()
+    plan = TrainPlan(
+        section="toy",
+        max_steps=max_steps,
+        lr=lr,
+        warmup_steps=warmup,
+        clip_norm=clip_norm,
+        precision="fp32",
+        micro_batch_size=size,
+        global_batch_size=size * accum,
+        accumulation=accum,
+        seq_len=1,
+        tokens_per_step=size * accum,
+        log_every=1,
+        save_every=save_every,
+        weight_decay=0.01,
+        adam_eps=1e-8,
+        schedule=schedule,
+        min_lr_ratio=min_lr_ratio,
+    )
+    return Engine(
+        model,
+        recipe or ToyRecipe(size, accum),
+        plan,
+        DistEnv(),
+        run_dir,
+        Config(),
+        quiet=True,
+        resume_from=resume_from,
+        report_to="none",
+    ).setup()
 
 
 def record_steps(engine: Engine) -> list[dict]:
@@ -102,8 +145,9 @@ def record_steps(engine: Engine) -> list[dict]:
     step = engine.optimizer.step
 
     def recording_step(*args, **kwargs):
-        seen.append({"grads": [p.grad.clone() for p in engine.params],
-                     "lrs": [g["lr"] for g in engine.optimizer.param_groups]})
+        seen.append(
+            {"grads": [p.grad.clone() for p in engine.params], "lrs": [g["lr"] for g in engine.optimizer.param_groups]}
+        )
         return step(*args, **kwargs)
 
     engine.optimizer.step = recording_step
@@ -159,23 +203,29 @@ def test_clipping_bounds_the_applied_gradient_and_the_log_keeps_the_norm_before_
     assert total_norm(seen[0]["grads"]) == pytest.approx(clip, rel=1e-5)
 
 
-@pytest.mark.parametrize("schedule, min_lr_ratio, by_hand", [
-    ("linear", 0.0, [0.5, 1.0, 1.0, 0.75, 0.5, 0.25]),
-    ("cosine", 0.1, [0.5, 1.0, 1.0, 0.1 + 0.45 * (1 + math.cos(math.pi / 4)), 0.55,
-                     0.1 + 0.45 * (1 - math.cos(math.pi / 4))]),
-])
+@pytest.mark.parametrize(
+    "schedule, min_lr_ratio, by_hand",
+    [
+        ("linear", 0.0, [0.5, 1.0, 1.0, 0.75, 0.5, 0.25]),
+        (
+            "cosine",
+            0.1,
+            [0.5, 1.0, 1.0, 0.1 + 0.45 * (1 + math.cos(math.pi / 4)), 0.55, 0.1 + 0.45 * (1 - math.cos(math.pi / 4))],
+        ),
+    ],
+)
 def test_lr_warms_up_then_decays_as_the_schedule_says(tmp_path, schedule, min_lr_ratio, by_hand):
     """Warmup 2 of 6 steps: step i (0-based) is trained at lr * lr_factor(i); every parameter group gets it."""
     lr = 0.01
-    engine = make_engine(tmp_path / "run", max_steps=6, lr=lr, warmup=2, schedule=schedule,
-                         min_lr_ratio=min_lr_ratio)
+    engine = make_engine(tmp_path / "run", max_steps=6, lr=lr, warmup=2, schedule=schedule, min_lr_ratio=min_lr_ratio)
     seen = record_steps(engine)
     engine.fit()
     applied = [s["lrs"] for s in seen]
     assert all(len(set(group_lrs)) == 1 for group_lrs in applied)  # no layer decay: one lr for every group
     assert [g[0] for g in applied] == pytest.approx([lr * f for f in by_hand], rel=1e-12)
-    assert [g[0] for g in applied] == pytest.approx([lr * lr_factor(i, 2, 6, schedule, min_lr_ratio)
-                                                     for i in range(6)], rel=1e-12)
+    assert [g[0] for g in applied] == pytest.approx(
+        [lr * lr_factor(i, 2, 6, schedule, min_lr_ratio) for i in range(6)], rel=1e-12
+    )
     assert [r["lr"] for r in rows(tmp_path / "run")] == [g[0] for g in applied]
 
 
@@ -218,8 +268,9 @@ def test_sigterm_finishes_the_step_saves_and_raises_preempted(tmp_path):
         signal.signal(signal.SIGTERM, previous)
     assert restored is outer and not outer_calls  # the engine's handler took the signal, then gave SIGTERM back
     folder = tmp_path / "run" / "step_0000004"
-    assert str(e.value) == (f"stopped on SIGTERM after step 4 of 8: checkpoint {folder} written; continue with "
-                            "--resume 4")
+    assert str(e.value) == (
+        f"stopped on SIGTERM after step 4 of 8: checkpoint {folder} written; continue with --resume 4"
+    )
     assert e.value.exit_code == 75
     assert load_train_state(folder)["step"] == 4
     assert json.loads((folder / "meta.json").read_text())["kind"] == "toy"
@@ -247,14 +298,18 @@ def test_out_of_memory_and_divergence_give_the_recipes_advice(tmp_path):
     recipe.loss = oom
     with pytest.raises(XLNetError) as e:
         make_engine(tmp_path / "oom", recipe, accum=2).fit()
-    assert str(e.value) == ("out of memory on cpu during training step 1 with micro-batch 4 x seq 1 (accumulation 2, "
-                            "1 process(es)); try --set toy.micro_batch_size=2 (accumulation becomes 4, same global "
-                            "batch), or lower toy.width (4)")
+    assert str(e.value) == (
+        "out of memory on cpu during training step 1 with micro-batch 4 x seq 1 (accumulation 2, "
+        "1 process(es)); try --set toy.micro_batch_size=2 (accumulation becomes 4, same global "
+        "batch), or lower toy.width (4)"
+    )
     with pytest.raises(XLNetError) as e:
         make_engine(tmp_path / "nan", ToyRecipe(4, 1, nan_at=1), lr=0.1).fit()
-    assert str(e.value) == ("training diverged at step 2: toy loss is nan on micro-batch 0 of rank 0; the update was "
-                            "not applied; no checkpoint saved yet; try a lower toy.lr (now 0.1), more toy.warmup or "
-                            "toy.precision=fp32")
+    assert str(e.value) == (
+        "training diverged at step 2: toy loss is nan on micro-batch 0 of rank 0; the update was "
+        "not applied; no checkpoint saved yet; try a lower toy.lr (now 0.1), more toy.warmup or "
+        "toy.precision=fp32"
+    )
 
 
 def test_one_plan_for_both_sections():
@@ -263,11 +318,19 @@ def test_one_plan_for_both_sections():
     common = dict(max_steps=10, warmup_steps=1, global_batch_size=8, accumulation=2, seq_len=16, flops_per_token=None)
     pre = TrainPlan.from_config(cfg, "train", **common)
     ft = TrainPlan.from_config(cfg, "finetune", rows=4, save_on_eval=True, **common)
-    assert (pre.section, pre.lr, pre.schedule, pre.adam_betas) == ("train", cfg.train.lr, cfg.train.schedule,
-                                                                   cfg.train.adam_betas)
+    assert (pre.section, pre.lr, pre.schedule, pre.adam_betas) == (
+        "train",
+        cfg.train.lr,
+        cfg.train.schedule,
+        cfg.train.adam_betas,
+    )
     assert pre.activation_checkpointing is False and pre.layer_decay == 1.0 and pre.micro_multiple == 2  # bi_data
-    assert (ft.section, ft.lr, ft.layer_decay, ft.precision) == ("finetune", cfg.finetune.lr, cfg.finetune.layer_decay,
-                                                                 cfg.finetune.precision)
+    assert (ft.section, ft.lr, ft.layer_decay, ft.precision) == (
+        "finetune",
+        cfg.finetune.lr,
+        cfg.finetune.layer_decay,
+        cfg.finetune.precision,
+    )
     assert ft.schedule == "linear" and ft.activation_checkpointing is None and not ft.compile
     assert (pre.tokens_per_step, ft.tokens_per_step) == (8 * 16, 8 * 4 * 16)
     assert ft.save_on_eval and not pre.save_on_eval

@@ -10,15 +10,24 @@ import time
 from pathlib import Path
 
 import pytest
-
 from clitools import BIN, MICRO_MODEL, child_env, kill_and_resume, write_config
+
 from xlnetcli.core.files import sha256_file
 from xlnetcli.report.metrics_log import read_metrics
 
 KILLS = int(os.environ.get("XLNET_FAULT_KILLS", "20"))
 STEPS = 60
-FAULT_RUN = [*MICRO_MODEL, "model.n_layer=2", "train.warmup_steps=2", "train.log_every=1", "train.eval_batches=1",
-             "train.eval_every=5", "train.save_every=1", "train.keep_last=2", f"train.max_steps={STEPS}"]
+FAULT_RUN = [
+    *MICRO_MODEL,
+    "model.n_layer=2",
+    "train.warmup_steps=2",
+    "train.log_every=1",
+    "train.eval_batches=1",
+    "train.eval_every=5",
+    "train.save_every=1",
+    "train.keep_last=2",
+    f"train.max_steps={STEPS}",
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +38,24 @@ def setup(builds, tmp_path_factory) -> tuple[Path, Path]:
 
 
 def _start(records: Path, cfg: Path, out: Path) -> subprocess.Popen:
-    cmd = [str(BIN / "xlnet"), "pretrain", "--config", str(cfg), "--data", str(records), "--out", str(out),
-           "--resume", "--quiet"]
+    cmd = [
+        str(BIN / "xlnet"),
+        "pretrain",
+        "--config",
+        str(cfg),
+        "--data",
+        str(records),
+        "--out",
+        str(out),
+        "--resume",
+        "--quiet",
+    ]
     return subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def _wait_for_progress(proc: subprocess.Popen, run: Path, timeout: float = 120) -> bool:
     """Until the run has logged a new metric line (it is past start-up), or has exited."""
+
     def lines() -> int:
         try:  # a restart before the first checkpoint removes the file: it may vanish between two looks
             return (run / "metrics.jsonl").read_bytes().count(b"\n")
@@ -63,9 +83,23 @@ def _wait_for_save(proc: subprocess.Popen, run: Path, timeout: float = 120) -> b
 @pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_checkpoint(setup, tmp_path):
     records, cfg = setup
-    ref = subprocess.run([str(BIN / "xlnet"), "pretrain", "--config", str(cfg), "--data", str(records), "--out",
-                          str(tmp_path / "ref"), "--quiet"], env=child_env(), capture_output=True, text=True,
-                         timeout=600)
+    ref = subprocess.run(
+        [
+            str(BIN / "xlnet"),
+            "pretrain",
+            "--config",
+            str(cfg),
+            "--data",
+            str(records),
+            "--out",
+            str(tmp_path / "ref"),
+            "--quiet",
+        ],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert ref.returncode == 0, ref.stderr
     rng = random.Random(20261123)
     run = tmp_path / "faulty"

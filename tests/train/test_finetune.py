@@ -23,11 +23,12 @@ import torch
 from clitools import ROOT, SAMPLE, SQUAD, TRAIN_TSV, VALID_TSV
 from finetunetools import LABELS, MODEL_SETS, ft_cfg, pydocs_rows, random_init_checkpoint
 
-from xlnetcli.data import labelled
 from xlnetcli.config import load_config
 from xlnetcli.core.errors import DataError
+from xlnetcli.data import labelled
 from xlnetcli.data.special import CLS_ID, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEP_ID
 from xlnetcli.data.tokenizer import Tokenizer
+
 
 @pytest.fixture(scope="module")
 def tok_dir(builds) -> Path:
@@ -74,8 +75,13 @@ def test_pair_format_left_padding_and_truncation(tok):
 
 
 def test_multiple_choice_options_do_not_leak(tok):
-    ex = labelled.ChoiceExample("1", "The socket module provides access to the BSD socket interface.",
-                             "Which area does this paragraph document?", ["gui", "internet", "testing"], 1)
+    ex = labelled.ChoiceExample(
+        "1",
+        "The socket module provides access to the BSD socket interface.",
+        "Which area does this paragraph document?",
+        ["gui", "internet", "testing"],
+        1,
+    )
     enc = labelled.encode_choices(tok, [ex], 64)
     ctx = tok.encode_ids(ex.context)
     for j, opt in enumerate(ex.options):
@@ -83,7 +89,7 @@ def test_multiple_choice_options_do_not_leak(tok):
         real = list(row[enc.arrays["attention_mask"][0, j] > 0])
         assert real[: len(ctx)] == ctx and real[len(ctx)] == SEP_ID  # a fresh copy of the context each time
         qa = tok.encode_ids(f"{ex.question} {opt}")
-        assert real[len(ctx) + 1: -2] == qa and real[-2:] == [SEP_ID, CLS_ID]
+        assert real[len(ctx) + 1 : -2] == qa and real[-2:] == [SEP_ID, CLS_ID]
 
 
 def test_squad_features_windows_and_alignment(tok):
@@ -97,12 +103,12 @@ def test_squad_features_windows_and_alignment(tok):
         ex = examples[m["example"]]
         cls = a["cls_index"][f]
         assert a["input_ids"][f, cls] == CLS_ID and a["p_mask"][f, cls] == 0
-        assert (a["input_ids"][f, cls + 1:] == PAD_ID).all()  # right padding
+        assert (a["input_ids"][f, cls + 1 :] == PAD_ID).all()  # right padding
         n_doc = len(m["offsets"])
-        assert (a["token_type_ids"][f, :n_doc + 1] == SEG_ID_A).all() and a["input_ids"][f, n_doc] == SEP_ID
+        assert (a["token_type_ids"][f, : n_doc + 1] == SEG_ID_A).all() and a["input_ids"][f, n_doc] == SEP_ID
         if a["is_impossible"][f] == 0:
             s, e = a["start_positions"][f], a["end_positions"][f]
-            assert ex.context[m["offsets"][s][0]:m["offsets"][e][1]] == ex.answers[0]
+            assert ex.context[m["offsets"][s][0] : m["offsets"][e][1]] == ex.answers[0]
             found.add(ex.qid)
         else:
             assert a["start_positions"][f] == cls == a["end_positions"][f]
@@ -116,9 +122,13 @@ def test_squad_postprocessing_known_examples(tok):
     a = enc.arrays
     n = len(enc)
     k = 2
-    out = {"start_top_log_probs": np.full((n, k), -5.0, np.float32), "start_top_index": np.zeros((n, k), np.int64),
-           "end_top_log_probs": np.full((n, k, k), -5.0, np.float32), "end_top_index": np.zeros((n, k, k), np.int64),
-           "cls_logits": np.zeros(n, np.float32)}
+    out = {
+        "start_top_log_probs": np.full((n, k), -5.0, np.float32),
+        "start_top_index": np.zeros((n, k), np.int64),
+        "end_top_log_probs": np.full((n, k, k), -5.0, np.float32),
+        "end_top_index": np.zeros((n, k, k), np.int64),
+        "cls_logits": np.zeros(n, np.float32),
+    }
     for f in range(n):
         out["start_top_index"][f, 0] = a["start_positions"][f]
         out["end_top_index"][f, 0, 0] = a["end_positions"][f]
@@ -140,13 +150,21 @@ def test_squad_postprocessing_known_examples(tok):
 
 def test_glue_style_files(tmp_path):
     mnli = tmp_path / "dev_matched.tsv"
-    mnli.write_text("index\tpromptID\tsentence1\tsentence2\tlabel1\tgold_label\n"
-                    '0\t31193\tThe "new" rights are nice.\tEveryone loves them.\tneutral\tneutral\n'
-                    "1\t101457\tThis site includes a list.\tThe site has lists.\tentailment\tentailment\n")
+    mnli.write_text(
+        "index\tpromptID\tsentence1\tsentence2\tlabel1\tgold_label\n"
+        '0\t31193\tThe "new" rights are nice.\tEveryone loves them.\tneutral\tneutral\n'
+        "1\t101457\tThis site includes a list.\tThe site has lists.\tentailment\tentailment\n"
+    )
     ex = labelled.read_table(mnli)
-    assert (ex[0].text_a, ex[0].text_b, ex[0].label) == ('The "new" rights are nice.', "Everyone loves them.", "neutral")
+    assert (ex[0].text_a, ex[0].text_b, ex[0].label) == (
+        'The "new" rights are nice.',
+        "Everyone loves them.",
+        "neutral",
+    )
     stsb = tmp_path / "sts.tsv"
-    stsb.write_text("genre\tsentence1\tsentence2\tscore\nmain\tA plane takes off.\tAn air plane is taking off.\t5.000\n")
+    stsb.write_text(
+        "genre\tsentence1\tsentence2\tscore\nmain\tA plane takes off.\tAn air plane is taking off.\t5.000\n"
+    )
     assert labelled.read_table(stsb, "regression")[0].label == 5.0
     cola = tmp_path / "cola.tsv"
     cola.write_text("gj04\t1\t\tOur friends won't buy this analysis.\ngj04\t0\t*\tThey drank the pub.\n")
@@ -215,8 +233,14 @@ def test_regression_end_to_end(work, tmp_path, capsys):
         lines = ["sentence\tscore"] + [f"{t}\t{min(len(t.split()), 40) / 10:.1f}" for t, _ in pydocs_rows(path, n)]
         files[split].write_text("\n".join(lines) + "\n")
     out = tmp_path / "reg"
-    res = finetune(ft_cfg("finetune.eval_every=30", "finetune.early_stopping_patience=3"),
-                   "regression", files["train"], files["valid"], work / "init", out)
+    res = finetune(
+        ft_cfg("finetune.eval_every=30", "finetune.early_stopping_patience=3"),
+        "regression",
+        files["train"],
+        files["valid"],
+        work / "init",
+        out,
+    )
     assert res["metric"] == "pearson" and {"pearson", "spearman", "mse"} <= set(res["valid"])
     # not a terminal: a plain line per log interval and one per evaluation, unwrapped
     err = capsys.readouterr().err.splitlines()
@@ -243,12 +267,28 @@ def test_multiple_choice_end_to_end(work, tmp_path):
             for i in range(n):
                 opts = [pos[i], *rng.sample(neg, 3)]
                 rng.shuffle(opts)
-                f.write(json.dumps({"id": f"{split}-{i}", "context": "Python standard library documentation.",
-                                    "question": "Which paragraph documents concurrency?", "options": opts,
-                                    "answer": "ABCD"[opts.index(pos[i])]}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "id": f"{split}-{i}",
+                            "context": "Python standard library documentation.",
+                            "question": "Which paragraph documents concurrency?",
+                            "options": opts,
+                            "answer": "ABCD"[opts.index(pos[i])],
+                        }
+                    )
+                    + "\n"
+                )
     out = tmp_path / "mc"
-    res = finetune(ft_cfg("finetune.max_seq_length=48", "finetune.micro_batch_size=16"),
-                   "multiple-choice", files["train"], files["valid"], work / "init", out, quiet=True)
+    res = finetune(
+        ft_cfg("finetune.max_seq_length=48", "finetune.micro_batch_size=16"),
+        "multiple-choice",
+        files["train"],
+        files["valid"],
+        work / "init",
+        out,
+        quiet=True,
+    )
     # random init, 2 epochs (26 steps x 32 questions x 4 options): 0.66 on 100 questions; chance is 0.25
     assert res["metric"] == "accuracy" and res["value"] > 0.4, res["valid"]
     r = evaluate_task(out, files["valid"], predict=tmp_path / "p.jsonl")
@@ -263,10 +303,19 @@ def test_squad_end_to_end(work, tmp_path):
     from xlnetcli.train.finetune import finetune
 
     out = tmp_path / "squad"
-    cfg = ft_cfg("finetune.max_seq_length=96", "finetune.batch_size=8", "finetune.micro_batch_size=8",
-                 "finetune.max_steps=200", "finetune.eval_every=100", "finetune.doc_stride=32",
-                 "finetune.max_query_length=24", "finetune.max_answer_length=16", "finetune.layer_decay=0.75",
-                 "finetune.lr=2e-3", "finetune.dropout=0.0")
+    cfg = ft_cfg(
+        "finetune.max_seq_length=96",
+        "finetune.batch_size=8",
+        "finetune.micro_batch_size=8",
+        "finetune.max_steps=200",
+        "finetune.eval_every=100",
+        "finetune.doc_stride=32",
+        "finetune.max_query_length=24",
+        "finetune.max_answer_length=16",
+        "finetune.layer_decay=0.75",
+        "finetune.lr=2e-3",
+        "finetune.dropout=0.0",
+    )
     res = finetune(cfg, "squad", SQUAD, SQUAD, work / "init", out, quiet=True)
     v = res["valid"]
     assert res["metric"] == "best_f1"
@@ -295,8 +344,7 @@ def test_finetune_from_hf_directory(work, tok_dir, tmp_path):
     shutil.copy(tok_dir / "spiece.model", hf / "spiece.model")
     train = tmp_path / "train.tsv"
     train.write_text("\n".join(["text\tlabel"] + [f"{t}\t{lab}" for t, lab in pydocs_rows(TRAIN_TSV, 64)]) + "\n")
-    res = finetune(ft_cfg("finetune.max_steps=4"), "classification", train, VALID_TSV, hf, tmp_path / "out",
-                   quiet=True)
+    res = finetune(ft_cfg("finetune.max_steps=4"), "classification", train, VALID_TSV, hf, tmp_path / "out", quiet=True)
     assert res["steps"] == 4 and 0.0 <= res["value"] <= 1.0
     assert (Path(res["checkpoint"]) / "tokenizer" / "spiece.model").is_file()
 
@@ -338,17 +386,42 @@ def test_bad_input(work, tmp_path, capsys):
     raw["data"][0]["paragraphs"][0]["qas"][0]["answers"][0]["text"] = "not in this paragraph"
     bad_squad = tmp_path / "bad_squad.json"
     bad_squad.write_text(json.dumps(raw))
-    res = finetune(ft_cfg("finetune.max_seq_length=96", "finetune.batch_size=8", "finetune.micro_batch_size=8",
-                          "finetune.max_steps=2", "finetune.max_query_length=24"),
-                   "squad", bad_squad, None, work / "init", tmp_path / "o2", quiet=True)
+    res = finetune(
+        ft_cfg(
+            "finetune.max_seq_length=96",
+            "finetune.batch_size=8",
+            "finetune.micro_batch_size=8",
+            "finetune.max_steps=2",
+            "finetune.max_query_length=24",
+        ),
+        "squad",
+        bad_squad,
+        None,
+        work / "init",
+        tmp_path / "o2",
+        quiet=True,
+    )
     assert any("1 of 31 questions skipped" in n for n in res["notes"])
     assert (Path(res["checkpoint"]) / "model.safetensors").is_file()  # no validation file: the last model is kept
 
     # through the CLI: exit code 2, one line, no traceback
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        main(["finetune", "--task", "classification", "--train", str(wrong), "--init", str(work / "init"),
-              "--out", str(tmp_path / "o3"), "--text-a-column", "text"])
+        main(
+            [
+                "finetune",
+                "--task",
+                "classification",
+                "--train",
+                str(wrong),
+                "--init",
+                str(work / "init"),
+                "--out",
+                str(tmp_path / "o3"),
+                "--text-a-column",
+                "text",
+            ]
+        )
     err = capsys.readouterr().err
     assert e.value.code == 2 and "Traceback" not in err
     assert err.strip().count("\n") == 0 and "missing column(s) 'text'" in err and "wrong.tsv" in err
@@ -366,18 +439,47 @@ def test_eval_pretrained_checkpoint_on_records(work, tok_dir, tmp_path, capsys):
     """xlnet eval (a): a pretrained checkpoint on held-out records -> PLM loss, perplexity, accuracy."""
     from xlnetcli.cli import main
 
-    sets = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", "tokenizer.vocab_size=2000",
-            "--set", "model.vocab_size=2000", "--set", "data.valid_fraction=0.05"]
-    for argv in (["shard", str(SAMPLE), "--tokenizer", str(tok_dir), "--out", str(tmp_path / "shards"),
-                  "--quiet", "--set", "data.valid_fraction=0.05"],
-                 ["preprocess", "--shards", str(tmp_path / "shards"), "--out", str(tmp_path / "rec"), *sets]):
+    sets = [
+        "--config",
+        str(ROOT / "configs" / "tiny.yaml"),
+        "--set",
+        "tokenizer.vocab_size=2000",
+        "--set",
+        "model.vocab_size=2000",
+        "--set",
+        "data.valid_fraction=0.05",
+    ]
+    for argv in (
+        [
+            "shard",
+            str(SAMPLE),
+            "--tokenizer",
+            str(tok_dir),
+            "--out",
+            str(tmp_path / "shards"),
+            "--quiet",
+            "--set",
+            "data.valid_fraction=0.05",
+        ],
+        ["preprocess", "--shards", str(tmp_path / "shards"), "--out", str(tmp_path / "rec"), *sets],
+    ):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 0
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        main(["eval", str(work / "init"), "--data", str(tmp_path / "rec"), "--batches", "3",
-              "--output", str(tmp_path / "plm.json")])
+        main(
+            [
+                "eval",
+                str(work / "init"),
+                "--data",
+                str(tmp_path / "rec"),
+                "--batches",
+                "3",
+                "--output",
+                str(tmp_path / "plm.json"),
+            ]
+        )
     assert e.value.code == 0
     res = json.loads(capsys.readouterr().out)
     assert res["kind"] == "plm" and res["batches"] == 3 and res["targets"] > 0
@@ -400,9 +502,18 @@ def _resume_files(tmp_path: Path) -> tuple[Path, Path, Path]:
     from xlnetcli.config import dump_config
 
     cfg = tmp_path / "ft.yaml"  # dropout on: the RNG state must resume too
-    cfg.write_text(dump_config(ft_cfg("finetune.batch_size=16", "finetune.micro_batch_size=8",
-                                      "finetune.max_steps=40", "finetune.eval_every=10", "finetune.save_every=2",
-                                      "finetune.max_seq_length=48")))
+    cfg.write_text(
+        dump_config(
+            ft_cfg(
+                "finetune.batch_size=16",
+                "finetune.micro_batch_size=8",
+                "finetune.max_steps=40",
+                "finetune.eval_every=10",
+                "finetune.save_every=2",
+                "finetune.max_seq_length=48",
+            )
+        )
+    )
     return train, valid, cfg
 
 
@@ -437,8 +548,23 @@ def test_resume_after_sigkill_is_exact(work, tmp_path, capsys):
     env = dict(os.environ, XLNET_NO_PROGRESS="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
     def cmd(out: Path, *extra: str) -> list[str]:
-        return [xlnet, "finetune", "--task", "classification", "--train", str(train), "--valid", str(valid),
-                "--init", str(work / "init"), "--out", str(out), "--config", str(cfg), *extra]
+        return [
+            xlnet,
+            "finetune",
+            "--task",
+            "classification",
+            "--train",
+            str(train),
+            "--valid",
+            str(valid),
+            "--init",
+            str(work / "init"),
+            "--out",
+            str(out),
+            "--config",
+            str(cfg),
+            *extra,
+        ]
 
     done = subprocess.run(cmd(tmp_path / "a", "--quiet"), env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -482,9 +608,28 @@ def test_sigterm_keeps_the_previous_result_until_the_new_one_completes(work, tmp
 
     train, valid, cfg = _resume_files(tmp_path)
     out = tmp_path / "out"
-    argv = ["finetune", "--task", "classification", "--train", train, "--valid", valid, "--init", work / "init",
-            "--out", out, "--config", cfg, "--set", "finetune.max_steps=12", "--set", "finetune.eval_every=4",
-            "--set", "finetune.save_every=0", "--quiet"]
+    argv = [
+        "finetune",
+        "--task",
+        "classification",
+        "--train",
+        train,
+        "--valid",
+        valid,
+        "--init",
+        work / "init",
+        "--out",
+        out,
+        "--config",
+        cfg,
+        "--set",
+        "finetune.max_steps=12",
+        "--set",
+        "finetune.eval_every=4",
+        "--set",
+        "finetune.save_every=0",
+        "--quiet",
+    ]
     with torch.random.fork_rng():
         code, _, err = run_main(capsys, *argv)
     assert code == 0, err
@@ -520,22 +665,47 @@ def test_out_of_memory_and_divergence_are_diagnosed(work, tmp_path, monkeypatch,
     from xlnetcli.train.finetune import FinetuneRecipe
 
     train, valid, cfg = _resume_files(tmp_path)
-    argv = ["finetune", "--task", "classification", "--train", train, "--valid", valid, "--init", work / "init",
-            "--out", tmp_path / "out", "--config", cfg, "--quiet"]
+    argv = [
+        "finetune",
+        "--task",
+        "classification",
+        "--train",
+        train,
+        "--valid",
+        valid,
+        "--init",
+        work / "init",
+        "--out",
+        tmp_path / "out",
+        "--config",
+        cfg,
+        "--quiet",
+    ]
 
     def oom(self, model, batch, micro):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     monkeypatch.setattr(FinetuneRecipe, "loss", oom)
     code, _, err = run_main(capsys, *argv)
-    assert_one_line_error(code, err, "out of memory on cpu during training step 1 with micro-batch 8 x seq 48",
-                          "--set finetune.micro_batch_size=4 (accumulation becomes 4, same global batch)",
-                          "finetune.max_seq_length (48)")
+    assert_one_line_error(
+        code,
+        err,
+        "out of memory on cpu during training step 1 with micro-batch 8 x seq 48",
+        "--set finetune.micro_batch_size=4 (accumulation becomes 4, same global batch)",
+        "finetune.max_seq_length (48)",
+    )
     monkeypatch.undo()
-    code, _, err = run_main(capsys, *argv, "--set", "finetune.lr=1e30", "--set", "finetune.clip_norm=0",
-                            "--set", "finetune.warmup_ratio=0")
-    assert_one_line_error(code, err, "training diverged at step", "the update was not applied",
-                          "no checkpoint saved yet", "finetune.lr (now 1e+30)")
+    code, _, err = run_main(
+        capsys, *argv, "--set", "finetune.lr=1e30", "--set", "finetune.clip_norm=0", "--set", "finetune.warmup_ratio=0"
+    )
+    assert_one_line_error(
+        code,
+        err,
+        "training diverged at step",
+        "the update was not applied",
+        "no checkpoint saved yet",
+        "finetune.lr (now 1e+30)",
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ft.yaml", "train.tsv", "valid.tsv"]
 
 
@@ -555,14 +725,31 @@ def test_sigkill_at_many_random_moments_then_resume_gives_the_uninterrupted_resu
     train, valid, cfg = _resume_files(tmp_path)
     from xlnetcli.config import dump_config, load_config
 
-    cfg.write_text(dump_config(load_config(cfg, ["finetune.save_every=1", "finetune.max_steps=200",
-                                                 "finetune.eval_every=50"])))
+    cfg.write_text(
+        dump_config(load_config(cfg, ["finetune.save_every=1", "finetune.max_steps=200", "finetune.eval_every=50"]))
+    )
     xlnet = str(Path(sys.executable).parent / "xlnet")
     env = dict(os.environ, XLNET_NO_PROGRESS="1", OMP_NUM_THREADS="1")
 
     def cmd(out: Path, *extra: str) -> list[str]:
-        return [xlnet, "finetune", "--task", "classification", "--train", str(train), "--valid", str(valid),
-                "--init", str(work / "init"), "--out", str(out), "--config", str(cfg), "--quiet", *extra]
+        return [
+            xlnet,
+            "finetune",
+            "--task",
+            "classification",
+            "--train",
+            str(train),
+            "--valid",
+            str(valid),
+            "--init",
+            str(work / "init"),
+            "--out",
+            str(out),
+            "--config",
+            str(cfg),
+            "--quiet",
+            *extra,
+        ]
 
     done = subprocess.run(cmd(tmp_path / "a"), env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -581,8 +768,11 @@ def test_sigkill_at_many_random_moments_then_resume_gives_the_uninterrupted_resu
 
     from clitools import kill_and_resume
 
-    kills = kill_and_resume(lambda: subprocess.Popen(cmd(b, "--resume"), env=env, stdout=subprocess.DEVNULL,
-                                                     stderr=subprocess.PIPE), kills_wanted, strike)
+    kills = kill_and_resume(
+        lambda: subprocess.Popen(cmd(b, "--resume"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE),
+        kills_wanted,
+        strike,
+    )
     assert kills == kills_wanted
     assert _comparable(b) == _comparable(tmp_path / "a")
     wa, wb = _best_weights(tmp_path / "a"), _best_weights(b)

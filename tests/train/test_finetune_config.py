@@ -15,12 +15,32 @@ from xlnetcli.config import config_to_dict, load_config
 from xlnetcli.core.errors import ConfigError
 
 # a small model; its checkpoint logs pretraining every step (train.log_every=1), which finetuning must not inherit
-INIT_SETS = ["tokenizer.vocab_size=2000", "model.vocab_size=2000", "model.d_model=32", "model.n_layer=1",
-             "model.n_head=2", "model.d_head=16", "model.d_inner=64", "model.mem_len=0", "model.reuse_len=0",
-             "model.bi_data=false", "data.seq_len=32", "data.num_predict=5", "data.perm_size=16",
-             "tokenizer.character_coverage=0.9999", "tokenizer.threads=1", "train.log_every=1"]
-FT_SETS = ["finetune.max_seq_length=32", "finetune.batch_size=8", "finetune.micro_batch_size=8",
-           "finetune.max_steps=7", "finetune.precision=fp32", "finetune.report_to=none"]
+INIT_SETS = [
+    "tokenizer.vocab_size=2000",
+    "model.vocab_size=2000",
+    "model.d_model=32",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.d_head=16",
+    "model.d_inner=64",
+    "model.mem_len=0",
+    "model.reuse_len=0",
+    "model.bi_data=false",
+    "data.seq_len=32",
+    "data.num_predict=5",
+    "data.perm_size=16",
+    "tokenizer.character_coverage=0.9999",
+    "tokenizer.threads=1",
+    "train.log_every=1",
+]
+FT_SETS = [
+    "finetune.max_seq_length=32",
+    "finetune.batch_size=8",
+    "finetune.micro_batch_size=8",
+    "finetune.max_steps=7",
+    "finetune.precision=fp32",
+    "finetune.report_to=none",
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +52,13 @@ def init(builds, tmp_path_factory):
     root = tmp_path_factory.mktemp("ftcfg")
     cfg = load_config(None, INIT_SETS)
     torch.manual_seed(0)
-    save_model_dir(root / "init", XLNetLMHeadModel(cfg.model), cfg, builds.tokenizer(cfg.tokenizer),
-                   meta={"kind": "pretrain", "step": 0})
+    save_model_dir(
+        root / "init",
+        XLNetLMHeadModel(cfg.model),
+        cfg,
+        builds.tokenizer(cfg.tokenizer),
+        meta={"kind": "pretrain", "step": 0},
+    )
     rows = pydocs_rows(TRAIN_TSV, 64)
     (root / "train.tsv").write_text("\n".join(["text\tlabel"] + [f"{t}\t{lab}" for t, lab in rows]) + "\n")
     return root
@@ -41,8 +66,20 @@ def init(builds, tmp_path_factory):
 
 def _train_steps(capsys, init, out, *sets: str) -> list[int]:
     args = [arg for s in [*FT_SETS, *sets] for arg in ("--set", s)]
-    code, _, err = run_main(capsys, "finetune", "--task", "classification", "--train", init / "train.tsv",
-                            "--init", init / "init", "--out", out, "--quiet", *args)
+    code, _, err = run_main(
+        capsys,
+        "finetune",
+        "--task",
+        "classification",
+        "--train",
+        init / "train.tsv",
+        "--init",
+        init / "init",
+        "--out",
+        out,
+        "--quiet",
+        *args,
+    )
     assert code == 0, err
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [r["step"] for r in rows if r["split"] == "train"]

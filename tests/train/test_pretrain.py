@@ -11,22 +11,22 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from clitools import (
     BIN,
     FAST_PRETRAIN,
     TINY,
-    step_weights,
     child_env,
     run_main,
+    step_weights,
     train_losses,
     write_config,
 )
+
 from xlnetcli.config import batch_plan, load_config
 from xlnetcli.core.errors import ConfigError, DataError, XLNetError
+from xlnetcli.report.metrics_log import read_metrics
 from xlnetcli.train.checkpointer import load_train_state
 from xlnetcli.train.pretrain import evaluate_plm, list_checkpoints, pretrain
-from xlnetcli.report.metrics_log import read_metrics
 
 torch.set_num_threads(1)  # the same as the subprocesses (OMP_NUM_THREADS=1): bit-identical float reductions
 
@@ -52,8 +52,7 @@ def test_run_layout_eval_and_rotation(records, tmp_path):
     run = tmp_path / "run"
     assert [s for s, _ in list_checkpoints(run)] == [4, 6]  # keep_last = 2
     step = run / "step_0000006"
-    for name in ("model.safetensors", "config.yaml", "meta.json", "train_state.safetensors",
-                 "tokenizer/spiece.model"):
+    for name in ("model.safetensors", "config.yaml", "meta.json", "train_state.safetensors", "tokenizer/spiece.model"):
         assert (step / name).is_file(), name
     assert json.loads((step / "meta.json").read_text())["kind"] == "pretrain"
     state = load_train_state(step)
@@ -89,8 +88,17 @@ def test_resume_after_sigkill_is_exact(records, tmp_path):
     # uninterrupted reference run
     pretrain(load_config(cfg_file), records, tmp_path / "a", quiet=True)
     # the same run as a real process, killed with SIGKILL once the first checkpoint exists
-    cmd = [str(BIN / "xlnet"), "pretrain", "--config", str(cfg_file), "--data", str(records), "--out",
-           str(tmp_path / "b"), "--quiet"]
+    cmd = [
+        str(BIN / "xlnet"),
+        "pretrain",
+        "--config",
+        str(cfg_file),
+        "--data",
+        str(records),
+        "--out",
+        str(tmp_path / "b"),
+        "--quiet",
+    ]
     proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     first = tmp_path / "b" / f"step_{save:07d}" / "train_state.safetensors"
     deadline = time.time() + 120
@@ -104,8 +112,13 @@ def test_resume_after_sigkill_is_exact(records, tmp_path):
     killed_at = [s for s, _ in list_checkpoints(tmp_path / "b")]
     assert killed_at and killed_at[-1] < n, killed_at
     # resume (no --config: the run's own config.yaml)
-    out = subprocess.run([str(BIN / "xlnet"), "pretrain", "--data", str(records), "--out", str(tmp_path / "b"),
-                          "--resume", "--quiet"], env=child_env(), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [str(BIN / "xlnet"), "pretrain", "--data", str(records), "--out", str(tmp_path / "b"), "--resume", "--quiet"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     la, lb = train_losses(tmp_path / "a"), train_losses(tmp_path / "b")
     assert [s for s, _ in lb] == list(range(1, n + 1))  # rows logged after the checkpoint were dropped, then redone
@@ -137,13 +150,33 @@ def test_resume_given_step(records, tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_two_processes_match_one(records, tmp_path):
-    over = FAST_PRETRAIN + ["train.max_steps=6", "train.save_every=6", "train.eval_every=3", "model.dropout=0.0",
-                    "model.dropatt=0.0"]
+    over = FAST_PRETRAIN + [
+        "train.max_steps=6",
+        "train.save_every=6",
+        "train.eval_every=3",
+        "model.dropout=0.0",
+        "model.dropatt=0.0",
+    ]
     cfg_file = write_config(tmp_path / "cfg.yaml", over)
     pretrain(load_config(cfg_file), records, tmp_path / "one", quiet=True)  # 1 process: micro 2 x accumulation 2
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "xlnetcli", "pretrain",
-           "--config", str(cfg_file), "--data", str(records), "--out", str(tmp_path / "two"), "--device", "cpu",
-           "--quiet"]  # 2 processes: micro 2 x accumulation 1 each
+    cmd = [
+        str(BIN / "torchrun"),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "xlnetcli",
+        "pretrain",
+        "--config",
+        str(cfg_file),
+        "--data",
+        str(records),
+        "--out",
+        str(tmp_path / "two"),
+        "--device",
+        "cpu",
+        "--quiet",
+    ]  # 2 processes: micro 2 x accumulation 1 each
     out = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     l1, l2 = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
@@ -164,14 +197,35 @@ def test_torchrun_two_processes_match_one(records, tmp_path):
 @pytest.mark.slow
 def test_torchrun_fsdp_matches_one_and_resumes_exactly(records, tmp_path):
     """FSDP2 (fully_shard) on 2 gloo processes: close to one process; a resume from step 3 is bit-identical."""
-    over = FAST_PRETRAIN + ["train.max_steps=6", "train.save_every=3", "train.eval_every=3", "model.dropout=0.0",
-                    "model.dropatt=0.0", "train.keep_last=5"]
+    over = FAST_PRETRAIN + [
+        "train.max_steps=6",
+        "train.save_every=3",
+        "train.eval_every=3",
+        "model.dropout=0.0",
+        "model.dropatt=0.0",
+        "train.keep_last=5",
+    ]
     pretrain(load_config(TINY, over), records, tmp_path / "one", quiet=True)
     cfg_file = write_config(tmp_path / "cfg.yaml", over + ["train.distributed=fsdp"])
-    base = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "xlnetcli", "pretrain", "--data",
-            str(records), "--out", str(tmp_path / "fsdp"), "--device", "cpu", "--quiet"]
-    out = subprocess.run(base + ["--config", str(cfg_file)], env=child_env(), capture_output=True, text=True,
-                         timeout=300)
+    base = [
+        str(BIN / "torchrun"),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "xlnetcli",
+        "pretrain",
+        "--data",
+        str(records),
+        "--out",
+        str(tmp_path / "fsdp"),
+        "--device",
+        "cpu",
+        "--quiet",
+    ]
+    out = subprocess.run(
+        base + ["--config", str(cfg_file)], env=child_env(), capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     first = read_metrics(tmp_path / "fsdp")
     l1, l2 = train_losses(tmp_path / "one"), train_losses(tmp_path / "fsdp")
@@ -190,11 +244,27 @@ def test_torchrun_fsdp_matches_one_and_resumes_exactly(records, tmp_path):
 @pytest.mark.slow
 def test_tiny_config_learns_on_real_text(builds, tmp_path):
     """Tiny config (2 layers, seq 64) on the bundled PSF text: held-out PLM loss must fall well below its start."""
-    over = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "model.n_layer=2", "data.seq_len=64",
-            "model.reuse_len=32", "model.mem_len=32", "data.num_predict=10", "train.global_batch_size=8",
-            "train.micro_batch_size=8", "data.valid_fraction=0.05", "model.dropout=0.0", "model.dropatt=0.0",
-            "train.max_steps=300", "train.warmup_steps=30", "train.lr=2e-3", "train.eval_every=150",
-            "train.eval_batches=8", "train.save_every=0", "train.log_every=50"]
+    over = [
+        "tokenizer.vocab_size=1000",
+        "model.vocab_size=1000",
+        "model.n_layer=2",
+        "data.seq_len=64",
+        "model.reuse_len=32",
+        "model.mem_len=32",
+        "data.num_predict=10",
+        "train.global_batch_size=8",
+        "train.micro_batch_size=8",
+        "data.valid_fraction=0.05",
+        "model.dropout=0.0",
+        "model.dropatt=0.0",
+        "train.max_steps=300",
+        "train.warmup_steps=30",
+        "train.lr=2e-3",
+        "train.eval_every=150",
+        "train.eval_batches=8",
+        "train.save_every=0",
+        "train.log_every=50",
+    ]
     rec = builds.pipeline(over).records
     cfg = load_config(TINY, over)
     from xlnetcli.data.pretrain_stream import PretrainStream
@@ -241,8 +311,13 @@ def test_out_folder_of_another_run(records, tmp_path):
     with pytest.raises(XLNetError, match="not empty and holds no pretraining run"):
         pretrain(cfg, records, tmp_path / "junk", quiet=True)
     # a longer run of the same config may be resumed (max_steps may change)
-    res = pretrain(_cfg("train.max_steps=3", "train.save_every=2", "train.eval_every=0"), records, tmp_path / "run",
-                   resume="latest", quiet=True)
+    res = pretrain(
+        _cfg("train.max_steps=3", "train.save_every=2", "train.eval_every=0"),
+        records,
+        tmp_path / "run",
+        resume="latest",
+        quiet=True,
+    )
     assert res["step"] == 3
 
 
@@ -252,8 +327,20 @@ def test_preprocess_flags_reach_pretrain_without_config(builds, tmp_path, capsys
     records' config.yaml): the saved config holds the mask mode and passes used, so pretraining is not refused."""
     cfg_file = write_config(tmp_path / "cfg.yaml", FAST_PRETRAIN + ["train.max_steps=2"])
     rec = tmp_path / "rec"
-    code, _, err = run_main(capsys, "preprocess", "--shards", builds.pipeline(FAST_PRETRAIN).shards, "--out", rec,
-                            "--config", cfg_file, "--mask-mode", "original", "--passes", "2")
+    code, _, err = run_main(
+        capsys,
+        "preprocess",
+        "--shards",
+        builds.pipeline(FAST_PRETRAIN).shards,
+        "--out",
+        rec,
+        "--config",
+        cfg_file,
+        "--mask-mode",
+        "original",
+        "--passes",
+        "2",
+    )
     assert code == 0, err
     saved = load_config(rec / "config.yaml")
     assert (saved.data.mask_mode, saved.data.passes) == ("original", 2)
@@ -281,13 +368,19 @@ def test_impossible_batch_maths():
 
 @pytest.mark.slow
 def test_nonfinite_loss_stops_with_diagnosis(records, tmp_path):
-    cfg = _cfg("train.max_steps=20", "train.save_every=1", "train.eval_every=0", "train.lr=1e30",
-               "train.warmup_steps=0", "train.clip_norm=0")
+    cfg = _cfg(
+        "train.max_steps=20",
+        "train.save_every=1",
+        "train.eval_every=0",
+        "train.lr=1e30",
+        "train.warmup_steps=0",
+        "train.clip_norm=0",
+    )
     with pytest.raises(XLNetError) as e:
         pretrain(cfg, records, tmp_path / "run", quiet=True)
     msg = str(e.value)
     assert "training diverged at step" in msg and "\n" not in msg
-    assert ("PLM loss is nan" in msg or "PLM loss is inf" in msg or "gradient" in msg)
+    assert "PLM loss is nan" in msg or "PLM loss is inf" in msg or "gradient" in msg
     assert "last good checkpoint" in msg and "--resume" in msg
 
 
@@ -299,16 +392,28 @@ def test_out_of_memory_is_one_line(records, tmp_path, monkeypatch):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     monkeypatch.setattr(pt, "_forward", boom)
-    with pytest.raises(XLNetError, match=r"out of memory on cpu during training step 1 with micro-batch 2 x seq 32 .*activation_checkpointing"):
-        pretrain(_cfg("train.max_steps=2", "train.eval_every=0", "train.global_batch_size=4", "train.micro_batch_size=2"), records,
-                 tmp_path / "r", quiet=True)
+    with pytest.raises(
+        XLNetError,
+        match=r"out of memory on cpu during training step 1 with micro-batch 2 x seq 32 .*activation_checkpointing",
+    ):
+        pretrain(
+            _cfg("train.max_steps=2", "train.eval_every=0", "train.global_batch_size=4", "train.micro_batch_size=2"),
+            records,
+            tmp_path / "r",
+            quiet=True,
+        )
 
 
 @pytest.mark.slow
 def test_cli_errors_are_one_line(records, tmp_path):
-    out = subprocess.run([str(BIN / "xlnet"), "pretrain", "--config", str(TINY), "--data", str(records), "--out",
-                          str(tmp_path / "r")] + [f"--set={s}" for s in FAST_PRETRAIN + ["data.mask_alpha=5"]],
-                         env=child_env(), capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(BIN / "xlnet"), "pretrain", "--config", str(TINY), "--data", str(records), "--out", str(tmp_path / "r")]
+        + [f"--set={s}" for s in FAST_PRETRAIN + ["data.mask_alpha=5"]],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "mask_alpha=6" in out.stderr and "data.mask_alpha=5" in out.stderr
 
@@ -317,13 +422,28 @@ def test_cli_errors_are_one_line(records, tmp_path):
 def test_redirected_log_has_one_plain_line_per_interval(records, tmp_path):
     """stderr to a file (nohup, SLURM): a line per log_every with loss, lr, tokens/s, peak memory and ETA, each on one
     line however long; evaluations too; metrics.jsonl records the peak memory."""
-    cfg_file = write_config(tmp_path / "cfg.yaml", FAST_PRETRAIN + ["train.max_steps=6", "train.log_every=2",
-                                                             "train.eval_every=3", "train.save_every=0"])
+    cfg_file = write_config(
+        tmp_path / "cfg.yaml",
+        FAST_PRETRAIN + ["train.max_steps=6", "train.log_every=2", "train.eval_every=3", "train.save_every=0"],
+    )
     log = tmp_path / "log.txt"
     with open(log, "w") as f:
-        proc = subprocess.run([str(BIN / "xlnet"), "pretrain", "--config", str(cfg_file), "--data", str(records),
-                               "--out", str(tmp_path / "run")], env=child_env(), stdout=f, stderr=subprocess.STDOUT,
-                              timeout=300)
+        proc = subprocess.run(
+            [
+                str(BIN / "xlnet"),
+                "pretrain",
+                "--config",
+                str(cfg_file),
+                "--data",
+                str(records),
+                "--out",
+                str(tmp_path / "run"),
+            ],
+            env=child_env(),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout=300,
+        )
     text = log.read_text()
     assert proc.returncode == 0, text
     lines = text.splitlines()
@@ -378,12 +498,24 @@ def test_sigterm_writes_a_checkpoint_and_resume_is_exact(records, tmp_path):
     cfg_file = write_config(tmp_path / "cfg.yaml", FAST_PRETRAIN + over)  # save_every=0: only SIGTERM and the end save
     pretrain(load_config(cfg_file), records, tmp_path / "a", quiet=True)
     run = tmp_path / "b"
-    cmd = [str(BIN / "xlnet"), "pretrain", "--config", str(cfg_file), "--data", str(records), "--out", str(run),
-           "--quiet"]
+    cmd = [
+        str(BIN / "xlnet"),
+        "pretrain",
+        "--config",
+        str(cfg_file),
+        "--data",
+        str(records),
+        "--out",
+        str(run),
+        "--quiet",
+    ]
     proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
-    while proc.poll() is None and time.time() < deadline and len(train_losses(run) if
-                                                                 (run / "metrics.jsonl").exists() else []) < 3:
+    while (
+        proc.poll() is None
+        and time.time() < deadline
+        and len(train_losses(run) if (run / "metrics.jsonl").exists() else []) < 3
+    ):
         time.sleep(0.01)
     still_running = proc.poll() is None
     proc.send_signal(signal.SIGTERM)
@@ -396,8 +528,13 @@ def test_sigterm_writes_a_checkpoint_and_resume_is_exact(records, tmp_path):
     stopped = [s for s, _ in list_checkpoints(run)]
     assert len(stopped) == 1 and 3 <= stopped[0] < n and f"step_{stopped[0]:07d}" in lines[0] and "--resume" in lines[0]
     assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no temporary folder left
-    out = subprocess.run([str(BIN / "xlnet"), "pretrain", "--data", str(records), "--out", str(run), "--resume",
-                          "--quiet"], env=child_env(), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [str(BIN / "xlnet"), "pretrain", "--data", str(records), "--out", str(run), "--resume", "--quiet"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     strip = lambda rows: [(r["step"], r["split"], r["loss"]) for r in rows]  # noqa: E731
     assert strip(read_metrics(run)) == strip(read_metrics(tmp_path / "a"))
@@ -413,8 +550,10 @@ def test_disk_full_while_saving_names_the_last_good_checkpoint(records, tmp_path
 
     from clitools import assert_one_line_error, run_main
 
-    cfg_file = write_config(tmp_path / "cfg.yaml", FAST_PRETRAIN + ["train.max_steps=6", "train.save_every=2",
-                                                             "train.eval_every=0", "train.keep_last=5"])
+    cfg_file = write_config(
+        tmp_path / "cfg.yaml",
+        FAST_PRETRAIN + ["train.max_steps=6", "train.save_every=2", "train.eval_every=0", "train.keep_last=5"],
+    )
     pretrain(load_config(cfg_file), records, tmp_path / "a", quiet=True)
     from xlnetcli.train import checkpointer
 
@@ -430,8 +569,14 @@ def test_disk_full_while_saving_names_the_last_good_checkpoint(records, tmp_path
     monkeypatch.setattr(checkpointer, "save_tree", disk_full_on_second)
     run = tmp_path / "b"
     code, _, err = run_main(capsys, "pretrain", "--config", cfg_file, "--data", records, "--out", run, "--quiet")
-    assert_one_line_error(code, err, "disk full while writing checkpoint", "step_0000004",
-                          f"last good checkpoint {run / 'step_0000002'}", "--resume")
+    assert_one_line_error(
+        code,
+        err,
+        "disk full while writing checkpoint",
+        "step_0000004",
+        f"last good checkpoint {run / 'step_0000002'}",
+        "--resume",
+    )
     assert [s for s, _ in list_checkpoints(run)] == [2]
     assert not [p.name for p in run.iterdir() if p.name.startswith(".") or p.name == "step_0000004"]
     monkeypatch.setattr(checkpointer, "save_tree", real_save)

@@ -28,7 +28,6 @@ from xlnetcli.core import dist
 from xlnetcli.core.errors import CheckpointError, XLNetError
 from xlnetcli.core.files import is_disk_full
 
-
 # ----------------------------------------------------------------------------------------------------------------
 # Training state without pickle: tensors in a safetensors file, the structure around them as JSON in its header.
 # Loading runs no code (unlike torch.load of a pickle), and the bytes depend only on the values (torch.save writes a
@@ -78,8 +77,9 @@ def load_tree(path: str | Path) -> Any:
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no items()
         return _decode(tree, tensors)
     except (OSError, SafetensorError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{path} is not a readable training state ({type(e).__name__}); resume from an "
-                              "earlier step") from None
+        raise CheckpointError(
+            f"{path} is not a readable training state ({type(e).__name__}); resume from an earlier step"
+        ) from None
 
 
 TRAIN_STATE = "train_state.safetensors"  # optimizer, scaler, step, RNG states, data cursors (pretrain and finetune)
@@ -101,8 +101,10 @@ def load_train_state(folder: str | Path) -> dict:
     without being opened."""
     folder = Path(folder)
     if not (folder / TRAIN_STATE).is_file() and (folder / PICKLED_TRAIN_STATE).is_file():
-        raise CheckpointError(f"{folder / PICKLED_TRAIN_STATE} is a pickle; refusing to unpickle it (it could run "
-                              f"code): xlnet reads a training state only from {TRAIN_STATE}")
+        raise CheckpointError(
+            f"{folder / PICKLED_TRAIN_STATE} is a pickle; refusing to unpickle it (it could run "
+            f"code): xlnet reads a training state only from {TRAIN_STATE}"
+        )
     verify_files(folder, [TRAIN_STATE])
     return load_tree(folder / TRAIN_STATE)
 
@@ -143,8 +145,9 @@ class ModelState:
     def state_dict(self) -> dict[str, torch.Tensor]:
         if dist.is_fsdp(self.model):
             sd = _fsdp_state_dict()
-            return sd.get_model_state_dict(self.model,
-                                           options=sd.StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return sd.get_model_state_dict(
+                self.model, options=sd.StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
         return dist.unwrap(self.model).state_dict()
 
     def load_state_dict(self, state: dict[str, torch.Tensor], where: str = "checkpoint") -> None:
@@ -167,16 +170,18 @@ class OptimizerState:
         if not dist.is_fsdp(self.model):
             return self.optimizer.state_dict()
         sd = _fsdp_state_dict()
-        return sd.get_optimizer_state_dict(self.model, self.optimizer,
-                                           options=sd.StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return sd.get_optimizer_state_dict(
+            self.model, self.optimizer, options=sd.StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
 
     def load_state_dict(self, state: dict) -> None:
         if not dist.is_fsdp(self.model):
             self.optimizer.load_state_dict(state)
             return
         sd = _fsdp_state_dict()
-        sd.set_optimizer_state_dict(self.model, self.optimizer, state,
-                                    options=sd.StateDictOptions(full_state_dict=True))
+        sd.set_optimizer_state_dict(
+            self.model, self.optimizer, state, options=sd.StateDictOptions(full_state_dict=True)
+        )
 
 
 class Checkpointer:
@@ -194,12 +199,21 @@ class Checkpointer:
     folders and the ``pinned`` steps stay and every other step folder is removed. A full disk is a one-line error
     naming the last good checkpoint (``resume_hint`` says how to continue from it)."""
 
-    def __init__(self, run_dir: Path, states: dict[str, Stateful], rank_states: dict[str, Stateful], cfg: Config,
-                 env: dist.DistEnv, tokenizer_dir: Path | None = None, keep_last: int = 1,
-                 resume_hint: str = "--resume {step}") -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        states: dict[str, Stateful],
+        rank_states: dict[str, Stateful],
+        cfg: Config,
+        env: dist.DistEnv,
+        tokenizer_dir: Path | None = None,
+        keep_last: int = 1,
+        resume_hint: str = "--resume {step}",
+    ) -> None:
         self.run_dir, self.states, self.rank_states, self.cfg, self.env = run_dir, states, rank_states, cfg, env
-        self.tokenizer_dir = tokenizer_dir if tokenizer_dir is not None and (tokenizer_dir / "spiece.model").is_file() \
-            else None
+        self.tokenizer_dir = (
+            tokenizer_dir if tokenizer_dir is not None and (tokenizer_dir / "spiece.model").is_file() else None
+        )
         self.keep_last, self.resume_hint = keep_last, resume_hint
         self.last_good: Path | None = None  # the latest resumable step folder written or resumed from
 
@@ -213,7 +227,8 @@ class Checkpointer:
         if written_by != self.env.world_size:
             raise CheckpointError(
                 f"checkpoint {folder.name} was written by {written_by} process(es); resume with the same number "
-                f"(torchrun --nproc-per-node {written_by}) for an exact continuation")
+                f"(torchrun --nproc-per-node {written_by}) for an exact continuation"
+            )
         self.states[PROGRESS].load_state_dict(state)
         _, weights, _ = load_model_dir(folder)
         self.states[MODEL].load_state_dict(weights, where=f"checkpoint {folder}")
@@ -228,8 +243,10 @@ class Checkpointer:
     @staticmethod
     def _entry(state: dict, name: str, folder: Path) -> Any:
         if name not in state:
-            raise CheckpointError(f"{folder / TRAIN_STATE} holds no {name!r} state; it was not written by this kind "
-                                  "of run: resume from another step folder")
+            raise CheckpointError(
+                f"{folder / TRAIN_STATE} holds no {name!r} state; it was not written by this kind "
+                "of run: resume from another step folder"
+            )
         return state[name]
 
     # ---- save ------------------------------------------------------------------------------------------------------
@@ -242,20 +259,27 @@ class Checkpointer:
         train_state = None
         if with_state:
             entries = {n: s.state_dict() for n, s in self.states.items() if n != MODEL}
-            train_state = {"format_version": TRAIN_STATE_FORMAT, **entries.pop(PROGRESS, {}), **entries,
-                           "ranks": ranks}
+            train_state = {"format_version": TRAIN_STATE_FORMAT, **entries.pop(PROGRESS, {}), **entries, "ranks": ranks}
         path = self.run_dir / step_dir_name(step)
         error = None
         if self.env.is_main:
             try:
-                save_model_dir(path, weights, self.cfg, tokenizer_dir=self.tokenizer_dir, meta=meta,
-                               extra_files={TRAIN_STATE: lambda p: save_tree(train_state, p)} if with_state else None)
+                save_model_dir(
+                    path,
+                    weights,
+                    self.cfg,
+                    tokenizer_dir=self.tokenizer_dir,
+                    meta=meta,
+                    extra_files={TRAIN_STATE: lambda p: save_tree(train_state, p)} if with_state else None,
+                )
                 self.prune(pinned)
             except OSError as e:
                 if not is_disk_full(e):
                     raise
-                error = (f"disk full while writing checkpoint {path} (the partial folder was removed); "
-                         f"{self.last_good_text()}; free space, then continue with --resume")
+                error = (
+                    f"disk full while writing checkpoint {path} (the partial folder was removed); "
+                    f"{self.last_good_text()}; free space, then continue with --resume"
+                )
         error = dist.broadcast_object(error)
         if error:
             raise XLNetError(error)
@@ -267,7 +291,7 @@ class Checkpointer:
     def prune(self, pinned: Iterable[int] = ()) -> None:
         """Keep the last ``keep_last`` resumable step folders and the ``pinned`` steps; remove the others."""
         resumable = [s for s, _ in resumable_steps(self.run_dir)]
-        keep = set(resumable[max(0, len(resumable) - self.keep_last):]) | set(pinned)
+        keep = set(resumable[max(0, len(resumable) - self.keep_last) :]) | set(pinned)
         for s, path in step_folders(self.run_dir):
             if s not in keep:
                 shutil.rmtree(path, ignore_errors=True)

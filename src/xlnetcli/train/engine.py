@@ -112,22 +112,53 @@ class TrainPlan:
     peak_tflops: float = 0.0  # configured device peak (0: from the GPU's name)
 
     @classmethod
-    def from_config(cls, cfg: Config, section: str, *, max_steps: int, warmup_steps: int, global_batch_size: int,
-                    accumulation: int, seq_len: int, flops_per_token: float | None, rows: int = 1,
-                    save_on_eval: bool = False) -> TrainPlan:
+    def from_config(
+        cls,
+        cfg: Config,
+        section: str,
+        *,
+        max_steps: int,
+        warmup_steps: int,
+        global_batch_size: int,
+        accumulation: int,
+        seq_len: int,
+        flops_per_token: float | None,
+        rows: int = 1,
+        save_on_eval: bool = False,
+    ) -> TrainPlan:
         """The plan of ``cfg``'s ``section``; the arguments are what the two trainings derive differently. ``rows``:
         sequences per example (the options of a multiple-choice example). Keys the section lacks (finetune has no
         schedule, adam_betas, compile, ...; train no layer_decay) keep the defaults above."""
         sec = getattr(cfg, section)
-        optional = ("adam_betas", "schedule", "min_lr_ratio", "layer_decay", "activation_checkpointing", "compile",
-                    "distributed")
+        optional = (
+            "adam_betas",
+            "schedule",
+            "min_lr_ratio",
+            "layer_decay",
+            "activation_checkpointing",
+            "compile",
+            "distributed",
+        )
         return cls(
-            section=section, max_steps=max_steps, lr=sec.lr, warmup_steps=warmup_steps, clip_norm=sec.clip_norm,
-            precision=sec.precision, micro_batch_size=sec.micro_batch_size, global_batch_size=global_batch_size,
-            accumulation=accumulation, seq_len=seq_len, tokens_per_step=global_batch_size * rows * seq_len,
-            log_every=sec.log_every, save_every=sec.save_every, save_on_eval=save_on_eval,
-            weight_decay=sec.weight_decay, adam_eps=sec.adam_eps, n_layer=cfg.model.n_layer,
-            micro_multiple=2 if cfg.model.bi_data else 1, flops_per_token=flops_per_token,
+            section=section,
+            max_steps=max_steps,
+            lr=sec.lr,
+            warmup_steps=warmup_steps,
+            clip_norm=sec.clip_norm,
+            precision=sec.precision,
+            micro_batch_size=sec.micro_batch_size,
+            global_batch_size=global_batch_size,
+            accumulation=accumulation,
+            seq_len=seq_len,
+            tokens_per_step=global_batch_size * rows * seq_len,
+            log_every=sec.log_every,
+            save_every=sec.save_every,
+            save_on_eval=save_on_eval,
+            weight_decay=sec.weight_decay,
+            adam_eps=sec.adam_eps,
+            n_layer=cfg.model.n_layer,
+            micro_multiple=2 if cfg.model.bi_data else 1,
+            flops_per_token=flops_per_token,
             peak_tflops=sec.peak_tflops,
             **{key: getattr(sec, key) for key in optional if hasattr(sec, key)},
         )
@@ -185,8 +216,13 @@ def rng_state() -> dict:
     name, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "python": random.getstate(),
-        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -197,8 +233,9 @@ def rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                         n["cached_gaussian"]))
+    np.random.set_state(
+        (n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         with contextlib.suppress(Exception):
@@ -228,8 +265,13 @@ class TrainProgress:
     log_window: list[float] = field(default_factory=list)
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "tokens_seen": self.tokens_seen, "world_size": self.world_size,
-                "accumulation": self.accumulation, "log_window": list(self.log_window)}
+        return {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "world_size": self.world_size,
+            "accumulation": self.accumulation,
+            "log_window": list(self.log_window),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
@@ -246,8 +288,7 @@ def run_config_file(run_dir: str | Path) -> Path | None:
     run_cfg = Path(run_dir) / "config.yaml"
     if run_cfg.is_file():
         return run_cfg
-    return next((p / "config.yaml" for _, p in reversed(step_folders(run_dir)) if (p / "config.yaml").is_file()),
-                None)
+    return next((p / "config.yaml" for _, p in reversed(step_folders(run_dir)) if (p / "config.yaml").is_file()), None)
 
 
 def config_diff(a: dict, b: dict, ignore: set[str] | frozenset[str] = frozenset()) -> list[tuple[str, Any, Any]]:
@@ -263,8 +304,15 @@ def config_diff(a: dict, b: dict, ignore: set[str] | frozenset[str] = frozenset(
     return out
 
 
-def resume_point(cfg: Config, run_dir: Path, resume: str | None, what: str, sections: tuple[str, ...],
-                 mutable: set[str], same_config: str) -> tuple[int, Path] | None:
+def resume_point(
+    cfg: Config,
+    run_dir: Path,
+    resume: str | None,
+    what: str,
+    sections: tuple[str, ...],
+    mutable: set[str],
+    same_config: str,
+) -> tuple[int, Path] | None:
     """Refuse to mix runs; return the checkpoint to resume from (step, folder), or None to start afresh.
 
     ``what`` names the run ("pretraining run"); ``sections`` are the config sections that must agree on resume except
@@ -286,21 +334,26 @@ def resume_point(cfg: Config, run_dir: Path, resume: str | None, what: str, sect
         raise CheckpointError(f"{run_cfg} is not a valid config ({e}); choose another --out") from None
     if resume is None:
         last = f" (last checkpoint step {ckpts[-1][0]})" if ckpts else ""
-        raise XLNetError(f"output folder {run_dir} already holds a {what}{last}; pass --resume to continue it "
-                         "or choose another --out")
+        raise XLNetError(
+            f"output folder {run_dir} already holds a {what}{last}; pass --resume to continue it "
+            "or choose another --out"
+        )
     have = {k: v for k, v in config_to_dict(old).items() if k in sections}
     diff = config_diff(have, config_to_dict(cfg), mutable)
     if diff:
         key, was, now = diff[0]
         more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""
-        raise XLNetError(f"output folder {run_dir} holds a run with {key}={was!r} but this config has "
-                         f"{key}={now!r}{more}; {same_config}")
+        raise XLNetError(
+            f"output folder {run_dir} holds a run with {key}={was!r} but this config has "
+            f"{key}={now!r}{more}; {same_config}"
+        )
     if not ckpts:
         weights_only = step_folders(run_dir)
         if weights_only:
             raise CheckpointError(
                 f"{weights_only[-1][1]} has weights but no {TRAIN_STATE}, so the run cannot continue exactly "
-                "(restore the file, or use those weights elsewhere and train in another --out)")
+                "(restore the file, or use those weights elsewhere and train in another --out)"
+            )
         if resume == "latest":
             return None  # killed before the first checkpoint: start again in the same folder
         raise CheckpointError(f"no checkpoint step {resume} in {run_dir}: it holds no checkpoint yet")
@@ -343,15 +396,19 @@ def oom_message(plan: TrainPlan, lengths: str, world: int, device: torch.device,
     smaller = max(multiple, (mb // 2) // multiple * multiple)
     tips = []
     if smaller < mb:
-        tips.append(f"--set {s}.micro_batch_size={smaller} (accumulation becomes "
-                    f"{plan.global_batch_size // (smaller * world)}, same global batch)")
+        tips.append(
+            f"--set {s}.micro_batch_size={smaller} (accumulation becomes "
+            f"{plan.global_batch_size // (smaller * world)}, same global batch)"
+        )
     if plan.activation_checkpointing is False:
         tips.append(f"--set {s}.activation_checkpointing=true")
     if plan.precision == "fp32" and device.type == "cuda":
         tips.append(f"--set {s}.precision=bf16")
     tips.append(f"or lower {lengths}")
-    return (f"out of memory on {device} during {where} with micro-batch {mb} x seq {plan.seq_len} "
-            f"(accumulation {plan.accumulation}, {world} process(es)); try " + ", ".join(tips))
+    return (
+        f"out of memory on {device} during {where} with micro-batch {mb} x seq {plan.seq_len} "
+        f"(accumulation {plan.accumulation}, {world} process(es)); try " + ", ".join(tips)
+    )
 
 
 def _nonfinite_grad_name(model: torch.nn.Module) -> str | None:
@@ -457,9 +514,19 @@ class StepBar:
 
 
 class Engine:
-    def __init__(self, model: torch.nn.Module, recipe: Recipe, plan: TrainPlan, env: dist.DistEnv, run_dir: Path,
-                 cfg: Config, tokenizer_dir: Path | None = None, quiet: bool = False,
-                 resume_from: Path | None = None, report_to: str | list[str] = "auto") -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        recipe: Recipe,
+        plan: TrainPlan,
+        env: dist.DistEnv,
+        run_dir: Path,
+        cfg: Config,
+        tokenizer_dir: Path | None = None,
+        quiet: bool = False,
+        resume_from: Path | None = None,
+        report_to: str | list[str] = "auto",
+    ) -> None:
         self.model, self.recipe, self.plan, self.env = model, recipe, plan, env
         self.report_to = report_to  # trackers besides metrics.jsonl (metrics_log.py)
         self.run_dir, self.cfg, self.tokenizer_dir = run_dir, cfg, tokenizer_dir
@@ -483,17 +550,35 @@ class Engine:
         self.model = parallelize(self.model, env, bool(plan.activation_checkpointing), plan.compile, plan.distributed)
         self.ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
         self.fused = dev.type == "cuda"
-        self.optimizer = build_optimizer(self.model, plan.lr, plan.weight_decay, plan.adam_betas, plan.adam_eps,
-                                         plan.layer_decay, plan.n_layer, fused=self.fused)
+        self.optimizer = build_optimizer(
+            self.model,
+            plan.lr,
+            plan.weight_decay,
+            plan.adam_betas,
+            plan.adam_eps,
+            plan.layer_decay,
+            plan.n_layer,
+            fused=self.fused,
+        )
         self.scaler = torch.amp.GradScaler(dev.type, enabled=plan.precision == "fp16" and dev.type == "cuda")
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.device_peak = device_peak_tflops(dev, plan.peak_tflops)  # for the logged MFU (None on CPU)
         self.checkpointer = Checkpointer(
             self.run_dir,
-            {MODEL: ModelState(self.model), PROGRESS: self.progress, "optimizer": OptimizerState(self.model,
-             self.optimizer), "scaler": self.scaler, **self.recipe.states()},
+            {
+                MODEL: ModelState(self.model),
+                PROGRESS: self.progress,
+                "optimizer": OptimizerState(self.model, self.optimizer),
+                "scaler": self.scaler,
+                **self.recipe.states(),
+            },
             {"rng": RandomState(), **self.recipe.rank_states()},
-            self.cfg, env, self.tokenizer_dir, self.recipe.keep_last, self.recipe.hints.resume)
+            self.cfg,
+            env,
+            self.tokenizer_dir,
+            self.recipe.keep_last,
+            self.recipe.hints.resume,
+        )
         if self.resume_from is not None:
             self.checkpointer.load(self.resume_from)
         if self.main:
@@ -514,9 +599,11 @@ class Engine:
         threads = f", {torch.get_num_threads()} threads" if dev.type == "cpu" else ""
         precision = plan.precision + (" + grad scaler" if self.scaler.is_enabled() else "")
         wrapper = f", {plan.distributed}" if env.distributed else ""
-        return (f"{dev}{threads} ({env.backend or 'single process'}{wrapper})"
-                f", precision {precision}, fused AdamW {self.fused}, compile {plan.compile}, activation checkpointing "
-                f"{bool(plan.activation_checkpointing)}")
+        return (
+            f"{dev}{threads} ({env.backend or 'single process'}{wrapper})"
+            f", precision {precision}, fused AdamW {self.fused}, compile {plan.compile}, activation checkpointing "
+            f"{bool(plan.activation_checkpointing)}"
+        )
 
     # ---- the loop --------------------------------------------------------------------------------------------------
 
@@ -609,8 +696,10 @@ class Engine:
                 what = f"{name} is {loss_v} on another rank"
         else:
             where = _nonfinite_grad_name(self.model)
-            what = (f"gradient norm is {gnorm_v} (first non-finite gradient: {where or 'on another rank'}; "
-                    f"loss {loss_v:.4f})")
+            what = (
+                f"gradient norm is {gnorm_v} (first non-finite gradient: {where or 'on another rank'}; "
+                f"loss {loss_v:.4f})"
+            )
         raise XLNetError(
             f"training diverged at step {self.step + 1}: {what}; the update was not applied; "
             f"{self.checkpointer.last_good_text()}; try a lower {plan.section}.lr (now {plan.lr:g}), "
@@ -640,14 +729,26 @@ class Engine:
             mfu = tps * plan.flops_per_token / (self.env.world_size * self.device_peak * 1e12)
         mem = dist.peak_memory_gib(dev)
         extras = self.recipe.log_extras(step)
-        self.logger.log(step, "train", loss=loss, lr=lr, grad_norm=gnorm_v, tokens_per_s=round(tps, 1),
-                        tokens=self.progress.tokens_seen, peak_mem_gib=round(mem, 3),
-                        **({"mfu": round(mfu, 4)} if mfu is not None else {}), **extras)
+        self.logger.log(
+            step,
+            "train",
+            loss=loss,
+            lr=lr,
+            grad_norm=gnorm_v,
+            tokens_per_s=round(tps, 1),
+            tokens=self.progress.tokens_seen,
+            peak_mem_gib=round(mem, 3),
+            **({"mfu": round(mfu, 4)} if mfu is not None else {}),
+            **extras,
+        )
         if not live:  # a log file: one plain line per interval (the terminal has the progress bar)
-            self.say(f"step {step}/{plan.max_steps} loss {loss:.4f} lr {lr:.2e} grad_norm {gnorm_v:.3f} "
-                     f"{tps:,.0f} tokens/s" + (f" MFU {100 * mfu:.1f}%" if mfu is not None else "")
-                     + f" peak {mem:.2f} GiB ETA {duration(eta)}"
-                     + "".join(f" {k} {v}" for k, v in extras.items()))
+            self.say(
+                f"step {step}/{plan.max_steps} loss {loss:.4f} lr {lr:.2e} grad_norm {gnorm_v:.3f} "
+                f"{tps:,.0f} tokens/s"
+                + (f" MFU {100 * mfu:.1f}%" if mfu is not None else "")
+                + f" peak {mem:.2f} GiB ETA {duration(eta)}"
+                + "".join(f" {k} {v}" for k, v in extras.items())
+            )
         return f"loss {loss:.4f} lr {lr:.2e} {tps:,.0f} tok/s"
 
     # ---- evaluation and checkpoints ------------------------------------------------------------------------------
@@ -673,8 +774,12 @@ class Engine:
         with save_on_eval, at every evaluation; between them the weights alone when the evaluation keeps the model."""
         step, plan = self.step, self.plan
         final = step >= plan.max_steps or (ev is not None and ev.stop)
-        with_state = (bool(plan.save_every and step % plan.save_every == 0) or final or preempted
-                      or (plan.save_on_eval and evaluated))
+        with_state = (
+            bool(plan.save_every and step % plan.save_every == 0)
+            or final
+            or preempted
+            or (plan.save_on_eval and evaluated)
+        )
         if with_state or (ev is not None and ev.keep_model):
             self.save(step, with_state)
 
@@ -689,17 +794,25 @@ class Engine:
     def _preempted(self) -> Preempted:
         """SIGTERM: the checkpoint of this step is written; the error that says how to continue."""
         self.logger.close()
-        return Preempted(f"stopped on SIGTERM after step {self.step} of {self.plan.max_steps}: checkpoint "
-                         f"{self.checkpointer.last_good} written; continue with "
-                         f"{self.recipe.hints.resume.format(step=self.step)}")
+        return Preempted(
+            f"stopped on SIGTERM after step {self.step} of {self.plan.max_steps}: checkpoint "
+            f"{self.checkpointer.last_good} written; continue with "
+            f"{self.recipe.hints.resume.format(step=self.step)}"
+        )
 
     def _summary(self, first_step: int, stopped_early: bool) -> dict:
         elapsed = self.clock.elapsed()
         self.logger.close()
         done = self.step - first_step
-        self.result.update(step=self.step, loss=self._recent_loss(), elapsed_s=elapsed, stopped_early=stopped_early,
-                           complete=self.step >= self.plan.max_steps or stopped_early, already_complete=False,
-                           tokens_per_s=self.plan.tokens_per_step * done / elapsed if elapsed > 0 and done else 0.0)
+        self.result.update(
+            step=self.step,
+            loss=self._recent_loss(),
+            elapsed_s=elapsed,
+            stopped_early=stopped_early,
+            complete=self.step >= self.plan.max_steps or stopped_early,
+            already_complete=False,
+            tokens_per_s=self.plan.tokens_per_step * done / elapsed if elapsed > 0 and done else 0.0,
+        )
         return self.result
 
     def _recent_loss(self) -> float:
@@ -715,8 +828,15 @@ class Engine:
         train = [r for r in rows if r.get("split") == "train"]
         evals = [r for r in rows if r.get("split") == "eval"]
         drop = ("step", "split", "time")
-        self.result.update(step=self.step, loss=train[-1]["loss"] if train else float("nan"),
-                           eval={k: v for k, v in evals[-1].items() if k not in drop} if evals else None,
-                           elapsed_s=0.0, tokens_per_s=0.0, complete=True, already_complete=True,
-                           stopped_early=False, checkpoint=str(self.resume_from))
+        self.result.update(
+            step=self.step,
+            loss=train[-1]["loss"] if train else float("nan"),
+            eval={k: v for k, v in evals[-1].items() if k not in drop} if evals else None,
+            elapsed_s=0.0,
+            tokens_per_s=0.0,
+            complete=True,
+            already_complete=True,
+            stopped_early=False,
+            checkpoint=str(self.resume_from),
+        )
         return self.result

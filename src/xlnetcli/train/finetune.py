@@ -79,6 +79,7 @@ RESUME_MUTABLE = {"finetune.save_every", "finetune.report_to", "finetune.log_eve
 # ---------------------------------------------------------------------------------------------------------------
 # Config
 
+
 def run_config(init_cfg: Config, cfg: Config) -> Config:
     """Architecture, tokenizer and data settings from the pretrained checkpoint; finetuning settings from ``cfg``;
     dropout/dropatt from cfg.finetune; no bi_data (finetuning reads every example forward)."""
@@ -115,7 +116,7 @@ class ExampleOrder:
         while need:
             if self.cursor >= len(self.order):
                 self.order, self.cursor = self.rng.permutation(self.n_examples), 0
-            take = self.order[self.cursor:self.cursor + need]
+            take = self.order[self.cursor : self.cursor + need]
             picked.append(take)
             self.cursor += len(take)
             need -= len(take)
@@ -123,8 +124,12 @@ class ExampleOrder:
         return np.concatenate(picked)
 
     def state_dict(self) -> dict:
-        return {"step": self.steps, "rng": self.rng.bit_generator.state, "order": torch.from_numpy(self.order.copy()),
-                "cursor": self.cursor}
+        return {
+            "step": self.steps,
+            "rng": self.rng.bit_generator.state,
+            "order": torch.from_numpy(self.order.copy()),
+            "cursor": self.cursor,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.rng.bit_generator.state = state["rng"]
@@ -171,21 +176,44 @@ class FinetuneRecipe:
     loss_name = "loss"
     keep_last = 1  # the latest resumable step folder; pinned_steps adds the best ones
 
-    def __init__(self, task: str, run_cfg: Config, train: TaskData, valid: TaskData | None,
-                 label_list: list[str] | None, env: dist.DistEnv, total: int, steps_per_epoch: int, meta_base: dict,
-                 files: dict[str, str], say: Any) -> None:
+    def __init__(
+        self,
+        task: str,
+        run_cfg: Config,
+        train: TaskData,
+        valid: TaskData | None,
+        label_list: list[str] | None,
+        env: dist.DistEnv,
+        total: int,
+        steps_per_epoch: int,
+        meta_base: dict,
+        files: dict[str, str],
+        say: Any,
+    ) -> None:
         ft = run_cfg.finetune
         self.name = f"finetune {task}"
-        self.hints = Hints(lengths=f"finetune.max_seq_length ({ft.max_seq_length})",
-                           warmup="a larger finetune.warmup_ratio", resume="--resume")
+        self.hints = Hints(
+            lengths=f"finetune.max_seq_length ({ft.max_seq_length})",
+            warmup="a larger finetune.warmup_ratio",
+            resume="--resume",
+        )
         self.task, self.cfg, self.train, self.valid, self.labels = task, run_cfg, train, valid, label_list
         self.env, self.total, self.steps_per_epoch, self.meta_base, self.files, self.say = (
-            env, total, steps_per_epoch, meta_base, files, say)
+            env,
+            total,
+            steps_per_epoch,
+            meta_base,
+            files,
+            say,
+        )
         self.keys = TRAIN_KEYS[task]
         self.examples = ExampleOrder(len(train), ft.batch_size, ft.seed)
         self._mine: np.ndarray = self.examples.order
-        self.eval_steps = set(range(ft.eval_every, total + 1, ft.eval_every)) if ft.eval_every else \
-            {min(total, e * steps_per_epoch) for e in range(1, math.ceil(total / steps_per_epoch) + 1)}
+        self.eval_steps = (
+            set(range(ft.eval_every, total + 1, ft.eval_every))
+            if ft.eval_every
+            else {min(total, e * steps_per_epoch) for e in range(1, math.ceil(total / steps_per_epoch) + 1)}
+        )
         self.eval_steps.add(total)
         self.tracker = BestSoFar(ft.early_stopping_patience)
         self.saved_best: int | None = None  # the best step the latest resumable step folder records
@@ -195,8 +223,8 @@ class FinetuneRecipe:
     def next_batch(self, step: int, micro: int) -> dict:
         mb = self.cfg.finetune.micro_batch_size
         if micro == 0:
-            self._mine = self.examples.draw()[self.env.rank::self.env.world_size]
-        return make_batch(self.train.enc, self._mine[micro * mb:(micro + 1) * mb], self.keys, self.env.device)
+            self._mine = self.examples.draw()[self.env.rank :: self.env.world_size]
+        return make_batch(self.train.enc, self._mine[micro * mb : (micro + 1) * mb], self.keys, self.env.device)
 
     def loss(self, model: torch.nn.Module, batch: dict, micro: int) -> torch.Tensor:
         return model(batch)["loss"]
@@ -211,8 +239,10 @@ class FinetuneRecipe:
         ev = dist.broadcast_object(ev)
         if ev is not None and ev.stop:
             self.tracker.stopped_early = True
-            self.say(f"  early stop at step {step}: {self.cfg.finetune.early_stopping_patience} evaluations "
-                     "without improvement")
+            self.say(
+                f"  early stop at step {step}: {self.cfg.finetune.early_stopping_patience} evaluations "
+                "without improvement"
+            )
         return ev
 
     def _evaluate(self, model: torch.nn.Module, step: int, log: Any) -> Evaluation | None:
@@ -230,8 +260,10 @@ class FinetuneRecipe:
         improved = self.tracker.update(step, name, value, metrics)
         stop = self.tracker.patience_spent() and step < self.total
         best = self.tracker.best
-        self.say(f"  step {step}: {name} {value:.4f}" + (" (best so far, saved)" if improved else
-                                                        f" (best {best['value']:.4f} at step {best['step']})"))
+        self.say(
+            f"  step {step}: {name} {value:.4f}"
+            + (" (best so far, saved)" if improved else f" (best {best['value']:.4f} at step {best['step']})")
+        )
         return Evaluation(metrics=metrics, keep_model=improved, stop=stop)
 
     def log_extras(self, step: int) -> dict:
@@ -262,18 +294,27 @@ class FinetuneRecipe:
         return {}
 
     def state_dict(self) -> dict:
-        return {"task": self.task, "labels": self.labels, "files": self.files, **self.examples.state_dict(),
-                **self.tracker.state_dict()}
+        return {
+            "task": self.task,
+            "labels": self.labels,
+            "files": self.files,
+            **self.examples.state_dict(),
+            **self.tracker.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("task") != self.task or state.get("labels") != self.labels:
-            raise CheckpointError(f"the run being resumed finetunes {state.get('task')} with labels "
-                                  f"{state.get('labels')}, not {self.task} with {self.labels}; start again with "
-                                  "--overwrite")
+            raise CheckpointError(
+                f"the run being resumed finetunes {state.get('task')} with labels "
+                f"{state.get('labels')}, not {self.task} with {self.labels}; start again with "
+                "--overwrite"
+            )
         for split, digest in self.files.items():
             if state["files"].get(split) != digest:
-                raise DataError(f"the {split} file differs from the one the run started with (sha256); resume with "
-                                "the same files, or start again with --overwrite")
+                raise DataError(
+                    f"the {split} file differs from the one the run started with (sha256); resume with "
+                    "the same files, or start again with --overwrite"
+                )
         self.examples.load_state_dict(state)
         self.tracker.load_state_dict(state)
         self.saved_best = self.tracker.best["step"]
@@ -285,8 +326,15 @@ def finetune_plan(run_cfg: Config, train: TaskData, accum: int, total: int, warm
     rows, L = int(np.prod(shape[1:-1], dtype=np.int64)), int(shape[-1])
     mb_rows = ft.micro_batch_size * rows
     return TrainPlan.from_config(
-        run_cfg, "finetune", max_steps=total, warmup_steps=warmup, global_batch_size=ft.batch_size,
-        accumulation=accum, seq_len=L, rows=rows, save_on_eval=ft.save_every == 0,
+        run_cfg,
+        "finetune",
+        max_steps=total,
+        warmup_steps=warmup,
+        global_batch_size=ft.batch_size,
+        accumulation=accum,
+        seq_len=L,
+        rows=rows,
+        save_on_eval=ft.save_every == 0,
         # the content stream over every position, no memory, no LM head (flops.py), for the logged MFU
         flops_per_token=3.0 * forward_flops(m, mb_rows, L, 0, 0, last_layer_query_only=False) / (mb_rows * L),
     )
@@ -313,8 +361,10 @@ def _run_mode(out: Path, partial: Path, resume: bool, overwrite: bool) -> str:
         if not overwrite:
             steps = resumable_steps(partial)
             last = f"last checkpoint step {steps[-1][0]}" if steps else "no checkpoint yet"
-            raise XLNetError(f"an interrupted finetuning run into {out} is in {partial} ({last}); pass --resume to "
-                             "continue it or --overwrite to start again")
+            raise XLNetError(
+                f"an interrupted finetuning run into {out} is in {partial} ({last}); pass --resume to "
+                "continue it or --overwrite to start again"
+            )
     elif resume and (out / "results.json").is_file():
         return "complete"
     check_output_dir(out, overwrite, "a finetuning run")
@@ -332,10 +382,15 @@ def _commit(partial: Path, out: Path, best_step: int | None) -> None:
 
 
 def _say_complete(say: Any, out: Path, results: dict) -> None:
-    best = (f"best {results['metric']} {results['value']:.4f} at step {results['best_step']}"
-            if results.get("value") is not None else "no validation file")
-    say(f"finetuning run {out} is complete: {results['steps']} steps, {best}; checkpoint {results['checkpoint']}; "
-        "nothing to resume")
+    best = (
+        f"best {results['metric']} {results['value']:.4f} at step {results['best_step']}"
+        if results.get("value") is not None
+        else "no validation file"
+    )
+    say(
+        f"finetuning run {out} is complete: {results['steps']} steps, {best}; checkpoint {results['checkpoint']}; "
+        "nothing to resume"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -370,8 +425,21 @@ def finetune(
         check_output_not_input(out, [init, train, valid])
         # one writer per output (rank 0 holds the lock for all ranks; the .partial folder is covered by it)
         with output_lock(out) if env.rank == 0 else contextlib.nullcontext():
-            return _finetune(cfg, task, Path(train), Path(valid) if valid else None, Path(init), out, columns,
-                             header, overwrite, env, quiet, from_scratch, resume)
+            return _finetune(
+                cfg,
+                task,
+                Path(train),
+                Path(valid) if valid else None,
+                Path(init),
+                out,
+                columns,
+                header,
+                overwrite,
+                env,
+                quiet,
+                from_scratch,
+                resume,
+            )
     finally:
         dist.cleanup()
 
@@ -397,9 +465,21 @@ class StepCounts(NamedTuple):
     warmup: int
 
 
-def _finetune(cfg: Config, task: str, train: Path, valid: Path | None, init: Path, out: Path,
-              columns: labelled.Columns | None, header: bool, overwrite: bool, env: dist.DistEnv, quiet: bool,
-              from_scratch: bool, resume: bool) -> dict[str, Any]:
+def _finetune(
+    cfg: Config,
+    task: str,
+    train: Path,
+    valid: Path | None,
+    init: Path,
+    out: Path,
+    columns: labelled.Columns | None,
+    header: bool,
+    overwrite: bool,
+    env: dist.DistEnv,
+    quiet: bool,
+    from_scratch: bool,
+    resume: bool,
+) -> dict[str, Any]:
     """The steps of one finetuning call: the run folder's state, the init checkpoint, the data, the batch maths, the
     resume point, the model, the training and the commit."""
     say = printer(env.is_main and not quiet)
@@ -412,8 +492,10 @@ def _finetune(cfg: Config, task: str, train: Path, valid: Path | None, init: Pat
     init_ckpt = _load_init(init)
     run_cfg = run_config(init_ckpt.cfg, cfg)
     if init_ckpt.tokenizer.vocab_size != run_cfg.model.vocab_size:
-        raise CheckpointError(f"tokenizer in {init_ckpt.tokenizer_dir} has {init_ckpt.tokenizer.vocab_size} pieces "
-                              f"but the model's vocab_size is {run_cfg.model.vocab_size}")
+        raise CheckpointError(
+            f"tokenizer in {init_ckpt.tokenizer_dir} has {init_ckpt.tokenizer.vocab_size} pieces "
+            f"but the model's vocab_size is {run_cfg.model.vocab_size}"
+        )
     train_data, valid_data = _load_data(task, train, valid, init_ckpt.tokenizer, run_cfg, columns, header)
     check_config(run_cfg, env.world_size, stage="finetune")
     steps = _step_counts(run_cfg, len(train_data), env.world_size)
@@ -421,18 +503,44 @@ def _finetune(cfg: Config, task: str, train: Path, valid: Path | None, init: Pat
     model = _build_model(run_cfg, task, train_data.label_list, init_ckpt, from_scratch, start is None, say)
     model.to(env.device).train()
 
-    meta_base = {"kind": "finetune", "task": task, "labels": train_data.label_list, "init": str(init_ckpt.path),
-                 "from_scratch": from_scratch,
-                 "squad_v2": bool(valid_data.squad_v2) if valid_data and task == "squad" else None}
+    meta_base = {
+        "kind": "finetune",
+        "task": task,
+        "labels": train_data.label_list,
+        "init": str(init_ckpt.path),
+        "from_scratch": from_scratch,
+        "squad_v2": bool(valid_data.squad_v2) if valid_data and task == "squad" else None,
+    }
     files = {"train": sha256_file(train), **({"valid": sha256_file(valid)} if valid is not None else {})}
-    recipe = FinetuneRecipe(task, run_cfg, train_data, valid_data, train_data.label_list, env, steps.total,
-                            steps.per_epoch, meta_base, files, say)
+    recipe = FinetuneRecipe(
+        task,
+        run_cfg,
+        train_data,
+        valid_data,
+        train_data.label_list,
+        env,
+        steps.total,
+        steps.per_epoch,
+        meta_base,
+        files,
+        say,
+    )
     plan = finetune_plan(run_cfg, train_data, steps.accumulation, steps.total, steps.warmup)
     if env.is_main and mode == "fresh" and partial.exists():
         shutil.rmtree(partial)  # --overwrite: an interrupted earlier run is discarded
     dist.barrier()
-    engine = Engine(model, recipe, plan, env, partial, run_cfg, init_ckpt.tokenizer_dir, quiet,
-                    resume_from=start[1] if start is not None else None, report_to=run_cfg.finetune.report_to)
+    engine = Engine(
+        model,
+        recipe,
+        plan,
+        env,
+        partial,
+        run_cfg,
+        init_ckpt.tokenizer_dir,
+        quiet,
+        resume_from=start[1] if start is not None else None,
+        report_to=run_cfg.finetune.report_to,
+    )
     with _removed_on_failure(partial, env.is_main):
         engine.setup()
         _say_header(say, engine, task, init_ckpt.path, out, train_data, valid_data, steps)
@@ -458,8 +566,15 @@ def _load_init(init: Path) -> InitCheckpoint:
     return InitCheckpoint(path, init_cfg, state, meta, tok_dir, Tokenizer.load(tok_dir))
 
 
-def _load_data(task: str, train: Path, valid: Path | None, tok: Tokenizer, run_cfg: Config,
-               columns: labelled.Columns | None, header: bool) -> tuple[TaskData, TaskData | None]:
+def _load_data(
+    task: str,
+    train: Path,
+    valid: Path | None,
+    tok: Tokenizer,
+    run_cfg: Config,
+    columns: labelled.Columns | None,
+    header: bool,
+) -> tuple[TaskData, TaskData | None]:
     """The training and validation examples, encoded (validation labels must be among the training ones)."""
     train_data = load_task_data(task, train, tok, run_cfg, None, columns, header, training=True)
     label_list = train_data.label_list
@@ -467,8 +582,9 @@ def _load_data(task: str, train: Path, valid: Path | None, tok: Tokenizer, run_c
         raise DataError(f"{train}: classification needs at least 2 distinct labels, found {label_list}")
     valid_data = None
     if valid is not None:
-        valid_data = load_task_data(task, valid, tok, run_cfg, label_list, columns, header, training=False,
-                                    train_path=train)
+        valid_data = load_task_data(
+            task, valid, tok, run_cfg, label_list, columns, header, training=False, train_path=train
+        )
     if len(train_data) == 0:
         raise DataError(f"{train}: no usable training examples")
     return train_data, valid_data
@@ -476,8 +592,15 @@ def _load_data(task: str, train: Path, valid: Path | None, tok: Tokenizer, run_c
 
 def _resume_point(run_cfg: Config, partial: Path) -> tuple[int, Path] | None:
     """The latest resumable step folder of the interrupted run (None: killed before its first one)."""
-    start = resume_point(run_cfg, partial, "latest", "finetuning run", ("tokenizer", "model", "finetune"),
-                         RESUME_MUTABLE, "resume with the run's --config and --set, or start again with --overwrite")
+    start = resume_point(
+        run_cfg,
+        partial,
+        "latest",
+        "finetuning run",
+        ("tokenizer", "model", "finetune"),
+        RESUME_MUTABLE,
+        "resume with the run's --config and --set, or start again with --overwrite",
+    )
     return dist.broadcast_object(start)
 
 
@@ -485,12 +608,18 @@ def _step_counts(run_cfg: Config, n_train: int, world: int) -> StepCounts:
     ft = run_cfg.finetune
     per_epoch = max(1, math.ceil(n_train / ft.batch_size))
     total = ft.max_steps or max(1, math.ceil(ft.epochs * per_epoch))
-    return StepCounts(ft.batch_size // (ft.micro_batch_size * world), per_epoch, total,
-                      round(ft.warmup_ratio * total))
+    return StepCounts(ft.batch_size // (ft.micro_batch_size * world), per_epoch, total, round(ft.warmup_ratio * total))
 
 
-def _build_model(run_cfg: Config, task: str, label_list: list[str] | None, init_ckpt: InitCheckpoint,
-                 from_scratch: bool, load_init: bool, say: Any) -> torch.nn.Module:
+def _build_model(
+    run_cfg: Config,
+    task: str,
+    label_list: list[str] | None,
+    init_ckpt: InitCheckpoint,
+    from_scratch: bool,
+    load_init: bool,
+    say: Any,
+) -> torch.nn.Module:
     """The task model: random weights with ``from_scratch``; else the init checkpoint's (and its head when it fits)
     unless ``load_init`` is False (a resume loads its own). Frees the init weights."""
     torch.manual_seed(run_cfg.finetune.seed)
@@ -500,8 +629,9 @@ def _build_model(run_cfg: Config, task: str, label_list: list[str] | None, init_
         say(f"  init       random weights (architecture and tokenizer of {ckpt}; --from-scratch baseline)")
     elif load_init:
         load_pretrained_into(model, init_ckpt.state, f"checkpoint {ckpt}")
-        head_note = carry_head(model, init_ckpt.state, init_ckpt.cfg.finetune, init_ckpt.meta, task, label_list,
-                               run_cfg.finetune, ckpt)
+        head_note = carry_head(
+            model, init_ckpt.state, init_ckpt.cfg.finetune, init_ckpt.meta, task, label_list, run_cfg.finetune, ckpt
+        )
         if head_note:
             say(f"  head       {head_note}")
     init_ckpt.state = {}
@@ -510,24 +640,40 @@ def _build_model(run_cfg: Config, task: str, label_list: list[str] | None, init_
     return model
 
 
-def _say_header(say: Any, engine: Engine, task: str, ckpt: Path, out: Path, train_data: TaskData,
-                valid_data: TaskData | None, steps: StepCounts) -> None:
+def _say_header(
+    say: Any,
+    engine: Engine,
+    task: str,
+    ckpt: Path,
+    out: Path,
+    train_data: TaskData,
+    valid_data: TaskData | None,
+    steps: StepCounts,
+) -> None:
     """The run's header: data (and its notes), batch, optimizer and device lines."""
     ft, label_list = engine.cfg.finetune, train_data.label_list
-    say(f"[bold]xlnet finetune[/bold] {task} from {ckpt} -> {out}"
-        + (f" (resuming at step {engine.step})" if engine.step else ""))
-    say(f"  data       train {len(train_data)} {'features' if task == 'squad' else 'examples'} ({train_data.path})"
+    say(
+        f"[bold]xlnet finetune[/bold] {task} from {ckpt} -> {out}"
+        + (f" (resuming at step {engine.step})" if engine.step else "")
+    )
+    say(
+        f"  data       train {len(train_data)} {'features' if task == 'squad' else 'examples'} ({train_data.path})"
         + (f", valid {len(valid_data)} ({valid_data.path})" if valid_data else ", no validation file")
-        + (f", {len(label_list)} labels: {', '.join(label_list)}" if label_list else ""))
+        + (f", {len(label_list)} labels: {', '.join(label_list)}" if label_list else "")
+    )
     for d in (train_data, valid_data):
         if d is not None:
             for note in d.notes:
                 say(f"[yellow]warning:[/yellow] {Path(d.path).name}: {note}")
-    say(f"  batch      {ft.batch_size} = micro {ft.micro_batch_size} x accumulation {steps.accumulation} x "
+    say(
+        f"  batch      {ft.batch_size} = micro {ft.micro_batch_size} x accumulation {steps.accumulation} x "
         f"{engine.env.world_size} process(es); {steps.total} steps ({steps.per_epoch} per epoch), "
-        f"warmup {steps.warmup}")
-    say(f"  optimizer  AdamW lr {ft.lr:g}, layer decay {ft.layer_decay:g}, wd {ft.weight_decay:g}, "
-        f"dropout {ft.dropout:g}/{ft.dropatt:g}; device {engine.describe()}")
+        f"warmup {steps.warmup}"
+    )
+    say(
+        f"  optimizer  AdamW lr {ft.lr:g}, layer decay {ft.layer_decay:g}, wd {ft.weight_decay:g}, "
+        f"dropout {ft.dropout:g}/{ft.dropatt:g}; device {engine.describe()}"
+    )
 
 
 @contextlib.contextmanager
@@ -541,17 +687,31 @@ def _removed_on_failure(partial: Path, main: bool) -> Iterator[None]:
         raise
 
 
-def _commit_results(recipe: FinetuneRecipe, result: dict, out: Path, partial: Path, train_data: TaskData,
-                    valid_data: TaskData | None, say: Any) -> dict[str, Any]:
+def _commit_results(
+    recipe: FinetuneRecipe,
+    result: dict,
+    out: Path,
+    partial: Path,
+    train_data: TaskData,
+    valid_data: TaskData | None,
+    say: Any,
+) -> dict[str, Any]:
     """results.json into the partial folder, then the commit (prune, rename); the closing line."""
     best = recipe.tracker.best
     results = {
-        "task": recipe.task, "out": str(out), "steps": result["step"], "best_step": best["step"],
+        "task": recipe.task,
+        "out": str(out),
+        "steps": result["step"],
+        "best_step": best["step"],
         "checkpoint": str(out / step_dir_name(best["step"])) if best["step"] is not None else None,
-        "metric": best["metric"], "value": None if best["value"] == -math.inf else best["value"],
-        "valid": best["metrics"], "train_examples": len(train_data.examples), "train_rows": len(train_data),
+        "metric": best["metric"],
+        "value": None if best["value"] == -math.inf else best["value"],
+        "valid": best["metrics"],
+        "train_examples": len(train_data.examples),
+        "train_rows": len(train_data),
         "valid_examples": len(valid_data.examples) if valid_data else 0,
-        "labels": train_data.label_list, "seconds": round(result["elapsed_s"], 2),
+        "labels": train_data.label_list,
+        "seconds": round(result["elapsed_s"], 2),
         "stopped_early": recipe.tracker.stopped_early,
         "notes": (train_data.notes + (valid_data.notes if valid_data else [])),
         "final_train_loss": result["loss"],
@@ -563,6 +723,8 @@ def _commit_results(recipe: FinetuneRecipe, result: dict, out: Path, partial: Pa
     if result["already_complete"]:
         _say_complete(say, out, results)
     elif best["metrics"]:
-        say(f"  best {best['metric']} {best['value']:.4f} at step {best['step']} -> {results['checkpoint']} "
-            f"({result['elapsed_s']:.1f}s)")
+        say(
+            f"  best {best['metric']} {best['value']:.4f} at step {best['step']} -> {results['checkpoint']} "
+            f"({result['elapsed_s']:.1f}s)"
+        )
     return results

@@ -40,8 +40,13 @@ def param_groups(
         no_decay = _no_decay(name, param)
         key = (depth, no_decay)
         if key not in groups:
-            groups[key] = {"params": [], "names": [], "weight_decay": 0.0 if no_decay else weight_decay,
-                           "lr": lr * scale, "lr_scale": scale}
+            groups[key] = {
+                "params": [],
+                "names": [],
+                "weight_decay": 0.0 if no_decay else weight_decay,
+                "lr": lr * scale,
+                "lr_scale": scale,
+            }
         groups[key]["params"].append(param)
         groups[key]["names"].append(name)
     return [groups[k] for k in sorted(groups)]

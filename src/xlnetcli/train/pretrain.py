@@ -64,9 +64,20 @@ from xlnetcli.train.engine import (
 # train.* keys that may change when resuming a run (they do not change what is computed, only how often we
 # log/evaluate/save, how long we train, or how the same maths is executed).
 RESUME_MUTABLE = {
-    "train.max_steps", "train.eval_every", "train.eval_batches", "train.save_every", "train.keep_last",
-    "train.log_every", "train.compile", "train.activation_checkpointing", "train.distributed", "train.deterministic",
-    "train.peak_tflops", "train.report_to", "train.probe_file", "train.probe_every",
+    "train.max_steps",
+    "train.eval_every",
+    "train.eval_batches",
+    "train.save_every",
+    "train.keep_last",
+    "train.log_every",
+    "train.compile",
+    "train.activation_checkpointing",
+    "train.distributed",
+    "train.deterministic",
+    "train.peak_tflops",
+    "train.report_to",
+    "train.probe_file",
+    "train.probe_every",
 }
 
 # records meta key -> config key it must agree with
@@ -134,8 +145,15 @@ def check_records(cfg: Config, meta: dict, data_dir: str | Path) -> None:
 
 def check_run_dir(cfg: Config, out_dir: Path, resume: str | None) -> tuple[int, Path] | None:
     """Refuse to mix runs; return the checkpoint to resume from (step, folder) or None for a fresh start."""
-    return resume_point(cfg, out_dir, resume, "pretraining run", ("tokenizer", "model", "data", "train"),
-                        RESUME_MUTABLE, "resume with the run's config (omit --config) or choose another --out")
+    return resume_point(
+        cfg,
+        out_dir,
+        resume,
+        "pretraining run",
+        ("tokenizer", "model", "data", "train"),
+        RESUME_MUTABLE,
+        "resume with the run's config (omit --config) or choose another --out",
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -155,11 +173,21 @@ class PretrainRecipe:
 
     def __init__(self, cfg: Config, data_dir: Path, meta: dict, env: dist.DistEnv, accum: int, say: Any) -> None:
         t = cfg.train
-        self.hints = Hints(lengths=f"data.seq_len / model.mem_len ({cfg.data.seq_len}/{cfg.model.mem_len})",
-                           warmup="more train.warmup_steps")
+        self.hints = Hints(
+            lengths=f"data.seq_len / model.mem_len ({cfg.data.seq_len}/{cfg.model.mem_len})",
+            warmup="more train.warmup_steps",
+        )
         self.cfg, self.data_dir, self.meta, self.env, self.accum, self.say = cfg, data_dir, meta, env, accum, say
-        self.stream = PretrainStream(data_dir, "train", env.rank, env.world_size, t.micro_batch_size, cfg.data.seed,
-                                     dense=False, objective=cfg.model.objective)
+        self.stream = PretrainStream(
+            data_dir,
+            "train",
+            env.rank,
+            env.world_size,
+            t.micro_batch_size,
+            cfg.data.seed,
+            dense=False,
+            objective=cfg.model.objective,
+        )
         self.mems = Memories(cfg.model.mem_len, accum, env.rank, env.device)
         self.keep_last = t.keep_last
         self._it: Any = None
@@ -200,25 +228,44 @@ class PretrainRecipe:
         """Linear-probe accuracy of the frozen features on train.probe_file (probe.py): does the representation pay
         off yet? Every rank takes part (FSDP gathers), rank 0 logs."""
         train_rows, valid_rows = self.probe_rows
-        res = probe_checkpoint(dist.unwrap(model), self.probe_tok,
-                               train_rows, valid_rows, self.cfg.finetune.max_seq_length, seed=self.cfg.train.seed)
+        res = probe_checkpoint(
+            dist.unwrap(model),
+            self.probe_tok,
+            train_rows,
+            valid_rows,
+            self.cfg.finetune.max_seq_length,
+            seed=self.cfg.train.seed,
+        )
         acc = res["accuracy"]
         log(step, "probe", mean=acc["mean"], cls=acc["cls"], examples=len(valid_rows))
-        self.say(f"  step {step}: probe accuracy mean {acc['mean']:.3f} cls {acc['cls']:.3f}"
-                 + (" (initial weights)" if step == 0 else ""))
+        self.say(
+            f"  step {step}: probe accuracy mean {acc['mean']:.3f} cls {acc['cls']:.3f}"
+            + (" (initial weights)" if step == 0 else "")
+        )
 
     def _evaluate_plm(self, model: torch.nn.Module, step: int, log: Any) -> Evaluation | None:
         t = self.cfg.train
         if "valid" not in self.meta.get("splits", {"valid": None}):
             return None
-        vstream = PretrainStream(self.data_dir, "valid", self.env.rank, self.env.world_size, t.micro_batch_size,
-                                 self.cfg.data.seed, dense=False, loop=False, objective=self.cfg.model.objective)
+        vstream = PretrainStream(
+            self.data_dir,
+            "valid",
+            self.env.rank,
+            self.env.world_size,
+            t.micro_batch_size,
+            self.cfg.data.seed,
+            dense=False,
+            loop=False,
+            objective=self.cfg.model.objective,
+        )
         res = evaluate_plm(model, vstream, t.eval_batches * self.accum, t.precision, self.env.device)
         if res["targets"] == 0:
             return None
         log(step, "eval", loss=res["loss"], ppl=res["ppl"], acc=res["acc"], targets=res["targets"])
-        self.say(f"  step {step}: eval loss {res['loss']:.4f} ppl {res['ppl']:.2f} acc {res['acc']:.3f}"
-                 + (" (initial weights)" if step == 0 else ""))
+        self.say(
+            f"  step {step}: eval loss {res['loss']:.4f} ppl {res['ppl']:.2f} acc {res['acc']:.3f}"
+            + (" (initial weights)" if step == 0 else "")
+        )
         return Evaluation(metrics=res)
 
     def log_extras(self, step: int) -> dict:
@@ -240,11 +287,16 @@ class PretrainRecipe:
 def pretrain_plan(cfg: Config, accum: int) -> TrainPlan:
     t, L = cfg.train, cfg.data.seq_len
     return TrainPlan.from_config(
-        cfg, "train", max_steps=t.max_steps, warmup_steps=t.warmup_steps, global_batch_size=t.global_batch_size,
-        accumulation=accum, seq_len=L,
+        cfg,
+        "train",
+        max_steps=t.max_steps,
+        warmup_steps=t.warmup_steps,
+        global_batch_size=t.global_batch_size,
+        accumulation=accum,
+        seq_len=L,
         # model FLOPs per token at full memory (flops.py), for the logged MFU
-        flops_per_token=train_flops(cfg.model, t.micro_batch_size, L, cfg.model.mem_len, cfg.data.num_predict) / (
-            t.micro_batch_size * L),
+        flops_per_token=train_flops(cfg.model, t.micro_batch_size, L, cfg.model.mem_len, cfg.data.num_predict)
+        / (t.micro_batch_size * L),
     )
 
 
@@ -252,8 +304,15 @@ def pretrain_plan(cfg: Config, accum: int) -> TrainPlan:
 # Entry point
 
 
-def pretrain(cfg: Config, data_dir: str | Path, out_dir: str | Path, resume: str | None = None,
-             device: str | None = "auto", quiet: bool = False, stop_after: int | None = None) -> dict:
+def pretrain(
+    cfg: Config,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    resume: str | None = None,
+    device: str | None = "auto",
+    quiet: bool = False,
+    stop_after: int | None = None,
+) -> dict:
     """Pretrain (or resume) a run; returns {"step", "loss", "eval", "tokens_per_s", "out", "complete"}.
 
     ``stop_after``: return after this many optimizer steps of this call (tests, benchmarks); the run is not finished.
@@ -272,8 +331,15 @@ def pretrain(cfg: Config, data_dir: str | Path, out_dir: str | Path, resume: str
             dist.cleanup()
 
 
-def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, env: dist.DistEnv, quiet: bool,
-              stop_after: int | None) -> dict:
+def _pretrain(
+    cfg: Config,
+    data_dir: Path,
+    out_dir: Path,
+    resume: str | None,
+    env: dist.DistEnv,
+    quiet: bool,
+    stop_after: int | None,
+) -> dict:
     t, main = cfg.train, env.is_main
     meta, accum, start = _check_inputs(cfg, data_dir, out_dir, resume, env)
     model = _build_model(cfg, env)
@@ -281,12 +347,24 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     say = printer(main and not quiet)
     plan = pretrain_plan(cfg, accum)
     recipe = PretrainRecipe(cfg, data_dir, meta, env, accum, say)
-    engine = Engine(model, recipe, plan, env, out_dir, cfg, data_dir / "tokenizer", quiet,
-                    resume_from=start[1] if start is not None else None, report_to=t.report_to).setup()
+    engine = Engine(
+        model,
+        recipe,
+        plan,
+        env,
+        out_dir,
+        cfg,
+        data_dir / "tokenizer",
+        quiet,
+        resume_from=start[1] if start is not None else None,
+        report_to=t.report_to,
+    ).setup()
     if engine.step >= t.max_steps:
         result = engine.fit()  # nothing to train: the run's last logged figures
-        say(f"run {out_dir} is already complete: step {engine.step} of {t.max_steps}, final checkpoint "
-            f"{result['checkpoint']}; nothing to resume (raise train.max_steps to train further)")
+        say(
+            f"run {out_dir} is already complete: step {engine.step} of {t.max_steps}, final checkpoint "
+            f"{result['checkpoint']}; nothing to resume (raise train.max_steps to train further)"
+        )
         return result
 
     _say_header(say, cfg, engine, sizes, meta, data_dir, out_dir)
@@ -294,13 +372,16 @@ def _pretrain(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, en
     if main and result["complete"]:
         result["plot"] = str(maybe_plot(out_dir) or "")
     if main and not quiet and result["complete"]:
-        say(f"done: {result['step']} steps, last loss {result['loss']:.4f}, {result['tokens_per_s']:,.0f} tokens/s; "
-            f"checkpoints in {out_dir}")
+        say(
+            f"done: {result['step']} steps, last loss {result['loss']:.4f}, {result['tokens_per_s']:,.0f} tokens/s; "
+            f"checkpoints in {out_dir}"
+        )
     return result
 
 
-def _check_inputs(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None,
-                  env: dist.DistEnv) -> tuple[dict, int, tuple[int, Path] | None]:
+def _check_inputs(
+    cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, env: dist.DistEnv
+) -> tuple[dict, int, tuple[int, Path] | None]:
     """Checks before any work: (the records' meta, accumulation, the checkpoint to resume from or None)."""
     t = cfg.train
     meta = read_records_meta(data_dir)
@@ -322,25 +403,37 @@ def _build_model(cfg: Config, env: dist.DistEnv) -> torch.nn.Module:
     return model
 
 
-def _say_header(say: Any, cfg: Config, engine: Engine, sizes: tuple[int, int], meta: dict, data_dir: Path,
-                out_dir: Path) -> None:
+def _say_header(
+    say: Any, cfg: Config, engine: Engine, sizes: tuple[int, int], meta: dict, data_dir: Path, out_dir: Path
+) -> None:
     """The run's header: model (``sizes``: parameters with and without the embedding), batch, device, data and
     optimizer lines."""
     t, plan, step = cfg.train, engine.plan, engine.step
     n_params, n_nonemb = sizes
     say(f"[bold]xlnet pretrain[/bold] {'resuming at step ' + str(step) if step else 'from scratch'} -> {out_dir}")
-    say(f"  model      {n_params / 1e6:.2f}M parameters ({n_nonemb / 1e6:.2f}M without embeddings), "
+    say(
+        f"  model      {n_params / 1e6:.2f}M parameters ({n_nonemb / 1e6:.2f}M without embeddings), "
         f"{cfg.model.n_layer} layers, d_model {cfg.model.d_model}, seq {cfg.data.seq_len} "
         f"(reuse {cfg.model.reuse_len}, mem {cfg.model.mem_len}), {cfg.data.num_predict} targets, "
-        f"bi_data {cfg.model.bi_data}")
-    say(f"  batch      global {t.global_batch_size} = micro {t.micro_batch_size} x accumulation {plan.accumulation} x "
-        f"{engine.env.world_size} process(es); {plan.tokens_per_step:,} tokens per step, {t.max_steps:,} steps")
+        f"bi_data {cfg.model.bi_data}"
+    )
+    say(
+        f"  batch      global {t.global_batch_size} = micro {t.micro_batch_size} x accumulation {plan.accumulation} x "
+        f"{engine.env.world_size} process(es); {plan.tokens_per_step:,} tokens per step, {t.max_steps:,} steps"
+    )
     say(f"  device     {engine.describe()}, deterministic {t.deterministic}")
     spp = meta.get("splits", {}).get("train", {}).get("steps_per_pass")
     if spp:
         passes = meta.get("passes", 1)
-        say(f"  data       {data_dir}: {spp:,} steps per pass x {passes} pass(es)"
-            + (f"; passes repeat (new factorisation orders) after step {spp * passes:,}"
-               if spp * passes < t.max_steps else ""))
-    say(f"  optimizer  AdamW lr {t.lr:g}, warmup {t.warmup_steps}, {t.schedule} decay to x{t.min_lr_ratio:g}, "
-        f"wd {t.weight_decay:g}, clip {t.clip_norm:g}; eval every {t.eval_every}, save every {t.save_every}")
+        say(
+            f"  data       {data_dir}: {spp:,} steps per pass x {passes} pass(es)"
+            + (
+                f"; passes repeat (new factorisation orders) after step {spp * passes:,}"
+                if spp * passes < t.max_steps
+                else ""
+            )
+        )
+    say(
+        f"  optimizer  AdamW lr {t.lr:g}, warmup {t.warmup_steps}, {t.schedule} decay to x{t.min_lr_ratio:g}, "
+        f"wd {t.weight_decay:g}, clip {t.clip_norm:g}; eval every {t.eval_every}, save every {t.save_every}"
+    )
