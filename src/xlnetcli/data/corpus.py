@@ -28,7 +28,7 @@ import json
 import os
 import re
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -191,7 +191,7 @@ def _require_reader(fmt: InputFormat) -> None:
 # are heavy, and each is an extra.
 def _import_pyarrow_parquet():
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # noqa: PLC0415 - heavy and optional (the `parquet` extra)
     except ImportError:
         raise _missing_extra("Parquet files", "pyarrow", "parquet") from None
     return pq
@@ -199,25 +199,26 @@ def _import_pyarrow_parquet():
 
 def _import_datasets():
     try:
-        import datasets
+        import datasets  # noqa: PLC0415 - heavy and optional (the `datasets` extra)
     except ImportError:
         raise _missing_extra("datasets folders", "datasets", "datasets") from None
     return datasets
 
 
-def _zstd_module():
-    """Decompressor factory: the standard library's (Python 3.14+) or zstandard's."""
+def _zstd_module() -> tuple[Callable[[], Any], type[Exception]]:
+    """(decompressor factory, the error it raises on bad data): the standard library's (Python 3.14+) or zstandard's."""
     try:
-        from compression import zstd  # type: ignore[import-not-found]
+        # Python 3.14+ only; mypy checks against 3.10, where the module does not exist
+        from compression import zstd  # type: ignore[import-not-found]  # noqa: PLC0415 - optional, per Python version
 
-        return zstd.ZstdDecompressor
+        return zstd.ZstdDecompressor, zstd.ZstdError
     except ImportError:
         pass
     try:
-        import zstandard
+        import zstandard  # noqa: PLC0415 - optional (the `zstd` extra)
     except ImportError:
         raise _missing_extra(".zst files", "zstandard", "zstd") from None
-    return lambda: zstandard.ZstdDecompressor().decompressobj()
+    return lambda: zstandard.ZstdDecompressor().decompressobj(), zstandard.ZstdError
 
 
 def _open_raw(path: Path) -> BinaryIO:
@@ -295,7 +296,7 @@ class _CountingDecoder:
 def _raw_blocks(path: Path, raw: BinaryIO, compression: str | None, block: int) -> Iterator[bytes]:
     """Decompressed bytes of one file, block by block (b"" never yielded)."""
     if compression == "zstd":
-        new = _zstd_module()
+        new, zstd_error = _zstd_module()
         dec = None  # one decompressor per frame: multi-frame files (pzstd, concatenations) read whole
         while buf := raw.read(block):
             for i in range(0, len(buf), ZSTD_FEED):  # small feeds bound each output (~ compression ratio x feed)
@@ -305,7 +306,7 @@ def _raw_blocks(path: Path, raw: BinaryIO, compression: str | None, block: int) 
                         dec = new()
                     try:
                         out = dec.decompress(data)
-                    except Exception as e:  # zstandard.ZstdError / compression.zstd.ZstdError
+                    except zstd_error as e:  # zstandard.ZstdError / compression.zstd.ZstdError
                         raise DataError(f"{path} is a corrupt zstd file ({e})") from None
                     if out:
                         yield out
@@ -435,7 +436,7 @@ def _iter_columns(
     text_field: str,
 ) -> Iterator[str]:
     """Text of the one column of Arrow batches (Parquet, datasets); progress in proportion to rows read."""
-    import pyarrow as pa
+    import pyarrow as pa  # noqa: PLC0415 - heavy and optional (the `parquet` / `datasets` extras)
 
     is_text = (pa.types.is_string, pa.types.is_large_string, getattr(pa.types, "is_string_view", lambda t: False))
     is_binary = (pa.types.is_binary, pa.types.is_large_binary)
@@ -478,11 +479,11 @@ def _iter_columns(
 
 def _iter_parquet(path: Path, stats: FileStats, on_bytes, text_field: str) -> Iterator[str]:
     pq = _import_pyarrow_parquet()
-    import pyarrow as pa
+    import pyarrow as pa  # noqa: PLC0415 - heavy and optional (the `parquet` extra)
 
     try:
         pf = pq.ParquetFile(path)
-    except Exception as e:  # pyarrow.ArrowInvalid and friends
+    except (OSError, pa.lib.ArrowException) as e:  # pyarrow.ArrowInvalid and friends
         raise DataError(f"{path} is not a readable Parquet file ({' '.join(str(e).split())[:300]})") from None
     names = pf.schema_arrow.names
     if text_field not in names:
@@ -501,7 +502,8 @@ def _iter_datasets(path: Path, stats: FileStats, on_bytes, text_field: str) -> I
     datasets = _import_datasets()
     try:
         ds = datasets.Dataset.load_from_disk(str(path))  # memory-mapped Arrow files
-    except Exception as e:
+    # a damaged folder fails in many unrelated types (OSError, JSON errors, KeyError, Arrow errors): all mean unreadable
+    except Exception as e:  # noqa: BLE001 - load_from_disk has no error base class; any failure = unreadable folder
         raise DataError(f"{path} is not a readable datasets folder ({' '.join(str(e).split())[:300]})") from None
     names = list(ds.column_names)
     if text_field not in names:

@@ -101,36 +101,51 @@ _SINGLE_NAMES = ["text_a", "text", "sentence", "sentence1", "question", "content
 _LABEL_NAMES = ["label", "gold_label", "score", "is_duplicate", "Quality", "target", "y"]
 
 
-def _rows(path: Path, header: bool) -> tuple[list[str] | None, list[tuple[int, list[str] | dict]]]:
-    """(column names, [(line number, row)]) for a TSV/CSV (rows are lists) or JSONL (rows are dicts) file."""
+# One row of a labelled file: a list of cells (TSV / CSV) or a JSON object (JSONL).
+Row = list[str] | dict[str, Any]
+_JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
+
+
+def _read_text(path: Path) -> str:
     if not path.is_file():
         raise DataError(f"file not found: {path}")
-    suffix = path.suffix.lower()
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    if suffix in (".jsonl", ".json", ".ndjson"):
-        rows: list[tuple[int, Any]] = []
-        for i, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{path}:{i}: expected a JSON object per line")
-            rows.append((i, obj))
-        names = list(rows[0][1].keys()) if rows else None
-        return names, rows
+
+
+def _json_rows(path: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
+    """[(line number, object)] of a JSONL file's text (blank lines skipped)."""
+    rows: list[tuple[int, dict[str, Any]]] = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}:{i}: expected a JSON object per line")
+        rows.append((i, obj))
+    return rows
+
+
+def _rows(path: Path, header: bool) -> tuple[list[str] | None, list[tuple[int, Row]]]:
+    """(column names, [(line number, row)]) for a TSV/CSV (rows are lists) or JSONL (rows are dicts) file."""
+    text = _read_text(path)
+    suffix = path.suffix.lower()
+    if suffix in _JSON_SUFFIXES:
+        json_rows = _json_rows(path, text)
+        names = list(json_rows[0][1].keys()) if json_rows else None
+        return names, list(json_rows)
     if suffix == ".csv":
         reader = csv.reader(text.splitlines())
     else:  # .tsv, .txt and anything else: tab separated, no quoting (GLUE files contain bare quotes)
         reader = csv.reader(text.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE)
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
     try:
-        all_rows = [(i, r) for i, r in enumerate(reader, 1) if r and any(c.strip() for c in r)]
+        all_rows: list[tuple[int, Row]] = [(i, r) for i, r in enumerate(reader, 1) if r and any(c.strip() for c in r)]
     except csv.Error as e:
         raise DataError(f"{path}: cannot parse as {suffix or 'TSV'} ({e})") from None
     if not header:
@@ -166,40 +181,43 @@ def read_table(
     is_json = isinstance(rows[0][1], dict)
     names, col_a, col_b, col_l = _choose_columns(names, rows, header, is_json, columns)
     _check_columns(path, names, col_a, col_b, col_l, require_label)
-    has_label = col_l is not None and col_l in names
+    assert col_a is not None  # _check_columns refused a file without a text_a column
+    label_col = col_l if col_l is not None and col_l in names else None
     index = {n: i for i, n in enumerate(names)}
     out = []
     for line, row in rows:
-        if is_json:
-            get = row.get
-        else:
-            if len(row) < len(names):
-                raise DataError(f"{path}:{line}: {len(row)} fields, the header has {len(names)}")
+        if not isinstance(row, dict) and len(row) < len(names):  # all rows are dicts (JSONL) or all lists
+            raise DataError(f"{path}:{line}: {len(row)} fields, the header has {len(names)}")
 
-            def get(name: str, _row: list[str] = row) -> str:
-                return _row[index[name]]
+        def get(name: str, _row: Row = row) -> Any:
+            return _row.get(name) if isinstance(_row, dict) else _row[index[name]]
 
         a = get(col_a)
         if a is None:
             raise DataError(f"{path}:{line}: no {col_a!r} field")
         b = get(col_b) if col_b else None
-        label = _parse_label(get(col_l), f"{path}:{line}", col_l, task, require_label) if has_label else None
+        label = (
+            _parse_label(get(label_col), f"{path}:{line}", label_col, task, require_label)
+            if label_col is not None
+            else None
+        )
         out.append(TextExample(str(a), None if b is None else str(b), label, line))
     return out
 
 
 def _choose_columns(
-    names: list[str] | None, rows: list, header: bool, is_json: bool, columns: Columns
-) -> tuple[list[str], Any, Any, Any]:
+    names: list[str] | None, rows: Sequence[tuple[int, Row]], header: bool, is_json: bool, columns: Columns
+) -> tuple[list[str], str | None, str, str | None]:
     """(column names, text_a, text_b, label): the columns asked for, else the usual names (``_PAIR_NAMES``,
     ``_SINGLE_NAMES``, ``_LABEL_NAMES``); without a header, indices: text_a 0, label the last."""
     if not header and not is_json:
         width = len(rows[0][1])
-        names = [str(i) for i in range(width)]
-        col_a = columns.text_a if columns.text_a is not None else "0"
-        col_b = columns.text_b if columns.text_b is not None else ""
-        col_l = columns.label if columns.label is not None else (str(width - 1) if width > 1 else None)
-        return names, col_a, col_b, col_l
+        return (
+            [str(i) for i in range(width)],
+            columns.text_a if columns.text_a is not None else "0",
+            columns.text_b if columns.text_b is not None else "",
+            columns.label if columns.label is not None else (str(width - 1) if width > 1 else None),
+        )
     assert names is not None
     if is_json:
         names = sorted({k for _, r in rows for k in r})
@@ -216,7 +234,9 @@ def _choose_columns(
     return names, col_a, col_b, _pick(names, columns.label, _LABEL_NAMES)
 
 
-def _check_columns(path: Path, names: list[str], col_a: Any, col_b: Any, col_l: Any, require_label: bool) -> None:
+def _check_columns(
+    path: Path, names: list[str], col_a: str | None, col_b: str, col_l: str | None, require_label: bool
+) -> None:
     """Refuse, in one line naming the file's columns, a text or (required) label column the file lacks."""
     missing = []
     if col_a is None:
@@ -290,9 +310,9 @@ def _answer_index(raw: Any, options: list[str], path: Path, line: int) -> int:
 
 def read_choices(path: str | Path, require_label: bool = True) -> list[ChoiceExample]:
     path = Path(path)
-    if path.suffix.lower() not in (".jsonl", ".json", ".ndjson"):
+    if path.suffix.lower() not in _JSON_SUFFIXES:
         raise DataError(f"{path}: multiple choice data must be JSONL (context, question, options, answer)")
-    _, rows = _rows(path, True)
+    rows = _json_rows(path, _read_text(path))
     if not rows:
         raise DataError(f"{path}: no examples (the file is empty)")
     out = []
@@ -380,10 +400,10 @@ def build_pair(a: list[int], b: list[int] | None, max_len: int) -> tuple[list[in
     if b is None:
         cut = len(a) > max_len - 2
         a = a[: max_len - 2]
-        return a + [SEP_ID, CLS_ID], [SEG_ID_A] * (len(a) + 1) + [SEG_ID_CLS], cut
+        return [*a, SEP_ID, CLS_ID], [SEG_ID_A] * (len(a) + 1) + [SEG_ID_CLS], cut
     b = list(b)
     cut = truncate_pair(a, b, max_len - 3)
-    ids = a + [SEP_ID] + b + [SEP_ID, CLS_ID]
+    ids = [*a, SEP_ID, *b, SEP_ID, CLS_ID]
     seg = [SEG_ID_A] * (len(a) + 1) + [SEG_ID_B] * (len(b) + 1) + [SEG_ID_CLS]
     return ids, seg, cut
 
@@ -427,7 +447,12 @@ def encode_texts(
         if ex.label is not None:
             has_label[i] = True
             labels[i] = ex.label if task == "regression" else label_index.get(ex.label, -1)
-    arrays = {"input_ids": ids_arr, "token_type_ids": seg_arr, "attention_mask": mask_arr, "labels": labels}
+    arrays: dict[str, np.ndarray] = {
+        "input_ids": ids_arr,
+        "token_type_ids": seg_arr,
+        "attention_mask": mask_arr,
+        "labels": labels,
+    }
     return Encoded(arrays, n_truncated=n_cut, n_examples=n, extra={"has_label": has_label})
 
 
@@ -453,7 +478,7 @@ def encode_choices(tok: Any, examples: Sequence[ChoiceExample], max_len: int) ->
             option_mask[i, j] = 1.0
         n_cut += cut_any
         labels[i] = -1 if ex.label is None else ex.label
-    arrays = {
+    arrays: dict[str, np.ndarray] = {
         "input_ids": ids_arr,
         "token_type_ids": seg_arr,
         "attention_mask": mask_arr,
@@ -614,7 +639,7 @@ def _add_window(
     """Append one window's feature: [context | <sep> | question | <sep> | <cls>] padded to ``max_len`` (XLNet puts
     <cls> last); the answer's positions in the window, or <cls>'s when it is not inside (impossible)."""
     length = len(doc)
-    ids = doc + [SEP_ID] + q_ids + [SEP_ID, CLS_ID]
+    ids = [*doc, SEP_ID, *q_ids, SEP_ID, CLS_ID]
     seg = [SEG_ID_A] * (length + 1) + [SEG_ID_B] * (len(q_ids) + 1) + [SEG_ID_CLS]
     p_mask = [0] * length + [1] * (len(q_ids) + 2) + [0]
     cls_index = len(ids) - 1

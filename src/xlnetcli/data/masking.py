@@ -20,6 +20,7 @@ import sentencepiece as spm
 from xlnetcli.core.errors import DataError
 from xlnetcli.data.special import CLS_ID, SEP_ID
 from xlnetcli.data.tokenizer import Tokenizer
+from xlnetcli.data.tokenizer.spm_model import USER_DEFINED, read_model_info
 
 MAX_GRAM = 5  # spans of 1..5 units, p(n) ∝ 1/n (original _sample_mask); data.max_gram may lower it
 _KK = np.arange(1, MAX_GRAM + 1)[None, :]
@@ -41,11 +42,15 @@ def word_start_table(tokenizer_dir: Path) -> np.ndarray:
     if not model.is_file():
         raise DataError(f"tokenizer model missing: {model}")
     sp = spm.SentencePieceProcessor(model_file=str(model))
+    # sentencepiece's API has no user-defined test: the piece types come from the model file itself
+    user_defined = {
+        i for i, (_, _, kind) in enumerate(read_model_info(model.read_bytes()).pieces) if kind == USER_DEFINED
+    }
     punct = set(string.punctuation)
     out = np.zeros(sp.get_piece_size(), dtype=bool)
     for i in range(sp.get_piece_size()):
         p = sp.id_to_piece(i)
-        out[i] = p.startswith("▁") or sp.is_control(i) or sp.is_unknown(i) or sp.is_user_defined(i) or p in punct
+        out[i] = p.startswith("▁") or sp.is_control(i) or sp.is_unknown(i) or i in user_defined or p in punct
     return out
 
 
@@ -229,7 +234,7 @@ def _top_up(mask: np.ndarray, functional: np.ndarray, goal: int, draws: np.ndarr
 
     The candidates are each segment's last draws, in order: the first eligible distinct ones are taken (a uniform
     subset); a segment whose candidates run short gets an exact draw, seeded by its own first two uniforms."""
-    N, n = mask.shape
+    _, n = mask.shape
     K = goal + 5
     eligible = ~mask
     eligible.reshape(-1)[functional] = False

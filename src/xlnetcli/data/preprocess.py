@@ -77,13 +77,15 @@ def build_rows(
     goal0, goal1 = split_num_predict(p.num_predict)
     n = s1 - s0
     built, d0, d1 = [], [], []
-    for row, rng in zip(rows, rngs):
+    for row, rng in zip(rows, rngs, strict=True):
         built.append(split_block(row, L, R, rng.random((n, 3)), s0, s1))
         d0.append(rng.random((n, mask_draw_width(goal0))))
         d1.append(rng.random((n, mask_draw_width(goal1))))
 
     def reading_order(a: int, b: int) -> np.ndarray:  # segments in reading order (backward rows flipped back)
-        return np.concatenate([t[:, a:b][:, ::-1] if row.reverse else t[:, a:b] for row, (t, _, _) in zip(rows, built)])
+        return np.concatenate(
+            [t[:, a:b][:, ::-1] if row.reverse else t[:, a:b] for row, (t, _, _) in zip(rows, built, strict=True)]
+        )
 
     m0 = masks_from_draws(
         reading_order(0, R), ws_table, goal0, p.alpha, p.beta, p.mode, np.concatenate(d0), max_gram=p.max_gram
@@ -92,7 +94,7 @@ def build_rows(
         reading_order(R, L), ws_table, goal1, p.alpha, p.beta, p.mode, np.concatenate(d1), max_gram=p.max_gram
     )
     out = []
-    for k, (row, (t, alen, label)) in enumerate(zip(rows, built)):
+    for k, (row, (t, alen, label)) in enumerate(zip(rows, built, strict=True)):
         masked = np.empty((n, L), bool)
         a, b = m0[k * n : (k + 1) * n], m1[k * n : (k + 1) * n]
         masked[:, :R] = a[:, ::-1] if row.reverse else a
@@ -150,7 +152,9 @@ def _run_job(job: _Job) -> int:
         rngs = [_row_rng(job.params.seed, job.split, job.pass_id, g) for g in job.rows]
         for s0 in range(0, job.steps, STEP_BLOCK):
             s1 = min(job.steps, s0 + STEP_BLOCK)
-            for g, (tok, alen, label, masked) in zip(job.rows, build_rows(rows, rngs, job.params, ws_table, s0, s1)):
+            for g, (tok, alen, label, masked) in zip(
+                job.rows, build_rows(rows, rngs, job.params, ws_table, s0, s1), strict=True
+            ):
                 if tok.size and int(tok.max()) >= job.vocab_size:
                     raise DataError(
                         f"shard token id {int(tok.max())} >= vocab size {job.vocab_size}: the shards were made with "

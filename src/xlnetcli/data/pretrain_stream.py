@@ -402,7 +402,7 @@ class PretrainStream:
                     if stop.is_set():
                         return
                 q.put(done)
-            except BaseException as e:  # surfaced in the consumer
+            except BaseException as e:  # noqa: BLE001 - any failure goes to the consumer, which re-raises it
                 q.put(e)
 
         th = threading.Thread(target=produce, name="xlnet-prefetch", daemon=True)

@@ -268,7 +268,7 @@ class _Assigner:
         tl: list[int] = [0] * to_valid.size
         loads = [s.n_tokens for s in self.train]
         index, mn = loads.index, min
-        for d, (v, n) in enumerate(zip(to_valid.tolist(), doc_tokens.tolist())):
+        for d, (v, n) in enumerate(zip(to_valid.tolist(), doc_tokens.tolist(), strict=True)):
             if v:
                 tl[d] = n_train
             else:
@@ -381,10 +381,11 @@ def shard_corpus(
     if workers < 1:
         raise XLNetError(f"--workers must be >= 1, got {workers}")
     ensure_open_files(2 * (shards + 1) + 4 * workers + 64, f"--shards {shards}")  # each shard: 2 files open
-    check_output_dir(out_dir, overwrite, "shards")
+    out = Path(out_dir)
+    check_output_dir(out, overwrite, "shards")
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tokenizer)
-    tok_path = None if isinstance(tokenizer, Tokenizer) else tokenizer
-    train_files, valid_files = _input_files(inputs, valid_inputs, out_dir, tok_path)
+    tok_path = None if isinstance(tokenizer, Tokenizer) else Path(tokenizer)
+    train_files, valid_files = _input_files(inputs, valid_inputs, out, tok_path)
     if valid_files:
         cfg = replace(cfg, data={"valid_fraction": 0.0})
     all_files = [(p, False) for p in train_files] + [(p, True) for p in valid_files]
@@ -392,7 +393,6 @@ def shard_corpus(
     nbytes = total_size(p for p, _ in all_files)
     stats = ReadStats()
     t0 = time.perf_counter()
-    out = Path(out_dir)
     with (
         _write_errors(out),
         sigterm_as_interrupt(),
@@ -436,8 +436,8 @@ def shard_corpus(
 def _input_files(
     inputs: Iterable[str | os.PathLike[str]],
     valid_inputs: Iterable[str | os.PathLike[str]],
-    out_dir: str | os.PathLike[str],
-    tok_path: str | os.PathLike[str] | None,
+    out_dir: Path,
+    tok_path: Path | None,
 ) -> tuple[list[Path], list[Path]]:
     """(train files, --valid files), expanded; refuses an output among the inputs and a file in both lists."""
     valid_inputs = list(valid_inputs)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import sha256_file
@@ -44,7 +45,7 @@ NPY_HEADER = 128  # fixed .npy header size so that shards can be streamed and th
 
 
 def _npy_header(dtype: np.dtype, n: int) -> bytes:
-    d = "{'descr': %r, 'fortran_order': False, 'shape': (%d,), }" % (np.dtype(dtype).str, n)
+    d = f"{{'descr': {np.dtype(dtype).str!r}, 'fortran_order': False, 'shape': ({n:d},), }}"
     body = d.ljust(NPY_HEADER - 10 - 1) + "\n"
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body.encode("latin1")
 
@@ -52,7 +53,7 @@ def _npy_header(dtype: np.dtype, n: int) -> bytes:
 class NpyStreamWriter:
     """Append 1-D data to a .npy file whose length is unknown until close (the header is written last)."""
 
-    def __init__(self, path: Path, dtype: np.dtype) -> None:
+    def __init__(self, path: Path, dtype: DTypeLike) -> None:
         self.path = path
         self.dtype = np.dtype(dtype)
         self.n = 0
@@ -61,7 +62,7 @@ class NpyStreamWriter:
 
     def write(self, arr: np.ndarray) -> None:
         arr = np.ascontiguousarray(arr, dtype=self.dtype)
-        self.f.write(memoryview(arr).cast("B"))
+        self.f.write(arr.data.cast("B"))
         self.n += arr.size
 
     def close(self) -> None:
@@ -124,7 +125,8 @@ class PassStream:
             if len(tok.shape) != 1 or tok.shape != sid.shape:
                 raise DataError(f"{entries[k][0]}: tokens and sentence ids differ in shape or are not 1-D")
             if tok.size == 0:
-                tok.close(), sid.close()
+                tok.close()
+                sid.close()
                 continue
             self.files.append((tok, sid))
             lengths.append(tok.size)
@@ -133,7 +135,7 @@ class PassStream:
         # flip flags: the first id of a file must differ from the last id of the previous one
         self.flip = []
         prev = None
-        for tok, sid in self.files:
+        for _, sid in self.files:
             first, last = int(sid.read(0, 1)[0]) & 1, int(sid.read(sid.size - 1, sid.size)[0]) & 1
             f = prev is not None and first == prev
             self.flip.append(f)
@@ -167,7 +169,7 @@ class PassStream:
         isz = self.files[0][0].dtype.itemsize if self.files else 2
         tb, sb = [], []
         bases = self.starts.tolist()
-        for s, f, one in zip(starts.tolist(), fi.tolist(), single):
+        for s, f, one in zip(starts.tolist(), fi.tolist(), single, strict=True):
             if one:
                 tok, sid = self.files[f]
                 off = s - bases[f]
@@ -181,7 +183,7 @@ class PassStream:
         d = np.frombuffer(b"".join(sb), dtype=self.files[0][1].dtype) if k else np.empty(0, np.uint8)
         if t.size != k * width or d.size != k * width:
             raise DataError("a shard file is truncated; rerun `xlnet shard`")
-        flip = np.asarray(self.flip + [False], bool)[fi] & np.asarray(single, bool)
+        flip = np.asarray([*self.flip, False], bool)[fi] & np.asarray(single, bool)
         d = (d.reshape(k, width) & 1).astype(np.uint8) ^ flip[:, None].astype(np.uint8)
         return t.reshape(k, width), d
 

@@ -48,6 +48,7 @@ def _fields(buf: bytes) -> list[tuple[int, int, int, Any]]:
         start = i
         tag, i = _varint(buf, i)
         number, wire = tag >> 3, tag & 7
+        value: int | bytes
         if wire == 0:
             value, i = _varint(buf, i)
         elif wire == 2:

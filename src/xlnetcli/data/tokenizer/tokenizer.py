@@ -47,8 +47,10 @@ def _load_processor(model_bytes: bytes, where: Path) -> spm.SentencePieceProcess
     sp = spm.SentencePieceProcessor()
     try:
         sp.LoadFromSerializedProto(model_bytes)
-    except Exception:  # noqa: BLE001 - sentencepiece raises RuntimeError/OSError variants
-        raise DataError(f"{where} is not a valid SentencePiece model (corrupt or truncated); retrain or recopy it")
+    except (RuntimeError, OSError):  # sentencepiece's load errors (its C++ status as RuntimeError / OSError)
+        raise DataError(
+            f"{where} is not a valid SentencePiece model (corrupt or truncated); retrain or recopy it"
+        ) from None
     if sp.get_piece_size() < len(SPECIAL_PIECES):
         raise DataError(f"{where}: vocabulary too small to be an XLNet tokenizer")
     got = tuple(sp.id_to_piece(i) for i in range(len(SPECIAL_PIECES)))
@@ -227,7 +229,7 @@ class Tokenizer:
             # sentencepiece >= 0.2.1 can return each line's ids as an int32 buffer (what out_type="numpy" wraps one
             # numpy array at a time): joined at C speed, no Python int per token. Same arguments as sp.encode; any
             # mismatch of that private signature falls back to the public int lists below for good.
-            sp = self.sp
+            sp: Any = self.sp  # its private settings (_enable_sampling, ...) are not in sentencepiece's type stubs
             try:
                 bufs = raw_batch(
                     lines,
@@ -240,7 +242,7 @@ class Tokenizer:
                     sp._add_eos,
                     sp._reverse,
                 )
-                views = list(map(memoryview, bufs))
+                views = [memoryview(b) for b in bufs]
                 if views and (views[0].format != "i" or views[0].itemsize != 4):
                     raise TypeError("unexpected buffer format")
                 lens = np.fromiter(map(len, views), dtype=np.int64, count=len(views))

@@ -42,9 +42,10 @@ def train_tokenizer(
     threads); ``cfg`` is written next to the model as config.yaml. Inputs may be text, JSONL, Parquet or datasets
     folders (corpus.py); ``text_field`` names their text field.
     """
-    check_output_dir(out_dir, overwrite, "a tokenizer")
+    out = Path(out_dir)
+    check_output_dir(out, overwrite, "a tokenizer")
     files = expand_inputs(inputs)
-    check_output_not_input(out_dir, files)
+    check_output_not_input(out, files)
     tcfg = cfg.tokenizer
     if tcfg.vocab_size <= len(SPECIAL_PIECES) + len(USER_DEFINED_SYMBOLS):  # SentencePiece needs room to learn
         raise ConfigError(
@@ -52,7 +53,7 @@ def train_tokenizer(
         )
     threads = tcfg.threads or (os.cpu_count() or 1)
     stats = ReadStats()
-    with sigterm_as_interrupt(), atomic_output_dir(out_dir, overwrite, "a tokenizer") as tmp:
+    with sigterm_as_interrupt(), atomic_output_dir(out, overwrite, "a tokenizer") as tmp:
         # Pass 1: normalise every line into a temporary text file (the trainer reads it; errors surface here).
         fd, norm_path = tempfile.mkstemp(prefix=".normalized.", suffix=".txt", dir=tmp)
         try:
@@ -92,7 +93,7 @@ def train_tokenizer(
             "user_defined_symbols": list(USER_DEFINED_SYMBOLS),
         }
         meta["options_sha256"] = options_hash(meta)
-        tok = Tokenizer(model_bytes, meta, Path(out_dir) / SPIECE_FILE)
+        tok = Tokenizer(model_bytes, meta, out / SPIECE_FILE)
         tok.save(tmp)
         save_config(cfg, tmp)
     return Tokenizer.load(out_dir)
