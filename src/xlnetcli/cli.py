@@ -134,7 +134,7 @@ def with_config(command: str, default: Callable[[dict[str, Any]], str | Path | N
 
     def wrap(f):
         @functools.wraps(f)
-        def run(config_path: str | None, overrides: tuple[str, ...], **params: Any) -> Any:
+        def run(config_path: str | Path | None, overrides: tuple[str, ...], **params: Any) -> Any:
             ctx = click.get_current_context()
             settings = [
                 (_as_given(ctx, name, value), key, value)
@@ -445,11 +445,12 @@ def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_
     if text is not None:
         show(text)
     elif str(file) == "-":
-        for line in click.get_text_stream("stdin"):
+        for line in click.open_file("-"):  # stdin, as click.get_text_stream("stdin") (deprecated in click 8.5)
             show(line)
     else:
         from xlnetcli.data.corpus import expand_inputs, iter_lines
 
+        assert file is not None  # exactly one of --text and FILE, checked above
         for line in iter_lines(expand_inputs([file])):
             show(line)
 

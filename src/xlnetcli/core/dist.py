@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,7 +35,7 @@ class DistEnv:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str | None = None  # None: no process group (one process)
 
     @property
@@ -80,7 +80,7 @@ def resolve_device(device: str | None, local_rank: int = 0) -> torch.device:
 def init_distributed(device: str | None = "auto", timeout_s: float = 1800.0) -> DistEnv:
     """Create the process group when launched by torchrun (WORLD_SIZE > 1); return this process's place in it."""
     world = _env_int("WORLD_SIZE", 1)
-    rank = _env_int("RANK", 0)
+    _env_int("RANK", 0)  # checked here so a malformed RANK fails early; the rank itself comes from the group
     local_rank = _env_int("LOCAL_RANK", 0)
     dev = resolve_device(device, local_rank)
     if world <= 1:
@@ -173,7 +173,7 @@ def wrap_model(
         return DDP(model, device_ids=ids)
     if strategy == "fsdp":
         try:  # imported here: torch.distributed.fsdp takes seconds to import and only FSDP runs need it
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import fully_shard  # noqa: PLC0415 - heavy, only FSDP runs need it
         except ImportError:  # pragma: no cover - torch < 2.6
             raise XLNetError("train.distributed=fsdp needs torch >= 2.6 (FSDP2 fully_shard); use ddp") from None
         for module in model.modules():
@@ -187,8 +187,9 @@ def wrap_model(
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The plain module under DDP and torch.compile wrappers (FSDP2 shards in place: the module itself)."""
     while True:
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
+        orig = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
+        if isinstance(orig, torch.nn.Module):
+            model = orig
         elif isinstance(model, DDP):
             model = model.module
         else:
@@ -197,7 +198,7 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 def is_fsdp(model: torch.nn.Module) -> bool:
     try:  # lazy, as in wrap_model
-        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415 - heavy, only FSDP runs need it
     except ImportError:  # pragma: no cover
         return False
     return isinstance(unwrap(model), FSDPModule)

@@ -187,7 +187,7 @@ def remove_stale_temps(out: str | Path) -> list[Path]:
     """
     out = Path(out)
     host = socket.gethostname()
-    removed = []
+    removed: list[Path] = []
     if not out.parent.is_dir():
         return removed
     for p in out.parent.glob(glob.escape(f".{out.name}.") + "*.tmp"):
@@ -232,12 +232,12 @@ def output_lock(out: str | Path) -> Iterator[None]:
                     path.unlink()
                 continue
             if o_host == host and o_pid == os.getpid():
-                raise XLNetError(f"{out} is already being written by this process")
+                raise XLNetError(f"{out} is already being written by this process") from None
             where = f"process {o_pid}" + ("" if o_host == host else f" on {o_host}")
             raise XLNetError(
                 f"{out} is being written by another xlnet run ({where}); wait for it to finish or "
                 f"choose another output (if that run is dead, remove {path})"
-            )
+            ) from None
         with os.fdopen(fd, "w") as f:
             f.write(mine)
         break
@@ -265,9 +265,11 @@ def atomic_output_dir(
     as it was: a previous result is replaced only once the new one is complete. ``lock`` holds ``output_lock(out)``
     for the duration (a caller that already holds it passes False). Temporary folders of ``out`` left by killed runs
     are removed first (remove_stale_temps)."""
-    with output_lock(out) if lock else contextlib.nullcontext():
-        with _atomic_output_dir(out, overwrite, what, tuple(inputs)) as tmp:
-            yield tmp
+    with (
+        output_lock(out) if lock else contextlib.nullcontext(),
+        _atomic_output_dir(out, overwrite, what, tuple(inputs)) as tmp,
+    ):
+        yield tmp
 
 
 @contextlib.contextmanager

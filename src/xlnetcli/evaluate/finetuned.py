@@ -68,15 +68,15 @@ def load_task_data(
         present = all(ex.label is not None for ex in examples)
         data = TaskData(task, str(path), examples, enc, present, label_list=label_list)
     elif task == "multiple-choice":
-        examples = labelled.read_choices(path, require_label)
-        enc = labelled.encode_choices(tok, examples, ft.max_seq_length)
-        data = TaskData(task, str(path), examples, enc, all(ex.label is not None for ex in examples))
+        choices = labelled.read_choices(path, require_label)
+        enc = labelled.encode_choices(tok, choices, ft.max_seq_length)
+        data = TaskData(task, str(path), choices, enc, all(ex.label is not None for ex in choices))
     elif task == "squad":
-        examples = labelled.read_squad(path)
-        enc = labelled.encode_squad(tok, examples, ft.max_seq_length, ft.doc_stride, ft.max_query_length, training)
-        data = TaskData(task, str(path), examples, enc, True, any(ex.is_impossible for ex in examples))
+        questions = labelled.read_squad(path)
+        enc = labelled.encode_squad(tok, questions, ft.max_seq_length, ft.doc_stride, ft.max_query_length, training)
+        data = TaskData(task, str(path), questions, enc, True, any(ex.is_impossible for ex in questions))
         if enc.n_skipped:
-            notes.append(f"{enc.n_skipped} of {len(examples)} questions skipped: answer text not found in its context")
+            notes.append(f"{enc.n_skipped} of {len(questions)} questions skipped: answer text not found in its context")
         if enc.extra["windows_extra"]:
             notes.append(
                 f"{enc.extra['windows_extra']} extra windows for paragraphs longer than "
@@ -104,7 +104,7 @@ def load_pretrained_into(model: torch.nn.Module, state: dict[str, torch.Tensor],
     sub = {k[len("transformer.") :]: v for k, v in state.items() if k.startswith("transformer.")}
     if not sub:
         raise CheckpointError(f"{where} holds no transformer.* weights (not an XLNet checkpoint)")
-    load_state(model.transformer, sub, where=where)
+    load_state(model.get_submodule("transformer"), sub, where=where)
 
 
 def load_finetuned(path: str | Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, Config, dict]:
@@ -195,14 +195,17 @@ def score(
                     "index": i,
                     "prediction": pred[i],
                     "label": ex.label,
-                    "probabilities": {lab: round(float(p), 6) for lab, p in zip(label_list, probs[i])},
+                    "probabilities": {lab: round(float(p), 6) for lab, p in zip(label_list, probs[i], strict=True)},
                 }
             )
         if data.labels_present:
             metrics = classification_metrics(pred, [ex.label for ex in data.examples])
     elif task == "regression":
         pred = outputs["logits"][:, 0].astype(float).tolist()
-        rows = [{"index": i, "prediction": p, "label": ex.label} for i, (p, ex) in enumerate(zip(pred, data.examples))]
+        rows = [
+            {"index": i, "prediction": p, "label": ex.label}
+            for i, (p, ex) in enumerate(zip(pred, data.examples, strict=True))
+        ]
         if data.labels_present:
             metrics = regression_metrics(pred, [float(ex.label) for ex in data.examples])
     elif task == "multiple-choice":
@@ -218,7 +221,7 @@ def score(
                 }
             )
         if data.labels_present:
-            metrics = {"accuracy": float(np.mean([p == ex.label for p, ex in zip(pred, data.examples)]))}
+            metrics = {"accuracy": float(np.mean([p == ex.label for p, ex in zip(pred, data.examples, strict=True)]))}
     else:
         best, odds = labelled.squad_predictions(data.examples, data.enc, outputs, cfg.finetune.max_answer_length)
         gold = {ex.qid: ex.answers for ex in data.examples}

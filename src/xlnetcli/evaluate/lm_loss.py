@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from xlnetcli.config import ModelConfig
 from xlnetcli.core import dist
 from xlnetcli.core.dist import autocast_ctx
 from xlnetcli.core.errors import DataError
@@ -116,7 +117,8 @@ def evaluate_plm(
             labels, label_mask = inputs.pop("labels"), inputs.pop("label_mask")
             with autocast_ctx(device, precision):
                 out = forward(net, inputs, mems.get(a))
-            mems[a] = carried_mems(net.config.mem_len, out)
+            # config is a plain attribute of the LM model; nn.Module.__getattr__ would type it Tensor | Module
+            mems[a] = carried_mems(cast(ModelConfig, net.config).mem_len, out)
             logits = out.logits.float()
             nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
             w = label_mask.float()

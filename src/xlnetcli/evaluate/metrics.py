@@ -20,7 +20,7 @@ from typing import Any
 
 def accuracy(preds: Sequence[Any], labels: Sequence[Any]) -> float:
     _same_length(preds, labels)
-    return sum(int(p == t) for p, t in zip(preds, labels)) / len(labels) if labels else 0.0
+    return sum(int(p == t) for p, t in zip(preds, labels, strict=True)) / len(labels) if labels else 0.0
 
 
 def macro_f1(preds: Sequence[Any], labels: Sequence[Any]) -> float:
@@ -32,9 +32,9 @@ def macro_f1(preds: Sequence[Any], labels: Sequence[Any]) -> float:
         return 0.0
     f1s = []
     for c in classes:
-        tp = sum(1 for p, t in zip(preds, labels) if p == c and t == c)
-        fp = sum(1 for p, t in zip(preds, labels) if p == c and t != c)
-        fn = sum(1 for p, t in zip(preds, labels) if p != c and t == c)
+        tp = sum(1 for p, t in zip(preds, labels, strict=True) if p == c and t == c)
+        fp = sum(1 for p, t in zip(preds, labels, strict=True) if p == c and t != c)
+        fn = sum(1 for p, t in zip(preds, labels, strict=True) if p != c and t == c)
         denom = 2 * tp + fp + fn
         f1s.append(2 * tp / denom if denom else 0.0)
     return sum(f1s) / len(f1s)
@@ -46,7 +46,7 @@ def mcc(preds: Sequence[Any], labels: Sequence[Any]) -> float:
     n = len(labels)
     if n == 0:
         return 0.0
-    correct = sum(int(p == t) for p, t in zip(preds, labels))
+    correct = sum(int(p == t) for p, t in zip(preds, labels, strict=True))
     pred_counts = collections.Counter(preds)
     true_counts = collections.Counter(labels)
     classes = set(pred_counts) | set(true_counts)
@@ -72,7 +72,7 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float:
     if n < 2:
         return 0.0
     mx, my = sum(x) / n, sum(y) / n
-    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True))
     sxx = sum((a - mx) ** 2 for a in x)
     syy = sum((b - my) ** 2 for b in y)
     return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else 0.0
@@ -100,8 +100,9 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
 
 
 def regression_metrics(preds: Sequence[float], labels: Sequence[float]) -> dict[str, float]:
+    _same_length(preds, labels)
     n = max(1, len(labels))
-    mse = sum((p - t) ** 2 for p, t in zip(preds, labels)) / n
+    mse = sum((p - t) ** 2 for p, t in zip(preds, labels, strict=True)) / n
     return {"pearson": pearson(preds, labels), "spearman": spearman(preds, labels), "mse": mse}
 
 
@@ -159,10 +160,7 @@ def _best_thresh(
     cur = best = float(num_no_ans)
     best_thresh = 0.0
     for qid in sorted(scores, key=lambda q: na_probs[q]):
-        if has_ans[qid]:
-            diff = scores[qid]
-        else:
-            diff = -1 if preds[qid] else 0
+        diff = scores[qid] if has_ans[qid] else (-1 if preds[qid] else 0)
         cur += diff
         if cur > best:
             best, best_thresh = cur, na_probs[qid]
@@ -188,7 +186,8 @@ def squad_evaluate(
     has_ans = {q: bool(_golds(a) != [""]) for q, a in gold.items()}
     raw_exact = {q: max(exact_score(g, preds[q]) for g in _golds(a)) for q, a in gold.items()}
     raw_f1 = {q: max(f1_score(g, preds[q]) for g in _golds(a)) for q, a in gold.items()}
-    exact, f1 = dict(raw_exact), dict(raw_f1)
+    exact: dict[str, float] = dict(raw_exact)
+    f1: dict[str, float] = dict(raw_f1)
     if na_probs is not None:
         for q in gold:
             if na_probs[q] > na_prob_thresh:

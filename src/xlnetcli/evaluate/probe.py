@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -46,6 +46,9 @@ from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_write_json
 from xlnetcli.data import labelled
 from xlnetcli.model import XLNetLMHeadModel
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 FEATURES = ("mean", "cls")
 L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # penalty 0.5 * l2 * ||W||^2 added to the mean cross entropy
@@ -103,7 +106,7 @@ def _stratified(
     n_held: dict[Any, int] = {}
     for lab in sorted(set(labels.tolist()), key=str):
         n = int((labels == lab).sum())
-        n_held[lab] = 0 if n < 2 else min(n - 1, max(1, int(round(fraction * n))))
+        n_held[lab] = 0 if n < 2 else min(n - 1, max(1, round(fraction * n)))
     held: list[int] = []
     if groups is None or len(np.unique(groups)) == len(labels):
         for lab in (lab for lab in sorted(n_held, key=str) if n_held[lab]):
@@ -142,9 +145,10 @@ def extract_features(model: torch.nn.Module, enc: labelled.Encoded, batch_size: 
     net.eval()
     # FSDP2: the transformer is called below the root, so the root's own parameters (embeddings) are gathered here;
     # each sharded layer gathers its own when called
-    sharded = dist.is_fsdp(net) and transformer is not net
-    if sharded:
-        net.unshard()
+    # (fully_shard swaps the class of the module: the unwrapped net is then an FSDPModule)
+    sharded = cast("FSDPModule", net) if dist.is_fsdp(net) and transformer is not net else None
+    if sharded is not None:
+        sharded.unshard()
     device = next(transformer.parameters()).device
     a = enc.arrays
     n = len(enc)
@@ -162,8 +166,8 @@ def extract_features(model: torch.nn.Module, enc: labelled.Encoded, batch_size: 
             out["mean"].append(((hidden * m).sum(1) / m.sum(1).clamp_min(1.0)).cpu().numpy())
             out["cls"].append(hidden[:, -1].cpu().numpy())  # left padding: <cls> is always last
     finally:
-        if sharded:
-            net.reshard()
+        if sharded is not None:
+            sharded.reshard()
         if was_training:
             net.train()
     return {k: np.concatenate(v) for k, v in out.items()}
@@ -364,7 +368,7 @@ def probe_checkpoint(
     }
 
 
-def random_init_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+def random_init_like(model: XLNetLMHeadModel, seed: int) -> XLNetLMHeadModel:
     """The same architecture at its random initialisation from ``seed`` (the global RNG is left as it was)."""
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[]):
@@ -476,7 +480,7 @@ def format_table(res: dict[str, Any]) -> str:
     if sizes:
         lines.append(f"label efficiency: validation accuracy from n training rows (mean of {CURVE_DRAWS} draws)")
         lines.append("n         " + "".join(f"{f'{n} {kind}':>17}" for n in names for kind in FEATURES))
-        for i, n_rows in enumerate(sizes + [res["train_examples"]]):
+        for i, n_rows in enumerate([*sizes, res["train_examples"]]):
             cells = "".join(f"{_curve_point(res['results'][n][kind], i):>17.3f}" for n in names for kind in FEATURES)
             lines.append(f"{n_rows:<10}{cells}")
     return "\n".join(lines)

@@ -29,7 +29,7 @@ def _model_for_import(
     if hf_meta.get("kind") == "finetune":
         task, labels = hf_meta["task"], hf_meta.get("labels")
         model: torch.nn.Module = FinetuneModel(cfg.model, cfg.finetune, task, len(labels or []) or 1)
-        meta = {
+        meta: dict[str, Any] = {
             "kind": "finetune",
             "task": task,
             "labels": labels,

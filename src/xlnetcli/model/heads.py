@@ -56,6 +56,7 @@ class SequenceSummary(nn.Module):
             if t == "mean":
                 s = (hidden * m[..., None]).sum(1) / m.sum(1, keepdim=True).clamp_min(1.0)
             else:
+                assert self.query is not None  # created for summary_type attn
                 score = (hidden @ self.query) / math.sqrt(hidden.shape[-1])
                 score = score.masked_fill(m == 0, NEG)
                 s = (torch.softmax(score, dim=-1)[..., None] * hidden).sum(1)
@@ -124,6 +125,7 @@ class SquadHead(nn.Module):
         cls_logits = cls_logits.squeeze(-1)
         out: dict[str, torch.Tensor] = {"cls_logits": cls_logits}
         if start_positions is not None:
+            assert end_positions is not None  # the training batch gives both
             end = self.end_logits(hidden, hidden[b, start_positions])
             end = end * (1 - p_mask) + NEG * p_mask
             start_loss = F.cross_entropy(start, start_positions)

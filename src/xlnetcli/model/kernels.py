@@ -94,7 +94,7 @@ class AttnLayout:
         L = self.L
         cut = lambda t: None if t is None else t[:, :, L:]  # noqa: E731
         return AttnLayout(
-            L, self.rows[:, L:], cut(self.rel_index), cut(self.seg_same), cut(self.mask), cut(self.mask_bias)
+            L, self.rows[:, L:], self.rel_index[:, :, L:], cut(self.seg_same), cut(self.mask), cut(self.mask_bias)
         )
 
 
@@ -171,6 +171,7 @@ def _position_segment_bias(q, kr, r_r, r_s, seg, layout: AttnLayout):
     shift = (layout.L - layout.rows)[:, None, :, None]
     bias = _RelShift.apply(_position_scores(q, kr, r_r), shift, K)
     if seg is not None:
+        assert layout.seg_same is not None  # built together with the segment ids
         ef = torch.matmul(q + r_s[:, None], seg.permute(1, 2, 0))  # [B,H,N,2]: same segment, other segment
         bias = bias + torch.where(layout.seg_same, ef[..., :1], ef[..., 1:])
     return bias * (1.0 / math.sqrt(D))
@@ -190,25 +191,26 @@ def _flex_attention(q, k, v, kr, r_w, r_r, r_s, seg, layout: AttnLayout, dropatt
     if dropatt > 0:
         raise XLNetError("model.attn_impl=flex has no attention dropout; set model.dropatt=0 or use attn_impl=sdpa")
     if _FLEX is None:
-        from torch.nn.attention.flex_attention import flex_attention  # here: torch >= 2.5 only (we allow 2.4)
+        from torch.nn.attention.flex_attention import flex_attention  # noqa: PLC0415 - torch >= 2.5 only (we allow 2.4)
 
         _FLEX = torch.compile(flex_attention, dynamic=False)
-    B, H, N, D = q.shape
+    D = q.shape[-1]
     ct = _compute_dtype(q)
     L = layout.L
     scale = 1.0 / math.sqrt(D)
     bd = _position_scores(q, kr, r_r).to(ct)
     rows = layout.rows
-    same = None if seg is None else layout.seg_same[:, 0]
-    delta = None
+    same = delta = None
     if seg is not None:
+        assert layout.seg_same is not None  # built together with the segment ids
+        same = layout.seg_same[:, 0]
         ef = torch.matmul(q + r_s[:, None], seg.permute(1, 2, 0))
         delta = (ef[..., 0] - ef[..., 1]).float()  # [B,H,N], fp32: its gradient sums over K keys
     mask = None if layout.mask is None else layout.mask[:, 0]
 
     def score_mod(score, b, h, i, j):
         s = score + bd[b, h, i, L - rows[b, i] + j] * scale
-        if same is not None:
+        if same is not None and delta is not None:  # both set, or neither
             s = s + torch.where(same[b, i, j], delta[b, h, i] * scale, 0.0)
         if mask is not None:
             s = torch.where(mask[b, i, j], s + NEG_INF, s)
@@ -344,7 +346,7 @@ class _FeedForwardCore(torch.autograd.Function):
             gh1 = _act_backward(ctx.act_name, ga, h1)
             del ga
             grads = (gh1 @ w1, gh1.t() @ x, gh1.sum(0), gw2, gy.sum(0))
-        return (*(g.to(dt) for g, dt in zip(grads, ctx.dtypes)), None, None, None)
+        return (*(g.to(dt) for g, dt in zip(grads, ctx.dtypes, strict=True)), None, None, None)
 
 
 def _split_halves(rel_index: torch.Tensor, B: int, G: int) -> torch.Tensor:
@@ -444,8 +446,8 @@ class _RelAttnCore(torch.autograd.Function):
                 dq += dqs
                 dr_s = dqs.sum((0, 2))
             grads = (dq, dk, dv, dkr, dr_w, dr_r, dr_s, dseg)
-        grads = tuple(None if g is None else g.to(dt) for g, dt in zip(grads, ctx.dtypes))
-        return (*grads, None, None, None, None, None)
+        out_grads = tuple(None if g is None else g.to(dt) for g, dt in zip(grads, ctx.dtypes, strict=True))
+        return (*out_grads, None, None, None, None, None)
 
 
 class _LMHeadLoss(torch.autograd.Function):

@@ -39,7 +39,7 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
 def compile_layers(model: nn.Module, **kwargs) -> None:
     """``torch.compile`` each layer in place (kwargs go to torch.compile). Static shapes: a pretraining run sees a few
     (memory length 0, reuse_len, mem_len; the last layer's query rows), each compiled once."""
-    import torch._dynamo  # here: importing dynamo takes seconds, and only compiled runs need it
+    import torch._dynamo  # noqa: PLC0415 - importing dynamo takes seconds, and only compiled runs need it
 
     kwargs.setdefault("dynamic", False)
     # one graph per (memory length, stream layout, train/eval): more than dynamo's default of 8 in a long run

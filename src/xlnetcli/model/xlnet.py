@@ -73,6 +73,13 @@ class LMOutput:
 class RelativeAttention(nn.Module):
     """Two-stream relative multi-head attention (§2.3, appendix A.2); weights in the original [d, H, D] layout."""
 
+    # projections [d, H, D], registered by name in __init__ (this order: the state-dict order)
+    q: nn.Parameter
+    k: nn.Parameter
+    v: nn.Parameter
+    o: nn.Parameter
+    r: nn.Parameter
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d, h, dh = cfg.d_model, cfg.n_head, cfg.d_head
@@ -149,6 +156,8 @@ class XLNetLayer(nn.Module):
 
 
 class XLNetModel(nn.Module):
+    inv_freq: torch.Tensor  # buffer (not in the state dict)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
@@ -215,11 +224,11 @@ class XLNetModel(nn.Module):
         pos_emb = drop(self.positional_encoding(L, M + L, bi, h.dtype, h.device), cfg.dropout, self.training)
         biases = None if cfg.untie_r else (self.r_w_bias, self.r_r_bias, self.r_s_bias)
 
-        new_mems = [] if return_mems else None
+        new_mems: list[torch.Tensor] | None = [] if return_mems else None
         query_only = P > 0 and not content_output
         for i, layer in enumerate(self.layer):
-            mem = mems[i] if M else None
-            if return_mems:
+            mem = mems[i] if M and mems is not None else None
+            if new_mems is not None:  # return_mems
                 new_mems.append(self._cache_mem(x[:, :L], mem))
             if query_only and i == cfg.n_layer - 1:  # query rows only; the content rows serve as keys/values
                 x = layer(
@@ -422,6 +431,7 @@ def _content_rows(
             raise XLNetError(f"target_index must be [B={hidden.shape[0]}, P], got {list(target_index.shape)}")
         idx = target_index.to(hidden.device)[:, :, None].expand(-1, -1, hidden.shape[-1])
         return torch.gather(hidden, 1, idx)
+    assert target_mapping is not None  # the caller passes target_index or target_mapping
     B, L = hidden.shape[:2]
     if target_mapping.shape[0] != B or target_mapping.shape[-1] != L:
         raise XLNetError(f"target_mapping must be [B={B}, P, L={L}], got {list(target_mapping.shape)}")

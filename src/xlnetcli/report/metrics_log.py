@@ -59,7 +59,7 @@ class MetricsLogger:
         for t in list(self._trackers):
             try:
                 t.log(step, scalars)
-            except Exception as e:  # a tracker outage must not end a long run: report once, go on without it
+            except Exception as e:  # noqa: BLE001 - a tracker outage must not end a long run: report once, go on
                 console.print(
                     f"warning: report_to {t.name}: {one_line(e)}; no longer logging to it "
                     "(metrics.jsonl keeps every row)",

@@ -49,11 +49,11 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     probe = [("probe", _series(rows, "probe", (key,))) for key in ("mean", "cls")]
     if any(d for _, d in probe):
         panels.append(("probe accuracy", probe))
-    panels = [(title, [(s, d) for s, d in lines if d]) for title, lines in panels]
-    panels = [p for p in panels if p[1]]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
-    for ax, (title, lines) in zip(axes[0], panels):
-        for split, (key, steps, values) in lines:
+    drawn = [(title, [(s, d) for s, d in lines if d is not None]) for title, lines in panels]
+    drawn = [p for p in drawn if p[1]]
+    fig, axes = plt.subplots(1, len(drawn), figsize=(4.2 * len(drawn), 3.4), squeeze=False)
+    for ax, (title, shown) in zip(axes[0], drawn, strict=True):
+        for split, (key, steps, values) in shown:
             ax.plot(steps, values, marker="o" if split == "eval" else None, markersize=3, label=f"{split} {key}")
         ax.set_title(title)
         ax.set_xlabel("step")
@@ -125,10 +125,10 @@ def plot_curves(
 
 def _pyplot():
     try:  # matplotlib is imported only to draw: heavy, and an optional extra
-        import matplotlib
+        import matplotlib  # noqa: PLC0415 - heavy, optional extra
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # noqa: PLC0415 - heavy, optional extra; after use("Agg")
     except ImportError:
         raise XLNetError("xlnet plot needs matplotlib: pip install 'xlnetcli[plot]'") from None
     return plt
@@ -147,7 +147,7 @@ def _save(plt, fig, out: Path) -> Path:
 def maybe_plot(run_dir: str | Path) -> Path | None:
     """Plot at the end of a run when matplotlib is installed; never fails the run."""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401, PLC0415 - heavy, optional extra: only whether it is installed
     except ImportError:
         return None
     try:

@@ -53,11 +53,11 @@ def require_trackers(report_to: str | list[str]) -> None:
     for name in _tracker_names(report_to):
         try:
             if name == "tensorboard":
-                import torch.utils.tensorboard  # noqa: F401 - needs the tensorboard package
+                import torch.utils.tensorboard  # noqa: F401, PLC0415 - optional extra (needs the tensorboard package)
             elif name == "wandb":
-                import wandb  # noqa: F401
+                import wandb  # noqa: F401, PLC0415 - heavy, optional extra
             elif name == "mlflow":
-                import mlflow.tracking  # noqa: F401
+                import mlflow.tracking  # noqa: F401, PLC0415 - heavy, optional extra
         except ImportError:
             raise _missing(name) from None
 
@@ -73,7 +73,7 @@ class _TensorBoard:
 
     def __init__(self, run_dir: Path, required: bool) -> None:
         try:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - optional extra (tensorboard)
         except ImportError:
             if required:
                 raise _missing(self.name) from None
@@ -93,7 +93,7 @@ class _WandB:
 
     def __init__(self, run_dir: Path, config: Any, previous: dict | None) -> None:
         try:
-            import wandb
+            import wandb  # noqa: PLC0415 - heavy, optional extra
         except ImportError:
             raise _missing(self.name) from None
         kwargs: dict[str, Any] = {}
@@ -109,7 +109,7 @@ class _WandB:
                 settings=wandb.Settings(console="off"),
                 **kwargs,
             )
-        except Exception as e:  # wandb.Error, network, no API key, ...
+        except Exception as e:  # noqa: BLE001 - any failure (wandb.Error, network, no API key, ...) -> one line
             raise XLNetError(
                 f"report_to wandb: could not start a run ({one_line(e)}); log in with `wandb login` "
                 "or set WANDB_MODE=offline"
@@ -133,25 +133,26 @@ class _MLflow:
 
     def __init__(self, run_dir: Path, config: Any, previous: dict | None) -> None:
         try:
-            from mlflow.entities import Param
-            from mlflow.tracking import MlflowClient
+            from mlflow.entities import Param  # noqa: PLC0415 - heavy, optional extra
+            from mlflow.tracking import MlflowClient  # noqa: PLC0415 - heavy, optional extra
         except ImportError:
             raise _missing(self.name) from None
         try:
             self.client = MlflowClient()  # MLFLOW_TRACKING_URI, else MLflow's default store
-            self.run_id = None
+            run_id: str | None = None
             if previous and previous.get("run_id"):
                 with contextlib.suppress(Exception):  # gone, or another store: start a new run
-                    self.run_id = self.client.get_run(previous["run_id"]).info.run_id
-                    self.client.update_run(self.run_id, status="RUNNING")
-            if self.run_id is None:
+                    run_id = self.client.get_run(previous["run_id"]).info.run_id
+                    self.client.update_run(run_id, status="RUNNING")
+            if run_id is None:
                 name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "xlnet"
                 exp = self.client.get_experiment_by_name(name)
                 exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name)
                 run = self.client.create_run(
                     exp_id, run_name=run_dir.resolve().name, tags={"xlnet.run_dir": str(run_dir.resolve())}
                 )
-                self.run_id = run.info.run_id
+                run_id = run.info.run_id
+            self.run_id: str = run_id
             # parameters cannot change in MLflow: a resumed run adds only the ones it lacks
             have = self.client.get_run(self.run_id).data.params
             params = [Param(k, str(v)[:6000]) for k, v in _flat_params(config).items() if k not in have]
@@ -159,19 +160,19 @@ class _MLflow:
                 self.client.log_batch(self.run_id, params=params[i : i + 100])
         except XLNetError:
             raise
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure (store, network, permissions, ...) -> one line
             raise XLNetError(
                 f"report_to mlflow: could not start a run ({one_line(e)}); check MLFLOW_TRACKING_URI "
                 f"(now {os.environ.get('MLFLOW_TRACKING_URI') or 'unset'})"
             ) from None
 
     def state(self) -> dict:
-        from mlflow import get_tracking_uri
+        from mlflow import get_tracking_uri  # noqa: PLC0415 - heavy, optional extra
 
         return {"run_id": self.run_id, "tracking_uri": get_tracking_uri()}
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # noqa: PLC0415 - heavy, optional extra
 
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in scalars.items()])
@@ -195,10 +196,8 @@ def start_trackers(run_dir: Path, report_to: str | list[str], config: Any, resum
             if name == "tensorboard":
                 trackers.append(_TensorBoard(run_dir, required=True))
             elif name == "auto":
-                try:
+                with contextlib.suppress(Exception):  # auto: TensorBoard only when it is installed and works
                     trackers.append(_TensorBoard(run_dir, required=False))
-                except Exception:  # auto: TensorBoard only when it is installed and works
-                    pass
             elif name == "wandb":
                 trackers.append(_WandB(run_dir, config, previous.get("wandb")))
             elif name == "mlflow":
