@@ -11,6 +11,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
@@ -45,8 +46,8 @@ class NullProgress:
     def __exit__(self, *exc: Any) -> None:
         return None
 
-    def add_task(self, *args: Any, **kwargs: Any) -> int:
-        return 0
+    def add_task(self, *args: Any, **kwargs: Any) -> TaskID:
+        return TaskID(0)
 
     def update(self, *args: Any, **kwargs: Any) -> None:
         return None
