@@ -550,25 +550,26 @@ def _max_context(spans: list[tuple[int, int]], span_index: int, pos: int) -> boo
     return best_i == span_index
 
 
+# The features of a SQuAD window, in the order the model's QA head takes them (the labels last).
+SQUAD_FEATURES = (
+    "input_ids",
+    "token_type_ids",
+    "attention_mask",
+    "p_mask",
+    "cls_index",
+    "start_positions",
+    "end_positions",
+    "is_impossible",
+)
+
+
 def encode_squad(
     tok: Any, examples: Sequence[SquadExample], max_len: int, doc_stride: int, max_query_length: int, training: bool
 ) -> Encoded:
     """Features (one per paragraph window) plus what post-processing needs (``extra``)."""
     if max_len < max_query_length + 8:
         raise DataError(f"finetune.max_seq_length ({max_len}) must exceed max_query_length ({max_query_length}) + 8")
-    feats: dict[str, list] = {
-        k: []
-        for k in (
-            "input_ids",
-            "token_type_ids",
-            "attention_mask",
-            "p_mask",
-            "cls_index",
-            "start_positions",
-            "end_positions",
-            "is_impossible",
-        )
-    }
+    feats: dict[str, list] = {k: [] for k in SQUAD_FEATURES}
     meta: list[dict] = []  # per feature: example index, token -> char offsets, max-context flags
     n_skipped = n_query_cut = n_windows_extra = 0
     para_cache: dict[str, tuple[list[int], list[tuple[int, int]]]] = {}

@@ -125,18 +125,9 @@ TRAIN_KEYS = {
     "classification": ("input_ids", "token_type_ids", "attention_mask", "labels"),
     "regression": ("input_ids", "token_type_ids", "attention_mask", "labels"),
     "multiple-choice": ("input_ids", "token_type_ids", "attention_mask", "option_mask", "labels"),
-    "squad": (
-        "input_ids",
-        "token_type_ids",
-        "attention_mask",
-        "p_mask",
-        "cls_index",
-        "start_positions",
-        "end_positions",
-        "is_impossible",
-    ),
+    "squad": labelled.SQUAD_FEATURES,
 }
-PREDICT_KEYS = {**TRAIN_KEYS, "squad": ("input_ids", "token_type_ids", "attention_mask", "p_mask", "cls_index")}
+PREDICT_KEYS = {**TRAIN_KEYS, "squad": labelled.SQUAD_FEATURES[:5]}  # without the answer labels
 
 
 def make_batch(enc: labelled.Encoded, idx: np.ndarray, keys: tuple[str, ...], device: torch.device) -> dict:
