@@ -231,7 +231,11 @@ class Checkpointer:
             )
         self.states[PROGRESS].load_state_dict(state)
         _, weights, _ = load_model_dir(folder)
-        self.states[MODEL].load_state_dict(weights, where=f"checkpoint {folder}")
+        model = self.states[MODEL]
+        if isinstance(model, ModelState):  # names the checkpoint in a key mismatch
+            model.load_state_dict(weights, where=f"checkpoint {folder}")
+        else:
+            model.load_state_dict(weights)
         for name, obj in self.states.items():
             if name not in (MODEL, PROGRESS):
                 obj.load_state_dict(self._entry(state, name, folder))
