@@ -304,14 +304,14 @@ def main() -> None:
                 results.append(res)
                 t_o += res["ours_s"]
                 t_h += res["hf_s"]
-                ratios = [h / o for o, h in zip(res["ours_s"], res["hf_s"])]
+                ratios = [h / o for o, h in zip(res["ours_s"], res["hf_s"], strict=True)]
                 print(
                     f"  speed  round {r} {prec} B={B} L={L}: ours {B * L / statistics.median(res['ours_s']):.0f} "
                     f"tok/s, HF {B * L / statistics.median(res['hf_s']):.0f} tok/s, per-pair speedups "
                     f"{' '.join(f'{x:.2f}' for x in ratios)}, load {os.getloadavg()[0]:.2f}",
                     flush=True,
                 )
-            ratios = [h / o for o, h in zip(t_o, t_h)]
+            ratios = [h / o for o, h in zip(t_o, t_h, strict=True)]
             rows.append(
                 (
                     B,

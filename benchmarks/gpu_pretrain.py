@@ -6,8 +6,8 @@
 
 A row is SIZE:MICRO:IMPL[:compile][:ac][:dropatt0][:det][:cudnn]: size base or large (configs/*.yaml: seq 512,
 mem_len 384, reuse_len 256, 85 targets, bi_data on, dropout 0.1, dropatt 0.1), micro-batch, attention kernel
-(model/kernels.py), then per-layer torch.compile, activation checkpointing, attention dropout off, deterministic algorithms
-(torch.use_deterministic_algorithms, as train.deterministic), SDPA restricted to cuDNN's kernel. --hf adds
+(model/kernels.py), then per-layer torch.compile, activation checkpointing, attention dropout off, deterministic
+algorithms (torch.use_deterministic_algorithms, as train.deterministic), SDPA restricted to cuDNN's kernel. --hf adds
 transformers' model for each (size, micro) pair: the same config (hf.to_hf_config with the pretraining layout), the
 same batch (perm_mask, target_mapping, segments), the same memory length (both carry memories across steps), the same
 loss, the same fused AdamW and clipping.

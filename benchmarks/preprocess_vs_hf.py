@@ -247,7 +247,9 @@ def main() -> None:
         },
         "per_repeat_speedup": [round(r["speedup"], 1) for r in runs],
         "peak_rss_mb (preprocess process, one worker; before -> peak)": {
-            f"{sizes[k] / 1e6:.1f} MB corpus ({mem[k]['tokens']} tokens)": f"{mem[k]['rss_before_mb']:.0f} -> {mem[k]['peak_rss_mb']:.0f}"
+            f"{sizes[k] / 1e6:.1f} MB corpus ({mem[k]['tokens']} tokens)": (
+                f"{mem[k]['rss_before_mb']:.0f} -> {mem[k]['peak_rss_mb']:.0f}"
+            )
             for k in ("quarter", "half", "full")
         },
     }

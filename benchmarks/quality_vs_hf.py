@@ -30,9 +30,9 @@ that step; the CPU seconds of each training process (os.wait4) are reported next
 
 Checkpoints at 1/4, 1/2 and all of each side's steps. The transformers ones are saved with save_pretrained and turned
 into our checkpoints by `xlnet import --from-hf`; every checkpoint then gets the same `xlnet probe` (linear probe on
-frozen mean-pooled and <cls> features) and `xlnet finetune --config tiny --init` (--finetune-epochs, best validation epoch),
-on --train/--valid (finetuning at 1/2 and all of the budget). Once per seed, `xlnet probe --baseline random` and `xlnet finetune --from-scratch` give the
-random-init reference. Results: a table on stdout and JSON (--output).
+frozen mean-pooled and <cls> features) and `xlnet finetune --config tiny --init` (--finetune-epochs, best validation
+epoch), on --train/--valid (finetuning at 1/2 and all of the budget). Once per seed, `xlnet probe --baseline random`
+and `xlnet finetune --from-scratch` give the random-init reference. Results: a table on stdout and JSON (--output).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from pathlib import Path
 
 from runner import ROOT, XLNET, add_override_args, overrides, say, sets_args, xlnet
@@ -209,7 +210,8 @@ def run_both(
     start, procs, cpu = {}, {}, {}
     for side, cmd in cmds.items():
         start[side] = time.time()
-        procs[side] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(out / f"{side}.err", "w"))
+        with open(out / f"{side}.err", "w") as err:  # the child writes to its own copy of the descriptor
+            procs[side] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
     say(f"{name}: training ours ({steps['ours']} steps) and transformers ({steps['hf']} steps) at the same time")
     left = {p.pid: side for side, p in procs.items()}
     while left:
@@ -247,9 +249,9 @@ def calibrate(work: Path, sets: list[str]) -> dict[str, float]:
     out = {}
     for side, r in res.items():
         t = [r["times"][s] for s in sorted(r["times"])][3:]  # the first steps warm up
-        gaps = [b - a for a, b in zip(t, t[1:]) if a >= lo and b <= hi]
+        gaps = [b - a for a, b in pairwise(t) if a >= lo and b <= hi]
         if len(gaps) < 3:
-            gaps = [b - a for a, b in zip(t, t[1:])]
+            gaps = [b - a for a, b in pairwise(t)]
         out[side] = statistics.median(gaps)
         say(f"calibration: {side} {out[side]:.3f} s/step (median of {len(gaps)} steps while both ran)")
     return out
@@ -260,7 +262,7 @@ def checkpoints(work: Path, run: str, res: dict, save: dict[str, list[int]]) -> 
     out = []
     for side in ("ours", "hf"):
         r = res[side]
-        for frac, step in zip(FRACTIONS, save[side]):
+        for frac, step in zip(FRACTIONS, save[side], strict=True):
             if side == "ours":
                 ck = work / run / "ours" / f"step_{step:07d}"
             else:

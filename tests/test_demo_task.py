@@ -34,7 +34,7 @@ def test_every_sentence_comes_as_an_original_and_a_swapped_version_of_the_same_w
                 source = originals[tuple(sorted(words))].split()  # the same bag of words ...
                 assert words != source  # ... in another order
                 assert (words[0], words[-1]) == (source[0], source[-1])  # the ends stay: no capital or full stop cue
-                moved = [i for i, (a, b) in enumerate(zip(words, source)) if a != b]
+                moved = [i for i, (a, b) in enumerate(zip(words, source, strict=True)) if a != b]
                 assert moved and all(
                     words[i] == source[i + 1] and words[i + 1] == source[i] for i in moved[::2]
                 )  # adjacent pairs swapped, no other change

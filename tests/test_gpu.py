@@ -23,7 +23,7 @@ from xlnetcli.model import XLNetLMHeadModel  # noqa: E402
 
 CUDA = torch.device("cuda")
 TOL_FP32 = 1e-5
-TOL_BF16 = 3e-2  # relative (‖ours − ref‖ / ‖ref‖) for logits and gradients under bf16 autocast
+TOL_BF16 = 3e-2  # relative (‖ours - ref‖ / ‖ref‖) for logits and gradients under bf16 autocast
 IMPLS = ["fused", "sdpa", "flex"]
 
 
@@ -90,7 +90,7 @@ def test_kernel_matches_reference_fp32(impl, bi_data):
     l1, lg1, m1, g1 = run(twin(ref, cfg, impl), b)
     assert maxdiff(l1, l0) <= TOL_FP32
     assert maxdiff(lg1, lg0) <= TOL_FP32
-    assert all(maxdiff(a, c) <= TOL_FP32 for a, c in zip(m1, m0))
+    assert all(maxdiff(a, c) <= TOL_FP32 for a, c in zip(m1, m0, strict=True))
     assert g1.keys() == g0.keys()
     worst = max(g0, key=lambda k: maxdiff(g1[k], g0[k]))
     assert maxdiff(g1[worst], g0[worst]) <= TOL_FP32, worst
@@ -199,7 +199,8 @@ def test_pretrain_on_cuda_resumes_exactly(builds, tmp_path, compile_):
     from xlnetcli.train.pretrain import pretrain
 
     rec = builds.pipeline(FAST_PRETRAIN).records
-    over = FAST_PRETRAIN + [
+    over = [
+        *FAST_PRETRAIN,
         "train.max_steps=8",
         "train.save_every=4",
         "train.eval_every=4",

@@ -174,7 +174,7 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_on_load_and_resume(pipeline, t
     }
     load_model_dir(run)  # intact: loads
     flip_bit(run / "step_0000004" / "model.safetensors", 100)
-    with pytest.raises(CheckpointError, match="model.safetensors does not match the checksum"):
+    with pytest.raises(CheckpointError, match=r"model\.safetensors does not match the checksum"):
         load_model_dir(run)
     proc = _xlnet("export", run, "--out", tmp_path / "hf")
     _one_line_error(proc, "does not match the checksum")

@@ -291,7 +291,7 @@ def test_check_config_adds_what_each_stage_needs():
         "tiny", ["model.reuse_len=0", "data.perm_size=64", "finetune.batch_size=8", "finetune.micro_batch_size=2"]
     )
     assert check_config(no_reuse, 4, stage="finetune")  # fine to finetune from (an HF import has no reuse_len)
-    with pytest.raises(ConfigError, match="model.reuse_len must be >= 1 for pretraining records"):
+    with pytest.raises(ConfigError, match=r"model\.reuse_len must be >= 1 for pretraining records"):
         check_config(no_reuse, stage="preprocess")
     with pytest.raises(ConfigError, match=r"data.mask_alpha \(1\) must be >= data.mask_beta \(2\)"):
         check_config(load_config("tiny", ["data.mask_alpha=1", "data.mask_beta=2"]), stage="pretrain")

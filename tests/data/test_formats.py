@@ -202,7 +202,7 @@ def test_tokenizer_training_input_identical_to_plain_text(files, tmp_path, monke
 
 
 def test_tokenize_train_cli_datasets_folder(files, tmp_path, capsys):
-    code, out, err = run_main(
+    code, _out, err = run_main(
         capsys, "tokenize", "train", files["datasets"], "--out", tmp_path / "t", "--vocab-size", "600", "--quiet"
     )
     assert code == 0, err
@@ -243,8 +243,8 @@ def test_reading_streams_in_bounded_blocks(files, monkeypatch):
 
 def test_null_records_are_skipped_and_counted(tok_dir, tmp_path, capsys):
     docs = _documents(50)
-    pq.write_table(pa.table({"text": docs[:10] + [None, None] + docs[10:]}), tmp_path / "n.parquet")
-    (tmp_path / "n.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[:5] + [None] + docs[5:]))
+    pq.write_table(pa.table({"text": [*docs[:10], None, None, *docs[10:]]}), tmp_path / "n.parquet")
+    (tmp_path / "n.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in [*docs[:5], None, *docs[5:]]))
     (tmp_path / "p.txt").write_text(_plain(docs))
     for name in ("n.parquet", "n.jsonl"):
         code, _, err = run_main(
@@ -383,7 +383,7 @@ def test_missing_optional_package_names_the_extra(kind, blocked, extra, files, t
 def test_detect_format_refusals(tmp_path):
     g = tmp_path / "x.txt.gz"
     g.write_text("not gzip")
-    with pytest.raises(DataError, match="has a .gz name but is not gzip data"):
+    with pytest.raises(DataError, match=r"has a \.gz name but is not gzip data"):
         detect_format(g)
     z = tmp_path / "x.parquet.gz"
     with gzip.open(z, "wb") as f:

@@ -173,7 +173,7 @@ def _difference(tok: Tokenizer, scores: dict[int, float], ours: list[int], their
     if ["".join(w) for w in a] != ["".join(w) for w in b]:
         return "other"  # the text itself was cut into different words
     if (
-        all(x == y or re.search(r"\d,", "".join(x)) for x, y in zip(a, b))
+        all(x == y or re.search(r"\d,", "".join(x)) for x, y in zip(a, b, strict=True))
         and not tok.fix_mask[theirs].any()
         and [p for w in a for p in w].count(",") <= [p for w in b for p in w].count(",")
     ):
@@ -201,7 +201,7 @@ def test_folder_holds_tokenizers_format_files(tok_dir, tok):
     # the library writes back exactly what we wrote (scores up to its float parsing, ~1 ulp)
     vo, vb = ours["model"].pop("vocab"), back["model"].pop("vocab")
     assert [p for p, _ in vo] == [p for p, _ in vb] == [tok.id_to_piece(i) for i in range(tok.vocab_size)]
-    assert all(math.isclose(a, b, rel_tol=1e-12) for (_, a), (_, b) in zip(vo, vb))
+    assert all(math.isclose(a, b, rel_tol=1e-12) for (_, a), (_, b) in zip(vo, vb, strict=True))
     assert back == ours
     # byte-reproducible: written again, the same bytes
     tok.save(tok_dir.parent / "again")

@@ -121,7 +121,7 @@ def test_rows_are_contiguous_streams_and_backward_rows_reverse(records, shard_di
 
 
 def test_passes_differ_and_runs_are_deterministic(records, shard_dir, tmp_path):
-    meta, passes = open_records(records)
+    _meta, passes = open_records(records)
     assert not np.array_equal(np.asarray(passes[0].masked), np.asarray(passes[1].masked))
     other = tmp_path / "again"
     preprocess(preprocess_cfg("data.passes=2"), shard_dir, other, workers=2, quiet=True)
@@ -293,7 +293,7 @@ def test_trim_closed_form(a, b, tot):
 
 def _runs(m):
     d = np.diff(np.concatenate([[0], m.astype(int), [0]]))
-    return list(zip(np.flatnonzero(d == 1), np.flatnonzero(d == -1)))
+    return list(zip(np.flatnonzero(d == 1), np.flatnonzero(d == -1), strict=True))
 
 
 @settings(max_examples=80, deadline=None)

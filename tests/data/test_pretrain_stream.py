@@ -152,14 +152,17 @@ def test_stream_rank_world_slicing_resume_and_prefetch(records):
     for key in ("input_ids", "perm_mask", "target_index", "labels"):
         assert torch.equal(a[key], b[key])
     # exact resume: 5 batches, save, 5 more == 10 uninterrupted (with and without prefetch)
-    ref = [x["perm_q_rank"] for _, x in zip(range(10), PretrainStream(records, "train", 0, 1, 4, seed=5, prefetch=0))]
+    ref = [
+        x["perm_q_rank"]
+        for _, x in zip(range(10), PretrainStream(records, "train", 0, 1, 4, seed=5, prefetch=0), strict=False)
+    ]
     s = PretrainStream(records, "train", 0, 1, 4, seed=5)
-    first = [x["perm_q_rank"] for _, x in zip(range(5), s)]
+    first = [x["perm_q_rank"] for _, x in zip(range(5), s, strict=False)]
     state = s.state_dict()
     s2 = PretrainStream(records, "train", 0, 1, 4, seed=5)
     s2.load_state_dict(state)
-    rest = [x["perm_q_rank"] for _, x in zip(range(5), s2)]
-    assert all(torch.equal(x, y) for x, y in zip(first + rest, ref))
+    rest = [x["perm_q_rank"] for _, x in zip(range(5), s2, strict=False)]
+    assert all(torch.equal(x, y) for x, y in zip(first + rest, ref, strict=True))
     # memory needs consecutive text: step s+1 of a forward row starts where step s's reuse part ended
     x0, x1 = one.batch(0, 0)["input_ids"], one.batch(1, 0)["input_ids"]
     R = 32

@@ -390,7 +390,7 @@ def test_manifest_and_shard_file_errors(tmp_path, tok):
     with pytest.raises(DataError, match="does not exist"):
         read_manifest(tmp_path / "none")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DataError, match="no manifest.json"):
+    with pytest.raises(DataError, match=r"no manifest\.json"):
         read_manifest(tmp_path / "empty")
     out = tmp_path / "s"
     shard([SAMPLE], out, tok, shards=2, valid_fraction=0.0)

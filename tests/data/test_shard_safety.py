@@ -70,7 +70,7 @@ def test_preprocess_refuses_a_flipped_byte_naming_the_shard(shards, tmp_path, ca
     code, _, err = run_main(capsys, *args, "--out", tmp_path / "rec", "--workers", "2")  # hashed in parallel
     assert_one_line_error(code, err, str(target))
     # --no-verify: the user takes the data as it is
-    code, out, err = run_main(capsys, *args, "--out", tmp_path / "rec", "--no-verify")
+    code, _out, err = run_main(capsys, *args, "--out", tmp_path / "rec", "--no-verify")
     assert code == 0, err
     assert json.loads((tmp_path / "rec" / "meta.json").read_text())["splits"]["train"]["tokens"] > 0
 
@@ -79,14 +79,14 @@ def test_verify_names_the_sentence_id_file_and_old_manifests(shards, tmp_path):
     bad = _copy(shards, tmp_path / "shards")
     sid = bad / "valid" / "shard_00000.sentid.npy"
     flip_bit(sid, 1)
-    with pytest.raises(DataError, match="shard_00000.sentid.npy does not match manifest.json"):
+    with pytest.raises(DataError, match=r"shard_00000\.sentid\.npy does not match manifest\.json"):
         verify_shards(bad)
-    with pytest.raises(DataError, match="valid/shard_00000.sentid.npy"):
+    with pytest.raises(DataError, match=r"valid/shard_00000\.sentid\.npy"):
         preprocess(load_config(TINY, SETS), bad, tmp_path / "rec", quiet=True)
     m = json.loads((bad / "manifest.json").read_text())
     del m["splits"]["train"][0]["sha256"]
     (bad / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(DataError, match="records no sha256.*--no-verify"):
+    with pytest.raises(DataError, match=r"records no sha256.*--no-verify"):
         verify_shards(bad)
     assert verify_shards(shards)["splits"]["train"]  # the untouched shards pass
 

@@ -53,12 +53,12 @@ def records(builds):
 
 
 def _cfg(objective: str, *extra: str):
-    return load_config(TINY, OVER + [f"model.objective={objective}", *extra])
+    return load_config(TINY, [*OVER, f"model.objective={objective}", *extra])
 
 
 def _batches(records, objective: str, n: int = 4) -> list[dict]:
     s = PretrainStream(records, "train", 0, 1, 8, seed=3, prefetch=0, objective=objective)
-    return [b for _, b in zip(range(n), s)]
+    return [b for _, b in zip(range(n), s, strict=False)]
 
 
 def _model(objective: str, seed: int = 0) -> XLNetLMHeadModel:
@@ -78,9 +78,9 @@ def _run(model, b: dict, ids=None, mems=None):
 
 def test_objective_is_validated():
     assert load_config(TINY).model.objective == "plm"
-    with pytest.raises(ConfigError, match="model.objective: expected one of 'plm', 'mlm', 'clm', got 'dae'"):
+    with pytest.raises(ConfigError, match=r"model\.objective: expected one of 'plm', 'mlm', 'clm', got 'dae'"):
         load_config(TINY, ["model.objective=dae"])
-    with pytest.raises(ConfigError, match="model.objective must be one of plm, mlm, clm"):
+    with pytest.raises(ConfigError, match=r"model\.objective must be one of plm, mlm, clm"):
         dataclasses.replace(load_config(TINY).model, objective="bert")
     with pytest.raises(ConfigError, match="unknown objective 'bert'"):
         PretrainStream("nowhere", objective="bert")
@@ -92,7 +92,7 @@ def test_objective_is_validated():
 def test_mlm_input_has_no_target_token(records):
     """Same targets as PLM; every target position is <mask> in the input, nothing else is; the labels keep the
     original tokens; attention is full inside each part, and the reuse part (what memory keeps) is blind to the rest."""
-    for plm, mlm in zip(_batches(records, "plm"), _batches(records, "mlm")):
+    for plm, mlm in zip(_batches(records, "plm"), _batches(records, "mlm"), strict=True):
         for key in ("target_index", "labels", "label_mask", "is_target", "token_type_ids"):
             assert torch.equal(plm[key], mlm[key]), key
         tgt = mlm["is_target"]
@@ -132,9 +132,9 @@ def test_mlm_outputs_never_depend_on_the_original_target_tokens(records):
             mems = out.mems
             got.append((out.logits, out.hidden, out.mems))
         outs.append(got)
-    for (l1, h1, m1), (l2, h2, m2) in zip(*outs):
+    for (l1, h1, m1), (l2, h2, m2) in zip(*outs, strict=True):
         assert torch.equal(l1, l2) and torch.equal(h1, h2)
-        assert all(torch.equal(a, b) for a, b in zip(m1, m2))
+        assert all(torch.equal(a, b) for a, b in zip(m1, m2, strict=True))
 
     b = _batches(records, "mlm", 1)[0]
     ids = b["input_ids"].clone()
@@ -142,7 +142,7 @@ def test_mlm_outputs_never_depend_on_the_original_target_tokens(records):
     ids[0, j] = 100 if ids[0, j] != 100 else 101
     one, two = _run(model, b), _run(model, b, ids)
     assert torch.equal(one.hidden[0, :R], two.hidden[0, :R])
-    assert all(torch.equal(a, c) for a, c in zip(one.mems, two.mems))
+    assert all(torch.equal(a, c) for a, c in zip(one.mems, two.mems, strict=True))
     assert not torch.equal(one.hidden[0, R:], two.hidden[0, R:])  # inside the rest attention is bidirectional
     assert not torch.equal(one.hidden[0, R:j], two.hidden[0, R:j])
 
@@ -247,7 +247,9 @@ def _unigram_loss(records, batches: int) -> float:
     logp = np.log(counts / counts.sum())
     nll = [
         -logp[b["labels"][b["label_mask"] > 0].numpy()]
-        for _, b in zip(range(batches), PretrainStream(records, "valid", 0, 1, 8, seed=0, prefetch=0, loop=False))
+        for _, b in zip(
+            range(batches), PretrainStream(records, "valid", 0, 1, 8, seed=0, prefetch=0, loop=False), strict=False
+        )
     ]
     return float(np.concatenate(nll).mean())
 
@@ -281,7 +283,8 @@ def test_mlm_trains_under_torchrun_ddp(builds, tmp_path):
     import subprocess
 
     rec = builds.pipeline(FAST_PRETRAIN).records
-    over = FAST_PRETRAIN + [
+    over = [
+        *FAST_PRETRAIN,
         "model.objective=mlm",
         "train.max_steps=4",
         "train.save_every=4",

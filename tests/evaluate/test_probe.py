@@ -234,7 +234,7 @@ def test_held_out_splits_keep_rows_made_of_the_same_words_together():
     rows = []
     for i, t in enumerate(words):
         w = t.split()
-        swapped = " ".join(w[:1] + [w[2], w[1]] + w[3:])
+        swapped = " ".join([*w[:1], w[2], w[1], *w[3:]])
         rows += [TextExample(t, None, "original", 2 * i), TextExample(swapped, None, "swapped", 2 * i + 1)]
     groups = word_bag_groups(rows)
     assert len(set(groups.tolist())) == len(words) and all(groups[0::2] == groups[1::2])
@@ -291,11 +291,11 @@ def test_probe_config_keys_are_validated():
     cfg = load_config(TINY, ["train.probe_file=data/pydocs/task_train.tsv", "train.probe_every=100"])
     assert (cfg.train.probe_file, cfg.train.probe_every) == ("data/pydocs/task_train.tsv", 100)
     assert load_config(TINY).train.probe_every == 0 and load_config(TINY).train.probe_file is None
-    with pytest.raises(ConfigError, match="train.probe_every=50 needs train.probe_file"):
+    with pytest.raises(ConfigError, match=r"train\.probe_every=50 needs train\.probe_file"):
         load_config(TINY, ["train.probe_every=50"])
-    with pytest.raises(ConfigError, match="train.probe_every must be >= 0"):
+    with pytest.raises(ConfigError, match=r"train\.probe_every must be >= 0"):
         load_config(TINY, ["train.probe_every=-1", "train.probe_file=x.tsv"])
-    with pytest.raises(ConfigError, match="train.probe_every: expected an integer"):
+    with pytest.raises(ConfigError, match=r"train\.probe_every: expected an integer"):
         load_config(TINY, ["train.probe_every=often"])
 
 
@@ -366,7 +366,8 @@ def test_probe_during_pretraining_is_logged_plotted_and_leaves_training_unchange
     from xlnetcli.report.metrics_log import read_metrics
     from xlnetcli.train.pretrain import pretrain
 
-    over = PROBE_SETS + [
+    over = [
+        *PROBE_SETS,
         "data.num_predict=10",
         "train.global_batch_size=4",
         "train.micro_batch_size=2",
@@ -387,7 +388,7 @@ def test_probe_during_pretraining_is_logged_plotted_and_leaves_training_unchange
     assert tok == env["tok"]
     torch.set_num_threads(1)
     pretrain(cfg, rec, tmp_path / "plain", device="cpu", quiet=True)
-    probed = load_config(TINY, over + [f"train.probe_file={env['planted_train']}", "train.probe_every=2"])
+    probed = load_config(TINY, [*over, f"train.probe_file={env['planted_train']}", "train.probe_every=2"])
     pretrain(probed, rec, tmp_path / "probed", device="cpu", quiet=True)
     rows = read_metrics(tmp_path / "probed")
     probes = [r for r in rows if r["split"] == "probe"]

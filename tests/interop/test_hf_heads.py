@@ -84,7 +84,7 @@ def predictions(path: Path) -> list[dict]:
 
 def test_classifier_export_gives_eval_predictions_in_transformers(cls_run, tmp_path, capsys):
     run, valid, hf_dir = cls_run / "run", cls_run / "valid.tsv", tmp_path / "hf"
-    code, out, err = run_main(capsys, "export", run, "--out", hf_dir)
+    code, _out, err = run_main(capsys, "export", run, "--out", hf_dir)
     assert code == 0, err
     assert "as XLNetForSequenceClassification, 4 labels: concurrency, gui, internet, testing" in err
     hc = json.loads((hf_dir / "config.json").read_text())
@@ -126,13 +126,17 @@ def test_classifier_export_gives_eval_predictions_in_transformers(cls_run, tmp_p
     assert run_main(capsys, "eval", hf_dir, "--file", valid, "--predict", tmp_path / "hf.jsonl")[0] == 0
     again = predictions(tmp_path / "hf.jsonl")
     assert [r["prediction"] for r in again] == [r["prediction"] for r in ours]
-    assert all(abs(a["probabilities"][k] - b["probabilities"][k]) < 1e-5 for a, b in zip(again, ours) for k in LABELS)
+    assert all(
+        abs(a["probabilities"][k] - b["probabilities"][k]) < 1e-5
+        for a, b in zip(again, ours, strict=True)
+        for k in LABELS
+    )
 
 
 def test_import_brings_the_head_back_and_init_keeps_it(cls_run, tmp_path, capsys):
     run, valid, hf_dir = cls_run / "run", cls_run / "valid.tsv", tmp_path / "hf"
     assert run_main(capsys, "export", run, "--out", hf_dir)[0] == 0
-    code, out, err = run_main(capsys, "import", "--from-hf", hf_dir, "--out", tmp_path / "back")
+    code, _out, err = run_main(capsys, "import", "--from-hf", hf_dir, "--out", tmp_path / "back")
     assert code == 0, err
     assert "finetuned classification checkpoint with its XLNetForSequenceClassification head" in err
     from xlnetcli.checkpoint.load import load_model_dir
@@ -147,7 +151,7 @@ def test_import_brings_the_head_back_and_init_keeps_it(cls_run, tmp_path, capsys
     assert run_main(capsys, "eval", run, "--file", valid, "--predict", tmp_path / "ours.jsonl")[0] == 0
     ours = predictions(tmp_path / "ours.jsonl")
     # --init from the export, same task and labels: the head is kept (one step at a negligible lr changes nothing)
-    code, out, err = run_main(
+    code, _out, err = run_main(
         capsys,
         "finetune",
         "--task",
@@ -170,11 +174,15 @@ def test_import_brings_the_head_back_and_init_keeps_it(cls_run, tmp_path, capsys
     assert run_main(capsys, "eval", tmp_path / "again", "--file", valid, "--predict", tmp_path / "again.jsonl")[0] == 0
     again = predictions(tmp_path / "again.jsonl")
     assert [r["prediction"] for r in again] == [r["prediction"] for r in ours]
-    assert all(abs(a["probabilities"][k] - b["probabilities"][k]) < 1e-4 for a, b in zip(again, ours) for k in LABELS)
+    assert all(
+        abs(a["probabilities"][k] - b["probabilities"][k]) < 1e-4
+        for a, b in zip(again, ours, strict=True)
+        for k in LABELS
+    )
 
     # other labels: a new head, and the log says why
     three = small_tsv(tmp_path / "three.tsv", TRAIN_TSV, 96, {"concurrency", "gui", "internet"})
-    code, out, err = run_main(
+    code, _out, err = run_main(
         capsys,
         "finetune",
         "--task",
@@ -196,7 +204,7 @@ def test_import_brings_the_head_back_and_init_keeps_it(cls_run, tmp_path, capsys
         in err
     )
     # another task: a new head too
-    code, out, err = run_main(
+    code, _out, err = run_main(
         capsys,
         "finetune",
         "--task",
@@ -306,8 +314,9 @@ def same_beam(idx_a: np.ndarray, p_a: np.ndarray, idx_b: np.ndarray, p_b: np.nda
         p_a.reshape(-1, idx_a.shape[-1]),
         idx_b.reshape(-1, idx_a.shape[-1]),
         p_b.reshape(-1, idx_a.shape[-1]),
+        strict=True,
     ):
-        a, b = dict(zip(ia.tolist(), pa.tolist())), dict(zip(ib.tolist(), pb.tolist()))
+        a, b = dict(zip(ia.tolist(), pa.tolist(), strict=True)), dict(zip(ib.tolist(), pb.tolist(), strict=True))
         assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-4 for k in a), (a, b)
         assert np.all(np.diff(pa) <= 1e-7) and np.all(np.diff(pb) <= 1e-7)  # each sorted best first
 
@@ -425,7 +434,9 @@ def test_transformers_heads_import(work, tmp_path, capsys):
 
     def same(path: Path) -> None:
         got = predictions(path)
-        assert all(abs(g["probabilities"][lab] - w[lab]) < 1e-4 for g, w in zip(got, want) for lab in order)
+        assert all(
+            abs(g["probabilities"][lab] - w[lab]) < 1e-4 for g, w in zip(got, want, strict=True) for lab in order
+        )
         assert [g["prediction"] for g in got] == [max(w, key=w.get) for w in want]
 
     assert run_main(capsys, "eval", hf_dir, "--file", valid, "--predict", tmp_path / "a.jsonl")[0] == 0
@@ -433,7 +444,7 @@ def test_transformers_heads_import(work, tmp_path, capsys):
     assert run_main(capsys, "import", "--from-hf", hf_dir, "--out", tmp_path / "ck")[0] == 0
     assert run_main(capsys, "eval", tmp_path / "ck", "--file", valid, "--predict", tmp_path / "b.jsonl")[0] == 0
     same(tmp_path / "b.jsonl")
-    code, out, err = run_main(
+    code, _out, err = run_main(
         capsys,
         "finetune",
         "--task",

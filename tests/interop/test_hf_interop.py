@@ -90,7 +90,7 @@ def batch(B=2, L=16, P=3, V=400, seed=0):
 
 def test_resolve_checkpoint_picks_latest(ckpt):
     assert resolve_checkpoint(ckpt).name == "step_0000010"
-    cfg, state, meta = load_model_dir(ckpt)
+    cfg, _state, meta = load_model_dir(ckpt)
     assert meta["step"] == 10 and cfg.model.d_model == 32
     assert (resolve_checkpoint(ckpt) / "tokenizer" / "spiece.model").is_file()
 

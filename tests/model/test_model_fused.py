@@ -21,7 +21,7 @@ from xlnetcli.model.kernels import NEG_INF, _FeedForwardCore, _LMHeadLoss, _RelA
 def attn_reference(q, k, v, kr, r_w, r_r, r_s, seg, rel_index, same, mask, keep, ks):
     """The core written with plain autograd ops (batch-shared kr of G halves, gathered rel-shift)."""
     B, H, N, D = q.shape
-    G, R = kr.shape[0], kr.shape[2]
+    G = kr.shape[0]
     krb = kr.repeat_interleave(B // G, 0)  # [B,H,R,D]
     bd = torch.einsum("bhnd,bhrd->bhnr", q + r_r[:, None], krb)
     bd = torch.gather(bd, 3, rel_index.expand(B, H, N, -1))
@@ -75,7 +75,7 @@ def test_attention_core_gradcheck(G, with_seg, with_mask, with_drop):
         go = torch.randn(out.shape, generator=g, dtype=dt)
         got = torch.autograd.grad(_RelAttnCore.apply(*ins, *args), grad_ins, go, allow_unused=True)
         want = torch.autograd.grad(attn_reference(*ins, *args), grad_ins, go, allow_unused=True)
-        for a, b in zip(got, want):
+        for a, b in zip(got, want, strict=True):
             assert (a is None and b is None) or maxdiff(a, b) <= 1e-12
 
 
@@ -117,7 +117,7 @@ def test_lm_head_loss_matches_cross_entropy():
     ref = (ce * w).sum()
     (ref + (ref_logits * extra).sum() * 1e-3).backward()
     assert maxdiff(loss, ref) <= 1e-10 and maxdiff(logits, ref_logits) <= 1e-12
-    for a, t in zip(got, (x, W, b)):
+    for a, t in zip(got, (x, W, b), strict=True):
         assert maxdiff(a, t.grad) <= 1e-10
 
 
@@ -164,7 +164,7 @@ def test_fused_model_matches_einsum_training_graph(bi_data):
     mems = [torch.randn(4, 5, cfg.d_model) for _ in range(cfg.n_layer)]
     (oe, ge), (of, gf) = (run_train(dataclasses.replace(cfg, attn_impl=i), batch, mems) for i in ("einsum", "fused"))
     assert maxdiff(oe.loss, of.loss) <= TOL and maxdiff(oe.logits, of.logits) <= TOL
-    for a, b in zip(oe.mems, of.mems):
+    for a, b in zip(oe.mems, of.mems, strict=True):
         assert maxdiff(a, b) <= TOL
     for k, g in ge.items():
         assert maxdiff(g, gf[k]) <= TOL, k
@@ -207,7 +207,7 @@ def test_need_hidden_false_skips_only_the_last_content_rows(impl):
     (o1, g1), (o2, g2) = outs
     assert o2.hidden is None and o1.hidden is not None
     assert maxdiff(o1.loss, o2.loss) <= TOL and maxdiff(o1.logits, o2.logits) <= TOL
-    for a, b in zip(o1.mems, o2.mems):
+    for a, b in zip(o1.mems, o2.mems, strict=True):
         assert maxdiff(a, b) <= TOL
     for k in g1:
         assert maxdiff(g1[k], g2[k]) <= TOL, k

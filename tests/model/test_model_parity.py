@@ -66,7 +66,7 @@ def run_both(ours, hf, cfg, ids, tt=None, am=None, perm=None, tmap=None, mems=No
     assert maxdiff(o.logits, h.logits) <= TOL
     hm = mems_from_hf(h.mems)
     assert len(o.mems) == len(hm)
-    for a, b in zip(o.mems, hm):
+    for a, b in zip(o.mems, hm, strict=True):
         assert a.shape == b.shape and maxdiff(a, b) <= TOL
         assert not a.requires_grad
     if check_grad:
@@ -192,7 +192,7 @@ def plain_reference(model, ids, tt, perm, tmap, mems=None):
         v = torch.einsum("bjd,dnh->bjnh", cat, a.v)
         r = torch.einsum("ijd,dnh->ijnh", pos, a.r)
 
-        def attend(x, mask):
+        def attend(x, mask, a=a, src=src, k=k, v=v, r=r):
             q = torch.einsum("bid,dnh->binh", x, a.q)
             ac = torch.einsum("binh,bjnh->bnij", q + src.r_w_bias, k)
             bd = torch.einsum("binh,ijnh->bnij", q + src.r_r_bias, r)
@@ -239,7 +239,7 @@ def test_plain_reference_untie_r(untie_r, impl):
         )
     (l1, m1, g1), (l2, m2, g2) = grads
     assert maxdiff(l1, l2) <= TOL
-    for a, b in zip(m1, m2):
+    for a, b in zip(m1, m2, strict=True):
         assert maxdiff(a, b) <= TOL
     assert g1.keys() == g2.keys()
     for k in g1:

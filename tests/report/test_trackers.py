@@ -184,7 +184,7 @@ def test_finetune_report_to_mlflow(builds, tmp_path, mlflow_store):
     from xlnetcli.train.finetune import finetune
 
     base = load_config(
-        TINY, TRACKED_RUN + ["model.mem_len=0", "model.reuse_len=0", "model.bi_data=false", "data.perm_size=16"]
+        TINY, [*TRACKED_RUN, "model.mem_len=0", "model.reuse_len=0", "model.bi_data=false", "data.perm_size=16"]
     )
     torch.manual_seed(0)
     save_model_dir(
@@ -226,7 +226,7 @@ def test_report_to_values():
     for bad in ("comet", "none,wandb", "[]", "''", "[1]"):
         with pytest.raises(ConfigError, match="report_to"):
             load_config(None, [f"train.report_to={bad}"])
-    with pytest.raises(ConfigError, match="finetune.report_to"):
+    with pytest.raises(ConfigError, match=r"finetune\.report_to"):
         load_config(None, ["finetune.report_to=tensorbord"])
 
 

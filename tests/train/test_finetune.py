@@ -372,7 +372,7 @@ def test_bad_input(work, tmp_path, capsys):
         labelled.read_table(wrong, columns=labelled.Columns("sentence", "question2", "score"))
     empty = tmp_path / "empty.tsv"
     empty.write_text("")
-    with pytest.raises(DataError, match="empty.tsv: no examples"):
+    with pytest.raises(DataError, match=r"empty\.tsv: no examples"):
         labelled.read_table(empty)
     with pytest.raises(DataError, match="not a number"):
         labelled.read_table(train, "regression")

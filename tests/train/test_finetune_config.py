@@ -102,7 +102,7 @@ def test_finetune_reads_its_own_section_for_the_train_keys_it_uses():
     check_override_sections(["finetune.log_every=5", "finetune.peak_tflops=989.4"], "finetune")
     with pytest.raises(ConfigError, match=r"train\.log_every is not used; did you mean finetune\.log_every\?$"):
         check_override_sections(["train.log_every=5"], "finetune")
-    with pytest.raises(ConfigError, match="finetune.log_every must be >= 1"):
+    with pytest.raises(ConfigError, match=r"finetune\.log_every must be >= 1"):
         load_config(None, ["finetune.log_every=0"])
 
 

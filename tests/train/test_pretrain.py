@@ -150,7 +150,8 @@ def test_resume_given_step(records, tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_two_processes_match_one(records, tmp_path):
-    over = FAST_PRETRAIN + [
+    over = [
+        *FAST_PRETRAIN,
         "train.max_steps=6",
         "train.save_every=6",
         "train.eval_every=3",
@@ -197,7 +198,8 @@ def test_torchrun_two_processes_match_one(records, tmp_path):
 @pytest.mark.slow
 def test_torchrun_fsdp_matches_one_and_resumes_exactly(records, tmp_path):
     """FSDP2 (fully_shard) on 2 gloo processes: close to one process; a resume from step 3 is bit-identical."""
-    over = FAST_PRETRAIN + [
+    over = [
+        *FAST_PRETRAIN,
         "train.max_steps=6",
         "train.save_every=3",
         "train.eval_every=3",
@@ -206,7 +208,7 @@ def test_torchrun_fsdp_matches_one_and_resumes_exactly(records, tmp_path):
         "train.keep_last=5",
     ]
     pretrain(load_config(TINY, over), records, tmp_path / "one", quiet=True)
-    cfg_file = write_config(tmp_path / "cfg.yaml", over + ["train.distributed=fsdp"])
+    cfg_file = write_config(tmp_path / "cfg.yaml", [*over, "train.distributed=fsdp"])
     base = [
         str(BIN / "torchrun"),
         "--standalone",
@@ -224,7 +226,7 @@ def test_torchrun_fsdp_matches_one_and_resumes_exactly(records, tmp_path):
         "--quiet",
     ]
     out = subprocess.run(
-        base + ["--config", str(cfg_file)], env=child_env(), capture_output=True, text=True, timeout=300
+        [*base, "--config", str(cfg_file)], env=child_env(), capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-3000:]
     first = read_metrics(tmp_path / "fsdp")
@@ -232,7 +234,7 @@ def test_torchrun_fsdp_matches_one_and_resumes_exactly(records, tmp_path):
     assert [b for _, b in l2] == pytest.approx([a for _, a in l1], rel=1e-5)
     w1, w2 = step_weights(tmp_path / "one" / "step_0000006"), step_weights(tmp_path / "fsdp" / "step_0000006")
     assert w1.keys() == w2.keys() and max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-5
-    out = subprocess.run(base + ["--resume", "3"], env=child_env(), capture_output=True, text=True, timeout=300)
+    out = subprocess.run([*base, "--resume", "3"], env=child_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     strip = lambda rows: [(r["step"], r["split"], r["loss"]) for r in rows]  # noqa: E731
     assert strip(read_metrics(tmp_path / "fsdp")) == strip(first)
@@ -293,7 +295,7 @@ def test_records_made_with_other_settings(records, tmp_path):
         pretrain(_cfg("train.global_batch_size=8", "train.max_steps=2"), records, tmp_path / "r", quiet=True)
     with pytest.raises(DataError, match=r"seq_len=32 but the config has data.seq_len=48"):
         pretrain(_cfg("data.seq_len=48", "train.max_steps=2"), records, tmp_path / "r", quiet=True)
-    with pytest.raises(DataError, match="not a records directory|does not exist"):
+    with pytest.raises(DataError, match=r"not a records directory|does not exist"):
         pretrain(_cfg(), tmp_path / "nope", tmp_path / "r", quiet=True)
 
 
@@ -325,7 +327,7 @@ def test_out_folder_of_another_run(records, tmp_path):
 def test_preprocess_flags_reach_pretrain_without_config(builds, tmp_path, capsys):
     """`xlnet preprocess --mask-mode original --passes 2`, then `xlnet pretrain` without --config (it reads the
     records' config.yaml): the saved config holds the mask mode and passes used, so pretraining is not refused."""
-    cfg_file = write_config(tmp_path / "cfg.yaml", FAST_PRETRAIN + ["train.max_steps=2"])
+    cfg_file = write_config(tmp_path / "cfg.yaml", [*FAST_PRETRAIN, "train.max_steps=2"])
     rec = tmp_path / "rec"
     code, _, err = run_main(
         capsys,
@@ -408,7 +410,7 @@ def test_out_of_memory_is_one_line(records, tmp_path, monkeypatch):
 def test_cli_errors_are_one_line(records, tmp_path):
     out = subprocess.run(
         [str(BIN / "xlnet"), "pretrain", "--config", str(TINY), "--data", str(records), "--out", str(tmp_path / "r")]
-        + [f"--set={s}" for s in FAST_PRETRAIN + ["data.mask_alpha=5"]],
+        + [f"--set={s}" for s in [*FAST_PRETRAIN, "data.mask_alpha=5"]],
         env=child_env(),
         capture_output=True,
         text=True,
@@ -424,7 +426,7 @@ def test_redirected_log_has_one_plain_line_per_interval(records, tmp_path):
     line however long; evaluations too; metrics.jsonl records the peak memory."""
     cfg_file = write_config(
         tmp_path / "cfg.yaml",
-        FAST_PRETRAIN + ["train.max_steps=6", "train.log_every=2", "train.eval_every=3", "train.save_every=0"],
+        [*FAST_PRETRAIN, "train.max_steps=6", "train.log_every=2", "train.eval_every=3", "train.save_every=0"],
     )
     log = tmp_path / "log.txt"
     with open(log, "w") as f:
@@ -552,7 +554,7 @@ def test_disk_full_while_saving_names_the_last_good_checkpoint(records, tmp_path
 
     cfg_file = write_config(
         tmp_path / "cfg.yaml",
-        FAST_PRETRAIN + ["train.max_steps=6", "train.save_every=2", "train.eval_every=0", "train.keep_last=5"],
+        [*FAST_PRETRAIN, "train.max_steps=6", "train.save_every=2", "train.eval_every=0", "train.keep_last=5"],
     )
     pretrain(load_config(cfg_file), records, tmp_path / "a", quiet=True)
     from xlnetcli.train import checkpointer

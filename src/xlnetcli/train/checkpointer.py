@@ -131,7 +131,7 @@ PROGRESS = "train"  # the entry whose keys (step, tokens_seen, ...) sit at the t
 def _fsdp_state_dict() -> Any:
     """torch.distributed.checkpoint.state_dict (full state dicts of a sharded model and its optimizer). Imported on
     first use: it adds ~1.5 s to every start, and only FSDP runs need it."""
-    import torch.distributed.checkpoint.state_dict as fsdp_state_dict
+    import torch.distributed.checkpoint.state_dict as fsdp_state_dict  # noqa: PLC0415 - heavy (~1.5 s), only FSDP runs need it
 
     return fsdp_state_dict
 
@@ -231,7 +231,11 @@ class Checkpointer:
             )
         self.states[PROGRESS].load_state_dict(state)
         _, weights, _ = load_model_dir(folder)
-        self.states[MODEL].load_state_dict(weights, where=f"checkpoint {folder}")
+        model = self.states[MODEL]
+        if isinstance(model, ModelState):  # names the checkpoint in a key mismatch
+            model.load_state_dict(weights, where=f"checkpoint {folder}")
+        else:
+            model.load_state_dict(weights)
         for name, obj in self.states.items():
             if name not in (MODEL, PROGRESS):
                 obj.load_state_dict(self._entry(state, name, folder))

@@ -213,7 +213,9 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict:
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    legacy = np.random.get_state()  # the global RandomState is MT19937: its legacy tuple (the stub also allows a dict)
+    assert isinstance(legacy, tuple)
+    name, keys, pos, has_gauss, cached = legacy
     state = {
         "python": random.getstate(),
         "numpy": {
@@ -548,7 +550,7 @@ class Engine:
         plan, env, dev = self.plan, self.env, self.env.device
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")  # no in-place use
         self.model = parallelize(self.model, env, bool(plan.activation_checkpointing), plan.compile, plan.distributed)
-        self.ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
+        self.ddp = self.model if isinstance(self.model, torch.nn.parallel.DistributedDataParallel) else None
         self.fused = dev.type == "cuda"
         self.optimizer = build_optimizer(
             self.model,
@@ -652,7 +654,7 @@ class Engine:
         try:
             for a in range(accum):
                 batch = recipe.next_batch(self.step, a)
-                sync = contextlib.nullcontext() if (not self.ddp or a == accum - 1) else self.model.no_sync()
+                sync = self.ddp.no_sync() if (self.ddp is not None and a != accum - 1) else contextlib.nullcontext()
                 with sync:
                     with autocast_ctx(dev, plan.precision):
                         loss = recipe.loss(self.model, batch, a)

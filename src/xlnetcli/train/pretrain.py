@@ -193,6 +193,7 @@ class PretrainRecipe:
         self._it: Any = None
         self.probe_rows: tuple | None = None  # (train, valid) rows of train.probe_file, probed every probe_every
         if t.probe_every:
+            assert t.probe_file is not None  # check_config: train.probe_every needs train.probe_file
             self.probe_rows = split_rows(read_rows(t.probe_file), seed=t.seed)
             self.probe_tok = Tokenizer.load(data_dir / "tokenizer")
 
@@ -227,6 +228,7 @@ class PretrainRecipe:
     def probe(self, model: torch.nn.Module, step: int, log: Any) -> None:
         """Linear-probe accuracy of the frozen features on train.probe_file (probe.py): does the representation pay
         off yet? Every rank takes part (FSDP gathers), rank 0 logs."""
+        assert self.probe_rows is not None  # read in __init__ whenever train.probe_every is set
         train_rows, valid_rows = self.probe_rows
         res = probe_checkpoint(
             dist.unwrap(model),
