@@ -95,7 +95,7 @@ def load_task_data(
     return data
 
 
-def build_finetune_model(run_cfg: Config, task: str, n_labels: int) -> torch.nn.Module:
+def build_finetune_model(run_cfg: Config, task: str, n_labels: int) -> FinetuneModel:
     return FinetuneModel(run_cfg.model, run_cfg.finetune, task, n_labels)
 
 
