@@ -14,7 +14,7 @@ loss, the same fused AdamW and clipping.
 
 A step is forward + loss + backward + clip + AdamW in bf16 autocast (fp32 weights), as `xlnet pretrain` runs it.
 Times are CUDA-event medians over --steps steps after --warmup steps (memories reach full length in the warm-up).
-MFU = model FLOPs of the step (flops.py: the useful matrix work, counted the same for both engines) / time / the
+MFU = model FLOPs of the step (model/flops.py: the useful matrix work, counted the same for both engines) / time / the
 device's bf16 dense peak (flops.PEAK_BF16_TFLOPS). Peak memory = torch.cuda.max_memory_allocated over the timed steps
 (weights, AdamW state, gradients, activations).
 """

@@ -1,6 +1,7 @@
 """The `xlnet` command line. Thin: parse arguments, load the config, call a plain function.
 
-Each command's work lives in a module (tokenizer.py, shard.py, ...) whose functions tests call directly.
+Each command's work lives in a stage module (data/shard.py, train/pretrain.py, ...) whose functions tests call
+directly; the packages and what each may import: docs/architecture.md.
 Errors meant for the user (XLNetError, and click's usage errors) are printed on one line, `xlnet: error: ...`, and
 exit with code 2, without a traceback.
 """

@@ -375,7 +375,7 @@ def shard_corpus(
 
     ``cfg.data.valid_fraction`` of the documents are held out for validation (none with ``valid_inputs``, which are
     the validation split instead), chosen by ``cfg.data.seed``; ``cfg`` is saved as config.yaml. Inputs may be text,
-    JSONL, Parquet or datasets folders (corpus.py); ``text_field`` names their text field."""
+    JSONL, Parquet or datasets folders (data/corpus.py); ``text_field`` names their text field."""
     if shards < 1:
         raise XLNetError(f"--shards must be >= 1, got {shards}")
     if workers < 1:

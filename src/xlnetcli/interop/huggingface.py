@@ -1,6 +1,6 @@
 """The Hugging Face handoff: `xlnet export` (our checkpoint -> a directory transformers loads, with its task head
-and tokenizer) and `xlnet import` (an HF XLNet directory -> our checkpoint). The mappings themselves (state dict,
-config, heads) are in checkpoint/hf_dir.py, which knows nothing of our checkpoint folders."""
+and tokenizer) and `xlnet import` (an HF XLNet directory -> our checkpoint). The mappings themselves are below:
+state dict and config in model/state_dict_adapter.py, heads and reading HF directories in checkpoint/hf_dir.py."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
     finetune(cfg, "classification", "train.tsv", "valid.tsv", init="runs/pre", out="runs/sst2")
     finetune(cfg, "classification", "train.tsv", "valid.tsv", init="runs/pre", out="runs/sst2", resume=True)
 
-The loop, precision, checkpoints and resume are the engine's (engine.py); this module supplies the finetuning
+The loop, precision, checkpoints and resume are the engine's (train/engine.py); this module supplies the finetuning
 recipe (the shuffled example order, the head's loss, validation with the task metric, the best checkpoint) and the run
 folder. AdamW (no decay on LayerNorm/bias), linear warmup then linear decay, layer-wise lr decay as parameter groups,
 dropout/dropatt from cfg.finetune, evaluation every epoch or every N steps, optional early stopping, gradient
@@ -335,7 +335,7 @@ def finetune_plan(run_cfg: Config, train: TaskData, accum: int, total: int, warm
         seq_len=L,
         rows=rows,
         save_on_eval=ft.save_every == 0,
-        # the content stream over every position, no memory, no LM head (flops.py), for the logged MFU
+        # the content stream over every position, no memory, no LM head (model/flops.py), for the logged MFU
         flops_per_token=3.0 * forward_flops(m, mb_rows, L, 0, 0, last_layer_query_only=False) / (mb_rows * L),
     )
 

@@ -4,7 +4,7 @@
     from xlnetcli.train.pretrain import pretrain
     summary = pretrain(load_config("configs/tiny.yaml"), "records/", "runs/tiny", resume=None)
 
-The loop, precision, checkpoints and resume are the engine's (engine.py); this module supplies the pretraining
+The loop, precision, checkpoints and resume are the engine's (train/engine.py); this module supplies the pretraining
 recipe: the records stream, the PLM loss with memories, held-out evaluation, and which step folders to keep.
 
 Batch maths: ``train.global_batch_size`` rows (parallel text streams, fixed for the run) per optimizer step;
@@ -22,7 +22,7 @@ Run folder::
         train_state.safetensors       optimizer, grad scaler, step, RNG states, data cursors and memories of every rank
 
 The recipe's stateful objects are its records stream (``data``: the cursor) and its ``Memories`` (``mems``), both of
-each rank; the engine checkpoints them with everything else it keeps (engine.py).
+each rank; the engine checkpoints them with everything else it keeps (train/checkpointer.py).
 
 ``resume="latest"`` (or a step number) continues exactly: same data, same dropout masks, same memories.
 """
@@ -296,7 +296,7 @@ def pretrain_plan(cfg: Config, accum: int) -> TrainPlan:
         global_batch_size=t.global_batch_size,
         accumulation=accum,
         seq_len=L,
-        # model FLOPs per token at full memory (flops.py), for the logged MFU
+        # model FLOPs per token at full memory (model/flops.py), for the logged MFU
         flops_per_token=train_flops(cfg.model, t.micro_batch_size, L, cfg.model.mem_len, cfg.data.num_predict)
         / (t.micro_batch_size * L),
     )

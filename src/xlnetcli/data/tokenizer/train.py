@@ -40,7 +40,7 @@ def train_tokenizer(
     """Train a SentencePiece unigram model on normalised lines of ``inputs`` into ``out_dir`` (atomic), with the
     settings of ``cfg.tokenizer`` (vocab_size, character_coverage, input_sentence_size, uncased, keep_accents,
     threads); ``cfg`` is written next to the model as config.yaml. Inputs may be text, JSONL, Parquet or datasets
-    folders (corpus.py); ``text_field`` names their text field.
+    folders (data/corpus.py); ``text_field`` names their text field.
     """
     out = Path(out_dir)
     check_output_dir(out, overwrite, "a tokenizer")
