@@ -153,14 +153,34 @@ def model_for_hf(
     task = meta.get("task")
     if task not in HEAD_CLASS:
         raise CheckpointError(f"{where}: meta.json names an unknown finetuning task {task!r}")
+    keys, own = _checked_head(task, cfg, state, where)
+    tensors = to_hf_state(body, cfg.model)
+    tensors.update({keys[k]: v.detach().clone().contiguous() for k, v in own.items()})
+    labels = meta.get("labels")
+    _add_head_config(hc, task, cfg.finetune, labels, own, where)
+    record = {
+        "comment": "The xlnet finetuning run this model comes from (transformers ignores this file; `xlnet eval`, "
+        "`import` and `finetune --init` read it).",
+        "task": task,
+        "labels": labels,
+        "finetune": config_to_dict(cfg)["finetune"],
+        **{k: meta[k] for k in _RECORD_META if meta.get(k) is not None},
+    }
+    return hc, tensors, record
+
+
+def _checked_head(
+    task: str, cfg: Config, state: dict[str, torch.Tensor], where: str
+) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """(our head names -> transformers', the checkpoint's head tensors) of a finetuned checkpoint, once its task has
+    a transformers class computing the same and its head has exactly the expected parameters."""
     why = head_mismatch(task, cfg.finetune)
     if why:
         raise CheckpointError(
             f"{where}: {why}; the transformer carries over, the {task} head does not: pass "
             "--backbone-only to export the transformer alone (XLNetModel)"
         )
-    ft = cfg.finetune
-    keys = head_keys(task, ft.summary_use_proj)
+    keys = head_keys(task, cfg.finetune.summary_use_proj)
     own = {k: v for k, v in state.items() if k.startswith("head.")}
     if set(own) != set(keys):
         odd = sorted(set(own) ^ set(keys))[0]
@@ -168,8 +188,14 @@ def model_for_hf(
             f"{where}: the {task} head does not have the expected parameters ({odd}); the "
             "checkpoint does not match its config.yaml"
         )
-    tensors = to_hf_state(body, cfg.model)
-    tensors.update({keys[k]: v.detach().clone().contiguous() for k, v in own.items()})
+    return keys, own
+
+
+def _add_head_config(
+    hc: dict[str, Any], task: str, ft: FinetuneConfig, labels: Any, own: dict[str, torch.Tensor], where: str
+) -> None:
+    """Add to config.json (``hc``) the task's class and its head's settings: SQuAD's beam sizes or the sequence
+    summary, and the labels of a classification or regression head."""
     hc["architectures"] = [HEAD_CLASS[task]]
     if task == "squad":
         hc.update(start_n_top=SQUAD_TOP_K, end_n_top=SQUAD_TOP_K)
@@ -181,7 +207,6 @@ def model_for_hf(
             summary_proj_to_labels=False,
             summary_last_dropout=ft.dropout,
         )
-    labels = meta.get("labels")
     if task == "classification":
         if not labels or len(set(labels)) != len(labels) or own["head.out.weight"].shape[0] != len(labels):
             raise CheckpointError(f"{where}: meta.json labels {labels!r} do not match the classification head")
@@ -192,15 +217,6 @@ def model_for_hf(
         )
     elif task == "regression":
         hc.update(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}, problem_type="regression")
-    record = {
-        "comment": "The xlnet finetuning run this model comes from (transformers ignores this file; `xlnet eval`, "
-        "`import` and `finetune --init` read it).",
-        "task": task,
-        "labels": labels,
-        "finetune": config_to_dict(cfg)["finetune"],
-        **{k: meta[k] for k in _RECORD_META if meta.get(k) is not None},
-    }
-    return hc, tensors, record
 
 
 @dataclass

@@ -191,21 +191,9 @@ def preprocess(
     manifest, sha = check_shards(shards, cfg.model.vocab_size, verify=verify, workers=workers)
     vocab = int(manifest["vocab_size"])
     tok_dir = shards / "tokenizer"
-    ws_table = word_start_table(tok_dir)
-    if len(ws_table) < vocab:
-        raise DataError(f"{tok_dir}: tokenizer has {len(ws_table)} pieces, the manifest says {vocab}")
+    ws_table = _word_starts(tok_dir, vocab)
     dtype = manifest["dtype"]  # uint16 | uint32 (read_manifest checks it)
-    params = _Params(
-        cfg.data.seq_len,
-        cfg.model.reuse_len,
-        cfg.data.num_predict,
-        cfg.data.mask_alpha,
-        cfg.data.mask_beta,
-        cfg.data.mask_mode,
-        cfg.data.seed,
-        dtype,
-        cfg.data.max_gram,
-    )
+    params = _params(cfg, dtype)
     splits = _split_layouts(shards, manifest, plan.forward_rows, cfg.data.seq_len, cfg.model.reuse_len)
     meta = _records_meta(cfg, plan, sha, vocab, dtype)
     G, passes = plan.global_batch_size, cfg.data.passes
@@ -217,15 +205,7 @@ def preprocess(
         for split, layout in splits.items():
             files, split_jobs = _create_passes(tmp, cfg, plan, split, layout, workers, params, ws_path, vocab)
             jobs += split_jobs
-            meta["splits"][split] = {
-                "tokens": layout.total,
-                "rows": G,
-                "row_len": layout.row_len,
-                "steps_per_pass": layout.steps,
-                "passes": passes,
-                "examples": passes * G * layout.steps,
-                "files": files,
-            }
+            meta["splits"][split] = _split_meta(layout, G, passes, files)
         _run_jobs(jobs, workers, quiet, total_examples)
         ws_path.unlink()
         meta["sha256"] = checksums(tmp)
@@ -234,6 +214,42 @@ def preprocess(
         save_config(cfg, tmp)
         atomic_write_json(tmp / "meta.json", meta)
     return meta
+
+
+def _word_starts(tok_dir: Path, vocab: int) -> np.ndarray:
+    """The tokenizer's word-start table, refused when it has fewer pieces than the shards' manifest says."""
+    ws_table = word_start_table(tok_dir)
+    if len(ws_table) < vocab:
+        raise DataError(f"{tok_dir}: tokenizer has {len(ws_table)} pieces, the manifest says {vocab}")
+    return ws_table
+
+
+def _params(cfg: Config, dtype: str) -> _Params:
+    """The settings a worker needs to build records, from ``cfg`` and the shards' token dtype."""
+    return _Params(
+        cfg.data.seq_len,
+        cfg.model.reuse_len,
+        cfg.data.num_predict,
+        cfg.data.mask_alpha,
+        cfg.data.mask_beta,
+        cfg.data.mask_mode,
+        cfg.data.seed,
+        dtype,
+        cfg.data.max_gram,
+    )
+
+
+def _split_meta(layout: _SplitLayout, G: int, passes: int, files: list[str]) -> dict[str, Any]:
+    """meta.json's entry for one split: its tokens, row layout, steps, passes, examples and record files."""
+    return {
+        "tokens": layout.total,
+        "rows": G,
+        "row_len": layout.row_len,
+        "steps_per_pass": layout.steps,
+        "passes": passes,
+        "examples": passes * G * layout.steps,
+        "files": files,
+    }
 
 
 @dataclass

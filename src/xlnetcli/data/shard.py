@@ -376,11 +376,7 @@ def shard_corpus(
     ``cfg.data.valid_fraction`` of the documents are held out for validation (none with ``valid_inputs``, which are
     the validation split instead), chosen by ``cfg.data.seed``; ``cfg`` is saved as config.yaml. Inputs may be text,
     JSONL, Parquet or datasets folders (data/corpus.py); ``text_field`` names their text field."""
-    if shards < 1:
-        raise XLNetError(f"--shards must be >= 1, got {shards}")
-    if workers < 1:
-        raise XLNetError(f"--workers must be >= 1, got {workers}")
-    ensure_open_files(2 * (shards + 1) + 4 * workers + 64, f"--shards {shards}")  # each shard: 2 files open
+    _check_counts(shards, workers)
     out = Path(out_dir)
     check_output_dir(out, overwrite, "shards")
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tokenizer)
@@ -404,27 +400,58 @@ def shard_corpus(
         train = [_Shard(tmp, "train", i, dtype) for i in range(shards)]
         valid = _Shard(tmp, "valid", 0, dtype)
         assigner = _Assigner(train, valid, cfg.data.seed, cfg.data.valid_fraction)
-        task = prog.add_task("sharding", total=nbytes, info="")
-        n_tok = 0
-
-        def assign(res: ChunkResult, is_valid: bool) -> None:
-            nonlocal n_tok
-            assigner.add(res, is_valid)
-            n_tok += res.tokens.size
-            prog.update(task, info=f"{n_tok / 1e6:.2f}M tokens")
-
-        chunks = _chunk_stream(all_files, stats, chunk_chars, lambda n: prog.advance(task, n), text_field)
-        _encode_in_order(chunks, tok, dtype, workers, assign)
+        _shard_pass(all_files, stats, chunk_chars, text_field, tok, dtype, workers, assigner, prog, nbytes)
         for s in [*train, valid]:
             s.close()
         for w in stats.warnings():
             console.print(w)
         _check_split(assigner, len(all_files), quiet)
         _finish_output(tmp, cfg, tok, dtype, assigner, {"train": train_files, "valid": valid_files}, nbytes, stats)
-    seconds = time.perf_counter() - t0
+    return _summary(out, len(all_files), nbytes, time.perf_counter() - t0, train, valid, stats)
+
+
+def _check_counts(shards: int, workers: int) -> None:
+    """Reject shard and worker counts below 1, and raise the open-file limit the shards and workers need."""
+    if shards < 1:
+        raise XLNetError(f"--shards must be >= 1, got {shards}")
+    if workers < 1:
+        raise XLNetError(f"--workers must be >= 1, got {workers}")
+    ensure_open_files(2 * (shards + 1) + 4 * workers + 64, f"--shards {shards}")  # each shard: 2 files open
+
+
+def _shard_pass(
+    all_files: list[tuple[Path, bool]],
+    stats: ReadStats,
+    chunk_chars: int,
+    text_field: str,
+    tok: Tokenizer,
+    dtype: np.dtype,
+    workers: int,
+    assigner: _Assigner,
+    prog: Any,
+    nbytes: int,
+) -> None:
+    """Read, tokenise and assign every chunk of the inputs to the shards, in order, updating the progress bar."""
+    task = prog.add_task("sharding", total=nbytes, info="")
+    n_tok = 0
+
+    def assign(res: ChunkResult, is_valid: bool) -> None:
+        nonlocal n_tok
+        assigner.add(res, is_valid)
+        n_tok += res.tokens.size
+        prog.update(task, info=f"{n_tok / 1e6:.2f}M tokens")
+
+    chunks = _chunk_stream(all_files, stats, chunk_chars, lambda n: prog.advance(task, n), text_field)
+    _encode_in_order(chunks, tok, dtype, workers, assign)
+
+
+def _summary(
+    out: Path, n_files: int, nbytes: int, seconds: float, train: list[_Shard], valid: _Shard, stats: ReadStats
+) -> ShardSummary:
+    """What ``shard_corpus`` returns: files, bytes, time, then tokens and documents per split."""
     return ShardSummary(
         out,
-        len(all_files),
+        n_files,
         nbytes,
         seconds,
         {"train": sum(s.n_tokens for s in train), "valid": valid.n_tokens},

@@ -174,64 +174,94 @@ def score(
 ) -> tuple[dict[str, float], list[dict]]:
     """(metrics, one prediction row per example). Metrics are empty when the file has no labels."""
     task = data.task
-    rows: list[dict] = []
-    metrics: dict[str, float] = {}
     if task == "classification":
         assert label_list is not None
-        probs = _softmax(outputs["logits"])
-        pred = [label_list[i] for i in probs.argmax(-1)]
-        for i, ex in enumerate(data.examples):
-            rows.append(
-                {
-                    "index": i,
-                    "prediction": pred[i],
-                    "label": ex.label,
-                    "probabilities": {lab: round(float(p), 6) for lab, p in zip(label_list, probs[i], strict=True)},
-                }
-            )
-        if data.labels_present:
-            metrics = classification_metrics(pred, [ex.label for ex in data.examples])
-    elif task == "regression":
-        pred = outputs["logits"][:, 0].astype(float).tolist()
-        rows = [
-            {"index": i, "prediction": p, "label": ex.label}
-            for i, (p, ex) in enumerate(zip(pred, data.examples, strict=True))
-        ]
-        if data.labels_present:
-            metrics = regression_metrics(pred, [float(ex.label) for ex in data.examples])
-    elif task == "multiple-choice":
-        probs = _softmax(outputs["logits"])
-        pred = probs.argmax(-1).tolist()
-        for i, ex in enumerate(data.examples):
-            rows.append(
-                {
-                    "id": ex.id,
-                    "prediction": pred[i],
-                    "label": ex.label,
-                    "probabilities": [round(float(p), 6) for p in probs[i][: len(ex.options)]],
-                }
-            )
-        if data.labels_present:
-            metrics = {"accuracy": float(np.mean([p == ex.label for p, ex in zip(pred, data.examples, strict=True)]))}
+        return _score_classification(data, outputs, label_list)
+    if task == "regression":
+        return _score_regression(data, outputs)
+    if task == "multiple-choice":
+        return _score_multiple_choice(data, outputs)
+    return _score_squad(data, outputs, cfg, null_threshold)
+
+
+def _score_classification(
+    data: TaskData, outputs: dict[str, np.ndarray], label_list: list[str]
+) -> tuple[dict[str, float], list[dict]]:
+    """``score`` for classification: the likeliest label and every label's probability."""
+    rows: list[dict] = []
+    metrics: dict[str, float] = {}
+    probs = _softmax(outputs["logits"])
+    pred = [label_list[i] for i in probs.argmax(-1)]
+    for i, ex in enumerate(data.examples):
+        rows.append(
+            {
+                "index": i,
+                "prediction": pred[i],
+                "label": ex.label,
+                "probabilities": {lab: round(float(p), 6) for lab, p in zip(label_list, probs[i], strict=True)},
+            }
+        )
+    if data.labels_present:
+        metrics = classification_metrics(pred, [ex.label for ex in data.examples])
+    return metrics, rows
+
+
+def _score_regression(data: TaskData, outputs: dict[str, np.ndarray]) -> tuple[dict[str, float], list[dict]]:
+    """``score`` for regression: the predicted value."""
+    metrics: dict[str, float] = {}
+    pred = outputs["logits"][:, 0].astype(float).tolist()
+    rows = [
+        {"index": i, "prediction": p, "label": ex.label}
+        for i, (p, ex) in enumerate(zip(pred, data.examples, strict=True))
+    ]
+    if data.labels_present:
+        metrics = regression_metrics(pred, [float(ex.label) for ex in data.examples])
+    return metrics, rows
+
+
+def _score_multiple_choice(data: TaskData, outputs: dict[str, np.ndarray]) -> tuple[dict[str, float], list[dict]]:
+    """``score`` for multiple choice: the likeliest option and each option's probability."""
+    rows: list[dict] = []
+    metrics: dict[str, float] = {}
+    probs = _softmax(outputs["logits"])
+    pred = probs.argmax(-1).tolist()
+    for i, ex in enumerate(data.examples):
+        rows.append(
+            {
+                "id": ex.id,
+                "prediction": pred[i],
+                "label": ex.label,
+                "probabilities": [round(float(p), 6) for p in probs[i][: len(ex.options)]],
+            }
+        )
+    if data.labels_present:
+        metrics = {"accuracy": float(np.mean([p == ex.label for p, ex in zip(pred, data.examples, strict=True)]))}
+    return metrics, rows
+
+
+def _score_squad(
+    data: TaskData, outputs: dict[str, np.ndarray], cfg: Config, null_threshold: float
+) -> tuple[dict[str, float], list[dict]]:
+    """``score`` for SQuAD: the best span (empty under SQuAD 2.0 when the null odds pass ``null_threshold``)."""
+    rows: list[dict] = []
+    best, odds = labelled.squad_predictions(data.examples, data.enc, outputs, cfg.finetune.max_answer_length)
+    gold = {ex.qid: ex.answers for ex in data.examples}
+    if data.squad_v2:
+        metrics = squad_evaluate(gold, best, odds, null_threshold)
+        final = {q: ("" if odds[q] > null_threshold else best[q]) for q in best}
     else:
-        best, odds = labelled.squad_predictions(data.examples, data.enc, outputs, cfg.finetune.max_answer_length)
-        gold = {ex.qid: ex.answers for ex in data.examples}
-        if data.squad_v2:
-            metrics = squad_evaluate(gold, best, odds, null_threshold)
-            final = {q: ("" if odds[q] > null_threshold else best[q]) for q in best}
-        else:
-            metrics = squad_evaluate(gold, best)
-            final = best
-        for ex in data.examples:
-            rows.append(
-                {
-                    "id": ex.qid,
-                    "prediction": final[ex.qid],
-                    "best_non_null": best[ex.qid],
-                    "null_odds": round(odds[ex.qid], 6),
-                    "answers": ex.answers,
-                }
-            )
+        metrics = squad_evaluate(gold, best)
+        final = best
+    for ex in data.examples:
+        rows.append(
+            {
+                "id": ex.qid,
+                "prediction": final[ex.qid],
+                "best_non_null": best[ex.qid],
+                "null_odds": round(odds[ex.qid], 6),
+                "answers": ex.answers,
+            }
+        )
     return metrics, rows
 
 

@@ -377,6 +377,63 @@ def random_init_like(model: XLNetLMHeadModel, seed: int) -> XLNetLMHeadModel:
     return fresh.to(device).eval()
 
 
+def _check_probe_args(baseline: str | None, batch_size: int, train_sizes: Sequence[int]) -> None:
+    """Reject ``probe`` arguments that are wrong before any file is read."""
+    if baseline not in (None, "random"):
+        raise XLNetError(f"--baseline takes 'random', got {baseline!r}")
+    if batch_size < 1:
+        raise XLNetError(f"--batch-size must be >= 1, got {batch_size}")
+    if any(n < 4 for n in train_sizes):
+        raise XLNetError(
+            f"--train-sizes must each be >= 4 (some to fit, some to choose L2 on), got "
+            f"{','.join(map(str, train_sizes))}"
+        )
+
+
+def _checkpoint_tokenizer(xl: lm.XLNet) -> Any:
+    """The loaded checkpoint's tokenizer, checked to be present and to fit the model's embeddings."""
+    tok = xl.tokenizer
+    if tok is None:
+        raise XLNetError(f"{xl.path} has no tokenizer (expected tokenizer/spiece.model or spiece.model)")
+    if tok.vocab_size > xl.config.model.vocab_size:
+        raise XLNetError(
+            f"{xl.path}: the tokenizer has {tok.vocab_size} pieces but the model only "
+            f"{xl.config.model.vocab_size} embeddings"
+        )
+    return tok
+
+
+def _probe_report(
+    xl: lm.XLNet,
+    train: str | Path,
+    valid: str | Path,
+    label_list: list[str],
+    max_len: int,
+    seed: int,
+    baseline: str | None,
+    results: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """The JSON record ``probe`` returns: the run's settings, then each model's ``probe_checkpoint`` features."""
+    first = results["pretrained"]
+    return {
+        "kind": "probe",
+        "checkpoint": str(xl.path),
+        "step": xl.meta.get("step"),
+        "objective": xl.config.model.objective,
+        "train": str(train),
+        "valid": str(valid),
+        "train_examples": first["train_examples"],
+        "valid_examples": first["valid_examples"],
+        "labels": label_list,
+        "majority": first["majority"],
+        "max_seq_length": max_len,
+        "truncated": first["truncated"],
+        "seed": seed,
+        "random_init_seed": xl.config.train.seed if baseline == "random" else None,
+        "results": {name: r["features"] for name, r in results.items()},
+    }
+
+
 def probe(
     checkpoint: str | Path,
     train: str | Path,
@@ -395,28 +452,13 @@ def probe(
     ``output``, also write the result as JSON (``format_table`` renders it for a terminal). ``baseline="random"``
     adds the same architecture from random init. ``max_seq_length`` defaults to the checkpoint's
     finetune.max_seq_length. ``train_sizes`` adds the label-efficiency curve (``label_curve``) of every model."""
-    if baseline not in (None, "random"):
-        raise XLNetError(f"--baseline takes 'random', got {baseline!r}")
-    if batch_size < 1:
-        raise XLNetError(f"--batch-size must be >= 1, got {batch_size}")
-    if any(n < 4 for n in train_sizes):
-        raise XLNetError(
-            f"--train-sizes must each be >= 4 (some to fit, some to choose L2 on), got "
-            f"{','.join(map(str, train_sizes))}"
-        )
+    _check_probe_args(baseline, batch_size, train_sizes)
     train_rows = read_rows(train, columns, header)
     valid_rows = read_rows(valid, columns, header)
     label_list = _labels(train_rows, valid_rows, str(train), str(valid))
     dev = dist.resolve_device(device)
     xl = lm.load(checkpoint, device=dev)
-    tok = xl.tokenizer
-    if tok is None:
-        raise XLNetError(f"{xl.path} has no tokenizer (expected tokenizer/spiece.model or spiece.model)")
-    if tok.vocab_size > xl.config.model.vocab_size:
-        raise XLNetError(
-            f"{xl.path}: the tokenizer has {tok.vocab_size} pieces but the model only "
-            f"{xl.config.model.vocab_size} embeddings"
-        )
+    tok = _checkpoint_tokenizer(xl)
     max_len = max_seq_length or xl.config.finetune.max_seq_length
     if max_len < 4:
         raise XLNetError(f"--max-seq-length must be >= 4, got {max_len}")
@@ -437,24 +479,7 @@ def probe(
         )
         for name, m in models.items()
     }
-    first = results["pretrained"]
-    res: dict[str, Any] = {
-        "kind": "probe",
-        "checkpoint": str(xl.path),
-        "step": xl.meta.get("step"),
-        "objective": xl.config.model.objective,
-        "train": str(train),
-        "valid": str(valid),
-        "train_examples": first["train_examples"],
-        "valid_examples": first["valid_examples"],
-        "labels": label_list,
-        "majority": first["majority"],
-        "max_seq_length": max_len,
-        "truncated": first["truncated"],
-        "seed": seed,
-        "random_init_seed": xl.config.train.seed if baseline == "random" else None,
-        "results": {name: r["features"] for name, r in results.items()},
-    }
+    res = _probe_report(xl, train, valid, label_list, max_len, seed, baseline, results)
     if output is not None:
         atomic_write_json(output, res)
     return res

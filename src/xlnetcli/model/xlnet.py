@@ -199,7 +199,10 @@ class XLNetModel(nn.Module):
         """``perm_mask`` [B,L,L] (1 = row i may not see token j), ``target_index`` [B,P] or ``target_mapping``
         [B,P,L], ``mems`` per layer [B,M,d]. ``content_output=False`` (with targets): the last layer computes only
         the P query-stream rows, since a PLM loss needs nothing else; ``hidden`` is then None (query, mems and all
-        gradients are unchanged)."""
+        gradients are unchanged).
+
+        It stays whole: its steps are already the methods below, in the paper's order, and what is left is the
+        two-stream layer loop, which reads top to bottom beside the tensors (x, mems, layout) it threads through."""
         cfg = self.config
         B, L = input_ids.shape
         bi = cfg.bi_data if bi_data is None else bi_data

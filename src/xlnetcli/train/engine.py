@@ -340,6 +340,15 @@ def resume_point(
             f"output folder {run_dir} already holds a {what}{last}; pass --resume to continue it "
             "or choose another --out"
         )
+    _check_same_config(old, cfg, sections, mutable, run_dir, same_config)
+    return _pick_checkpoint(ckpts, resume, run_dir)
+
+
+def _check_same_config(
+    old: Config, cfg: Config, sections: tuple[str, ...], mutable: set[str], run_dir: Path, same_config: str
+) -> None:
+    """Refuse to resume the run in ``run_dir`` (config ``old``) with a config differing in ``sections`` outside the
+    ``mutable`` keys; the error names the first difference."""
     have = {k: v for k, v in config_to_dict(old).items() if k in sections}
     diff = config_diff(have, config_to_dict(cfg), mutable)
     if diff:
@@ -349,6 +358,11 @@ def resume_point(
             f"output folder {run_dir} holds a run with {key}={was!r} but this config has "
             f"{key}={now!r}{more}; {same_config}"
         )
+
+
+def _pick_checkpoint(ckpts: list[tuple[int, Path]], resume: str, run_dir: Path) -> tuple[int, Path] | None:
+    """The checkpoint ``resume`` ("latest" or a step number) names among the run's resumable ``ckpts`` (None:
+    "latest" of a run killed before its first checkpoint)."""
     if not ckpts:
         weights_only = step_folders(run_dir)
         if weights_only:

@@ -491,11 +491,7 @@ def _finetune(
 
     init_ckpt = _load_init(init)
     run_cfg = run_config(init_ckpt.cfg, cfg)
-    if init_ckpt.tokenizer.vocab_size != run_cfg.model.vocab_size:
-        raise CheckpointError(
-            f"tokenizer in {init_ckpt.tokenizer_dir} has {init_ckpt.tokenizer.vocab_size} pieces "
-            f"but the model's vocab_size is {run_cfg.model.vocab_size}"
-        )
+    _check_vocab(init_ckpt, run_cfg)
     train_data, valid_data = _load_data(task, train, valid, init_ckpt.tokenizer, run_cfg, columns, header)
     check_config(run_cfg, env.world_size, stage="finetune")
     steps = _step_counts(run_cfg, len(train_data), env.world_size)
@@ -503,28 +499,7 @@ def _finetune(
     model = _build_model(run_cfg, task, train_data.label_list, init_ckpt, from_scratch, start is None, say)
     model.to(env.device).train()
 
-    meta_base = {
-        "kind": "finetune",
-        "task": task,
-        "labels": train_data.label_list,
-        "init": str(init_ckpt.path),
-        "from_scratch": from_scratch,
-        "squad_v2": bool(valid_data.squad_v2) if valid_data and task == "squad" else None,
-    }
-    files = {"train": sha256_file(train), **({"valid": sha256_file(valid)} if valid is not None else {})}
-    recipe = FinetuneRecipe(
-        task,
-        run_cfg,
-        train_data,
-        valid_data,
-        train_data.label_list,
-        env,
-        steps.total,
-        steps.per_epoch,
-        meta_base,
-        files,
-        say,
-    )
+    recipe = _make_recipe(task, run_cfg, train_data, valid_data, init_ckpt, from_scratch, train, valid, env, steps, say)
     plan = finetune_plan(run_cfg, train_data, steps.accumulation, steps.total, steps.warmup)
     if env.is_main and mode == "fresh" and partial.exists():
         shutil.rmtree(partial)  # --overwrite: an interrupted earlier run is discarded
@@ -546,6 +521,53 @@ def _finetune(
         _say_header(say, engine, task, init_ckpt.path, out, train_data, valid_data, steps)
         result = engine.fit()
     return _commit_results(recipe, result, out, partial, train_data, valid_data, say)
+
+
+def _check_vocab(init_ckpt: InitCheckpoint, run_cfg: Config) -> None:
+    """The init checkpoint's tokenizer must have exactly as many pieces as the run's model has embeddings."""
+    if init_ckpt.tokenizer.vocab_size != run_cfg.model.vocab_size:
+        raise CheckpointError(
+            f"tokenizer in {init_ckpt.tokenizer_dir} has {init_ckpt.tokenizer.vocab_size} pieces "
+            f"but the model's vocab_size is {run_cfg.model.vocab_size}"
+        )
+
+
+def _make_recipe(
+    task: str,
+    run_cfg: Config,
+    train_data: TaskData,
+    valid_data: TaskData | None,
+    init_ckpt: InitCheckpoint,
+    from_scratch: bool,
+    train: Path,
+    valid: Path | None,
+    env: dist.DistEnv,
+    steps: StepCounts,
+    say: Any,
+) -> FinetuneRecipe:
+    """The engine's recipe, with the meta.json fields every step folder shares and the data files' hashes."""
+    meta_base = {
+        "kind": "finetune",
+        "task": task,
+        "labels": train_data.label_list,
+        "init": str(init_ckpt.path),
+        "from_scratch": from_scratch,
+        "squad_v2": bool(valid_data.squad_v2) if valid_data and task == "squad" else None,
+    }
+    files = {"train": sha256_file(train), **({"valid": sha256_file(valid)} if valid is not None else {})}
+    return FinetuneRecipe(
+        task,
+        run_cfg,
+        train_data,
+        valid_data,
+        train_data.label_list,
+        env,
+        steps.total,
+        steps.per_epoch,
+        meta_base,
+        files,
+        say,
+    )
 
 
 def _report_finished(mode: str, out: Path, partial: Path, env: dist.DistEnv, say: Any) -> dict[str, Any]:

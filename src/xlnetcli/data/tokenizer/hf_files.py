@@ -92,6 +92,31 @@ def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
     out in text (``<sep>``, ``<cls>``, ...) becomes that symbol, as in every transformers tokenizer.
     """
     info = read_model_info(tok.model_bytes)
+    _check_expressible(tok, info)
+    vocab = _unigram_vocab(info)
+    space = {
+        "type": "Metaspace",
+        "replacement": SPIECE_UNDERLINE,
+        "prepend_scheme": "always" if info.add_dummy_prefix else "never",
+        "split": info.split_by_whitespace,
+    }
+    pre = _pre_tokenizer(tok, space)
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": _added_tokens(info),
+        "normalizer": {"type": "Sequence", "normalizers": _normalizers(tok, info)},
+        "pre_tokenizer": pre,
+        "post_processor": _post_processor(info),
+        "decoder": dict(space),
+        "model": {"type": "Unigram", "unk_id": tok.sp.unk_id(), "vocab": vocab, "byte_fallback": False},
+    }
+
+
+def _check_expressible(tok: Tokenizer, info: ModelInfo) -> None:
+    """Refuse a SentencePiece model whose settings (byte fallback, whitespace as suffix or unescaped, unused or byte
+    pieces) have no equivalent in the tokenizers library."""
     if (
         info.byte_fallback
         or info.treat_whitespace_as_suffix
@@ -99,49 +124,46 @@ def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
         or any(t in (UNUSED, BYTE) for _, _, t in info.pieces)
     ):
         raise DataError(f"{tok.where}: this SentencePiece model uses settings the tokenizers library cannot express")
+
+
+def _unigram_vocab(info: ModelInfo) -> list[list[Any]]:
+    """[piece, score] of every piece, user-defined ones with the score SentencePiece gives them."""
     normal = [s for _, s, t in info.pieces if t == NORMAL]
     # unigram_model.cc: a user-defined piece scores (length in bytes) * max(FLT_MIN, highest piece score) - 0.1
     top = max(max(normal, default=0.0), FLT_MIN)
-    vocab = [[p, len(p.encode("utf-8")) * top - 0.1 if t == USER_DEFINED else s] for p, s, t in info.pieces]
-    space = {
-        "type": "Metaspace",
-        "replacement": SPIECE_UNDERLINE,
-        "prepend_scheme": "always" if info.add_dummy_prefix else "never",
-        "split": info.split_by_whitespace,
-    }
-    pre: dict[str, Any] = space
+    return [[p, len(p.encode("utf-8")) * top - 0.1 if t == USER_DEFINED else s] for p, s, t in info.pieces]
+
+
+def _pre_tokenizer(tok: Tokenizer, space: dict[str, Any]) -> dict[str, Any]:
+    """The Metaspace pre-tokenizer ``space``, followed, with the digit-comma fix, by a split isolating a comma after
+    one of the digits the fix applies to."""
     digits = sorted({ord(tok.id_to_piece(int(i))[-2]) for i in np.flatnonzero(tok.fix_mask)})
-    if digits:
-        comma = {
-            "type": "Split",
-            "pattern": {"Regex": f"(?<={_char_class(digits)}),"},
-            "behavior": "Isolated",
-            "invert": False,
-        }
-        pre = {"type": "Sequence", "pretokenizers": [space, comma]}
-    specials = [(i, p) for i, (p, _, t) in enumerate(info.pieces) if t in (UNKNOWN, CONTROL)]
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [
-            {
-                "id": i,
-                "content": p,
-                "single_word": False,
-                "lstrip": i == MASK_ID,
-                "rstrip": False,
-                "normalized": False,
-                "special": True,
-            }
-            for i, p in specials
-        ],
-        "normalizer": {"type": "Sequence", "normalizers": _normalizers(tok, info)},
-        "pre_tokenizer": pre,
-        "post_processor": _post_processor(info),
-        "decoder": dict(space),
-        "model": {"type": "Unigram", "unk_id": tok.sp.unk_id(), "vocab": vocab, "byte_fallback": False},
+    if not digits:
+        return space
+    comma = {
+        "type": "Split",
+        "pattern": {"Regex": f"(?<={_char_class(digits)}),"},
+        "behavior": "Isolated",
+        "invert": False,
     }
+    return {"type": "Sequence", "pretokenizers": [space, comma]}
+
+
+def _added_tokens(info: ModelInfo) -> list[dict[str, Any]]:
+    """The unknown and control pieces as special added tokens (``<mask>`` takes the space before it)."""
+    specials = [(i, p) for i, (p, _, t) in enumerate(info.pieces) if t in (UNKNOWN, CONTROL)]
+    return [
+        {
+            "id": i,
+            "content": p,
+            "single_word": False,
+            "lstrip": i == MASK_ID,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, p in specials
+    ]
 
 
 def _normalizers(tok: Tokenizer, info: ModelInfo) -> list[dict[str, Any]]:

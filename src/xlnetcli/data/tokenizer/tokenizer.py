@@ -223,62 +223,75 @@ class Tokenizer:
         in sentencepiece 0.2.x), and the digit-comma fix touches only the lines that need it."""
         if not lines:
             return np.zeros(0, np.int32), np.zeros(0, np.int64)
-        flat = lens = None
-        raw_batch = getattr(getattr(self.sp, "_processor", None), "_EncodeAsBufferBatch", None)
-        if raw_batch is not None and self._buffer_ok is not False:
-            # sentencepiece >= 0.2.1 can return each line's ids as an int32 buffer (what out_type="numpy" wraps one
-            # numpy array at a time): joined at C speed, no Python int per token. Same arguments as sp.encode; any
-            # mismatch of that private signature falls back to the public int lists below for good.
-            sp: Any = self.sp  # its private settings (_enable_sampling, ...) are not in sentencepiece's type stubs
-            try:
-                bufs = raw_batch(
-                    lines,
-                    num_threads,
-                    None,
-                    sp._enable_sampling,
-                    sp._nbest_size,
-                    sp._alpha,
-                    sp._add_bos,
-                    sp._add_eos,
-                    sp._reverse,
-                )
-                views = [memoryview(b) for b in bufs]
-                if views and (views[0].format != "i" or views[0].itemsize != 4):
-                    raise TypeError("unexpected buffer format")
-                lens = np.fromiter(map(len, views), dtype=np.int64, count=len(views))
-                flat = np.frombuffer(b"".join(views), dtype=np.int32).copy()
-                if flat.size != int(lens.sum()):
-                    raise TypeError("buffer sizes disagree")
-                self._buffer_ok = True
-            except (TypeError, ValueError, AttributeError):
-                self._buffer_ok = False
-                flat = lens = None
-        if flat is None or lens is None:
+        got = self._encode_buffers(lines, num_threads)
+        if got is None:
             enc = self.sp.encode(lines, out_type=int, num_threads=num_threads)
             lens = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
             flat = np.fromiter(chain.from_iterable(enc), dtype=np.int32, count=int(lens.sum()))
+        else:
+            flat, lens = got
         if self.digit_comma_fix:
             bad = np.flatnonzero(self.fix_mask[flat])
-            if bad.size:  # splice each digit-comma piece's replacement in (vectorised); fix the lines' lengths
-                uniq, which = np.unique(flat[bad], return_inverse=True)
-                reps = [self._fix_piece(t) for t in uniq.tolist()]
-                rep_len = np.fromiter(map(len, reps), dtype=np.int64, count=len(reps))
-                rep_start = np.cumsum(rep_len) - rep_len
-                rep_ids = np.fromiter(chain.from_iterable(reps), dtype=np.int32, count=int(rep_len.sum()))
-                out_len = np.ones(flat.size, dtype=np.int64)
-                rl = rep_len[which]
-                out_len[bad] = rl
-                dest = np.cumsum(out_len) - out_len
-                out = np.empty(int(dest[-1] + out_len[-1]), dtype=np.int32)
-                keep = np.ones(flat.size, dtype=bool)
-                keep[bad] = False
-                out[dest[keep]] = flat[keep]
-                inner = np.arange(int(rl.sum()), dtype=np.int64) - np.repeat(np.cumsum(rl) - rl, rl)
-                out[np.repeat(dest[bad], rl) + inner] = rep_ids[np.repeat(rep_start[which], rl) + inner]
-                line_of_bad = np.searchsorted(np.cumsum(lens), bad, side="right")
-                lens = lens + np.bincount(line_of_bad, weights=rl - 1, minlength=lens.size).astype(np.int64)
-                flat = out
+            if bad.size:
+                flat, lens = self._splice_fixes(flat, lens, bad)
         return flat, lens
+
+    def _encode_buffers(self, lines: list[str], num_threads: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(flat ids, lengths) from SentencePiece's int32 buffers, or None where that private API is missing or has
+        failed once (``encode_normalized_batch`` then uses the public int lists)."""
+        raw_batch = getattr(getattr(self.sp, "_processor", None), "_EncodeAsBufferBatch", None)
+        if raw_batch is None or self._buffer_ok is False:
+            return None
+        # sentencepiece >= 0.2.1 can return each line's ids as an int32 buffer (what out_type="numpy" wraps one
+        # numpy array at a time): joined at C speed, no Python int per token. Same arguments as sp.encode; any
+        # mismatch of that private signature falls back to the public int lists for good.
+        sp: Any = self.sp  # its private settings (_enable_sampling, ...) are not in sentencepiece's type stubs
+        try:
+            bufs = raw_batch(
+                lines,
+                num_threads,
+                None,
+                sp._enable_sampling,
+                sp._nbest_size,
+                sp._alpha,
+                sp._add_bos,
+                sp._add_eos,
+                sp._reverse,
+            )
+            views = [memoryview(b) for b in bufs]
+            if views and (views[0].format != "i" or views[0].itemsize != 4):
+                raise TypeError("unexpected buffer format")
+            lens = np.fromiter(map(len, views), dtype=np.int64, count=len(views))
+            flat = np.frombuffer(b"".join(views), dtype=np.int32).copy()
+            if flat.size != int(lens.sum()):
+                raise TypeError("buffer sizes disagree")
+            self._buffer_ok = True
+        except (TypeError, ValueError, AttributeError):
+            self._buffer_ok = False
+            return None
+        return flat, lens
+
+    def _splice_fixes(self, flat: np.ndarray, lens: np.ndarray, bad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Splice each digit-comma piece's replacement (at positions ``bad`` of ``flat``) in, vectorised, and fix the
+        lines' lengths: the new (flat ids, lengths)."""
+        uniq, which = np.unique(flat[bad], return_inverse=True)
+        reps = [self._fix_piece(t) for t in uniq.tolist()]
+        rep_len = np.fromiter(map(len, reps), dtype=np.int64, count=len(reps))
+        rep_start = np.cumsum(rep_len) - rep_len
+        rep_ids = np.fromiter(chain.from_iterable(reps), dtype=np.int32, count=int(rep_len.sum()))
+        out_len = np.ones(flat.size, dtype=np.int64)
+        rl = rep_len[which]
+        out_len[bad] = rl
+        dest = np.cumsum(out_len) - out_len
+        out = np.empty(int(dest[-1] + out_len[-1]), dtype=np.int32)
+        keep = np.ones(flat.size, dtype=bool)
+        keep[bad] = False
+        out[dest[keep]] = flat[keep]
+        inner = np.arange(int(rl.sum()), dtype=np.int64) - np.repeat(np.cumsum(rl) - rl, rl)
+        out[np.repeat(dest[bad], rl) + inner] = rep_ids[np.repeat(rep_start[which], rl) + inner]
+        line_of_bad = np.searchsorted(np.cumsum(lens), bad, side="right")
+        lens = lens + np.bincount(line_of_bad, weights=rl - 1, minlength=lens.size).astype(np.int64)
+        return out, lens
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode([int(i) for i in ids])

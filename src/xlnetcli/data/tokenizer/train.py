@@ -47,31 +47,11 @@ def train_tokenizer(
     files = expand_inputs(inputs)
     check_output_not_input(out, files)
     tcfg = cfg.tokenizer
-    if tcfg.vocab_size <= len(SPECIAL_PIECES) + len(USER_DEFINED_SYMBOLS):  # SentencePiece needs room to learn
-        raise ConfigError(
-            f"tokenizer.vocab_size must be > {len(SPECIAL_PIECES) + len(USER_DEFINED_SYMBOLS)}, got {tcfg.vocab_size}"
-        )
+    _check_vocab_size(tcfg)
     threads = tcfg.threads or (os.cpu_count() or 1)
     stats = ReadStats()
     with sigterm_as_interrupt(), atomic_output_dir(out, overwrite, "a tokenizer") as tmp:
-        # Pass 1: normalise every line into a temporary text file (the trainer reads it; errors surface here).
-        fd, norm_path = tempfile.mkstemp(prefix=".normalized.", suffix=".txt", dir=tmp)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                n_lines, n_bytes = _write_normalized(files, f, tcfg, stats, quiet, text_field)
-            for w in stats.warnings():
-                console.print(w)
-            if n_lines == 0:
-                raise DataError(f"the corpus ({len(files)} file(s)) holds no text after normalisation")
-            if not quiet:
-                console.print(
-                    f"training SentencePiece unigram: vocab {tcfg.vocab_size}, {n_lines} lines "
-                    f"({n_bytes / 1e6:.1f} MB), {threads} thread(s)"
-                )
-            model_bytes = _train_unigram(norm_path, Path(tmp) / "spiece", tcfg, threads)
-        finally:
-            if os.path.exists(norm_path):
-                os.unlink(norm_path)
+        model_bytes, n_lines, n_bytes = _normalize_and_train(files, Path(tmp), tcfg, stats, quiet, text_field, threads)
         options = {
             "normalizer": NORMALIZER,
             "uncased": bool(tcfg.uncased),
@@ -79,24 +59,71 @@ def train_tokenizer(
             "digit_comma_fix": True,
         }
         model_bytes = embed_options(model_bytes, options)  # the model file carries its own normalisation
-        meta = default_meta(hashlib.sha256(model_bytes).hexdigest(), options)
-        meta["vocab_size"] = tcfg.vocab_size
-        meta["train"] = {
-            "model_type": "unigram",
-            "character_coverage": tcfg.character_coverage,
-            "input_sentence_size": tcfg.input_sentence_size,
-            "lines": n_lines,
-            "bytes": n_bytes,
-            "inputs": [str(p) for p in files],
-            "invalid_utf8_bytes": stats.bad_bytes,
-            "control_symbols": list(CONTROL_SYMBOLS),
-            "user_defined_symbols": list(USER_DEFINED_SYMBOLS),
-        }
-        meta["options_sha256"] = options_hash(meta)
+        meta = _tokenizer_meta(model_bytes, options, tcfg, n_lines, n_bytes, files, stats)
         tok = Tokenizer(model_bytes, meta, out / SPIECE_FILE)
         tok.save(tmp)
         save_config(cfg, tmp)
     return Tokenizer.load(out_dir)
+
+
+def _check_vocab_size(tcfg: TokenizerConfig) -> None:
+    """The vocabulary must leave SentencePiece room to learn pieces beside XLNet's fixed ones."""
+    if tcfg.vocab_size <= len(SPECIAL_PIECES) + len(USER_DEFINED_SYMBOLS):  # SentencePiece needs room to learn
+        raise ConfigError(
+            f"tokenizer.vocab_size must be > {len(SPECIAL_PIECES) + len(USER_DEFINED_SYMBOLS)}, got {tcfg.vocab_size}"
+        )
+
+
+def _normalize_and_train(
+    files: list[Path], tmp: Path, tcfg: TokenizerConfig, stats: ReadStats, quiet: bool, text_field: str, threads: int
+) -> tuple[bytes, int, int]:
+    """Pass 1 normalises every line into a temporary text file in ``tmp`` (the trainer reads it; errors surface
+    here), pass 2 trains the unigram model on it; (model bytes, lines, bytes). The text file is always removed."""
+    fd, norm_path = tempfile.mkstemp(prefix=".normalized.", suffix=".txt", dir=tmp)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            n_lines, n_bytes = _write_normalized(files, f, tcfg, stats, quiet, text_field)
+        for w in stats.warnings():
+            console.print(w)
+        if n_lines == 0:
+            raise DataError(f"the corpus ({len(files)} file(s)) holds no text after normalisation")
+        if not quiet:
+            console.print(
+                f"training SentencePiece unigram: vocab {tcfg.vocab_size}, {n_lines} lines "
+                f"({n_bytes / 1e6:.1f} MB), {threads} thread(s)"
+            )
+        model_bytes = _train_unigram(norm_path, tmp / "spiece", tcfg, threads)
+    finally:
+        if os.path.exists(norm_path):
+            os.unlink(norm_path)
+    return model_bytes, n_lines, n_bytes
+
+
+def _tokenizer_meta(
+    model_bytes: bytes,
+    options: dict,
+    tcfg: TokenizerConfig,
+    n_lines: int,
+    n_bytes: int,
+    files: list[Path],
+    stats: ReadStats,
+) -> dict:
+    """The tokenizer's meta.json: hash and options of the model, its vocabulary size and how it was trained."""
+    meta = default_meta(hashlib.sha256(model_bytes).hexdigest(), options)
+    meta["vocab_size"] = tcfg.vocab_size
+    meta["train"] = {
+        "model_type": "unigram",
+        "character_coverage": tcfg.character_coverage,
+        "input_sentence_size": tcfg.input_sentence_size,
+        "lines": n_lines,
+        "bytes": n_bytes,
+        "inputs": [str(p) for p in files],
+        "invalid_utf8_bytes": stats.bad_bytes,
+        "control_symbols": list(CONTROL_SYMBOLS),
+        "user_defined_symbols": list(USER_DEFINED_SYMBOLS),
+    }
+    meta["options_sha256"] = options_hash(meta)
+    return meta
 
 
 def _write_normalized(
