@@ -74,7 +74,7 @@ def _full_config(
     return config_from_dict(raw)
 
 
-# ---- finetuning heads (model/heads.py <-> transformers' XLNetFor* classes) -----------------------------------------------
+# ---- finetuning heads (model/heads.py <-> transformers' XLNetFor* classes) -------------------------------------------
 
 
 FINETUNE_FILE = "xlnet_finetune.json"
