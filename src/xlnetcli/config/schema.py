@@ -57,7 +57,8 @@ def ranged(default: Any, spec: str) -> Any:
 
 @dataclass
 class TokenizerConfig:
-    vocab_size: int = ranged(32000, "[9, 2147483647]")  # SentencePiece unigram vocabulary, ids 0-8 fixed (data/special.py)
+    # SentencePiece unigram vocabulary, ids 0-8 fixed (data/special.py)
+    vocab_size: int = ranged(32000, "[9, 2147483647]")
     character_coverage: float = ranged(0.99995, "[0.98, 1]")  # characters covered by the vocabulary (SentencePiece)
     input_sentence_size: int = ranged(10_000_000, "[0, 2147483647]")  # sentences sampled for training (0 = all)
     uncased: bool = False  # lowercase before encoding (the released xlnet-*-cased models keep case)
@@ -91,9 +92,10 @@ class ModelConfig:
     clamp_len: int = ranged(-1, "[-1, inf)")  # clip relative positions to +-clamp_len (-1 = no clipping)
     # Kept for HF config round trips: like the original and HF, it only affects attn_type "uni", and XLNet is "bi".
     same_length: bool = False
-    # attention kernel (kernels.py); auto = fused on CPU, sdpa on CUDA (einsum inside torch.compile)
+    # attention kernel (model/kernels.py); auto = fused on CPU, sdpa on CUDA (einsum inside torch.compile)
     attn_impl: Literal["auto", "fused", "einsum", "sdpa", "flex"] = "auto"
-    # pretraining objective on the same backbone, memory and records (the paper's Table 6 ablations, data/pretrain_stream.py):
+    # pretraining objective on the same backbone, memory and records (the paper's Table 6 ablations;
+    # data/pretrain_stream.py):
     # plm = permutation LM (XLNet); mlm = <mask> at the targets, predicted by the content stream ("DAE +
     # Transformer-XL"); clm = the natural left-to-right order (Transformer-XL's LM), predicted by the query stream
     objective: Literal["plm", "mlm", "clm"] = "plm"
