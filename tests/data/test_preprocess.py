@@ -388,3 +388,16 @@ def test_max_gram_is_recorded_and_checked_by_pretrain(builds):
     check_records(load_config(TINY, over), meta, rec)
     with pytest.raises(XLNetError, match="max_gram"):
         check_records(load_config(TINY, over[:-1]), meta, rec)
+
+
+def test_word_starts_of_a_bare_spiece_model_match_the_tokenizer_folder(tok_dir, tmp_path):
+    """A tokenizer folder holding only spiece.model (no metadata file) gets the same word-start table as the full
+    folder: user-defined symbols and punctuation start words, read from the model file's piece types."""
+    from xlnetcli.data.masking import word_start_table
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "spiece.model").write_bytes((tok_dir / "spiece.model").read_bytes())
+    full = word_start_table(tok_dir)
+    assert full.sum() > 100
+    assert (word_start_table(bare) == full).all()

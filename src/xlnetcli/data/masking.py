@@ -11,7 +11,6 @@ uniform draws, so how segments are batched together changes nothing.
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +18,7 @@ import sentencepiece as spm
 
 from xlnetcli.core.errors import DataError
 from xlnetcli.data.special import CLS_ID, SEP_ID
-from xlnetcli.data.tokenizer import Tokenizer
-from xlnetcli.data.tokenizer.spm_model import USER_DEFINED, read_model_info
+from xlnetcli.data.tokenizer import Tokenizer, word_start_mask
 
 MAX_GRAM = 5  # spans of 1..5 units, p(n) ∝ 1/n (original _sample_mask); data.max_gram may lower it
 _KK = np.arange(1, MAX_GRAM + 1)[None, :]
@@ -41,17 +39,7 @@ def word_start_table(tokenizer_dir: Path) -> np.ndarray:
     model = tokenizer_dir / "spiece.model"
     if not model.is_file():
         raise DataError(f"tokenizer model missing: {model}")
-    sp = spm.SentencePieceProcessor(model_file=str(model))
-    # sentencepiece's API has no user-defined test: the piece types come from the model file itself
-    user_defined = {
-        i for i, (_, _, kind) in enumerate(read_model_info(model.read_bytes()).pieces) if kind == USER_DEFINED
-    }
-    punct = set(string.punctuation)
-    out = np.zeros(sp.get_piece_size(), dtype=bool)
-    for i in range(sp.get_piece_size()):
-        p = sp.id_to_piece(i)
-        out[i] = p.startswith("▁") or sp.is_control(i) or sp.is_unknown(i) or i in user_defined or p in punct
-    return out
+    return word_start_mask(spm.SentencePieceProcessor(model_file=str(model)))
 
 
 TOPUP_DRAWS = 24  # candidate positions drawn per segment for the top-up (exact fallback when they run short)

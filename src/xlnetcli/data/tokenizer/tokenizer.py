@@ -62,6 +62,24 @@ def _load_processor(model_bytes: bytes, where: Path) -> spm.SentencePieceProcess
     return sp
 
 
+def word_start_mask(sp: Any) -> np.ndarray:
+    """bool [vocab]: True for the pieces of SentencePiece processor ``sp`` that start a word (docs/xlnet.md §4, the
+    original's ``_is_start_piece``): a piece starting with '▁', a control/special/unknown piece, or a lone ASCII
+    punctuation piece."""
+    punct = set(string.punctuation)
+    mask = np.zeros(sp.get_piece_size(), dtype=bool)
+    for i in range(sp.get_piece_size()):
+        p = sp.id_to_piece(i)
+        mask[i] = (
+            i < len(SPECIAL_PIECES)
+            or sp.is_control(i)
+            or sp.is_unknown(i)
+            or p.startswith(SPIECE_UNDERLINE)
+            or (len(p) == 1 and p in punct)
+        )
+    return mask
+
+
 class Tokenizer:
     """An XLNet SentencePiece tokenizer plus its normalisation options. Create with Tokenizer.load()."""
 
@@ -303,20 +321,8 @@ class Tokenizer:
         return self.sp.piece_to_id(piece)
 
     def word_start_mask(self) -> np.ndarray:
-        """bool [vocab_size]: True for pieces that start a word (docs/xlnet.md §4): a piece starting with '▁', a
-        control/special/unknown piece, or a lone ASCII punctuation piece."""
-        punct = set(string.punctuation)
-        mask = np.zeros(self.vocab_size, dtype=bool)
-        for i in range(self.vocab_size):
-            p = self.sp.id_to_piece(i)
-            mask[i] = (
-                i < len(SPECIAL_PIECES)
-                or self.sp.is_control(i)
-                or self.sp.is_unknown(i)
-                or p.startswith(SPIECE_UNDERLINE)
-                or (len(p) == 1 and p in punct)
-            )
-        return mask
+        """bool [vocab_size]: True for pieces that start a word (``word_start_mask``)."""
+        return word_start_mask(self.sp)
 
 
 def default_meta(sha: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
