@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clitools import BIN, MICRO_MODEL, SAMPLE, TINY, assert_one_line_error, flip_bit
+from clitools import BIN, MICRO_MODEL, SAMPLE, TINY, assert_one_line_error, child_env, flip_bit
 
 from xlnetcli.checkpoint.folders import save_model_dir
 from xlnetcli.checkpoint.load import load_model_dir
@@ -35,7 +35,7 @@ INTEGRITY_RUN = [
 
 
 def _xlnet(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, XLNET_NO_PROGRESS="1", OMP_NUM_THREADS="1")
+    env = child_env()
     return subprocess.run(
         [str(BIN / "xlnet"), *map(str, args)], env=env, capture_output=True, text=True, timeout=300, cwd=cwd
     )
@@ -84,7 +84,7 @@ def test_two_pretraining_processes_on_one_folder_one_is_refused(pipeline, tmp_pa
     from xlnetcli.config import dump_config
 
     cfg.write_text(dump_config(load_config(TINY, [*INTEGRITY_RUN, "train.max_steps=400", "train.save_every=0"])))
-    env = dict(os.environ, XLNET_NO_PROGRESS="1", OMP_NUM_THREADS="1")
+    env = child_env()
     first = subprocess.Popen(
         [
             str(BIN / "xlnet"),

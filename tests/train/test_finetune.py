@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from clitools import ROOT, SAMPLE, SQUAD, TRAIN_TSV, VALID_TSV
+from clitools import BIN, ROOT, SAMPLE, SQUAD, TRAIN_TSV, VALID_TSV, child_env
 from finetunetools import LABELS, MODEL_SETS, ft_cfg, pydocs_rows, random_init_checkpoint
 
 from xlnetcli.config import load_config
@@ -495,6 +495,27 @@ def test_eval_pretrained_checkpoint_on_records(work, tok_dir, tmp_path, capsys):
 # Exact resume, preemption, and the output folder (built beside --out, renamed when complete)
 
 
+def _finetune_cmd(work: Path, train: Path, valid: Path, cfg: Path, out: Path, *extra: str) -> list[str]:
+    """The `xlnet finetune` command line of the kill-and-resume tests: classification from ``work``/init."""
+    return [
+        str(BIN / "xlnet"),
+        "finetune",
+        "--task",
+        "classification",
+        "--train",
+        str(train),
+        "--valid",
+        str(valid),
+        "--init",
+        str(work / "init"),
+        "--out",
+        str(out),
+        "--config",
+        str(cfg),
+        *extra,
+    ]
+
+
 def _resume_files(tmp_path: Path) -> tuple[Path, Path, Path]:
     train, valid = tmp_path / "train.tsv", tmp_path / "valid.tsv"
     train.write_text("\n".join(["text\tlabel"] + [f"{t}\t{lab}" for t, lab in pydocs_rows(TRAIN_TSV, 240)]) + "\n")
@@ -538,33 +559,15 @@ def test_resume_after_sigkill_is_exact(work, tmp_path, capsys):
     import os
     import signal
     import subprocess
-    import sys
     import time
 
     from xlnetcli.train.finetune import partial_dir
 
     train, valid, cfg = _resume_files(tmp_path)
-    xlnet = str(Path(sys.executable).parent / "xlnet")
-    env = dict(os.environ, XLNET_NO_PROGRESS="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = child_env()
 
     def cmd(out: Path, *extra: str) -> list[str]:
-        return [
-            xlnet,
-            "finetune",
-            "--task",
-            "classification",
-            "--train",
-            str(train),
-            "--valid",
-            str(valid),
-            "--init",
-            str(work / "init"),
-            "--out",
-            str(out),
-            "--config",
-            str(cfg),
-            *extra,
-        ]
+        return _finetune_cmd(work, train, valid, cfg, out, *extra)
 
     done = subprocess.run(cmd(tmp_path / "a", "--quiet"), env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -716,7 +719,6 @@ def test_sigkill_at_many_random_moments_then_resume_gives_the_uninterrupted_resu
     import os
     import random
     import subprocess
-    import sys
     import time
 
     from xlnetcli.train.finetune import partial_dir
@@ -728,28 +730,10 @@ def test_sigkill_at_many_random_moments_then_resume_gives_the_uninterrupted_resu
     cfg.write_text(
         dump_config(load_config(cfg, ["finetune.save_every=1", "finetune.max_steps=200", "finetune.eval_every=50"]))
     )
-    xlnet = str(Path(sys.executable).parent / "xlnet")
-    env = dict(os.environ, XLNET_NO_PROGRESS="1", OMP_NUM_THREADS="1")
+    env = child_env()
 
     def cmd(out: Path, *extra: str) -> list[str]:
-        return [
-            xlnet,
-            "finetune",
-            "--task",
-            "classification",
-            "--train",
-            str(train),
-            "--valid",
-            str(valid),
-            "--init",
-            str(work / "init"),
-            "--out",
-            str(out),
-            "--config",
-            str(cfg),
-            "--quiet",
-            *extra,
-        ]
+        return _finetune_cmd(work, train, valid, cfg, out, "--quiet", *extra)
 
     done = subprocess.run(cmd(tmp_path / "a"), env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
