@@ -289,3 +289,13 @@ def test_sequence_summary(kind):
     assert maxdiff(out, want) <= 1e-6
     sp = SequenceSummary(8, kind, use_proj=True, dropout=0.0)
     assert sp(h, am).abs().max() <= 1.0
+
+
+def test_named_sizes_are_packaged_pretraining_presets():
+    """SIZES is written out (the demo preset is a recipe, not a size); each must stay a preset that builds a model."""
+    from xlnetcli.config import PRESETS
+    from xlnetcli.model import SIZES, named_config
+
+    assert set(SIZES) <= {name for name, file in PRESETS.items() if "/" not in file}
+    for name in SIZES:
+        assert named_config(name).d_model > 0

@@ -15,8 +15,10 @@ from typing import Any
 
 import torch
 
+from xlnetcli.checkpoint.folders import tokenizer_dir_of
 from xlnetcli.checkpoint.load import load_lm_model, resolve_checkpoint
 from xlnetcli.config import Config
+from xlnetcli.core.errors import CheckpointError
 from xlnetcli.data.tokenizer import Tokenizer
 from xlnetcli.model import LMOutput, XLNetLMHeadModel
 
@@ -40,10 +42,10 @@ class XLNet:
     @property
     def tokenizer(self) -> Tokenizer | None:
         """The checkpoint's tokenizer (xlnetcli.data.tokenizer.Tokenizer), or None if the checkpoint has none."""
-        for cand in (self.path / "tokenizer", self.path / "spiece.model"):
-            if cand.exists():
-                return Tokenizer.load(cand)
-        return None
+        try:
+            return Tokenizer.load(tokenizer_dir_of(self.path))
+        except CheckpointError:
+            return None
 
     def __call__(
         self,

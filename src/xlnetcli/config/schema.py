@@ -155,8 +155,9 @@ class TrainConfig:
     # trackers besides metrics.jsonl, a list or comma string of tensorboard, wandb, mlflow; none; auto = TensorBoard
     # when installed (extras: pip install 'xlnetcli[wandb]', 'xlnetcli[mlflow]')
     report_to: str | list[str] = "auto"
-    # linear probe on frozen features during pretraining (probe.py): a labelled TSV/CSV/JSONL file (classification),
-    # split deterministically into probe-train / probe-valid; probe accuracy every probe_every steps (0 = off)
+    # linear probe on frozen features during pretraining (evaluate/probe.py): a labelled TSV/CSV/JSONL file
+    # (classification), split deterministically into probe-train / probe-valid; probe accuracy every probe_every
+    # steps (0 = off)
     probe_file: str | None = None
     probe_every: int = ranged(0, "[0, inf)")
 

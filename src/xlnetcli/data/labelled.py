@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from xlnetcli.core.errors import DataError
+from xlnetcli.data.corpus import JSONL_SUFFIXES
 from xlnetcli.data.special import CLS_ID, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEG_ID_PAD, SEP_ID
 
 TASKS = ("classification", "regression", "multiple-choice", "squad")
@@ -103,7 +104,6 @@ _LABEL_NAMES = ["label", "gold_label", "score", "is_duplicate", "Quality", "targ
 
 # One row of a labelled file: a list of cells (TSV / CSV) or a JSON object (JSONL).
 Row = list[str] | dict[str, Any]
-_JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 
 
 def _read_text(path: Path) -> str:
@@ -135,7 +135,7 @@ def _rows(path: Path, header: bool) -> tuple[list[str] | None, list[tuple[int, R
     """(column names, [(line number, row)]) for a TSV/CSV (rows are lists) or JSONL (rows are dicts) file."""
     text = _read_text(path)
     suffix = path.suffix.lower()
-    if suffix in _JSON_SUFFIXES:
+    if suffix in JSONL_SUFFIXES:
         json_rows = _json_rows(path, text)
         names = list(json_rows[0][1].keys()) if json_rows else None
         return names, list(json_rows)
@@ -310,7 +310,7 @@ def _answer_index(raw: Any, options: list[str], path: Path, line: int) -> int:
 
 def read_choices(path: str | Path, require_label: bool = True) -> list[ChoiceExample]:
     path = Path(path)
-    if path.suffix.lower() not in _JSON_SUFFIXES:
+    if path.suffix.lower() not in JSONL_SUFFIXES:
         raise DataError(f"{path}: multiple choice data must be JSONL (context, question, options, answer)")
     rows = _json_rows(path, _read_text(path))
     if not rows:
@@ -550,17 +550,10 @@ def _max_context(spans: list[tuple[int, int]], span_index: int, pos: int) -> boo
     return best_i == span_index
 
 
-# The features of a SQuAD window, in the order the model's QA head takes them (the labels last).
-SQUAD_FEATURES = (
-    "input_ids",
-    "token_type_ids",
-    "attention_mask",
-    "p_mask",
-    "cls_index",
-    "start_positions",
-    "end_positions",
-    "is_impossible",
-)
+# The features of a SQuAD window: what the model's QA head reads, then the answer labels training adds.
+SQUAD_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "p_mask", "cls_index")
+SQUAD_LABELS = ("start_positions", "end_positions", "is_impossible")
+SQUAD_FEATURES = SQUAD_INPUTS + SQUAD_LABELS
 
 
 def encode_squad(

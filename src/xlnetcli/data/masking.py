@@ -18,7 +18,7 @@ import sentencepiece as spm
 
 from xlnetcli.core.errors import DataError
 from xlnetcli.data.special import CLS_ID, SEP_ID
-from xlnetcli.data.tokenizer import Tokenizer, word_start_mask
+from xlnetcli.data.tokenizer import SPIECE_FILE, word_start_mask
 
 MAX_GRAM = 5  # spans of 1..5 units, p(n) ∝ 1/n (original _sample_mask); data.max_gram may lower it
 _KK = np.arange(1, MAX_GRAM + 1)[None, :]
@@ -33,10 +33,7 @@ def ngram_cdf(max_gram: int = MAX_GRAM) -> np.ndarray:
 
 def word_start_table(tokenizer_dir: Path) -> np.ndarray:
     """bool [vocab]: the piece starts a word (docs/xlnet.md §4): where spans may begin and end."""
-    if (tokenizer_dir / "xlnet_tokenizer.json").is_file() or (tokenizer_dir / "tokenizer.json").is_file():
-        return np.asarray(Tokenizer.load(tokenizer_dir).word_start_mask(), dtype=bool)
-    # a bare SentencePiece model (no metadata file): the same rule from its pieces
-    model = tokenizer_dir / "spiece.model"
+    model = tokenizer_dir / SPIECE_FILE  # the rule reads pieces only, so a bare model needs no metadata
     if not model.is_file():
         raise DataError(f"tokenizer model missing: {model}")
     return word_start_mask(spm.SentencePieceProcessor(model_file=str(model)))

@@ -99,12 +99,12 @@ def build_finetune_model(run_cfg: Config, task: str, n_labels: int) -> FinetuneM
     return FinetuneModel(run_cfg.model, run_cfg.finetune, task, n_labels)
 
 
-def load_pretrained_into(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
+def load_pretrained_into(model: FinetuneModel, state: dict[str, torch.Tensor], where: str) -> None:
     """Copy the ``transformer.*`` weights of a pretrained (LM) or finetuned checkpoint into ``model.transformer``."""
     sub = {k[len("transformer.") :]: v for k, v in state.items() if k.startswith("transformer.")}
     if not sub:
         raise CheckpointError(f"{where} holds no transformer.* weights (not an XLNet checkpoint)")
-    load_state(model.get_submodule("transformer"), sub, where=where)
+    load_state(model.transformer, sub, where=where)
 
 
 def load_finetuned(path: str | Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, Config, dict]:
@@ -127,7 +127,7 @@ TRAIN_KEYS = {
     "multiple-choice": ("input_ids", "token_type_ids", "attention_mask", "option_mask", "labels"),
     "squad": labelled.SQUAD_FEATURES,
 }
-PREDICT_KEYS = {**TRAIN_KEYS, "squad": labelled.SQUAD_FEATURES[:5]}  # without the answer labels
+PREDICT_KEYS = {**TRAIN_KEYS, "squad": labelled.SQUAD_INPUTS}
 
 
 def make_batch(enc: labelled.Encoded, idx: np.ndarray, keys: tuple[str, ...], device: torch.device) -> dict:

@@ -98,6 +98,8 @@ def evaluate_plm(
     ranks (each rank reads its own rows). Returns {"loss", "ppl", "acc", "targets", "batches"}.
     """
     net = dist.unwrap(model)
+    # config is a plain attribute of the LM model; nn.Module.__getattr__ would type it Tensor | Module
+    mem_len = cast(ModelConfig, net.config).mem_len
     was_training = net.training
     net.eval()
     if device is None:
@@ -117,8 +119,7 @@ def evaluate_plm(
             labels, label_mask = inputs.pop("labels"), inputs.pop("label_mask")
             with autocast_ctx(device, precision):
                 out = forward(net, inputs, mems.get(a))
-            # config is a plain attribute of the LM model; nn.Module.__getattr__ would type it Tensor | Module
-            mems[a] = carried_mems(cast(ModelConfig, net.config).mem_len, out)
+            mems[a] = carried_mems(mem_len, out)
             logits = out.logits.float()
             nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
             w = label_mask.float()

@@ -41,10 +41,12 @@ import numpy as np
 import torch
 
 from xlnetcli.checkpoint import lm
+from xlnetcli.checkpoint.folders import tokenizer_dir_of
 from xlnetcli.core import dist
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_write_json
 from xlnetcli.data import labelled
+from xlnetcli.data.tokenizer import Tokenizer
 from xlnetcli.model import XLNetLMHeadModel
 
 if TYPE_CHECKING:
@@ -390,11 +392,9 @@ def _check_probe_args(baseline: str | None, batch_size: int, train_sizes: Sequen
         )
 
 
-def _checkpoint_tokenizer(xl: lm.XLNet) -> Any:
+def _checkpoint_tokenizer(xl: lm.XLNet) -> Tokenizer:
     """The loaded checkpoint's tokenizer, checked to be present and to fit the model's embeddings."""
-    tok = xl.tokenizer
-    if tok is None:
-        raise XLNetError(f"{xl.path} has no tokenizer (expected tokenizer/spiece.model or spiece.model)")
+    tok = Tokenizer.load(tokenizer_dir_of(xl.path))
     if tok.vocab_size > xl.config.model.vocab_size:
         raise XLNetError(
             f"{xl.path}: the tokenizer has {tok.vocab_size} pieces but the model only "

@@ -232,10 +232,8 @@ class Checkpointer:
         self.states[PROGRESS].load_state_dict(state)
         _, weights, _ = load_model_dir(folder)
         model = self.states[MODEL]
-        if isinstance(model, ModelState):  # names the checkpoint in a key mismatch
-            model.load_state_dict(weights, where=f"checkpoint {folder}")
-        else:
-            model.load_state_dict(weights)
+        assert isinstance(model, ModelState)  # the engine always registers the model as a ModelState
+        model.load_state_dict(weights, where=f"checkpoint {folder}")
         for name, obj in self.states.items():
             if name not in (MODEL, PROGRESS):
                 obj.load_state_dict(self._entry(state, name, folder))

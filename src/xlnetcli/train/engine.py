@@ -7,9 +7,9 @@
 Shaped after torchtitan's ``Trainer.train()`` (a short loop of train_step, validator, checkpointer) and litgpt's
 setup -> fit -> validate. The engine owns what both trainings share: gradient accumulation (DDP's ``no_sync`` on all
 but the last micro-batch), mixed precision (autocast, and a ``GradScaler`` that is a pass-through unless fp16 on CUDA),
-global-norm clipping, the AdamW step and the lr schedule (optim.py), the cadence of logging, evaluation and
+global-norm clipping, the AdamW step and the lr schedule (train/optim.py), the cadence of logging, evaluation and
 checkpoints, out-of-memory and non-finite diagnosis, throughput / MFU / peak memory, the progress bar (or one plain
-line per interval when stderr is not a terminal), distributed wrapping (parallel.py), preemption and exact resume.
+line per interval when stderr is not a terminal), distributed wrapping (model/parallel.py), preemption and exact resume.
 The device is synchronised once per optimizer step (loss and gradient norm, to refuse a non-finite update), never
 per micro-batch.
 
@@ -108,7 +108,7 @@ class TrainPlan:
     save_on_eval: bool = False  # also write a resumable checkpoint at every evaluation step
     compile: bool = False
     distributed: str = "ddp"
-    flops_per_token: float | None = None  # model FLOPs of a training step per token (flops.py), for MFU
+    flops_per_token: float | None = None  # model FLOPs of a training step per token (model/flops.py), for MFU
     peak_tflops: float = 0.0  # configured device peak (0: from the GPU's name)
 
     @classmethod
@@ -203,7 +203,7 @@ class Recipe(Protocol):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# RNG state (tensors and plain values only: the train state is loaded with weights_only=True)
+# RNG state (tensors and plain values only: save_tree stores nothing else)
 
 
 def seed_everything(seed: int) -> None:
@@ -544,7 +544,7 @@ class Engine:
         report_to: str | list[str] = "auto",
     ) -> None:
         self.model, self.recipe, self.plan, self.env = model, recipe, plan, env
-        self.report_to = report_to  # trackers besides metrics.jsonl (metrics_log.py)
+        self.report_to = report_to  # trackers besides metrics.jsonl (report/metrics_log.py)
         self.run_dir, self.cfg, self.tokenizer_dir = run_dir, cfg, tokenizer_dir
         self.quiet, self.resume_from = quiet, resume_from
         self.main = env.is_main

@@ -66,7 +66,7 @@ from xlnetcli.evaluate.finetuned import (
     score,
 )
 from xlnetcli.model.flops import forward_flops
-from xlnetcli.model.heads import FinetuneModel, carry_head
+from xlnetcli.model.heads import carry_head
 from xlnetcli.report.trackers import require_trackers
 from xlnetcli.train.checkpointer import TRAIN_STATE, resumable_steps
 from xlnetcli.train.engine import Engine, Evaluation, Hints, TrainPlan, printer, resume_point
@@ -646,7 +646,6 @@ def _build_model(
     unless ``load_init`` is False (a resume loads its own). Frees the init weights."""
     torch.manual_seed(run_cfg.finetune.seed)
     model = build_finetune_model(run_cfg, task, len(label_list) if label_list else 1)
-    assert isinstance(model, FinetuneModel)  # build_finetune_model is annotated as returning a plain Module
     ckpt = init_ckpt.path
     if from_scratch:
         say(f"  init       random weights (architecture and tokenizer of {ckpt}; --from-scratch baseline)")

@@ -226,8 +226,8 @@ class PretrainRecipe:
         return self._evaluate_plm(model, step, log) if self._due(self.cfg.train.eval_every, step) else None
 
     def probe(self, model: torch.nn.Module, step: int, log: Any) -> None:
-        """Linear-probe accuracy of the frozen features on train.probe_file (probe.py): does the representation pay
-        off yet? Every rank takes part (FSDP gathers), rank 0 logs."""
+        """Linear-probe accuracy of the frozen features on train.probe_file (evaluate/probe.py): does the representation
+        pay off yet? Every rank takes part (FSDP gathers), rank 0 logs."""
         assert self.probe_rows is not None  # read in __init__ whenever train.probe_every is set
         train_rows, valid_rows = self.probe_rows
         res = probe_checkpoint(

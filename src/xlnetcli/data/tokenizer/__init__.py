@@ -12,11 +12,12 @@ Code outside this package imports these names from here.
 from xlnetcli.data.tokenizer.hf_files import hf_tokenizer_config, hf_tokenizer_json, save_hf_files
 from xlnetcli.data.tokenizer.normalize import combining_table, normalize_block, normalize_lines, normalize_text
 from xlnetcli.data.tokenizer.spm_model import ModelInfo, embed_options, read_model_info
-from xlnetcli.data.tokenizer.tokenizer import Tokenizer, options_hash, word_start_mask
+from xlnetcli.data.tokenizer.tokenizer import SPIECE_FILE, Tokenizer, options_hash, word_start_mask
 from xlnetcli.data.tokenizer.train import CONTROL_SYMBOLS, USER_DEFINED_SYMBOLS, copy_tokenizer, train_tokenizer
 
 __all__ = [
     "CONTROL_SYMBOLS",
+    "SPIECE_FILE",
     "USER_DEFINED_SYMBOLS",
     "ModelInfo",
     "Tokenizer",

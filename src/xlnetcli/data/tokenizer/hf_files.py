@@ -85,7 +85,7 @@ def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
     - post_processor: XLNet's layout, ``A <sep> <cls>`` and ``A <sep> B <sep> <cls>``, segment ids 0, 1, and 2 for
       ``<cls>``; decoder: '▁' back to spaces.
 
-    Known differences from ``tok.encode_ids`` (pinned by tests/test_hf_tokenizer.py): the digit-comma fix rewrites
+    Known differences from ``tok.encode_ids`` (pinned by tests/data/test_hf_tokenizer.py): the digit-comma fix rewrites
     pieces after SentencePiece has chosen them, which no `tokenizers` pipeline can do, so where a comma follows a
     digit the digits may be cut differently (never into a piece our pipeline does not produce); segmentations whose
     scores tie exactly may break the tie the other way (SentencePiece adds float32 scores); a control symbol spelled

@@ -108,7 +108,8 @@ def _tokenizer_meta(
     files: list[Path],
     stats: ReadStats,
 ) -> dict:
-    """The tokenizer's meta.json: hash and options of the model, its vocabulary size and how it was trained."""
+    """The tokenizer's metadata (xlnet_tokenizer.json): hash and options of the model, its vocabulary size and how
+    it was trained."""
     meta = default_meta(hashlib.sha256(model_bytes).hexdigest(), options)
     meta["vocab_size"] = tcfg.vocab_size
     meta["train"] = {
