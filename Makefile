@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   ?= torch==2.13.0
 
-.PHONY: install test test-fast bench demo clean
+.PHONY: install test test-fast lint bench demo clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,7 +20,6 @@ test: $(STAMP)
 	$(BIN)/python -m pytest tests
 
 # ruff (lint, then format as a check) and mypy, configured in pyproject.toml
-.PHONY: lint
 lint: $(STAMP)
 	$(BIN)/ruff check
 	$(BIN)/ruff format --check
@@ -37,4 +36,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) runs demo .pytest_cache .hypothesis
+	rm -rf $(VENV) runs demo .pytest_cache .hypothesis .ruff_cache .mypy_cache

@@ -192,8 +192,7 @@ def test_pretrain_on_cuda_resumes_exactly(builds, tmp_path, compile_):
     """`pretrain` end to end on the GPU in bf16 (fused AdamW; attn_impl auto: sdpa eager, einsum compiled; dropout
     on; train.deterministic as shipped); stopping after a checkpoint and resuming gives bit-identical losses and
     weights to an uninterrupted run."""
-    from clitools import FAST_PRETRAIN, TINY, train_losses
-    from safetensors.torch import load_file
+    from clitools import FAST_PRETRAIN, TINY, step_weights, train_losses
 
     from xlnetcli.config import load_config
     from xlnetcli.train.pretrain import pretrain
@@ -213,6 +212,6 @@ def test_pretrain_on_cuda_resumes_exactly(builds, tmp_path, compile_):
     pretrain(cfg, rec, tmp_path / "b", device="cuda", quiet=True, stop_after=4)
     pretrain(cfg, rec, tmp_path / "b", resume="latest", device="cuda", quiet=True)
     assert train_losses(tmp_path / "a") == train_losses(tmp_path / "b")
-    wa = load_file(str(tmp_path / "a" / "step_0000008" / "model.safetensors"))
-    wb = load_file(str(tmp_path / "b" / "step_0000008" / "model.safetensors"))
+    wa = step_weights(tmp_path / "a" / "step_0000008")
+    wb = step_weights(tmp_path / "b" / "step_0000008")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+from clitools import ROOT
+
+SRC = ROOT / "src"
 PACKAGE = "xlnetcli"
 
 # The layers, low to high: the one table of what may import what. A package may import itself and the packages on
@@ -22,9 +24,9 @@ LAYERS: list[set[str]] = [
     {"core"},  # errors, files (atomic writes, locks), console, dist
     {"config"},  # schema, loading, presets
     {"data", "model", "report"},  # corpus to records; the network; metrics logs and plots
-    {"checkpoint"},  # step folders, train state, HF directories, the loaded LM
+    {"checkpoint"},  # step folders, loading them, HF directories, the loaded LM
     {"evaluate"},  # objectives' losses, metrics, finetuned models, probe, eval
-    {"train"},  # engine, optimizer, pretrain, finetune
+    {"train"},  # engine, checkpointer (the train state), optimizer, pretrain, finetune
     {"interop"},  # HF export and import
     {"api", "cli"},  # the public faces
     {"__main__"},

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from clitools import ROOT, SAMPLE, assert_one_line_error, run_main
+from clitools import ROOT, SAMPLE, assert_one_line_error, run_main, set_args
 
 from xlnetcli.config import PRESETS, config_to_dict, load_config
 
@@ -264,7 +264,7 @@ def test_demo_preset_is_tiny_with_the_demo_recipe(capsys):
     assert yaml.safe_load((ROOT / "configs" / PRESETS["demo"]).read_text()) == tiny
     code, demo, _ = run_main(capsys, "config", "show", "demo")
     assert code == 0
-    code, recipe, _ = run_main(capsys, "config", "show", "tiny", *[a for s in DEMO_SETS for a in ("--set", s)])
+    code, recipe, _ = run_main(capsys, "config", "show", "tiny", *set_args(DEMO_SETS))
     assert code == 0 and demo == recipe
 
 

@@ -10,10 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from clitools import BIN, MICRO_MODEL, child_env, kill_and_resume, write_config
+from clitools import BIN, MICRO_MODEL, child_env, kill_and_resume, train_losses, write_config
 
 from xlnetcli.core.files import sha256_file
-from xlnetcli.report.metrics_log import read_metrics
 
 KILLS = int(os.environ.get("XLNET_FAULT_KILLS", "20"))
 STEPS = 60
@@ -117,6 +116,5 @@ def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_checkpoin
     final = f"step_{STEPS:07d}"
     for name in ("model.safetensors", "train_state.safetensors", "config.yaml", "meta.json"):
         assert sha256_file(run / final / name) == sha256_file(tmp_path / "ref" / final / name), name
-    train = [(r["step"], r["loss"]) for r in read_metrics(run) if r["split"] == "train"]
-    assert train == [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "ref") if r["split"] == "train"]
+    assert train_losses(run) == train_losses(tmp_path / "ref")
     assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no temp folder left behind

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 import yaml
-from clitools import TRAIN_TSV, run_main
+from clitools import TRAIN_TSV, run_main, set_args
 from finetunetools import pydocs_rows
 
 from xlnetcli.cli import check_override_sections
@@ -65,7 +65,7 @@ def init(builds, tmp_path_factory):
 
 
 def _train_steps(capsys, init, out, *sets: str) -> list[int]:
-    args = [arg for s in [*FT_SETS, *sets] for arg in ("--set", s)]
+    args = set_args([*FT_SETS, *sets])
     code, _, err = run_main(
         capsys,
         "finetune",
