@@ -94,7 +94,7 @@ def test_verify_names_the_sentence_id_file_and_old_manifests(shards, tmp_path):
 # ---- stale temporary folders ------------------------------------------------------------------------------------
 
 
-def _big_corpus(path: Path, copies: int = 15) -> Path:
+def _big_corpus(path: Path, copies: int = 60) -> Path:
     text = CORPUS.read_bytes()
     with open(path, "wb") as f:
         for _ in range(copies):
@@ -127,7 +127,8 @@ def _wait_for_temp(p: subprocess.Popen, out: Path, after: float = 0.7) -> None:
 
 @pytest.fixture(scope="module")
 def big(builds, tmp_path_factory) -> tuple[Path, Path]:
-    """A corpus that takes seconds to shard, and the shared tokenizer (read only)."""
+    """A corpus that takes seconds to shard (about 5 s with 2 workers on 2 idle cores: 15 copies took 1.6 s, too
+    close to the 1 s the parent-death test waits), and the shared tokenizer (read only)."""
     big = _big_corpus(tmp_path_factory.mktemp("big") / "big.txt")
     return big, builds.tokenizer(load_config(TINY, SETS).tokenizer)
 
