@@ -90,7 +90,7 @@ SETTING_OPTIONS: dict[str, dict[str, str]] = {
     },
     "shard": {"valid_fraction": "data.valid_fraction", "seed": "data.seed"},
     "preprocess": {"passes": "data.passes", "mask_mode": "data.mask_mode"},
-    "pretrain": {},
+    "pretrain": {"init": "train.init"},
     "finetune": {},
 }
 
@@ -307,6 +307,15 @@ def plot_cmd(run_dir: Path, out: Path | None) -> None:
     help="Continue the run in --out exactly, from its latest checkpoint or a given step.",
 )
 @click.option(
+    "--init",
+    default=None,
+    metavar="CHECKPOINT",
+    type=click.Path(resolve_path=True),  # absolute in config.yaml: the run records where it started
+    help="Continue pretraining from this checkpoint (train.init): one of our runs or step folders (pretrained or "
+    "finetuned), a Hugging Face XLNet directory, or a model.safetensors beside its config.json. Its architecture "
+    "and tokenizer are the run's; optimizer, schedule and data start fresh.",
+)
+@click.option(
     "--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK)."
 )
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
@@ -315,6 +324,8 @@ def pretrain_cmd(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None,
     """Pretrain with permutation LM on preprocessed records (torchrun --nproc-per-node N for several processes).
 
     Without --config the run's config (when resuming) or the records' config is used; --set overrides keys.
+    With --init the run continues a checkpoint's pretraining (--config continue-tiny/-base/-large); resuming such a
+    run takes its own latest checkpoint (--init, if given again, must name the same checkpoint).
     """
     from xlnetcli.train.pretrain import pretrain
 

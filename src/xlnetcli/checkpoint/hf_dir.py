@@ -374,6 +374,8 @@ def load_hf_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict
         hc = json.loads((p / "config.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         raise CheckpointError(f"{p / 'config.json'}: missing or not valid JSON") from None
+    if not isinstance(hc, dict):
+        raise CheckpointError(f"{p / 'config.json'}: not a JSON object (a transformers config)")
     if hc.get("model_type", "xlnet") != "xlnet":
         raise CheckpointError(f"{p} is a {hc.get('model_type')!r} model, not XLNet")
     mcfg = from_hf_config(hc)
@@ -390,6 +392,8 @@ def load_hf_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict
             raise CheckpointError(f"{p / 'pytorch_model.bin'}: unreadable ({str(e).splitlines()[0][:100]})") from None
     else:
         raise CheckpointError(f"{p} has config.json but no model.safetensors or pytorch_model.bin")
+    if not isinstance(hf, dict) or not all(isinstance(v, torch.Tensor) for v in hf.values()):
+        raise CheckpointError(f"{p}: the weights file is not a state dict (names -> tensors)")
     tok = {}
     tc = p / "tokenizer_config.json"
     if tc.is_file():
@@ -399,4 +403,6 @@ def load_hf_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict
         except (OSError, json.JSONDecodeError):
             pass
     state, meta, finetune = _with_head(p, hc, hf, from_hf_state(hf, mcfg))
+    meta["lm_bias"] = "lm_loss.bias" in hf  # an XLNetModel or a task model has no LM bias (from_hf_state: zeros)
+    meta["weights"] = "model.safetensors" if (p / "model.safetensors").is_file() else "pytorch_model.bin"
     return _full_config(mcfg, tok, finetune), state, meta

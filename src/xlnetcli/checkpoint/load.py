@@ -6,6 +6,8 @@ on the fly (hf_dir.py); weights are checked (checksum, finite values, keys and s
 from __future__ import annotations
 
 import dataclasses
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +16,11 @@ import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from xlnetcli.checkpoint.folders import MODEL_FILE, read_meta, step_folders, verify_files
+from xlnetcli.checkpoint.folders import MODEL_FILE, read_meta, step_folders, tokenizer_dir_of, verify_files
 from xlnetcli.checkpoint.hf_dir import load_hf_dir
 from xlnetcli.config import Config, ModelConfig, config_from_dict, replace, yaml_load
 from xlnetcli.core.errors import CheckpointError, ConfigError
+from xlnetcli.core.files import sha256_file
 from xlnetcli.model import XLNetLMHeadModel
 
 # Keys that define the architecture (a checkpoint cannot be loaded into a model that disagrees on these).
@@ -129,9 +132,101 @@ def load_lm_model(
             raise CheckpointError(f"cannot override architecture key model.{bad[0]} when loading a checkpoint")
         cfg = replace(cfg, model=dict(overrides))
     model = XLNetLMHeadModel(dataclasses.replace(cfg.model))
-    if meta.get("kind") == "finetune":  # a finetuned encoder under the tied LM head, bias zero (as transformers does)
-        state = {k: v for k, v in state.items() if k.startswith("transformer.")}
-        state["lm_bias"] = torch.zeros(cfg.model.vocab_size)
-    load_state(model, state, where=f"checkpoint {meta.get('path', path)}")
+    load_state(model, lm_state(state, meta, cfg.model.vocab_size), where=f"checkpoint {meta.get('path', path)}")
     model.to(device).eval()
     return model, cfg, meta
+
+
+def lm_state(state: dict[str, torch.Tensor], meta: dict[str, Any], vocab_size: int) -> dict[str, torch.Tensor]:
+    """A checkpoint's weights for XLNetLMHeadModel: a finetuned encoder goes under the tied LM head with a zero bias
+    (as transformers does); its task head is left out."""
+    if meta.get("kind") != "finetune":
+        return state
+    body = {k: v for k, v in state.items() if k.startswith("transformer.")}
+    return {**body, "lm_bias": torch.zeros(vocab_size)}
+
+
+# ---- continued pretraining: the checkpoint a run starts from --------------------------------------------------------
+
+# model keys a continued run may set differently from its checkpoint: regularisation, the pretraining batch layout
+# (memory, reuse, bi_data, objective) and how positions are clipped; the architecture (ARCH_KEYS) and the weights'
+# numerics (layer_norm_eps) come from the checkpoint.
+CONTINUE_MUTABLE = ("dropout", "dropatt", "mem_len", "reuse_len", "bi_data", "objective", "clamp_len", "attn_impl")
+
+
+@dataclass
+class StartingPoint:
+    """What `xlnet pretrain --init` starts from."""
+
+    path: Path  # the checkpoint folder (a run resolves to its latest step folder)
+    model: ModelConfig  # its model config (the architecture)
+    state: dict[str, torch.Tensor]  # weights in XLNetLMHeadModel's names
+    sha256: str  # of its weights file, recorded in the run's meta.json
+    source: str  # what it is, for the log: "pretrained checkpoint", "finetuned checkpoint (classification)", ...
+    lm_bias: bool  # the LM bias comes from the checkpoint (else zeros)
+    tokenizer_dir: Path | None  # its tokenizer (None: an HF directory without spiece.model)
+
+    def record(self) -> dict[str, Any]:
+        """meta.json's ``init`` entry of every step folder of the run."""
+        return {"path": str(self.path), "sha256": self.sha256, "source": self.source, "lm_bias": self.lm_bias}
+
+
+def load_starting_point(path: str | Path) -> StartingPoint:
+    """The weights, architecture and tokenizer of ``path`` (a run, step folder, finetuned run or HF directory), checked
+    (checksums, finite values, keys and shapes) and in XLNetLMHeadModel's names."""
+    cfg, state, meta = load_model_dir(path)
+    p = Path(meta["path"])
+    hf = is_hf_dir(p)
+    if hf:
+        weights = p / meta.get("weights", MODEL_FILE)
+        sha = sha256_file(weights)
+    else:
+        sha = (meta.get("sha256") or {}).get(MODEL_FILE) or sha256_file(p / MODEL_FILE)
+    kind = meta.get("kind")
+    if kind == "finetune":
+        source = f"finetuned checkpoint ({meta.get('task')}; its transformer, the task head left out)"
+    elif hf:
+        source = f"Hugging Face {meta.get('hf_class') or _hf_class(p)}"
+    else:
+        source = "pretrained checkpoint"
+    has_bias = kind != "finetune" and (bool(meta["lm_bias"]) if hf else "lm_bias" in state)
+    state = lm_state(state, meta, cfg.model.vocab_size)
+    with torch.device("meta"):  # shapes only, nothing allocated
+        check_state_keys(XLNetLMHeadModel(cfg.model), state, where=f"checkpoint {p}")
+    try:
+        tok_dir: Path | None = tokenizer_dir_of(p)
+    except CheckpointError:
+        tok_dir = None
+    return StartingPoint(p, cfg.model, state, sha, source, has_bias, tok_dir)
+
+
+def _hf_class(p: Path) -> str:
+    """The class named in an HF directory's config.json (architectures[0]), else XLNetLMHeadModel."""
+    try:
+        arch = json.loads((p / "config.json").read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        arch = []
+    return str(arch[0]) if arch else "XLNetLMHeadModel"
+
+
+def continued_model_config(start: ModelConfig, cfg: ModelConfig, where: str) -> tuple[ModelConfig, list[str]]:
+    """The model config of a run continuing from a checkpoint with model config ``start``: its architecture, the
+    run's ``CONTINUE_MUTABLE`` keys. CheckpointError naming both values when an architecture key of ``cfg``
+    disagrees; also returns the changes against the checkpoint, for the log ("mem_len 0 -> 384")."""
+    for key in ARCH_KEYS:
+        have, want = getattr(start, key), getattr(cfg, key)
+        if have != want:
+            raise CheckpointError(
+                f"{where} has model.{key}={have!r} but the config has model.{key}={want!r}; the architecture comes "
+                f"from the checkpoint: use a config with its architecture (e.g. --config continue-base for "
+                f"xlnet-base-cased) or --set model.{key}={have}"
+            )
+    merged = dataclasses.replace(start, **{k: getattr(cfg, k) for k in CONTINUE_MUTABLE})
+    changes = [
+        f"{k} {getattr(start, k)!r} -> {getattr(merged, k)!r}"
+        for k in CONTINUE_MUTABLE
+        if getattr(start, k) != getattr(merged, k) and k != "attn_impl"
+    ]
+    if cfg.layer_norm_eps != start.layer_norm_eps:
+        changes.append(f"layer_norm_eps {cfg.layer_norm_eps!r} in the config, {start.layer_norm_eps!r} kept (weights)")
+    return merged, changes

@@ -160,10 +160,15 @@ class TrainConfig:
     # steps (0 = off)
     probe_file: str | None = None
     probe_every: int = ranged(0, "[0, inf)")
+    # continued pretraining (`xlnet pretrain --init`): the checkpoint the weights start from (our run or step folder,
+    # pretrained or finetuned; an HF XLNet directory); None = random init. Its architecture is the run's.
+    init: str | None = None
 
     def __post_init__(self) -> None:
         check_ranges(self, "train")
         self.report_to = canonical_report_to(self.report_to, "train.report_to")
+        if self.init is not None and not self.init.strip():
+            raise ConfigError("train.init is empty; give a checkpoint (run, step or HF folder) or leave it unset")
         if self.probe_file is not None and not self.probe_file.strip():
             raise ConfigError("train.probe_file is empty; give a labelled file (TSV/CSV/JSONL) or leave it unset")
 

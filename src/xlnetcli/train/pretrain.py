@@ -30,14 +30,18 @@ each rank; the engine checkpoints them with everything else it keeps (train/chec
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from xlnetcli.config import Config, check_config, config_to_dict
+from xlnetcli.checkpoint.folders import read_meta
+from xlnetcli.checkpoint.load import StartingPoint, continued_model_config, load_starting_point, load_state
+from xlnetcli.config import Config, ModelConfig, check_config, config_to_dict, replace
 from xlnetcli.core import dist
-from xlnetcli.core.errors import ConfigError, DataError
+from xlnetcli.core.errors import CheckpointError, ConfigError, DataError
 from xlnetcli.core.files import check_output_not_input, output_lock
 from xlnetcli.data.pretrain_stream import PretrainStream
 from xlnetcli.data.tokenizer import Tokenizer
@@ -171,8 +175,18 @@ class PretrainRecipe:
     name = "pretrain"
     loss_name = "PLM loss"
 
-    def __init__(self, cfg: Config, data_dir: Path, meta: dict, env: dist.DistEnv, accum: int, say: Any) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        data_dir: Path,
+        meta: dict,
+        env: dist.DistEnv,
+        accum: int,
+        say: Any,
+        init: dict | None = None,
+    ) -> None:
         t = cfg.train
+        self.init = init  # where the weights started (StartingPoint.record()), kept in every step folder's meta.json
         self.hints = Hints(
             lengths=f"data.seq_len / model.mem_len ({cfg.data.seq_len}/{cfg.model.mem_len})",
             warmup="more train.warmup_steps",
@@ -242,7 +256,7 @@ class PretrainRecipe:
         log(step, "probe", mean=acc["mean"], cls=acc["cls"], examples=len(valid_rows))
         self.say(
             f"  step {step}: probe accuracy mean {acc['mean']:.3f} cls {acc['cls']:.3f}"
-            + (" (initial weights)" if step == 0 else "")
+            + (self._start_label() if step == 0 else "")
         )
 
     def _evaluate_plm(self, model: torch.nn.Module, step: int, log: Any) -> Evaluation | None:
@@ -266,15 +280,18 @@ class PretrainRecipe:
         log(step, "eval", loss=res["loss"], ppl=res["ppl"], acc=res["acc"], targets=res["targets"])
         self.say(
             f"  step {step}: eval loss {res['loss']:.4f} ppl {res['ppl']:.2f} acc {res['acc']:.3f}"
-            + (" (initial weights)" if step == 0 else "")
+            + (self._start_label() if step == 0 else "")
         )
         return Evaluation(metrics=res)
+
+    def _start_label(self) -> str:
+        return " (the starting model, on these records)" if self.init else " (initial weights)"
 
     def log_extras(self, step: int) -> dict:
         return {}
 
     def step_meta(self, step: int) -> dict:
-        return {"kind": "pretrain"}
+        return {"kind": "pretrain", **({"init": self.init} if self.init else {})}
 
     def states(self) -> dict:
         return {}
@@ -344,11 +361,15 @@ def _pretrain(
 ) -> dict:
     t, main = cfg.train, env.is_main
     meta, accum, start = _check_inputs(cfg, data_dir, out_dir, resume, env)
-    model = _build_model(cfg, env)
+    init = load_init(cfg, data_dir) if cfg.train.init and start is None else None
+    if init is not None:
+        cfg = replace(cfg, model=dataclasses.asdict(init.model))
+    model = _build_model(cfg, env, init)
     sizes = num_params(model), num_params(model, embedding=False)  # before wrapping (FSDP shards in place)
     say = printer(main and not quiet)
     plan = pretrain_plan(cfg, accum)
-    recipe = PretrainRecipe(cfg, data_dir, meta, env, accum, say)
+    init_record = init.start.record() if init else (read_meta(start[1]).get("init") if start else None)
+    recipe = PretrainRecipe(cfg, data_dir, meta, env, accum, say, init_record)
     engine = Engine(
         model,
         recipe,
@@ -370,6 +391,7 @@ def _pretrain(
         return result
 
     _say_header(say, cfg, engine, sizes, meta, data_dir, out_dir)
+    _say_init(say, init, init_record, engine.step)
     result = engine.fit(stop_after)
     if main and result["complete"]:
         result["plot"] = str(maybe_plot(out_dir) or "")
@@ -396,13 +418,71 @@ def _check_inputs(
     return meta, accum, dist.broadcast_object(start)
 
 
-def _build_model(cfg: Config, env: dist.DistEnv) -> torch.nn.Module:
-    """The same init on every rank; then each rank draws its own dropout masks."""
+def _build_model(cfg: Config, env: dist.DistEnv, init: Init | None) -> torch.nn.Module:
+    """The same init on every rank (random, or the ``init`` checkpoint's weights); then each rank draws its own dropout
+    masks."""
     dist.set_deterministic(cfg.train.deterministic)
     seed_everything(cfg.train.seed)
-    model = build_lm_model(cfg).to(env.device)
+    model = build_lm_model(cfg)
+    if init is not None:
+        load_state(model, init.start.state, where=f"checkpoint {init.start.path}")
+        init.start.state = {}  # the model holds the weights now
+    model = model.to(env.device)
     seed_everything(cfg.train.seed + 7919 * env.rank)
     return model
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Continued pretraining (train.init, `xlnet pretrain --init`)
+
+
+@dataclass
+class Init:
+    """The checkpoint a fresh run starts from, and its model keys the run changes (for the log)."""
+
+    start: StartingPoint
+    model: ModelConfig  # the run's model config: the checkpoint's architecture, the run's CONTINUE_MUTABLE keys
+    changes: list[str]
+
+
+def load_init(cfg: Config, data_dir: Path) -> Init:
+    """Load ``train.init`` for a fresh run on the records in ``data_dir``: its architecture must be the config's, its
+    tokenizer the one the records were sharded with (same spiece.model sha256) and as large as its embedding."""
+    assert cfg.train.init is not None
+    start = load_starting_point(cfg.train.init)
+    model, changes = continued_model_config(start.model, cfg.model, where=f"--init {start.path}")
+    records_tok = Tokenizer.load(data_dir / "tokenizer")
+    if start.tokenizer_dir is not None:
+        tok = Tokenizer.load(start.tokenizer_dir)
+        if tok.vocab_size != start.model.vocab_size:
+            raise CheckpointError(
+                f"--init {start.path}: its tokenizer ({start.tokenizer_dir}) has {tok.vocab_size} pieces but the "
+                f"model has {start.model.vocab_size} embeddings; the checkpoint is inconsistent"
+            )
+        if tok.sha256 != records_tok.sha256:
+            raise DataError(
+                f"records in {data_dir} were sharded with another tokenizer (spiece.model sha256 "
+                f"{records_tok.sha256[:12]}) than --init {start.path} has ({tok.sha256[:12]}); shard the corpus "
+                f"with the checkpoint's: xlnet shard --tokenizer {start.path} ..., then xlnet preprocess"
+            )
+    return Init(start, model, changes)
+
+
+def _say_init(say: Any, init: Init | None, record: dict | None, step: int) -> None:
+    """Where the weights started: the checkpoint, its LM bias, the model keys the run changes."""
+    if record is None:
+        return
+    if init is None:  # resuming a continued run: its own checkpoint holds the weights
+        say(f"  init       the run started from {record.get('path')} (weights sha256 {str(record.get('sha256'))[:12]})")
+        return
+    s = init.start
+    say(f"  init       {s.source} {s.path} (weights sha256 {s.sha256[:12]}); fresh optimizer, schedule and data")
+    bias = "from the checkpoint" if s.lm_bias else "zeros (the checkpoint has none)"
+    say(f"             LM head tied to the embeddings, its bias {bias}")
+    if init.changes:
+        say(f"             changed from the checkpoint: {', '.join(init.changes)}")
+    if s.tokenizer_dir is None:
+        say("             the checkpoint has no spiece.model: the records' tokenizer is taken on trust (same size)")
 
 
 def _say_header(
@@ -412,7 +492,8 @@ def _say_header(
     optimizer lines."""
     t, plan, step = cfg.train, engine.plan, engine.step
     n_params, n_nonemb = sizes
-    say(f"[bold]xlnet pretrain[/bold] {'resuming at step ' + str(step) if step else 'from scratch'} -> {out_dir}")
+    start = "continuing from " + str(t.init) if t.init else "from scratch"
+    say(f"[bold]xlnet pretrain[/bold] {'resuming at step ' + str(step) if step else start} -> {out_dir}")
     say(
         f"  model      {n_params / 1e6:.2f}M parameters ({n_nonemb / 1e6:.2f}M without embeddings), "
         f"{cfg.model.n_layer} layers, d_model {cfg.model.d_model}, seq {cfg.data.seq_len} "
