@@ -157,15 +157,21 @@ def write_tsv(path: Path, rows: list[tuple[str, str]]) -> None:
         w.writerows(rows)
 
 
-def order_task(stdlib: list[tuple[str, list[str]]], corpus_sentences: set[str]) -> dict[str, list[tuple[str, str]]]:
+def order_task(
+    stdlib: list[tuple[str, list[str]]],
+    corpus_sentences: set[str],
+    splits: dict[str, tuple[str, ...]] = ORDER_MODULES,
+) -> dict[str, list[tuple[str, str]]]:
     """Both versions of every held-out sentence, "original" and "swapped": balanced, and a bag of words sees the
     two as the same example, so it is at chance by construction. A sentence that shares a run of OVERLAP_WORDS
-    words with the corpus (some docstrings repeat across modules) or that the other split holds is dropped."""
+    words with the corpus (some docstrings repeat across modules) or that the other split holds is dropped.
+    ``stdlib`` is (document group, paragraphs); ``splits`` names the groups of each split (also used by
+    scripts/make_domain_corpus.py, where the groups are books)."""
     rng = random.Random(1)
     corpus_runs = {run for sent in corpus_sentences for run in word_runs(sent.split())}
     seen: set[str] = set()
     out = {}
-    for split, modules in ORDER_MODULES.items():
+    for split, modules in splits.items():
         picked = []
         for top, paras in stdlib:
             if top not in modules:
