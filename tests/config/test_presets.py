@@ -280,3 +280,28 @@ def test_make_demo_runs_the_demo_preset():
     sets = demo.demo_steps_sets("1000")
     assert load_config("demo", sets[1::2]) == load_config("demo")
     assert "--set" not in inspect.getsource(demo.main)
+
+
+# ---- the continue presets (xlnet pretrain --init) -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", ["tiny", "base", "large"])
+def test_continue_presets_keep_the_architecture_and_data_of_their_size(size):
+    """continue-SIZE loads, and only its train section differs from SIZE's: a checkpoint of SIZE (base, large: the
+    released xlnet-*-cased architecture) continues with records built as for SIZE."""
+    cont, plain = load_config(f"continue-{size}"), load_config(size)
+    for section in ("model", "tokenizer", "data"):
+        assert getattr(cont, section) == getattr(plain, section), section
+    assert cont.train != plain.train and cont.train.init is None  # the checkpoint is given by --init
+
+
+def test_base_and_large_are_the_released_architectures():
+    """base/large (and so continue-base/-large) are xlnet-base-cased / xlnet-large-cased's config.json shapes."""
+    released = {
+        "base": {"d_model": 768, "n_layer": 12, "n_head": 12, "d_inner": 3072},
+        "large": {"d_model": 1024, "n_layer": 24, "n_head": 16, "d_inner": 4096},
+    }
+    for size, shape in released.items():
+        model = load_config(f"continue-{size}").model
+        common = {"vocab_size": 32000, "d_head": 64, "ff_activation": "gelu", "untie_r": True}
+        assert {k: getattr(model, k) for k in {**shape, **common}} == {**shape, **common}

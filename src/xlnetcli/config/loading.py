@@ -24,7 +24,8 @@ from xlnetcli.core.files import atomic_write_text
 from xlnetcli.core.text import clip, short
 
 # Presets shipped in the package (xlnetcli/config/presets/), accepted by name wherever a config file is. Each file
-# stands alone (no inheritance): what it says is what a run gets. demo is what `make demo` runs (tiny, 2 layers).
+# stands alone (no inheritance): what it says is what a run gets. demo is what `make demo` runs (tiny, 2 layers);
+# continue-* continue a pretrained model (`xlnet pretrain --init`) with the architecture of tiny/base/large.
 PRESETS = {
     "tiny": "tiny.yaml",
     "base": "base.yaml",
@@ -33,6 +34,9 @@ PRESETS = {
     "squad": "finetune/squad.yaml",
     "race": "finetune/race.yaml",
     "demo": "demo.yaml",
+    "continue-tiny": "continue-tiny.yaml",
+    "continue-base": "continue-base.yaml",
+    "continue-large": "continue-large.yaml",
 }
 
 
