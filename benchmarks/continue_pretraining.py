@@ -11,7 +11,8 @@ word-order task from books held out of B (the demo task's construction). Every s
 1. general model: `tokenize train` / `shard` / `preprocess` / `pretrain --config demo` on A (tiny at depth 2);
 2. B sharded with the general model's tokenizer and preprocessed with continue-tiny;
 3. per seed, at the same time (one OpenMP thread each, so load hits both alike), the same steps of
-   `pretrain --config continue-tiny --set model.n_layer=2`: (a) `--init` the general model, (b) from random init;
+   `pretrain --config continue-tiny --set model.n_layer=2`: (a) `--init` the general model, (b) from random init
+   at the from-scratch lr (tiny's train.lr, 1e-3; continue-tiny's 1e-4 would starve it), warmup and schedule alike;
 4. held-out PLM loss on B over steps (metrics.jsonl, step 0 included; `train.eval_batches` batches) and at the end
    on the whole B valid split (`xlnet eval --data`); held-out loss on A (`xlnet eval --data A`) for the general
    model and after (a) and (b); tokens/s and seconds of each run;
@@ -46,6 +47,7 @@ from xlnetcli.config import load_config
 CORPUS_A = ROOT / "data/pydocs/corpus.txt"
 GENERAL = "demo"  # the general model's recipe: tiny at depth 2, 1000 steps on A
 CONTINUE = "continue-tiny"
+SCRATCH_LR = load_config("tiny").train.lr  # (b)'s lr: the from-scratch recipe's (tiny, demo: 1e-3)
 DEPTH = ("model.n_layer=2",)  # the general model's architecture (demo), on (a) and (b) alike
 EVAL_BATCHES = 100  # of 8 examples: A's valid split is 22 batches, B's about 1100 (too slow on a shared CPU)
 GOALS = {"steps_fraction": 0.25, "finetune_vs_scratch": 5.0, "finetune_vs_general": 3.0, "forgetting": 0.10}
@@ -177,7 +179,11 @@ def compare(work: Path, seeds: list[int], steps: int, sets: tuple[str, ...]) -> 
     """(a) and (b) per seed, run together; A and B losses at the end; the B task for the general model, (a), (b)."""
     runs = {}
     for seed in seeds:
-        jobs = [(work, f"{side}_s{seed}", seed, steps, side == "continued", sets) for side in ("continued", "scratch")]
+        scratch = (f"train.lr={SCRATCH_LR:g}", *sets)  # (b) at the from-scratch lr: continue-tiny's would be unfair
+        jobs = [
+            (work, f"continued_s{seed}", seed, steps, True, sets),
+            (work, f"scratch_s{seed}", seed, steps, False, scratch),
+        ]
         runs["continued", seed], runs["scratch", seed] = in_pairs(jobs, pretrain_b)
     general = str(work / "general")
     models = [("general", 0, general), *((side, seed, r["run"]) for (side, seed), r in runs.items())]
