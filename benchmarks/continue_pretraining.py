@@ -110,28 +110,37 @@ def pretrain_b(
     return {"run": str(out), "wall_s": wall, "cpu_s": cpu, "curve": curve, "tokens_per_s": statistics.median(tps)}
 
 
-def plm_loss(run: str, records: Path) -> float:
-    """Held-out PLM loss of a checkpoint on the first EVAL_BATCHES batches of the valid split of ``records``."""
+def plm_loss(run: str, records: Path, reuse: bool = False) -> float:
+    """Held-out PLM loss of a checkpoint on the first EVAL_BATCHES batches of the valid split of ``records``
+    (``reuse``: an earlier result is read)."""
     out = Path(run) / f"eval_{records.name}.json"
-    xlnet("eval", run, "--data", str(records), "--batches", str(EVAL_BATCHES), "--output", str(out), threads=1)
+    if not (reuse and out.is_file()):
+        xlnet("eval", run, "--data", str(records), "--batches", str(EVAL_BATCHES), "--output", str(out), threads=1)
     return json.loads(out.read_text())["loss"]
 
 
-def task_scores(work: Path, run: str, seed: int) -> dict:
-    """B task: linear probe on frozen features and finetuned accuracy (best validation epoch)."""
+def task_scores(work: Path, run: str, seed: int, reuse: bool = False) -> dict:
+    """B task: linear probe on frozen features and finetuned accuracy (best validation epoch); ``reuse``: scores
+    already there are read."""
     b, tag = work / "b", Path(run).name
     out = work / "task" / tag
     out.mkdir(parents=True, exist_ok=True)
     task = ["--train", str(b / "order_train.tsv"), "--valid", str(b / "order_valid.tsv")]
-    xlnet("probe", run, *task, "--output", str(out / "probe.json"), threads=1)
-    ft = ["finetune", "--task", "classification", *task, "--config", CONTINUE, "--init", run]
-    xlnet(*ft, "--out", str(out / "ft"), "--set", f"finetune.seed={seed}", "--quiet", threads=1)
+    if not (reuse and (out / "probe.json").is_file()):
+        xlnet("probe", run, *task, "--output", str(out / "probe.json"), threads=1)
+    if not (reuse and (out / "ft" / "results.json").is_file()):
+        ft = ["finetune", "--task", "classification", *task, "--config", CONTINUE, "--init", run]
+        xlnet(*ft, "--out", str(out / "ft"), "--set", f"finetune.seed={seed}", "--quiet", threads=1)
     probe = json.loads((out / "probe.json").read_text())["results"]["pretrained"]
     return {
         "probe_mean": probe["mean"]["accuracy"],
         "probe_cls": probe["cls"]["accuracy"],
         "finetune": json.loads((out / "ft" / "results.json").read_text())["value"],
     }
+
+
+def lr_set(lr: str | None) -> tuple[str, ...]:
+    return (f"train.lr={lr}",) if lr else ()
 
 
 def in_pairs(jobs: list, fn) -> list:
@@ -175,25 +184,35 @@ def sweep(work: Path, lrs: list[str], seeds: list[int], steps: int, extra: tuple
     return [{"general_a": general_a, "general_b": general_b}, *rows]
 
 
-def compare(work: Path, seeds: list[int], steps: int, sets: tuple[str, ...]) -> dict:
-    """(a) and (b) per seed, run together; A and B losses at the end; the B task for the general model, (a), (b)."""
+def compare(work: Path, seeds: list[int], steps: int, sets: tuple[str, ...], lr: str | None, reuse: bool) -> dict:
+    """(a) and (b) per seed, run together; A and B losses at the end; the B task for the general model, (a), (b).
+    ``lr``: (a)'s train.lr instead of continue-tiny's; ``reuse``: finished runs and task scores are read, not redone."""
     runs = {}
     for seed in seeds:
         scratch = (f"train.lr={SCRATCH_LR:g}", *sets)  # (b) at the from-scratch lr: continue-tiny's would be unfair
         jobs = [
-            (work, f"continued_s{seed}", seed, steps, True, sets),
-            (work, f"scratch_s{seed}", seed, steps, False, scratch),
+            (work, f"continued{'_lr' + lr if lr else ''}_s{seed}", seed, steps, True, (*sets, *lr_set(lr)), reuse),
+            (work, f"scratch_s{seed}", seed, steps, False, scratch, reuse),
         ]
         runs["continued", seed], runs["scratch", seed] = in_pairs(jobs, pretrain_b)
     general = str(work / "general")
     models = [("general", 0, general), *((side, seed, r["run"]) for (side, seed), r in runs.items())]
-    losses = in_pairs([(run, work / rec) for _, _, run in models for rec in ("records_a", "records_b")], plm_loss)
-    tasks = in_pairs([(work, run, seed or seeds[0]) for _, _, run in models], task_scores)
+    evals = [(run, work / rec, reuse) for _, _, run in models for rec in ("records_a", "records_b")]
+    losses = in_pairs(evals, plm_loss)
+    tasks = in_pairs([(work, run, seed or seeds[0], reuse) for _, _, run in models], task_scores)
     out = {"general": {"a_loss": losses[0], "b_loss": losses[1], **tasks[0]}, "runs": []}
     for i, (side, seed, _) in enumerate(models[1:], start=1):
         r = runs[side, seed]
         out["runs"].append(
-            {"side": side, "seed": seed, "a_loss": losses[2 * i], "b_loss": losses[2 * i + 1], **tasks[i], **r}
+            {
+                "side": side,
+                "seed": seed,
+                "lr": float(lr or load_config(CONTINUE).train.lr) if side == "continued" else SCRATCH_LR,
+                "a_loss": losses[2 * i],
+                "b_loss": losses[2 * i + 1],
+                **tasks[i],
+                **r,
+            }
         )
     return out
 
@@ -229,10 +248,10 @@ def print_tables(res: dict, goal_rows: list[dict], steps: int) -> None:
         f"{g['probe_cls']:.3f} | {g['finetune']:.3f} | - | - |"
     )
     for r in res["runs"]:
-        name = "(a) continued" if r["side"] == "continued" else "(b) from scratch"
+        name = f"{'(a) continued' if r['side'] == 'continued' else '(b) from scratch'}, lr {r['lr']:g}"
         print(
             f"| {name}, seed {r['seed']} | {steps} | {r['b_loss']:.3f} | {r['a_loss']:.3f} | {r['probe_mean']:.3f} / "
-            f"{r['probe_cls']:.3f} | {r['finetune']:.3f} | {r['tokens_per_s']:,.0f} | {r['wall_s']:.0f} |"
+            f"{r['probe_cls']:.3f} | {r['finetune']:.3f} | {r['tokens_per_s']:,.0f} | {r['wall_s'] or 0:.0f} |"
         )
     evals = sorted({s for r in res["runs"] for s, _ in r["curve"]})
     shown = [s for s in evals if s in {0, steps // 10, steps // 5, steps // 4, steps // 2, steps}]
@@ -265,6 +284,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="1,2", help="train.seed (and finetune.seed) values, comma-separated")
     ap.add_argument("--steps", type=int, default=None, help="steps on B (default: continue-tiny's train.max_steps)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="train.* for (a) and (b)")
+    ap.add_argument("--continued-lr", default=None, metavar="LR", help="(a)'s train.lr (default: continue-tiny's)")
+    ap.add_argument("--reuse", action="store_true", help="read finished runs and task scores in WORK (0 s: reused)")
     ap.add_argument("--sweep", default=None, metavar="LR,LR,...", help="only (a), at each train.lr")
     ap.add_argument("--sweep-set", action="append", default=[], metavar="KEY=VALUE", help="with --sweep")
     ap.add_argument("--output", default=None, help="JSON results (default: WORK/results.json)")
@@ -281,7 +302,7 @@ def main() -> None:
     if a.sweep:
         res: dict = {"sweep": sweep(work, a.sweep.split(","), seeds, steps, tuple(a.sweep_set))}
     else:
-        res = compare(work, seeds, steps, tuple(a.set))
+        res = compare(work, seeds, steps, tuple(a.set), a.continued_lr, a.reuse)
         res["goals"] = goals(res, steps)
         print_tables(res, res["goals"], steps)
     res |= {"source": a.source, "steps": steps, "seeds": seeds, "sets": a.set, "minutes": (time.time() - t0) / 60}
