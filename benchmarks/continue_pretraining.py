@@ -200,7 +200,7 @@ def compare(work: Path, seeds: list[int], steps: int, sets: tuple[str, ...], lr:
     evals = [(run, work / rec, reuse) for _, _, run in models for rec in ("records_a", "records_b")]
     losses = in_pairs(evals, plm_loss)
     tasks = in_pairs([(work, run, seed or seeds[0], reuse) for _, _, run in models], task_scores)
-    out = {"general": {"a_loss": losses[0], "b_loss": losses[1], **tasks[0]}, "runs": []}
+    out: dict = {"general": {"a_loss": losses[0], "b_loss": losses[1], **tasks[0]}, "runs": []}
     for i, (side, seed, _) in enumerate(models[1:], start=1):
         r = runs[side, seed]
         out["runs"].append(
