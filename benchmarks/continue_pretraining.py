@@ -248,10 +248,11 @@ def print_tables(res: dict, goal_rows: list[dict], steps: int) -> None:
         f"{g['probe_cls']:.3f} | {g['finetune']:.3f} | - | - |"
     )
     for r in res["runs"]:
+        wall = "-" if r["wall_s"] is None else f"{r['wall_s']:.0f}"  # reused: not run this time
         name = f"{'(a) continued' if r['side'] == 'continued' else '(b) from scratch'}, lr {r['lr']:g}"
         print(
             f"| {name}, seed {r['seed']} | {steps} | {r['b_loss']:.3f} | {r['a_loss']:.3f} | {r['probe_mean']:.3f} / "
-            f"{r['probe_cls']:.3f} | {r['finetune']:.3f} | {r['tokens_per_s']:,.0f} | {r['wall_s'] or 0:.0f} |"
+            f"{r['probe_cls']:.3f} | {r['finetune']:.3f} | {r['tokens_per_s']:,.0f} | {wall} |"
         )
     evals = sorted({s for r in res["runs"] for s, _ in r["curve"]})
     shown = [s for s in evals if s in {0, steps // 10, steps // 5, steps // 4, steps // 2, steps}]
