@@ -175,6 +175,22 @@ def test_init_from_our_export_is_bit_identical_to_the_run(source, records, tmp_p
     assert meta["sha256"] == sha256_file(tmp_path / "hf" / "model.safetensors")
 
 
+def test_init_from_a_bare_model_file_beside_its_config(source, records, tmp_path, capsys):
+    """model.safetensors + config.json alone (no tokenizer): the same start; the log says the tokenizer is unchecked."""
+    code, _, err = run_main(capsys, "export", str(source), "--out", str(tmp_path / "hf"))
+    assert code == 0, err
+    (tmp_path / "bare").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tmp_path / "hf" / name, tmp_path / "bare" / name)
+    args = ["pretrain", "--config", str(TINY), *set_args([*FAST_PRETRAIN, *CONTINUE]), "--data", str(records)]
+    code, _, err = run_main(
+        capsys, *args, "--out", str(tmp_path / "cont"), "--init", tmp_path / "bare" / "model.safetensors"
+    )
+    assert code == 0, err
+    assert "no spiece.model" in err
+    assert _step0(tmp_path / "cont") == _our_eval(list_checkpoints(source)[-1][1], records)
+
+
 @pytest.mark.parametrize("cls", ["XLNetLMHeadModel", "XLNetModel"])
 def test_init_from_a_transformers_directory_matches_its_loss(cls, records, tmp_path, capsys):
     """A directory written by transformers from random weights: the step-0 evaluation equals transformers' own loss on
