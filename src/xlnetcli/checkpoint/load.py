@@ -183,12 +183,12 @@ def load_starting_point(path: str | Path) -> StartingPoint:
     else:
         sha = (meta.get("sha256") or {}).get(MODEL_FILE) or sha256_file(p / MODEL_FILE)
     kind = meta.get("kind")
-    if kind == "finetune":
-        source = f"finetuned checkpoint ({meta.get('task')}; its transformer, the task head left out)"
-    elif hf:
+    if hf:
         source = f"Hugging Face {meta.get('hf_class') or _hf_class(p)}"
     else:
-        source = "pretrained checkpoint"
+        source = "finetuned checkpoint" if kind == "finetune" else "pretrained checkpoint"
+    if kind == "finetune":
+        source += f" ({meta.get('task')}: its transformer, the task head left out)"
     has_bias = kind != "finetune" and (bool(meta["lm_bias"]) if hf else "lm_bias" in state)
     state = lm_state(state, meta, cfg.model.vocab_size)
     with torch.device("meta"):  # shapes only, nothing allocated
