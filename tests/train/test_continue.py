@@ -310,6 +310,21 @@ def test_continued_run_resumes_exactly_after_sigkill(source, records, tmp_path):
     assert meta["init"]["path"] == str(list_checkpoints(source)[-1][1].resolve())
 
 
+@pytest.mark.slow
+def test_continued_run_on_two_processes_matches_one(source, records, tmp_path):
+    """torchrun (gloo, 2 processes): every rank starts from the checkpoint; the same run as one process."""
+    over = [*FAST_PRETRAIN, *CONTINUE, "train.max_steps=4", "model.dropout=0.0", "model.dropatt=0.0"]
+    cfg_file = write_config(tmp_path / "cfg.yaml", [*over, f"train.init={source.resolve()}"])
+    pretrain(load_config(cfg_file), records, tmp_path / "one", quiet=True)
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "xlnetcli", "pretrain"]
+    args = ["--config", str(cfg_file), "--data", str(records), "--out", str(tmp_path / "two"), "--device", "cpu"]
+    out = subprocess.run([*cmd, *args, "--quiet"], env=child_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert _step0(tmp_path / "two") == pytest.approx(_step0(tmp_path / "one"), rel=1e-6)
+    l1, l2 = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert [b for _, b in l2] == pytest.approx([a for _, a in l1], rel=1e-5)  # all-reduce order: ~1e-7 apart
+
+
 def test_resume_with_another_init_is_refused(source, records, tmp_path, capsys):
     args = ["pretrain", "--config", str(TINY), *set_args([*FAST_PRETRAIN, *CONTINUE]), "--data", str(records)]
     code, _, err = run_main(capsys, *args, "--out", str(tmp_path / "cont"), "--init", str(source))
