@@ -403,6 +403,7 @@ def load_hf_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict
         except (OSError, json.JSONDecodeError):
             pass
     state, meta, finetune = _with_head(p, hc, hf, from_hf_state(hf, mcfg))
+    meta.setdefault("hf_class", str((hc.get("architectures") or ["XLNetLMHeadModel"])[0]))
     meta["lm_bias"] = "lm_loss.bias" in hf  # an XLNetModel or a task model has no LM bias (from_hf_state: zeros)
     meta["weights"] = "model.safetensors" if (p / "model.safetensors").is_file() else "pytorch_model.bin"
     return _full_config(mcfg, tok, finetune), state, meta

@@ -6,7 +6,6 @@ on the fly (hf_dir.py); weights are checked (checksum, finite values, keys and s
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,7 +183,7 @@ def load_starting_point(path: str | Path) -> StartingPoint:
         sha = (meta.get("sha256") or {}).get(MODEL_FILE) or sha256_file(p / MODEL_FILE)
     kind = meta.get("kind")
     if hf:
-        source = f"Hugging Face {meta.get('hf_class') or _hf_class(p)}"
+        source = f"Hugging Face {meta['hf_class']}"
     else:
         source = "finetuned checkpoint" if kind == "finetune" else "pretrained checkpoint"
     if kind == "finetune":
@@ -198,15 +197,6 @@ def load_starting_point(path: str | Path) -> StartingPoint:
     except CheckpointError:
         tok_dir = None
     return StartingPoint(p, cfg.model, state, sha, source, has_bias, tok_dir)
-
-
-def _hf_class(p: Path) -> str:
-    """The class named in an HF directory's config.json (architectures[0]), else XLNetLMHeadModel."""
-    try:
-        arch = json.loads((p / "config.json").read_text(encoding="utf-8")).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
-        arch = []
-    return str(arch[0]) if arch else "XLNetLMHeadModel"
 
 
 def continued_model_config(start: ModelConfig, cfg: ModelConfig, where: str) -> tuple[ModelConfig, list[str]]:
