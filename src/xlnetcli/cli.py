@@ -393,6 +393,13 @@ def import_cmd(hf_dir: Path, out: Path, overwrite: bool) -> None:
 
 # ---- tokenizer ----
 
+# --tokenizer of `tokenize encode` and `shard`: every path checkpoint.folders.find_tokenizer accepts
+TOKENIZER_HELP = (
+    "A tokenizer folder (xlnet tokenize train), a spiece.model file, a transformers XLNet directory (spiece.model + "
+    "tokenizer_config.json, e.g. a copy of xlnet-base-cased), or the tokenizer/ of a run (its latest step), step "
+    "folder, shards or records folder."
+)
+
 
 @cli.group("tokenize")
 def tokenize_group() -> None:
@@ -438,17 +445,18 @@ def tokenize_train_cmd(
     "tok_path",
     required=True,
     type=click.Path(path_type=Path),
-    help="Tokenizer directory (or spiece.model).",
+    help=TOKENIZER_HELP,
 )
 @click.option("--text", default=None, help="Encode this text instead of a file.")
 @click.option("--ids", "as_ids", is_flag=True, help="Print ids instead of pieces.")
 def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_ids: bool) -> None:
     """Print the pieces (or ids) of --text or of each line of FILE ('-' = stdin), one output line per input line."""
+    from xlnetcli.checkpoint.folders import find_tokenizer
     from xlnetcli.data.tokenizer import Tokenizer
 
     if (text is None) == (file is None):
         raise XLNetError("pass either --text TEXT or a FILE to encode")
-    tok = Tokenizer.load(tok_path)
+    tok = Tokenizer.load(find_tokenizer(tok_path))
 
     def show(line: str) -> None:
         ids = tok.encode_ids(line)
@@ -478,7 +486,7 @@ def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_
     "tok_path",
     required=True,
     type=click.Path(path_type=Path),
-    help="Tokenizer directory (xlnet tokenize train).",
+    help=TOKENIZER_HELP,
 )
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Shard directory to create.")
 @click.option(
@@ -524,6 +532,7 @@ def shard_cmd(
     """Tokenise text, JSONL or Parquet files, datasets folders, directories or globs into N balanced shards + valid.
 
     Files may be .gz or .zst compressed. Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
+    from xlnetcli.checkpoint.folders import find_tokenizer
     from xlnetcli.core.console import console
     from xlnetcli.data.shard import shard_corpus
 
@@ -533,7 +542,7 @@ def shard_cmd(
         cfg,
         inputs_or_bundled(inputs),
         out_dir,
-        tok_path,
+        find_tokenizer(tok_path),
         shards=shards,
         workers=workers,
         valid_inputs=valid_inputs,

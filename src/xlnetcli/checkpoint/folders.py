@@ -1,4 +1,5 @@
-"""Step folders: their names, writing one atomically with the checksums of its files, and checking them.
+"""Step folders: their names, writing one atomically with the checksums of its files, and checking them; the
+tokenizer a checkpoint, run, shards or records folder carries (tokenizer_dir_of, find_tokenizer).
 
 Integrity: meta.json records the sha256 of every other file of the folder; `verify_files` checks them when weights
 or a train state are loaded, so a flipped bit is refused with the file's name instead of being trained on. The
@@ -12,14 +13,15 @@ import re
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors.torch import save_file
+from typing import TYPE_CHECKING, Any
 
 from xlnetcli.config import Config, save_config
-from xlnetcli.core.errors import CheckpointError
+from xlnetcli.core.errors import CheckpointError, DataError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, sha256_file
+from xlnetcli.data.tokenizer import HF_FILE, HF_SPM_FILE, SPIECE_FILE
+
+if TYPE_CHECKING:  # torch takes a second to import: `xlnet tokenize` and `shard` find tokenizers here without it
+    import torch
 
 STEP_RE = re.compile(r"^step_(\d{7,})$")
 MODEL_FILE = "model.safetensors"
@@ -50,6 +52,9 @@ def save_model_dir(
 ) -> Path:
     """Write a step folder atomically. ``model``: a module or its state dict. ``extra_files`` maps a file name to
     bytes, a source path to copy, or a callable that writes the given path (e.g. ``lambda p: save_tree(state, p)``)."""
+    import torch  # noqa: PLC0415 - a second to import; find_tokenizer (tokenize, shard) does without it
+    from safetensors.torch import save_file  # noqa: PLC0415 - imports torch
+
     if isinstance(model, torch.nn.Module):
         model = getattr(model, "module", model)  # DDP
         model = getattr(model, "_orig_mod", model)  # torch.compile
@@ -120,3 +125,29 @@ def tokenizer_dir_of(ckpt: Path) -> Path:
     if (ckpt / "spiece.model").is_file():
         return ckpt
     raise CheckpointError(f"{ckpt} has no tokenizer (expected tokenizer/spiece.model or spiece.model)")
+
+
+def find_tokenizer(path: str | Path) -> Path:
+    """The tokenizer a path names, for Tokenizer.load (`xlnet shard --tokenizer`, `tokenize encode --tokenizer`):
+    a SentencePiece model file as given; a folder holding spiece.model (ours, or a transformers XLNet directory) or
+    tokenizer/spiece.model (a step folder, shards, records), as tokenizer_dir_of; a run: its latest step folder's
+    (resolve_checkpoint's rule); a transformers 5 directory: the tokenizer.model its save_vocabulary writes.
+    DataError naming what was expected otherwise."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"tokenizer {p} does not exist; train one with `xlnet tokenize train`")
+    if p.is_file():
+        return p
+    if (p / SPIECE_FILE).is_file() or (p / "tokenizer" / SPIECE_FILE).is_file():
+        return tokenizer_dir_of(p)
+    if steps := step_folders(p):
+        return tokenizer_dir_of(steps[-1][1])
+    if (p / HF_SPM_FILE).is_file():
+        return p / HF_SPM_FILE
+    hint = ""
+    if (p / HF_FILE).is_file():  # transformers 5's XLNetTokenizer.save_pretrained writes tokenizer.json alone
+        hint = f"; its {HF_FILE} holds no SentencePiece model: copy the model's {SPIECE_FILE} beside it"
+    raise DataError(
+        f"{p} holds no tokenizer: expected {SPIECE_FILE} (a tokenizer folder or a transformers XLNet directory), "
+        f"tokenizer/{SPIECE_FILE} (a step folder, shards or records) or step_* folders (a run){hint}"
+    )

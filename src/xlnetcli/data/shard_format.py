@@ -307,8 +307,9 @@ def check_shards(
     vocab = int(manifest.get("vocab_size", -1))
     if vocab != vocab_size:
         raise DataError(
-            f"{shards}: shards use a {vocab}-piece tokenizer but model.vocab_size is {vocab_size}; "
-            "set model.vocab_size and tokenizer.vocab_size to match or re-shard"
+            f"{shards}: shards use a {vocab}-piece tokenizer but model.vocab_size is {vocab_size}; pass "
+            f"--set model.vocab_size={vocab} (tokenizer.vocab_size follows), or re-shard with a tokenizer of "
+            f"{vocab_size} pieces"
         )
     if verify:
         verify_shards(shards, manifest, workers=workers)

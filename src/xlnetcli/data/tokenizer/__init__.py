@@ -9,7 +9,13 @@
 Code outside this package imports these names from here.
 """
 
-from xlnetcli.data.tokenizer.hf_files import hf_tokenizer_config, hf_tokenizer_json, save_hf_files
+from xlnetcli.data.tokenizer.hf_files import (
+    HF_FILE,
+    HF_SPM_FILE,
+    hf_tokenizer_config,
+    hf_tokenizer_json,
+    save_hf_files,
+)
 from xlnetcli.data.tokenizer.normalize import combining_table, normalize_block, normalize_lines, normalize_text
 from xlnetcli.data.tokenizer.spm_model import ModelInfo, embed_options, read_model_info
 from xlnetcli.data.tokenizer.tokenizer import SPIECE_FILE, Tokenizer, options_hash, word_start_mask
@@ -17,6 +23,8 @@ from xlnetcli.data.tokenizer.train import CONTROL_SYMBOLS, USER_DEFINED_SYMBOLS,
 
 __all__ = [
     "CONTROL_SYMBOLS",
+    "HF_FILE",
+    "HF_SPM_FILE",
     "SPIECE_FILE",
     "USER_DEFINED_SYMBOLS",
     "ModelInfo",
