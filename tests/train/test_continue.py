@@ -187,7 +187,7 @@ def test_init_from_a_bare_model_file_beside_its_config(source, records, tmp_path
         capsys, *args, "--out", str(tmp_path / "cont"), "--init", tmp_path / "bare" / "model.safetensors"
     )
     assert code == 0, err
-    assert "no spiece.model" in err
+    assert "no SentencePiece model" in err
     assert _step0(tmp_path / "cont") == _our_eval(list_checkpoints(source)[-1][1], records)
 
 

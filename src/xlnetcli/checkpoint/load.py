@@ -15,10 +15,10 @@ import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from xlnetcli.checkpoint.folders import MODEL_FILE, read_meta, step_folders, tokenizer_dir_of, verify_files
+from xlnetcli.checkpoint.folders import MODEL_FILE, find_tokenizer, read_meta, step_folders, verify_files
 from xlnetcli.checkpoint.hf_dir import load_hf_dir
 from xlnetcli.config import Config, ModelConfig, config_from_dict, replace, yaml_load
-from xlnetcli.core.errors import CheckpointError, ConfigError
+from xlnetcli.core.errors import CheckpointError, ConfigError, DataError
 from xlnetcli.core.files import sha256_file
 from xlnetcli.model import XLNetLMHeadModel
 
@@ -163,7 +163,7 @@ class StartingPoint:
     sha256: str  # of its weights file, recorded in the run's meta.json
     source: str  # what it is, for the log: "pretrained checkpoint", "finetuned checkpoint (classification)", ...
     lm_bias: bool  # the LM bias comes from the checkpoint (else zeros)
-    tokenizer_dir: Path | None  # its tokenizer (None: an HF directory without spiece.model)
+    tokenizer: Path | None  # its tokenizer for Tokenizer.load (None: an HF directory without a SentencePiece model)
 
     def record(self) -> dict[str, Any]:
         """meta.json's ``init`` entry of every step folder of the run."""
@@ -193,10 +193,10 @@ def load_starting_point(path: str | Path) -> StartingPoint:
     with torch.device("meta"):  # shapes only, nothing allocated
         check_state_keys(XLNetLMHeadModel(cfg.model), state, where=f"checkpoint {p}")
     try:
-        tok_dir: Path | None = tokenizer_dir_of(p)
-    except CheckpointError:
-        tok_dir = None
-    return StartingPoint(p, cfg.model, state, sha, source, has_bias, tok_dir)
+        tok: Path | None = find_tokenizer(p)
+    except (CheckpointError, DataError):
+        tok = None
+    return StartingPoint(p, cfg.model, state, sha, source, has_bias, tok)
 
 
 def continued_model_config(start: ModelConfig, cfg: ModelConfig, where: str) -> tuple[ModelConfig, list[str]]:

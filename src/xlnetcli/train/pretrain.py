@@ -452,11 +452,11 @@ def load_init(cfg: Config, data_dir: Path) -> Init:
     start = load_starting_point(cfg.train.init)
     model, changes = continued_model_config(start.model, cfg.model, where=f"--init {start.path}")
     records_tok = Tokenizer.load(data_dir / "tokenizer")
-    if start.tokenizer_dir is not None:
-        tok = Tokenizer.load(start.tokenizer_dir)
+    if start.tokenizer is not None:
+        tok = Tokenizer.load(start.tokenizer)
         if tok.vocab_size != start.model.vocab_size:
             raise CheckpointError(
-                f"--init {start.path}: its tokenizer ({start.tokenizer_dir}) has {tok.vocab_size} pieces but the "
+                f"--init {start.path}: its tokenizer ({start.tokenizer}) has {tok.vocab_size} pieces but the "
                 f"model has {start.model.vocab_size} embeddings; the checkpoint is inconsistent"
             )
         if tok.sha256 != records_tok.sha256:
@@ -481,8 +481,8 @@ def _say_init(say: Any, init: Init | None, record: dict | None, step: int) -> No
     say(f"             LM head tied to the embeddings, its bias {bias}")
     if init.changes:
         say(f"             changed from the checkpoint: {', '.join(init.changes)}")
-    if s.tokenizer_dir is None:
-        say("             the checkpoint has no spiece.model: the records' tokenizer is taken on trust (same size)")
+    if s.tokenizer is None:
+        say("             the checkpoint has no SentencePiece model: the records' tokenizer is trusted (same size)")
 
 
 def _say_header(
