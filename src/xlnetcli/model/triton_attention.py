@@ -10,8 +10,8 @@ a fully masked row attends uniformly to every key and passes gradient through), 
 
 The kernels follow FlashAttention-2 (Dao 2023, arXiv:2307.08691): per tile of BM rows an online softmax over
 tiles of BN keys (running max m, sum l, rescaled accumulator); m and l are kept per row (not their log-sum-exp:
-in a fully masked row m = -1e30 absorbs log l) and backward recomputes p = exp(s - m) / l, with delta_i = do_i·out_i, ds = p (dp - delta). No [N,K] or [N,R] score
-tensor is written:
+in a fully masked row m = -1e30 absorbs log l) and backward recomputes p = exp(s - m) / l, with delta_i =
+do_i·out_i, ds = p (dp - delta). No [N,K] or [N,R] score tensor is written:
 
 - content rows (pos_i = i): the position term of a (row tile i0, key tile j0) reads the band of kr rows
   rb = L - i0 - (BM-1) + j0 ... rb + BM + BN - 1 (Transformer-XL's rel-shift: column L - i + j), multiplies
@@ -34,12 +34,14 @@ torch.compile and activation checkpointing see one node. The kernels run on CUDA
 interpreter (TRITON_INTERPRET=1, read when this module is imported)."""
 
 import math
+import os
 
 import torch
 import triton
 import triton.language as tl
 
 NEG_INF = -1e30  # kernels.NEG_INF (kernels.py imports this module lazily, so the value is repeated)
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # what @triton.jit reads: the kernels below are interpreted
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -117,7 +119,9 @@ def _scores(
 
 
 @triton.jit
-def _row_tile(qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D, i0, row_end, QUERY: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr):
+def _row_tile(
+    qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D, i0, row_end, QUERY: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr
+):
     """Rows i0 .. i0+BM-1 (those < row_end): their indices, positions, qw and qr tiles."""
     i = i0 + tl.arange(0, BM)
     i = tl.where(i < row_end, i, N)  # rows past the range read as row N: out of bounds, masked everywhere
@@ -331,11 +335,11 @@ def _dkr_kernel(
     r = r0 + tl.arange(0, BR)
     kr = _load_rows(kr_ptr + gh * R * D, r0, R, D, BR, BD)
     dkr = tl.zeros([BR, BD], tl.float32)
-    for bb in range(0, GB):
+    for bb in range(GB):
         b = g * GB + bb
         bh = b * H + h
         for i0 in range(0, n_content, BM):
-            i, pos, qw, qr = _row_tile(qw_ptr, qr_ptr, qr_ptr, b, h, H, N, D, i0, n_content, False, BM, BD)
+            i, _, qw, qr = _row_tile(qw_ptr, qr_ptr, qr_ptr, b, h, H, N, D, i0, n_content, False, BM, BD)
             do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, n_content, BM, BD)
             j = i[:, None] + r[None, :] - L
             ok = (i < N)[:, None] & (j >= 0) & (j < K) & (r < R)[None, :]
@@ -443,8 +447,8 @@ def rel_attn(
     seed: torch.Tensor,
     debug_keep: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The fused core on prepared inputs (see triton_rel_attention): (out [B,H,N,D], stats [B,H,N,2] fp32 (the softmax's
-    row max and sum), keep
+    """The fused core on prepared inputs (see triton_rel_attention): (out [B,H,N,D], stats [B,H,N,2] fp32 (the
+    softmax's row max and sum), keep
     [B,H,N,K] int8 with debug_keep and dropout, else [1])."""
     return _forward(qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, int(seed), debug_keep)
 
@@ -453,7 +457,11 @@ def rel_attn(
 def _(qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, seed, debug_keep):
     B, H, N, _ = qw.shape
     keep_shape = (B, H, N, k.shape[2]) if debug_keep and p_drop > 0 else (1,)
-    return torch.empty_like(qw), qw.new_empty(B, H, N, 2, dtype=torch.float32), qw.new_empty(keep_shape, dtype=torch.int8)
+    return (
+        torch.empty_like(qw),
+        qw.new_empty(B, H, N, 2, dtype=torch.float32),
+        qw.new_empty(keep_shape, dtype=torch.int8),
+    )
 
 
 @torch.library.custom_op("xlnet::rel_attn_backward", mutates_args=())
