@@ -17,6 +17,11 @@ the kernel named by ``attn_impl``:
 - ``flex`` (CUDA, training needs ``dropatt`` = 0): FlexAttention with a ``score_mod`` that reads the position term
   from the [B,H,N,R] table by the rel-shift index, the segment term from a per-row scalar and the mask from a bool
   tensor, so no [B,H,N,K] float tensor is ever written.
+- ``triton`` (CUDA; on CPU only under TRITON_INTERPRET=1, for tests): the whole core as fused Triton kernels
+  (triton_attention.py), FlashAttention-2's online softmax (Dao 2023) with the position term computed per tile from
+  a band of kr rows skewed in registers (content rows) or read from a [B,H,P,R] table (query rows), the segment term
+  from two scalars per row, the bool mask, Philox attention dropout regenerated in backward and a deterministic
+  backward (no atomics); no [B,H,N,K] or [B,H,N,R] score tensor is written.
 
 Shapes: B batch, H heads, N = L + P stacked rows, K = M + L keys, R = K + L relative positions, D head size,
 G = 1 (or 2 with bi_data: the first B/G rows use position table 0, the rest table 1).
