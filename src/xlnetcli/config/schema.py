@@ -93,7 +93,7 @@ class ModelConfig:
     # Kept for HF config round trips: like the original and HF, it only affects attn_type "uni", and XLNet is "bi".
     same_length: bool = False
     # attention kernel (model/kernels.py); auto = fused on CPU, sdpa on CUDA (einsum inside torch.compile)
-    attn_impl: Literal["auto", "fused", "einsum", "sdpa", "flex"] = "auto"
+    attn_impl: Literal["auto", "fused", "einsum", "sdpa", "flex", "triton"] = "auto"
     # pretraining objective on the same backbone, memory and records (the paper's Table 6 ablations;
     # data/pretrain_stream.py):
     # plm = permutation LM (XLNet); mlm = <mask> at the targets, predicted by the content stream ("DAE +
