@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from xlnetcli.config import Config, save_config
 from xlnetcli.core.errors import CheckpointError
-from xlnetcli.core.files import atomic_output_dir, atomic_write_json, sha256_file
+from xlnetcli.core.files import atomic_output_dir, atomic_write_json, save_safetensors, sha256_file
 
 STEP_RE = re.compile(r"^step_(\d{7,})$")
 MODEL_FILE = "model.safetensors"
@@ -58,7 +57,7 @@ def save_model_dir(
     out = Path(out)
     # the run folder's owner holds its lock; one key of metadata keeps the header's bytes stable across processes
     with atomic_output_dir(out, overwrite=overwrite, what="a checkpoint", lock=False) as tmp:
-        save_file(state, str(tmp / MODEL_FILE), metadata={"format": "pt"})
+        save_safetensors(state, tmp / MODEL_FILE, metadata={"format": "pt"})
         save_config(cfg, tmp)
         if tokenizer_dir is not None:
             src = Path(tokenizer_dir)
