@@ -463,8 +463,10 @@ class PreemptionGuard:
     def __exit__(self, *exc: Any) -> None:
         if self._old is not None:
             # after a stop was requested the process leaves with its checkpoint (exit 75): a further SIGTERM (schedulers
-            # and users repeat theirs) is the same request, and must not kill it with 143 on the way out
-            signal.signal(signal.SIGTERM, signal.SIG_IGN if self.flag else self._old)
+            # and users repeat theirs) is the same request, and must not kill it with 143 on the way out (a handler
+            # of the caller's own is given back)
+            kill = self._old in (signal.SIG_DFL, None)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN if self.flag and kill else self._old)
 
     def requested(self, device: torch.device) -> bool:
         return dist.any_rank(self.flag, device)
