@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from xlnetcli.config import Config, save_config
 from xlnetcli.core.errors import CheckpointError, DataError
-from xlnetcli.core.files import atomic_output_dir, atomic_write_json, sha256_file
+from xlnetcli.core.files import atomic_output_dir, atomic_write_json, save_safetensors, sha256_file
 from xlnetcli.data.tokenizer import HF_FILE, HF_SPM_FILE, SPIECE_FILE
 
 if TYPE_CHECKING:  # torch takes a second to import: `xlnet tokenize` and `shard` find tokenizers here without it
@@ -53,7 +53,6 @@ def save_model_dir(
     """Write a step folder atomically. ``model``: a module or its state dict. ``extra_files`` maps a file name to
     bytes, a source path to copy, or a callable that writes the given path (e.g. ``lambda p: save_tree(state, p)``)."""
     import torch  # noqa: PLC0415 - a second to import; find_tokenizer (tokenize, shard) does without it
-    from safetensors.torch import save_file  # noqa: PLC0415 - imports torch
 
     if isinstance(model, torch.nn.Module):
         model = getattr(model, "module", model)  # DDP
@@ -63,7 +62,7 @@ def save_model_dir(
     out = Path(out)
     # the run folder's owner holds its lock; one key of metadata keeps the header's bytes stable across processes
     with atomic_output_dir(out, overwrite=overwrite, what="a checkpoint", lock=False) as tmp:
-        save_file(state, str(tmp / MODEL_FILE), metadata={"format": "pt"})
+        save_safetensors(state, tmp / MODEL_FILE, metadata={"format": "pt"})
         save_config(cfg, tmp)
         if tokenizer_dir is not None:
             src = Path(tokenizer_dir)

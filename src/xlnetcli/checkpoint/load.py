@@ -21,6 +21,7 @@ from xlnetcli.config import Config, ModelConfig, config_from_dict, replace, yaml
 from xlnetcli.core.errors import CheckpointError, ConfigError, DataError
 from xlnetcli.core.files import sha256_file
 from xlnetcli.model import XLNetLMHeadModel
+from xlnetcli.report.metrics_log import run_inputs
 
 # Keys that define the architecture (a checkpoint cannot be loaded into a model that disagrees on these).
 ARCH_KEYS = ("vocab_size", "d_model", "n_layer", "n_head", "d_head", "d_inner", "untie_r", "ff_activation")
@@ -48,6 +49,16 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if not steps:
         raise CheckpointError(f"{p} holds no checkpoint (no model.safetensors + config.yaml, no step_* folders)")
     return steps[-1][1]
+
+
+def checkpoint_inputs(path: str | Path) -> list[Path]:
+    """What an output must stay apart from when the checkpoint ``path`` is read: the folder it resolves to, whole,
+    and, when ``path`` is a run folder, that run's own files and subfolders (report.metrics_log.run_inputs)."""
+    p = Path(path)
+    resolved = resolve_checkpoint(p)
+    if p.is_dir() and p.resolve() != resolved.resolve():
+        return [resolved, *run_inputs(p)]
+    return [resolved]
 
 
 def load_model_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict[str, Any]]:

@@ -19,14 +19,13 @@ from typing import Any, Protocol
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from xlnetcli.checkpoint.folders import save_model_dir, step_dir_name, step_folders, verify_files
 from xlnetcli.checkpoint.load import check_state_keys, load_model_dir, load_state
 from xlnetcli.config import Config
 from xlnetcli.core import dist
-from xlnetcli.core.errors import CheckpointError, XLNetError
-from xlnetcli.core.files import is_disk_full
+from xlnetcli.core.errors import CheckpointError, DiskFull, XLNetError
+from xlnetcli.core.files import is_disk_full, save_safetensors
 
 # ----------------------------------------------------------------------------------------------------------------
 # Training state without pickle: tensors in a safetensors file, the structure around them as JSON in its header.
@@ -66,7 +65,7 @@ def save_tree(obj: Any, path: str | Path) -> None:
     """Nested dicts/lists/tuples of tensors, numbers, strings and None -> one safetensors file."""
     tensors: dict[str, torch.Tensor] = {}
     tree = json.dumps(_encode(obj, tensors), separators=(",", ":"))
-    save_file(tensors, str(path), metadata={"tree": tree})
+    save_safetensors(tensors, path, metadata={"tree": tree})
 
 
 def load_tree(path: str | Path) -> Any:
@@ -275,7 +274,7 @@ class Checkpointer:
                     extra_files={TRAIN_STATE: lambda p: save_tree(train_state, p)} if with_state else None,
                 )
                 self.prune(pinned)
-            except OSError as e:
+            except (OSError, DiskFull) as e:
                 if not is_disk_full(e):
                     raise
                 error = (

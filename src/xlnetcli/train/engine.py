@@ -330,6 +330,8 @@ def resume_point(
         if resume not in (None, "latest"):
             raise CheckpointError(f"nothing to resume: {run_dir} holds no {what}")
         return None
+    if resume is None and not step_folders(run_dir) and (run_dir / "metrics.jsonl").is_file():
+        return None  # a run killed before its first checkpoint (it logged, so it is ours): nothing to lose, start again
     try:
         old = load_config(run_cfg)
     except ConfigError as e:
@@ -460,7 +462,11 @@ class PreemptionGuard:
 
     def __exit__(self, *exc: Any) -> None:
         if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
+            # after a stop was requested the process leaves with its checkpoint (exit 75): a further SIGTERM (schedulers
+            # and users repeat theirs) is the same request, and must not kill it with 143 on the way out (a handler
+            # of the caller's own is given back)
+            kill = self._old in (signal.SIG_DFL, None)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN if self.flag and kill else self._old)
 
     def requested(self, device: torch.device) -> bool:
         return dist.any_rank(self.flag, device)
