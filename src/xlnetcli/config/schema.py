@@ -123,6 +123,10 @@ class DataConfig:
     # 1 = single units, the paper's "- span-based pred" ablation row (Table 6)
     max_gram: int = ranged(5, "[1, 5]")
     mask_mode: Literal["word", "original"] = "word"  # word: spans of whole words; original: subword spans (bug #220)
+    # what a word is for span masking: spaces = pieces after a space (the original); cjk = also each piece starting
+    # with a CJK ideograph, kana or Hangul (unspaced scripts; same as spaces on text without them). Pre-segmented text
+    # (e.g. jieba output, spaces between words) with spaces: docs/xlnet.md §4
+    word_rule: Literal["spaces", "cjk"] = "cjk"
     passes: int = ranged(1, "[1, inf)")  # passes over the corpus, each with its own file order and masks
     valid_fraction: float = ranged(0.01, "[0, 1)")  # held-out share of the corpus (shard) used for evaluation records
     seed: int = ranged(42, "[0, 4294967295]")  # seed for preprocessing and the online factorisation order
