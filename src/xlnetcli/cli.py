@@ -84,6 +84,8 @@ SETTING_OPTIONS: dict[str, dict[str, str]] = {
         "vocab_size": "tokenizer.vocab_size",  # model.vocab_size follows (load_config): the model must match
         "character_coverage": "tokenizer.character_coverage",
         "input_sentence_size": "tokenizer.input_sentence_size",
+        "input_sentence_bytes": "tokenizer.input_sentence_bytes",
+        "seed": "tokenizer.seed",
         "threads": "tokenizer.threads",
         "uncased": "tokenizer.uncased",
         "keep_accents": "tokenizer.keep_accents",
@@ -412,8 +414,15 @@ def tokenize_group() -> None:
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Tokenizer directory to create.")
 @click.option("--vocab-size", type=int, default=None, help="Vocabulary size (default tokenizer.vocab_size).")
 @click.option("--character-coverage", type=float, default=None, help="Character coverage (original: 0.99995).")
-@click.option("--input-sentence-size", type=int, default=None, help="Lines sampled for training (shuffled).")
+@click.option("--input-sentence-size", type=int, default=None, help="Lines sampled for training at most (0 = all).")
+@click.option(
+    "--input-sentence-bytes", type=int, default=None, help="UTF-8 bytes sampled for training at most (0 = no limit)."
+)
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=None, help="Seed of the sample (tokenizer.seed).")
 @click.option("--threads", type=int, default=None, help="Trainer threads (0 = all cores).")
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Normalising processes (same model)."
+)
 @click.option("--uncased/--cased", default=None, help="Lowercase before encoding (default tokenizer.uncased).")
 @click.option("--keep-accents/--strip-accents", default=None, help="Keep accents (default: strip, as the original).")
 @text_field_option
@@ -421,7 +430,7 @@ def tokenize_group() -> None:
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @with_config("tokenize train")
 def tokenize_train_cmd(
-    cfg: Config, inputs: tuple[str, ...], out_dir: Path, text_field: str, overwrite: bool, quiet: bool
+    cfg: Config, inputs: tuple[str, ...], out_dir: Path, workers: int, text_field: str, overwrite: bool, quiet: bool
 ) -> None:
     """Train a SentencePiece unigram tokenizer on text, JSONL or Parquet files, datasets folders, directories or globs.
 
@@ -430,7 +439,13 @@ def tokenize_train_cmd(
     from xlnetcli.data.tokenizer import train_tokenizer
 
     tok = train_tokenizer(
-        cfg, inputs_or_bundled(inputs), out_dir, overwrite=overwrite, quiet=quiet, text_field=text_field
+        cfg,
+        inputs_or_bundled(inputs),
+        out_dir,
+        overwrite=overwrite,
+        quiet=quiet,
+        text_field=text_field,
+        workers=workers,
     )
     console.print(
         f"wrote {out_dir}/ spiece.model, xlnet_tokenizer.json, tokenizer.json (vocab {tok.vocab_size}, "

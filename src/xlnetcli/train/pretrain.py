@@ -96,6 +96,7 @@ RECORD_KEYS = {
     "mask_beta": "data.mask_beta",
     "mask_mode": "data.mask_mode",
     "max_gram": "data.max_gram",
+    "word_rule": "data.word_rule",
     "perm_size": "data.perm_size",
     "global_batch_size": "train.global_batch_size",
     "micro_batch_size": "train.micro_batch_size",

@@ -4,6 +4,7 @@
     spm_model.py   the SentencePiece model file read and extended through its protobuf wire format
     tokenizer.py   Tokenizer: loading a tokenizer folder, encoding with the digit-comma fix, saving
     hf_files.py    the same tokenizer as Hugging Face's tokenizer.json + tokenizer_config.json
+    sample.py      the training sample, drawn while the corpus is read (bounded by lines and bytes), in workers
     train.py       training with XLNet's fixed ids (train_tokenizer), copying a tokenizer folder
 
 Code outside this package imports these names from here.
