@@ -1,6 +1,7 @@
 """Loading a checkpoint: `resolve_checkpoint` accepts a run directory (-> its latest step folder), a step folder, or a
 Hugging Face XLNet directory (config.json + model.safetensors / pytorch_model.bin), which `load_model_dir` converts
-on the fly (hf_dir.py); weights are checked (checksum, finite values, keys and shapes) before a model sees them.
+on the fly (hf_dir.py). Every file of a step folder is checked against meta.json's sha256 (hashing a base model's
+~500 MB of weights takes about a second), and the weights (finite values, keys and shapes) before a model sees them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from xlnetcli.checkpoint.folders import MODEL_FILE, read_meta, step_folders, tokenizer_dir_of, verify_files
+from xlnetcli.checkpoint.folders import MODEL_FILE, step_folders, tokenizer_dir_of, verify_checkpoint
 from xlnetcli.checkpoint.hf_dir import load_hf_dir
 from xlnetcli.config import Config, ModelConfig, config_from_dict, replace, yaml_load
 from xlnetcli.core.errors import CheckpointError, ConfigError
@@ -56,6 +57,7 @@ def load_model_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], d
     p = resolve_checkpoint(path)
     if is_hf_dir(p):
         return load_hf_dir(p)
+    meta = verify_checkpoint(p)  # every file meta.json lists (config.yaml, tokenizer, weights, train state)
     try:
         raw = yaml_load((p / "config.yaml").read_text(encoding="utf-8"))  # no aliases: a bomb cannot expand
         cfg = config_from_dict(raw)
@@ -63,8 +65,6 @@ def load_model_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], d
         raise CheckpointError(f"{p / 'config.yaml'}: unreadable ({e.__class__.__name__})") from None
     except ConfigError as e:
         raise CheckpointError(f"{p / 'config.yaml'}: {e}") from None
-    meta = read_meta(p)
-    verify_files(p, [MODEL_FILE], meta)
     try:
         state = load_file(str(p / MODEL_FILE))
     except (OSError, SafetensorError, ValueError) as e:

@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from xlnetcli.checkpoint.folders import save_model_dir, step_dir_name, step_folders, verify_files
+from xlnetcli.checkpoint.folders import save_model_dir, step_dir_name, step_folders, verify_checkpoint
 from xlnetcli.checkpoint.load import check_state_keys, load_model_dir, load_state
 from xlnetcli.config import Config
 from xlnetcli.core import dist
@@ -96,16 +96,17 @@ def resumable_steps(run_dir: str | Path) -> list[tuple[int, Path]]:
     return [(s, p) for s, p in step_folders(run_dir) if has_train_state(p)]
 
 
-def load_train_state(folder: str | Path) -> dict:
-    """A step folder's training state, checked against meta.json's checksum. A pickled ``train_state.pt`` is refused
-    without being opened."""
+def load_train_state(folder: str | Path, verified: bool = False) -> dict:
+    """A step folder's training state, every file of the folder checked against meta.json's checksums first (unless
+    the caller has: ``verified``). A pickled ``train_state.pt`` is refused without being opened."""
     folder = Path(folder)
     if not (folder / TRAIN_STATE).is_file() and (folder / PICKLED_TRAIN_STATE).is_file():
         raise CheckpointError(
             f"{folder / PICKLED_TRAIN_STATE} is a pickle; refusing to unpickle it (it could run "
             f"code): xlnet reads a training state only from {TRAIN_STATE}"
         )
-    verify_files(folder, [TRAIN_STATE])
+    if not verified:
+        verify_checkpoint(folder)
     return load_tree(folder / TRAIN_STATE)
 
 
@@ -222,7 +223,8 @@ class Checkpointer:
     def load(self, folder: Path) -> None:
         """Restore every entry from step folder ``folder`` (checksums verified). A checkpoint written by another
         number of processes is refused before anything is touched: each rank continues its own state."""
-        state = load_train_state(folder)
+        _, weights, _ = load_model_dir(folder)  # every file of the folder checked against meta.json
+        state = load_train_state(folder, verified=True)
         written_by = len(state["ranks"])
         if written_by != self.env.world_size:
             raise CheckpointError(
@@ -230,7 +232,6 @@ class Checkpointer:
                 f"(torchrun --nproc-per-node {written_by}) for an exact continuation"
             )
         self.states[PROGRESS].load_state_dict(state)
-        _, weights, _ = load_model_dir(folder)
         model = self.states[MODEL]
         assert isinstance(model, ModelState)  # the engine always registers the model as a ModelState
         model.load_state_dict(weights, where=f"checkpoint {folder}")
