@@ -20,6 +20,7 @@ import click
 from xlnetcli import __version__
 from xlnetcli.config import PRESETS, SECTIONS, Config, load_config, parse_override
 from xlnetcli.core.errors import ConfigError, Preempted, Terminated, XLNetError
+from xlnetcli.core.shapes import dumps_strict
 from xlnetcli.core.text import clip
 
 DEFAULT_CONFIG = "tiny"  # the preset pretrain uses when neither --config, the run nor the records carry a config
@@ -741,7 +742,6 @@ def eval_cmd(
 
     Prints the results as JSON on stdout.
     """
-    import json
 
     from xlnetcli.evaluate.checkpoint_eval import evaluate
 
@@ -756,7 +756,7 @@ def eval_cmd(
             null_odds_threshold=null_odds_threshold,
         )
     res = evaluate(ckpt, file=file, data=data_dir, predict=predict_file, output=output, **kwargs)
-    click.echo(json.dumps(res, indent=2))
+    click.echo(dumps_strict(res, indent=2))
 
 
 @cli.command("probe")

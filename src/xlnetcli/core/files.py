@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover - not on POSIX
     resource = None  # type: ignore[assignment]
 
 from xlnetcli.core.errors import XLNetError
+from xlnetcli.core.shapes import dumps_strict
 from xlnetcli.core.signals import pid_alive
 
 # Temporary output folders are named .<out>.xlnet-<host>-<pid>-<random>.tmp, so that a later run can tell the ones
@@ -143,7 +144,8 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    """Strict JSON: a NaN or infinite number (a metric without a value) is written as null."""
+    atomic_write_text(path, dumps_strict(obj, indent=2, sort_keys=False) + "\n")
 
 
 def check_output_dir(

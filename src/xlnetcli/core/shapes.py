@@ -29,6 +29,23 @@ def loads_strict(text: str) -> Any:
     return json.loads(text, parse_constant=_reject_constant)
 
 
+def finite_or_null(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float replaced by None: how a metric that has no value (a Pearson of a
+    constant prediction, a diverged loss) is written, so that every file the tool writes is strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_null(v) for v in obj]
+    return obj
+
+
+def dumps_strict(obj: Any, **kwargs: Any) -> str:
+    """json.dumps writing NaN/inf as null (``finite_or_null``): never the NaN/Infinity tokens JSON does not have."""
+    return json.dumps(finite_or_null(obj), allow_nan=False, **kwargs)
+
+
 def read_json_object(path: str | Path, error: type[XLNetError] = DataError, what: str = "") -> dict[str, Any]:
     """A JSON file holding one object; ``error`` naming the file otherwise (unreadable, not UTF-8, not JSON, not an
     object). ``what`` says what the file should be, for the message."""
@@ -77,11 +94,10 @@ def field(
     if not ok:
         want = " or ".join(_KIND_NAMES.get(k, k.__name__) for k in kinds)
         raise error(f"{where}: field {key!r} must be {want}, found {describe(value)}")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not math.isfinite(value) or (lo is not None and value < lo) or (hi is not None and value > hi):
-            bounds = [b for b in (lo is not None and f">= {lo}", hi is not None and f"<= {hi}") if b]
-            rng = " and ".join(bounds) or "finite"
-            raise error(f"{where}: field {key!r} is {value}, out of range (must be {rng})")
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and (not math.isfinite(value) or (lo is not None and value < lo) or (hi is not None and value > hi)):
+        bounds = [b for b in (lo is not None and f">= {lo}", hi is not None and f"<= {hi}") if b]
+        raise error(f"{where}: field {key!r} is {value}, out of range (must be {' and '.join(bounds) or 'finite'})")
     return value
 
 
