@@ -87,9 +87,9 @@ def test_an_edited_train_state_is_refused_on_resume(ckpt):
     data = bytearray((ckpt / TRAIN_STATE).read_bytes())
     data[-3] ^= 1
     (ckpt / TRAIN_STATE).write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match="train_state.safetensors does not match the checksum"):
+    with pytest.raises(CheckpointError, match=r"train_state\.safetensors does not match the checksum"):
         load_train_state(ckpt)
-    with pytest.raises(CheckpointError, match="train_state.safetensors does not match the checksum"):
+    with pytest.raises(CheckpointError, match=r"train_state\.safetensors does not match the checksum"):
         load_model_dir(ckpt)  # the checkpointer's resume loads through it first
 
 
@@ -117,7 +117,7 @@ def test_cli_refuses_an_edited_config_in_one_line_with_nothing_written(builds, c
 
 def test_a_missing_meta_json_is_refused_with_the_way_out(ckpt, capsys):
     (ckpt / "meta.json").unlink()
-    with pytest.raises(CheckpointError, match="no meta.json.*another step folder.*Hugging Face directory"):
+    with pytest.raises(CheckpointError, match=r"no meta\.json.*another step folder.*Hugging Face directory"):
         load_model_dir(ckpt)
     code, _, err = run_main(capsys, "export", ckpt, "--out", ckpt.parent / "hf")
     assert_one_line_error(code, err, "no meta.json")
@@ -155,7 +155,7 @@ def test_a_meta_json_that_lost_its_checksums_is_refused(ckpt, sha256, needle):
 @pytest.mark.parametrize("content", ["[]", "not json", '{"sha256": {"config.yaml": "x"}, "step": NaN}', "\xff"])
 def test_a_meta_json_that_is_not_an_object_is_refused(ckpt, content):
     (ckpt / "meta.json").write_text(content, encoding="latin-1")
-    with pytest.raises(CheckpointError, match="meta.json"):
+    with pytest.raises(CheckpointError, match=r"meta\.json"):
         load_model_dir(ckpt)
 
 

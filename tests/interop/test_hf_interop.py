@@ -291,7 +291,7 @@ def test_checkpoint_errors(ckpt, tmp_path):
     (bad / "model.safetensors").write_bytes(b"garbage")
     src = resolve_checkpoint(ckpt)
     (bad / "config.yaml").write_text((src / "config.yaml").read_text())
-    with pytest.raises(CheckpointError, match="no meta.json"):  # assembled by hand: nothing in it can be checked
+    with pytest.raises(CheckpointError, match=r"no meta\.json"):  # assembled by hand: nothing in it can be checked
         load_model_dir(bad)
     digests = {n: sha256_file(bad / n) for n in ("model.safetensors", "config.yaml")}
     (bad / "meta.json").write_text(json.dumps({"sha256": digests}))  # garbage with a matching checksum
