@@ -24,6 +24,8 @@ from xlnetcli.core.shapes import read_json_object, str_map
 
 STEP_RE = re.compile(r"^step_(\d{7,})$")
 MODEL_FILE = "model.safetensors"
+# listed in meta.json but removed on purpose later: a finished finetuning run drops its best folder's train state
+DROPPABLE = frozenset({"train_state.safetensors"})
 
 
 def step_dir_name(step: int) -> str:
@@ -85,7 +87,7 @@ def save_model_dir(
 def verify_files(folder: str | Path, names: Iterable[str] | None = None, meta: dict[str, Any] | None = None) -> None:
     """Check files of a checkpoint folder against the sha256 recorded in its meta.json: ``names`` (a file without a
     recorded checksum is not checked), or with None every file meta.json lists (a listed file that is gone is
-    refused). ``meta``: the folder's meta.json when the caller has read it."""
+    refused, but for the train state a finished run drops: ``DROPPABLE``). ``meta``: the folder's meta.json when the caller has read it."""
     folder = Path(folder)
     if meta is None:
         meta = read_meta(folder)
@@ -96,7 +98,7 @@ def verify_files(folder: str | Path, names: Iterable[str] | None = None, meta: d
             continue
         path = _listed_file(folder, name)
         if path is None:
-            if names is None:
+            if names is None and name not in DROPPABLE:
                 raise CheckpointError(
                     f"{folder / name} is listed in meta.json but missing; the folder is incomplete: use another step "
                     "folder"

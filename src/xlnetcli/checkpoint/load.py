@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from xlnetcli.checkpoint.folders import MODEL_FILE, step_folders, tokenizer_dir_of, verify_checkpoint
 from xlnetcli.checkpoint.hf_dir import load_hf_dir
 from xlnetcli.config import Config, ModelConfig, config_from_dict, replace, yaml_load
+from xlnetcli.config.sizes import check_weights_size
 from xlnetcli.core.errors import CheckpointError, ConfigError
 from xlnetcli.core.files import sha256_file
 from xlnetcli.model import XLNetLMHeadModel
@@ -55,8 +56,12 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def load_model_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict[str, Any]]:
     """(config, state dict in our names, meta) from a step folder, run directory or HF directory."""
     p = resolve_checkpoint(path)
-    if is_hf_dir(p):
-        return load_hf_dir(p)
+    cfg, state, meta = load_hf_dir(p) if is_hf_dir(p) else _load_step_folder(p)
+    check_weights_size(cfg.model, sum(t.numel() for t in state.values()), p)
+    return cfg, state, meta
+
+
+def _load_step_folder(p: Path) -> tuple[Config, dict[str, torch.Tensor], dict[str, Any]]:
     meta = verify_checkpoint(p)  # every file meta.json lists (config.yaml, tokenizer, weights, train state)
     try:
         raw = yaml_load((p / "config.yaml").read_text(encoding="utf-8"))  # no aliases: a bomb cannot expand

@@ -3,7 +3,7 @@ JSON that parses but is not the expected object is refused in one line naming th
 TypeError or KeyError deep inside.
 
     meta = read_json_object(path, CheckpointError)
-    step = field(meta, "step", int, path, CheckpointError, lo=0)
+    step = json_field(meta, "step", int, path, CheckpointError, lo=0)
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def read_json_object(path: str | Path, error: type[XLNetError] = DataError, what
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise error(f"{path}: not valid JSON{hint}") from None
     if not isinstance(obj, dict):
-        raise error(f"{path}: expected a JSON object, found {describe(obj)}{hint}")
+        raise error(f"{path}: not a JSON object (found {describe(obj)}){hint}")
     return obj
 
 
@@ -69,7 +69,7 @@ def describe(value: Any) -> str:
     return f"{kind} {text}" if len(text) <= 40 else str(kind)
 
 
-def field(
+def json_field(
     obj: dict[str, Any],
     key: str,
     kind: type | tuple[type, ...],
@@ -103,7 +103,7 @@ def field(
 
 def str_map(obj: Any, key: str, where: str | Path, error: type[XLNetError] = DataError) -> dict[str, str]:
     """``obj[key]`` as a {string: string} object (checksums by file name), else ``error`` naming the field."""
-    value = field(obj, key, dict, where, error)
+    value = json_field(obj, key, dict, where, error)
     for k, v in value.items():
         if not isinstance(v, str):
             raise error(f"{where}: field {key!r} entry {k!r} must be a string, found {describe(v)}")

@@ -32,8 +32,7 @@ from typing import Any
 import numpy as np
 
 from xlnetcli.core.errors import DataError
-from xlnetcli.core.shapes import describe, loads_strict
-from xlnetcli.core.shapes import field as json_field
+from xlnetcli.core.shapes import describe, json_field, loads_strict
 from xlnetcli.data.corpus import JSONL_SUFFIXES
 from xlnetcli.data.special import CLS_ID, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEG_ID_PAD, SEP_ID
 

@@ -500,7 +500,7 @@ def _finetune(
     run_cfg = run_config(init_ckpt.cfg, cfg)
     _check_vocab(init_ckpt, run_cfg)
     train_data, valid_data = _load_data(task, train, valid, init_ckpt.tokenizer, run_cfg, columns, header)
-    check_config(run_cfg, env.world_size, stage="finetune")
+    check_config(run_cfg, env.world_size, stage="finetune", device=env.device)
     steps = _step_counts(run_cfg, len(train_data), env.world_size)
     start = _resume_point(run_cfg, partial) if mode == "resume" else None
     model = _build_model(run_cfg, task, train_data.label_list, init_ckpt, from_scratch, start is None, say)
