@@ -87,7 +87,8 @@ def save_model_dir(
 def verify_files(folder: str | Path, names: Iterable[str] | None = None, meta: dict[str, Any] | None = None) -> None:
     """Check files of a checkpoint folder against the sha256 recorded in its meta.json: ``names`` (a file without a
     recorded checksum is not checked), or with None every file meta.json lists (a listed file that is gone is
-    refused, but for the train state a finished run drops: ``DROPPABLE``). ``meta``: the folder's meta.json when the caller has read it."""
+    refused, but for the train state a finished run drops: ``DROPPABLE``). ``meta``: the folder's meta.json when the
+    caller has read it."""
     folder = Path(folder)
     if meta is None:
         meta = read_meta(folder)
