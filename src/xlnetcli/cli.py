@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -197,9 +198,21 @@ def cli() -> None:
 # ---- commands are registered below, one section per module -------------------------------------------------------
 
 
+def _check_utf8(args: list[str]) -> None:
+    """Refuse an argument that is not UTF-8 (Python hands such bytes over as surrogates, which no file, tokenizer or
+    JSON can take): one line showing its bytes."""
+    for arg in args:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = os.fsencode(arg)
+            raise XLNetError(f"argument {raw!r} is not valid UTF-8 text; pass text and paths in UTF-8") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors become one line on stderr and exit code 2; a preempted run exits 75."""
     try:
+        _check_utf8(sys.argv[1:] if argv is None else argv)
         cli.main(args=argv, prog_name="xlnet", standalone_mode=False)
     except (click.exceptions.Abort, Terminated) as e:  # click turns KeyboardInterrupt (and Terminated) into Abort
         if isinstance(e, Terminated) or isinstance(e.__cause__, Terminated):

@@ -56,7 +56,8 @@ def test_mlflow_with_nothing_listening_is_refused_within_seconds(monkeypatch):
     url = f"http://127.0.0.1:{_closed_port()}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
     start = time.monotonic()
-    with pytest.raises(XLNetError, match="no server answers at " + url.replace(".", r"\.") + r" \(MLFLOW_TRACKING_URI\)"):
+    pattern = "no server answers at " + url.replace(".", r"\.") + r" \(MLFLOW_TRACKING_URI\)"
+    with pytest.raises(XLNetError, match=pattern):
         require_trackers("mlflow")
     assert time.monotonic() - start < 10
 

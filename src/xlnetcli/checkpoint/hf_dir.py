@@ -76,6 +76,9 @@ _HF_OPTIONAL: dict[str, tuple[type, float | None]] = {
 }
 
 
+_HF_TOKENIZER = {"uncased": "do_lower_case", "keep_accents": "keep_accents"}  # ours -> tokenizer_config.json
+
+
 def check_hf_config(hc: dict[str, Any], where: Path) -> None:
     """The fields of an HF config.json we read, each of the right kind and range, else one line naming the file and
     the field (a string d_model, an n_head of 0, a float n_layer)."""
@@ -425,11 +428,8 @@ def load_hf_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict
     tok = {}
     tc = p / "tokenizer_config.json"
     if tc.is_file():
-        try:
-            t = json.loads(tc.read_text(encoding="utf-8"))
-            tok = {"uncased": bool(t.get("do_lower_case", False)), "keep_accents": bool(t.get("keep_accents", False))}
-        except (OSError, json.JSONDecodeError):
-            pass
+        t = read_json_object(tc, CheckpointError, "transformers' tokenizer settings")
+        tok = {k: json_field(t, hf, bool, tc, CheckpointError, default=False) for k, hf in _HF_TOKENIZER.items()}
     state, meta, finetune = _with_head(p, hc, hf, from_hf_state(hf, mcfg))
     meta["lm_bias"] = "lm_loss.bias" in hf  # an XLNetModel or a task model has no LM bias (from_hf_state: zeros)
     meta["weights"] = "model.safetensors" if (p / "model.safetensors").is_file() else "pytorch_model.bin"

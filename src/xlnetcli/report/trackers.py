@@ -235,7 +235,9 @@ def start_trackers(run_dir: Path, report_to: str | list[str], config: Any, resum
     state_path = run_dir / TRACKERS_FILE
     if resumed and state_path.is_file():
         with contextlib.suppress(ValueError, OSError):
-            previous = json.loads(state_path.read_text(encoding="utf-8"))
+            loaded = json.loads(state_path.read_text(encoding="utf-8"))
+            # of the wrong shape: start new tracker runs (the ids only continue a run, metrics.jsonl is the record)
+            previous = {k: v for k, v in loaded.items() if isinstance(v, dict)} if isinstance(loaded, dict) else {}
     trackers: list[Any] = []
     try:
         for name in _tracker_names(report_to):

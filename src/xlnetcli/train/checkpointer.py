@@ -27,6 +27,7 @@ from xlnetcli.config import Config
 from xlnetcli.core import dist
 from xlnetcli.core.errors import CheckpointError, XLNetError
 from xlnetcli.core.files import is_disk_full
+from xlnetcli.core.shapes import describe, json_field
 
 # ----------------------------------------------------------------------------------------------------------------
 # Training state without pickle: tensors in a safetensors file, the structure around them as JSON in its header.
@@ -108,6 +109,16 @@ def load_train_state(folder: str | Path, verified: bool = False) -> dict:
     if not verified:
         verify_checkpoint(folder)
     return load_tree(folder / TRAIN_STATE)
+
+
+def _check_state_shape(state: Any, where: Path) -> None:
+    """The top of a train state: an object with its step and one object per rank; one line naming the field else."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{where}: not a training state (found {describe(state)}); resume from an earlier step")
+    json_field(state, "step", int, where, CheckpointError, lo=0)
+    ranks = json_field(state, "ranks", list, where, CheckpointError)
+    if not ranks or not all(isinstance(r, dict) for r in ranks):
+        raise CheckpointError(f"{where}: field 'ranks' must be a non-empty list of objects; resume from another step")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -225,6 +236,7 @@ class Checkpointer:
         number of processes is refused before anything is touched: each rank continues its own state."""
         _, weights, _ = load_model_dir(folder)  # every file of the folder checked against meta.json
         state = load_train_state(folder, verified=True)
+        _check_state_shape(state, folder / TRAIN_STATE)
         written_by = len(state["ranks"])
         if written_by != self.env.world_size:
             raise CheckpointError(
