@@ -63,10 +63,12 @@ def read_json_object(path: str | Path, error: type[XLNetError] = DataError, what
 
 
 def describe(value: Any) -> str:
-    """A short account of a JSON value for a message: its kind and, when short, the value."""
-    kind = "null" if value is None else _KIND_NAMES.get(type(value), type(value).__name__)
+    """A short account of a JSON value for a message: its kind and, when short, the value ("a string \"3\"")."""
+    if value is None:
+        return "null"
+    kind = "a boolean" if isinstance(value, bool) else _KIND_NAMES.get(type(value), type(value).__name__)
     text = json.dumps(value, default=str) if not isinstance(value, float) or math.isfinite(value) else str(value)
-    return f"{kind} {text}" if len(text) <= 40 else str(kind)
+    return f"{kind} {text}" if len(text) <= 40 else kind
 
 
 def json_field(
