@@ -22,7 +22,7 @@ from xlnetcli import __version__
 from xlnetcli.config import PRESETS, SECTIONS, Config, load_config, parse_override
 from xlnetcli.core.errors import ConfigError, Preempted, Terminated, XLNetError
 from xlnetcli.core.shapes import dumps_strict
-from xlnetcli.core.text import clip
+from xlnetcli.core.text import clip, printable
 
 DEFAULT_CONFIG = "tiny"  # the preset pretrain uses when neither --config, the run nor the records carry a config
 BUNDLED_CORPUS = Path(__file__).resolve().parents[2] / "data" / "pydocs" / "corpus.txt"
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"xlnet: error: {_one_line(e.format_message())}", err=True)
         sys.exit(2)
     except XLNetError as e:
-        click.echo(f"xlnet: error: {e}", err=True)
+        click.echo(f"xlnet: error: {printable(str(e))}", err=True)  # one line, whatever a value in it held
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         click.echo("xlnet: interrupted", err=True)
