@@ -56,7 +56,7 @@ def read_json_object(path: str | Path, error: type[XLNetError] = DataError, what
     except OSError as e:
         raise error(f"{path}: unreadable ({e.strerror or type(e).__name__}){hint}") from None
     except (UnicodeDecodeError, ValueError, RecursionError):
-        raise error(f"{path}: not valid JSON{hint}") from None
+        raise error(f"{path}: corrupt (not valid JSON){hint}") from None
     if not isinstance(obj, dict):
         raise error(f"{path}: not a JSON object (found {describe(obj)}){hint}")
     return obj
