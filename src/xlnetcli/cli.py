@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,7 +21,8 @@ import click
 from xlnetcli import __version__
 from xlnetcli.config import PRESETS, SECTIONS, Config, load_config, parse_override
 from xlnetcli.core.errors import ConfigError, Preempted, Terminated, XLNetError
-from xlnetcli.core.text import clip
+from xlnetcli.core.shapes import dumps_strict
+from xlnetcli.core.text import clip, printable
 
 DEFAULT_CONFIG = "tiny"  # the preset pretrain uses when neither --config, the run nor the records carry a config
 BUNDLED_CORPUS = Path(__file__).resolve().parents[2] / "data" / "pydocs" / "corpus.txt"
@@ -198,9 +200,21 @@ def cli() -> None:
 # ---- commands are registered below, one section per module -------------------------------------------------------
 
 
+def _check_utf8(args: list[str]) -> None:
+    """Refuse an argument that is not UTF-8 (Python hands such bytes over as surrogates, which no file, tokenizer or
+    JSON can take): one line showing its bytes."""
+    for arg in args:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = os.fsencode(arg)
+            raise XLNetError(f"argument {raw!r} is not valid UTF-8 text; pass text and paths in UTF-8") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors become one line on stderr and exit code 2; a preempted run exits 75."""
     try:
+        _check_utf8(sys.argv[1:] if argv is None else argv)
         cli.main(args=argv, prog_name="xlnet", standalone_mode=False)
     except (click.exceptions.Abort, Terminated) as e:  # click turns KeyboardInterrupt (and Terminated) into Abort
         if isinstance(e, Terminated) or isinstance(e.__cause__, Terminated):
@@ -225,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"xlnet: error: {_one_line(e.format_message())}", err=True)
         sys.exit(2)
     except XLNetError as e:
-        click.echo(f"xlnet: error: {e}", err=True)
+        click.echo(f"xlnet: error: {printable(str(e))}", err=True)  # one line, whatever a value in it held
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         click.echo("xlnet: interrupted", err=True)
@@ -765,7 +779,6 @@ def eval_cmd(
 
     Prints the results as JSON on stdout.
     """
-    import json
 
     from xlnetcli.evaluate.checkpoint_eval import evaluate
 
@@ -780,7 +793,7 @@ def eval_cmd(
             null_odds_threshold=null_odds_threshold,
         )
     res = evaluate(ckpt, file=file, data=data_dir, predict=predict_file, output=output, **kwargs)
-    click.echo(json.dumps(res, indent=2))
+    click.echo(dumps_strict(res, indent=2))
 
 
 @cli.command("probe")

@@ -1,6 +1,7 @@
 """Loading a checkpoint: `resolve_checkpoint` accepts a run directory (-> its latest step folder), a step folder, or a
 Hugging Face XLNet directory (config.json + model.safetensors / pytorch_model.bin), which `load_model_dir` converts
-on the fly (hf_dir.py); weights are checked (checksum, finite values, keys and shapes) before a model sees them.
+on the fly (hf_dir.py). Every file of a step folder is checked against meta.json's sha256 (hashing a base model's
+~500 MB of weights takes about a second), and the weights (finite values, keys and shapes) before a model sees them.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from xlnetcli.checkpoint.folders import MODEL_FILE, find_tokenizer, read_meta, step_folders, verify_files
+from xlnetcli.checkpoint.folders import MODEL_FILE, find_tokenizer, step_folders, verify_checkpoint
 from xlnetcli.checkpoint.hf_dir import load_hf_dir
 from xlnetcli.config import Config, ModelConfig, config_from_dict, replace, yaml_load
+from xlnetcli.config.sizes import check_weights_size
 from xlnetcli.core.errors import CheckpointError, ConfigError, DataError
 from xlnetcli.core.files import sha256_file
 from xlnetcli.model import XLNetLMHeadModel
@@ -64,8 +66,13 @@ def checkpoint_inputs(path: str | Path) -> list[Path]:
 def load_model_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict[str, Any]]:
     """(config, state dict in our names, meta) from a step folder, run directory or HF directory."""
     p = resolve_checkpoint(path)
-    if is_hf_dir(p):
-        return load_hf_dir(p)
+    cfg, state, meta = load_hf_dir(p) if is_hf_dir(p) else _load_step_folder(p)
+    check_weights_size(cfg.model, sum(t.numel() for t in state.values()), p)
+    return cfg, state, meta
+
+
+def _load_step_folder(p: Path) -> tuple[Config, dict[str, torch.Tensor], dict[str, Any]]:
+    meta = verify_checkpoint(p)  # every file meta.json lists (config.yaml, tokenizer, weights, train state)
     try:
         raw = yaml_load((p / "config.yaml").read_text(encoding="utf-8"))  # no aliases: a bomb cannot expand
         cfg = config_from_dict(raw)
@@ -73,8 +80,6 @@ def load_model_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], d
         raise CheckpointError(f"{p / 'config.yaml'}: unreadable ({e.__class__.__name__})") from None
     except ConfigError as e:
         raise CheckpointError(f"{p / 'config.yaml'}: {e}") from None
-    meta = read_meta(p)
-    verify_files(p, [MODEL_FILE], meta)
     try:
         state = load_file(str(p / MODEL_FILE))
     except (OSError, SafetensorError, ValueError) as e:

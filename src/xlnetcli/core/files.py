@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover - not on POSIX
     resource = None  # type: ignore[assignment]
 
 from xlnetcli.core.errors import DiskFull, XLNetError
+from xlnetcli.core.shapes import dumps_strict, json_field, read_json_object
 from xlnetcli.core.signals import pid_alive
 
 # Temporary output folders are named .<out>.xlnet-<host>-<pid>-<random>.tmp, so that a later run can tell the ones
@@ -145,7 +146,8 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    """Strict JSON: a NaN or infinite number (a metric without a value) is written as null."""
+    atomic_write_text(path, dumps_strict(obj, indent=2, sort_keys=False) + "\n")
 
 
 def check_output_dir(
@@ -269,9 +271,10 @@ def output_lock(out: str | Path) -> Iterator[None]:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
         except FileExistsError:
             try:
-                owner = json.loads(path.read_text(encoding="utf-8"))
-                o_host, o_pid = str(owner["host"]), int(owner["pid"])
-            except (OSError, ValueError, KeyError, TypeError):
+                owner = read_json_object(path, XLNetError)
+                o_host = json_field(owner, "host", str, path, XLNetError)
+                o_pid = json_field(owner, "pid", int, path, XLNetError, lo=1, hi=2**31 - 1)
+            except XLNetError:
                 # unreadable: a writer killed between create and write; anything older than a minute is stale
                 with contextlib.suppress(OSError):
                     if time.time() - path.stat().st_mtime > 60:

@@ -13,7 +13,6 @@ Results are returned and, with ``output``, written as JSON.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from xlnetcli.checkpoint.load import checkpoint_inputs, is_hf_dir, load_lm_model
 from xlnetcli.core import dist
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_write_json, atomic_write_text, check_file_outputs
+from xlnetcli.core.shapes import dumps_strict
 from xlnetcli.data import labelled
 from xlnetcli.data.pretrain_stream import PretrainStream
 from xlnetcli.data.tokenizer import Tokenizer
@@ -168,4 +168,4 @@ def write_predictions(path: str | Path, rows: list[dict]) -> None:
             lines.append(f"{r[key]}\t{p}")
         atomic_write_text(path, "\n".join(lines) + "\n")
     else:
-        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        atomic_write_text(path, "".join(dumps_strict(r, ensure_ascii=False) + "\n" for r in rows))

@@ -26,6 +26,7 @@ from typing import Any
 
 from xlnetcli.core.console import console
 from xlnetcli.core.errors import DataError
+from xlnetcli.core.shapes import dumps_strict
 from xlnetcli.report.trackers import TRACKERS_FILE, close_trackers, one_line, start_trackers
 
 # What a run folder holds besides its subfolders (step folders, tensorboard/): config, metrics, a finetuning run's
@@ -60,7 +61,7 @@ class MetricsLogger:
 
     def log(self, step: int, split: str = "train", **metrics: Any) -> None:
         row = {"step": step, "split": split, "time": round(time.time(), 3), **metrics}
-        self._f.write(json.dumps(row) + "\n")
+        self._f.write(dumps_strict(row) + "\n")  # a NaN loss is written as null
         self._f.flush()
         scalars = {
             f"{split}/{k}": float(v)

@@ -40,7 +40,6 @@ checkpoint and raises ``Preempted`` (exit code 75); ``--resume`` then continues 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import random
 import signal
@@ -62,6 +61,7 @@ from xlnetcli.core.console import console, duration, progress_is_live, step_prog
 from xlnetcli.core.dist import autocast_ctx
 from xlnetcli.core.errors import CheckpointError, ConfigError, Preempted, XLNetError
 from xlnetcli.core.files import atomic_write_text
+from xlnetcli.core.shapes import dumps_strict
 from xlnetcli.model import parallelize
 from xlnetcli.model.flops import device_peak_tflops
 from xlnetcli.report.metrics_log import MetricsLogger, NullLogger, read_metrics
@@ -394,7 +394,7 @@ def truncate_metrics(run_dir: Path, step: int) -> None:
     if not path.exists():
         return
     rows = [r for r in read_metrics(run_dir) if r.get("step", 0) <= step]
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+    atomic_write_text(path, "".join(dumps_strict(r) + "\n" for r in rows))
 
 
 def printer(enabled: bool) -> Callable[..., None]:

@@ -454,7 +454,7 @@ def _check_inputs(
     t = cfg.train
     meta = read_records_meta(data_dir)
     check_records(cfg, meta, data_dir)
-    accum = check_config(cfg, env.world_size, stage="pretrain").accumulation
+    accum = check_config(cfg, env.world_size, stage="pretrain", device=env.device).accumulation
     require_trackers(t.report_to)
     if t.precision == "fp16" and env.device.type == "cpu":
         raise ConfigError("train.precision=fp16 needs a CUDA device (use bf16 or fp32 on CPU)")
