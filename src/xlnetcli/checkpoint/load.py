@@ -66,12 +66,14 @@ def checkpoint_inputs(path: str | Path) -> list[Path]:
 def load_model_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict[str, Any]]:
     """(config, state dict in our names, meta) from a step folder, run directory or HF directory."""
     p = resolve_checkpoint(path)
-    cfg, state, meta = load_hf_dir(p) if is_hf_dir(p) else _load_step_folder(p)
+    cfg, state, meta = load_hf_dir(p) if is_hf_dir(p) else load_step_folder(p)
     check_weights_size(cfg.model, sum(t.numel() for t in state.values()), p)
     return cfg, state, meta
 
 
-def _load_step_folder(p: Path) -> tuple[Config, dict[str, torch.Tensor], dict[str, Any]]:
+def load_step_folder(p: Path) -> tuple[Config, dict[str, torch.Tensor], dict[str, Any]]:
+    """(config, weights, meta) of one of our step folders, every file checked against its meta.json (the engine's
+    resume loads these into the model it built; load_model_dir also checks an LM's size before one is built)."""
     meta = verify_checkpoint(p)  # every file meta.json lists (config.yaml, tokenizer, weights, train state)
     try:
         raw = yaml_load((p / "config.yaml").read_text(encoding="utf-8"))  # no aliases: a bomb cannot expand

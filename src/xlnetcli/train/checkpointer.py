@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from xlnetcli.checkpoint.folders import save_model_dir, step_dir_name, step_folders, verify_checkpoint
-from xlnetcli.checkpoint.load import check_state_keys, load_model_dir, load_state
+from xlnetcli.checkpoint.load import check_state_keys, load_state, load_step_folder
 from xlnetcli.config import Config
 from xlnetcli.core import dist
 from xlnetcli.core.errors import CheckpointError, DiskFull, XLNetError
@@ -233,7 +233,7 @@ class Checkpointer:
     def load(self, folder: Path) -> None:
         """Restore every entry from step folder ``folder`` (checksums verified). A checkpoint written by another
         number of processes is refused before anything is touched: each rank continues its own state."""
-        _, weights, _ = load_model_dir(folder)  # every file of the folder checked against meta.json
+        _, weights, _ = load_step_folder(folder)  # every file of the folder checked against meta.json
         state = load_train_state(folder, verified=True)
         _check_state_shape(state, folder / TRAIN_STATE)
         written_by = len(state["ranks"])
