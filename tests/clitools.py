@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -98,6 +100,20 @@ def kill_and_resume(start, kills: int, before_kill) -> int:
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err.decode() if isinstance(err, bytes) else err
         return landed
+
+
+def kill_when_written(cmd: list[str], marker: Path, timeout: float = 120) -> None:
+    """Run ``cmd`` (an `xlnet` command) and SIGKILL it once ``marker`` exists (a checkpoint's file); asserts it was
+    still running then, i.e. the kill landed mid-run."""
+    proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + timeout
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    still_running = proc.poll() is None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert still_running, proc.stderr.read().decode() if proc.stderr else ""
+    assert proc.returncode == -signal.SIGKILL
 
 
 def flip_bit(path: Path, offset_from_end: int) -> None:

@@ -8,9 +8,7 @@ import json
 import os
 import pickle
 import shutil
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from clitools import (
     TRAIN_TSV,
     assert_one_line_error,
     child_env,
+    kill_when_written,
     run_main,
     set_args,
     step_weights,
@@ -60,6 +59,15 @@ def source(records, tmp_path_factory) -> Path:
 
 def _cfg(*extra: str):
     return load_config(TINY, FAST_PRETRAIN + list(extra))
+
+
+def _continue(capsys, records: Path, out: Path, init: Path | None, *sets: str, resume: bool = False):
+    """`xlnet pretrain --config tiny` with FAST_PRETRAIN, CONTINUE and ``sets`` on ``records`` into ``out`` (from
+    ``init`` when given); returns (exit code, stderr: the log and any error)."""
+    args = ["pretrain", "--config", TINY, *set_args([*FAST_PRETRAIN, *CONTINUE, *sets]), "--data", records]
+    args += ["--out", out, *(["--init", init] if init is not None else []), *(["--resume"] if resume else [])]
+    code, _, err = run_main(capsys, *args)
+    return code, err
 
 
 def _step0(run: Path) -> float:
@@ -125,19 +133,7 @@ def _hf_config():
 
 
 def test_init_from_our_run_starts_from_its_weights_and_records_it(source, records, tmp_path, capsys):
-    code, _, err = run_main(
-        capsys,
-        "pretrain",
-        "--config",
-        str(TINY),
-        *set_args([*FAST_PRETRAIN, *CONTINUE, "model.mem_len=8", "model.dropout=0.0"]),
-        "--data",
-        str(records),
-        "--out",
-        str(tmp_path / "cont"),
-        "--init",
-        str(source),
-    )
+    code, err = _continue(capsys, records, tmp_path / "cont", source, "model.mem_len=8", "model.dropout=0.0")
     assert code == 0, err
     last = list_checkpoints(source)[-1][1]
     assert "pretrained checkpoint" in err and "its bias from the checkpoint" in err  # the log goes to stderr
@@ -182,10 +178,7 @@ def test_init_from_a_bare_model_file_beside_its_config(source, records, tmp_path
     (tmp_path / "bare").mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(tmp_path / "hf" / name, tmp_path / "bare" / name)
-    args = ["pretrain", "--config", str(TINY), *set_args([*FAST_PRETRAIN, *CONTINUE]), "--data", str(records)]
-    code, _, err = run_main(
-        capsys, *args, "--out", str(tmp_path / "cont"), "--init", tmp_path / "bare" / "model.safetensors"
-    )
+    code, err = _continue(capsys, records, tmp_path / "cont", tmp_path / "bare" / "model.safetensors")
     assert code == 0, err
     assert "no SentencePiece model" in err
     assert _step0(tmp_path / "cont") == _our_eval(list_checkpoints(source)[-1][1], records)
@@ -212,19 +205,7 @@ def test_init_from_a_transformers_directory_matches_its_loss(cls, records, tmp_p
             lm.lm_loss.bias.zero_()
     else:
         lm = hf_model
-    code, _, err = run_main(
-        capsys,
-        "pretrain",
-        "--config",
-        str(TINY),
-        *set_args([*FAST_PRETRAIN, *CONTINUE]),
-        "--data",
-        str(records),
-        "--out",
-        str(tmp_path / "cont"),
-        "--init",
-        str(tmp_path / "hf"),
-    )
+    code, err = _continue(capsys, records, tmp_path / "cont", tmp_path / "hf")
     assert code == 0, err
     assert f"Hugging Face {cls}" in err
     assert ("its bias from the checkpoint" if cls == "XLNetLMHeadModel" else "bias zeros") in err
@@ -249,19 +230,7 @@ def test_init_from_a_finetuned_run_takes_its_transformer(source, records, tmp_pa
         "finetune.max_seq_length=32",
     )
     assert code == 0, err
-    code, _, err = run_main(
-        capsys,
-        "pretrain",
-        "--config",
-        str(TINY),
-        *set_args([*FAST_PRETRAIN, *CONTINUE]),
-        "--data",
-        str(records),
-        "--out",
-        str(tmp_path / "cont"),
-        "--init",
-        str(tmp_path / "ft"),
-    )
+    code, err = _continue(capsys, records, tmp_path / "cont", tmp_path / "ft")
     assert code == 0, err
     assert "finetuned checkpoint (classification" in err and "bias zeros" in err
     assert _step0(tmp_path / "cont") == _our_eval(tmp_path / "ft", records)
@@ -280,20 +249,8 @@ def test_continued_run_resumes_exactly_after_sigkill(source, records, tmp_path):
     cfg_file = write_config(tmp_path / "cfg.yaml", FAST_PRETRAIN + over)
     pretrain(load_config(cfg_file, [f"train.init={source.resolve()}"]), records, tmp_path / "a", quiet=True)
     cmd = [str(BIN / "xlnet"), "pretrain", "--config", str(cfg_file), "--data", str(records), "--quiet"]
-    proc = subprocess.Popen(
-        [*cmd, "--out", str(tmp_path / "b"), "--init", str(source)],
-        env=child_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
     first = tmp_path / "b" / f"step_{save:07d}" / "train_state.safetensors"
-    deadline = time.time() + 120
-    while not first.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    still_running = proc.poll() is None
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert still_running, proc.stderr.read().decode()
+    kill_when_written([*cmd, "--out", str(tmp_path / "b"), "--init", str(source)], first)
     # --init again (the same checkpoint, as a requeued job script would pass it) with --resume: its own weights
     out = subprocess.run(
         [*cmd, "--out", str(tmp_path / "b"), "--init", str(source), "--resume"],
@@ -326,16 +283,15 @@ def test_continued_run_on_two_processes_matches_one(source, records, tmp_path):
 
 
 def test_resume_with_another_init_is_refused(source, records, tmp_path, capsys):
-    args = ["pretrain", "--config", str(TINY), *set_args([*FAST_PRETRAIN, *CONTINUE]), "--data", str(records)]
-    code, _, err = run_main(capsys, *args, "--out", str(tmp_path / "cont"), "--init", str(source))
+    code, err = _continue(capsys, records, tmp_path / "cont", source)
     assert code == 0, err
-    code, _, err = run_main(capsys, *args, "--out", str(tmp_path / "scratch"))
+    code, err = _continue(capsys, records, tmp_path / "scratch", None)
     assert code == 0, err
     other = tmp_path / "other"
     shutil.copytree(source, other)
-    code, _, err = run_main(capsys, *args, "--out", str(tmp_path / "cont"), "--init", str(other), "--resume")
+    code, err = _continue(capsys, records, tmp_path / "cont", other, resume=True)
     assert_one_line_error(code, err, "train.init=", str(source.resolve()), str(other.resolve()))
-    code, _, err = run_main(capsys, *args, "--out", str(tmp_path / "scratch"), "--init", str(source), "--resume")
+    code, err = _continue(capsys, records, tmp_path / "scratch", source, resume=True)
     assert_one_line_error(code, err, "train.init=None")
 
 
@@ -344,19 +300,7 @@ def test_resume_with_another_init_is_refused(source, records, tmp_path, capsys):
 
 def _refused(capsys, records: Path, tmp_path: Path, init: Path, *needles: str, sets: tuple[str, ...] = ()) -> None:
     out = tmp_path / "cont"
-    code, _, err = run_main(
-        capsys,
-        "pretrain",
-        "--config",
-        str(TINY),
-        *set_args([*FAST_PRETRAIN, *CONTINUE, *sets]),
-        "--data",
-        str(records),
-        "--out",
-        str(out),
-        "--init",
-        str(init),
-    )
+    code, err = _continue(capsys, records, out, init, *sets)
     assert_one_line_error(code, err, *needles)
     assert not out.exists()  # nothing written
 
