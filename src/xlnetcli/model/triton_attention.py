@@ -448,8 +448,7 @@ def rel_attn(
     debug_keep: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused core on prepared inputs (see triton_rel_attention): (out [B,H,N,D], stats [B,H,N,2] fp32 (the
-    softmax's row max and sum), keep
-    [B,H,N,K] int8 with debug_keep and dropout, else [1])."""
+    softmax's row max and sum), keep [B,H,N,K] int8 with debug_keep and dropout, else [1])."""
     return _forward(qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, int(seed), debug_keep)
 
 
