@@ -67,6 +67,13 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # a client that stops reading early (the format probe reads 4 bytes) resets the connection: expected
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """(base URL, served folder): sample.txt, its .gz copy, sub/more.txt and a hidden file."""
@@ -79,8 +86,7 @@ def server(tmp_path_factory):
     (root / ".hidden.txt").write_text("hidden\n", encoding="utf-8")
     release = threading.Event()
     handler = type("H", (_Handler,), {"release": release})
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
-    srv.daemon_threads = True
+    srv = _Server(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{srv.server_port}/", release
@@ -129,3 +135,113 @@ def test_shards_identical_local_http_gzip_memory(tmp_path, tok_dir, server, mem)
     b = shard([SAMPLE], tmp_path / "vb", tok_dir, valid_inputs=[more])
     assert a.documents == b.documents == {"train": local.documents["train"] + local.documents["valid"], "valid": 1}
     assert shard_bytes(tmp_path / "va") == shard_bytes(tmp_path / "vb")
+
+
+def test_tokenize_train_from_url_same_model(tmp_path, server, capsys):
+    base, _ = server
+    args = ["--vocab-size", "500", "--threads", "1", "--quiet"]
+    assert run_main(capsys, "tokenize", "train", SAMPLE, "--out", tmp_path / "local", *args)[0] == 0
+    assert run_main(capsys, "tokenize", "train", base + "sample.txt.gz", "--out", tmp_path / "url", *args)[0] == 0
+    local, url = (json.loads((tmp_path / d / "xlnet_tokenizer.json").read_text()) for d in ("local", "url"))
+    assert url["sha256"] == local["sha256"] and url["train"]["inputs"] == [base + "sample.txt.gz"]
+
+
+def test_directories_globs_and_duplicates(server, mem):
+    base, _ = server
+    fs, root = mem
+    for name in ("a.txt", "sub/c.txt", ".hidden.txt", "sub/.d/e.txt", "docs/notes.md"):
+        fs.pipe(f"{root}/{name}", b"x\n")
+    fs.pipe(f"{root}/b.jsonl.gz", gzip.compress(b'{"text": "x"}\n'))
+    names = [f.name for f in expand_inputs([root])]
+    assert names == ["a.txt", "b.jsonl.gz", "c.txt"]  # recursive, sorted, hidden and non-corpus names left out
+    assert all(isinstance(f, RemoteFile) and f.size == fs.size(f.path) for f in expand_inputs([root]))
+    assert [f.name for f in expand_inputs([f"{root}/*.txt", f"{root}/**/*.txt"])] == ["a.txt", "c.txt"]  # de-dup
+    assert [str(f) for f in expand_inputs([base])] == [
+        base + "sample.txt",
+        base + "sample.txt.gz",
+        base + "sub/more.txt",
+    ]
+    assert [str(f) for f in expand_inputs([base + "*.gz"])] == [base + "sample.txt.gz"]
+    for bad, msg in [(f"{root}/*.zzz", "matches no files"), (f"{root}/docs", "holds no text files")]:
+        with pytest.raises(DataError, match=msg):
+            expand_inputs([bad])
+
+
+def test_http_streams_before_the_response_ends(server):
+    """The first text block arrives while the server still holds back the rest: nothing is downloaded first."""
+    base, release = server
+    release.clear()
+    [f] = expand_inputs([base + "slow.txt"])
+    blocks = iter_file_text(f, FileStats(f), block=1 << 20)
+    first = next(blocks)
+    assert not release.is_set() and 0 < len(first) <= 1 << 16
+    release.set()
+    assert (first + "".join(blocks)).encode() == TEXT
+
+
+def _refused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed at once: nothing listens there
+
+
+@pytest.mark.parametrize(
+    ("path", "needles"),
+    [
+        ("missing.txt", ["missing.txt does not exist"]),
+        ("truncated.txt", ["cannot read http://127.0.0.1", "truncated.txt"]),
+        ("refused", ["cannot read http://127.0.0.1:", "refused.txt"]),
+    ],
+)
+def test_bad_urls_one_line_nothing_written(tmp_path, tok_dir, server, capsys, path, needles):
+    base, _ = server
+    url = f"http://127.0.0.1:{_refused_port()}/refused.txt" if path == "refused" else base + path
+    for argv in (["shard", url, "--tokenizer", tok_dir], ["tokenize", "train", url, "--vocab-size", "500"]):
+        code, _, err = run_main(capsys, *argv, "--out", tmp_path / "out", "--quiet")
+        assert_one_line_error(code, err, *needles)
+        assert not any(tmp_path.iterdir())  # no output, no temporary folder left
+    # a truncated file after a good one: the run fails, nothing half-written
+    code, _, err = run_main(capsys, "shard", SAMPLE, url, "--tokenizer", tok_dir, "--out", tmp_path / "o", "--quiet")
+    assert_one_line_error(code, err, *needles)
+    assert not any(tmp_path.iterdir())
+
+
+def test_unknown_protocol_missing_package_and_remote_parquet(tmp_path, tok_dir, mem, capsys, monkeypatch):
+    fs, root = mem
+    code, _, err = run_main(capsys, "shard", "nosuch://bucket/a.txt", "--tokenizer", tok_dir, "--out", tmp_path / "o")
+    assert_one_line_error(code, err, "unknown protocol nosuch://")
+
+    def no_s3fs(protocol):
+        raise ImportError("Install s3fs to access S3")
+
+    monkeypatch.setattr(fsspec, "get_filesystem_class", no_s3fs)
+    code, _, err = run_main(capsys, "tokenize", "train", "s3://bucket/corpus/*.gz", "--out", tmp_path / "o")
+    assert_one_line_error(code, err, "reading s3:// URLs needs the s3fs package: pip install s3fs")
+    monkeypatch.undo()
+    fs.pipe(f"{root}/t.parquet", b"PAR1" + b"\0" * 16)
+    code, _, err = run_main(capsys, "shard", f"{root}/t.parquet", "--tokenizer", tok_dir, "--out", tmp_path / "o")
+    assert_one_line_error(code, err, "Parquet inputs must be local files")
+    assert not any(tmp_path.iterdir())
+
+
+def test_outputs_checked_against_local_inputs_only(tmp_path, tok_dir, server, capsys):
+    base, _ = server
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_bytes(TEXT)
+    code, _, err = run_main(
+        capsys, "shard", base + "sample.txt", corpus / "a.txt", "--tokenizer", tok_dir, "--out", corpus, "--overwrite"
+    )
+    assert_one_line_error(code, err, "holds the input")
+    code, _, err = run_main(
+        capsys,
+        "shard",
+        base + "sample.txt",
+        "--valid",
+        base + "sample.txt",
+        "--tokenizer",
+        tok_dir,
+        "--out",
+        tmp_path / "o",
+    )
+    assert_one_line_error(code, err, "is both a training input and a --valid file")

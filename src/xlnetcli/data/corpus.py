@@ -13,6 +13,8 @@ Text and JSONL may be compressed: .gz (gzip) or .zst (zstandard: the `zstd` extr
 bytes decide, the name must agree. Within a record, each non-blank line is a sentence and blank lines are dropped, so
 a record reads exactly as its lines followed by a blank line would in a text file. Records are streamed (JSONL by
 blocks, Parquet by record batches, datasets by Arrow batches): memory stays bounded whatever the corpus size.
+Text and JSONL may also be URLs (s3://, https://, ...: data/remote.py), streamed the same way; an input is then a
+RemoteFile instead of a Path (``Source``).
 
 Invalid UTF-8 policy: bad bytes are replaced by U+FFFD and counted; a warning line names the file and the count. A file
 where more than 1% of the bytes are invalid is refused (it is almost certainly not UTF-8 text: re-encode it first).

@@ -35,6 +35,7 @@ PROTOCOL_PACKAGES = {
     "http": "aiohttp",
     "https": "aiohttp",
 }
+HTTP_CONNECT_TIMEOUT = 60  # seconds to connect
 HTTP_READ_TIMEOUT = 300  # seconds without a byte before a streamed HTTP read fails (no limit on the whole response)
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
@@ -153,7 +154,8 @@ def filesystem(url: str) -> tuple[Any, str]:
         import aiohttp  # noqa: PLC0415 - optional (the `remote` extra); present: fsspec's http loaded above
 
         # aiohttp's default limits the whole response to 5 minutes: a large file streams longer than that
-        options["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(total=None, sock_read=HTTP_READ_TIMEOUT)}
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=HTTP_CONNECT_TIMEOUT, sock_read=HTTP_READ_TIMEOUT)
+        options["client_kwargs"] = {"timeout": timeout}
     try:
         return fsspec.core.url_to_fs(url, **options)
     except Exception as e:  # noqa: BLE001 - filesystems fail at creation in their own types (bad options, credentials)
@@ -172,22 +174,28 @@ def expand_url(url: str, is_corpus_name: Callable[[str], bool]) -> tuple[str, li
     http = _is_http(fs)
     try:
         if _has_magic(path, http):
-            found = fs.glob(path, detail=True)
-            return "glob", [_file(fs, p, i) for p, i in sorted(found.items()) if i.get("type") != "directory"]
+            magic = re.search(r"[*?\[]", path)
+            fixed = path[: magic.start() if magic else len(path)].rsplit("/", 1)[0] + "/"
+            found = sorted(fs.glob(path, detail=True).items())
+            # as Python's glob: files only, none with a hidden part below the pattern's fixed folder
+            return "glob", [_file(fs, p, i) for p, i in found if i.get("type") != "directory" and _shown(p, fixed)]
         info: dict[str, Any] = {"type": "directory"} if http and path.endswith("/") else fs.info(path)
         if info.get("type") != "directory":
             return "file", [RemoteFile(url, path, fs, info.get("size"))]
         root = path.rstrip("/") + "/"
-        files = []
-        for p, i in sorted(fs.find(path, detail=True).items()):
-            parts = p[len(root) :].split("/") if p.startswith(root) else [p.rsplit("/", 1)[-1]]
-            if i.get("type") != "directory" and is_corpus_name(parts[-1]) and not any(x[:1] == "." for x in parts):
-                files.append(_file(fs, p, i))
-        return "directory", files
+        found = sorted(fs.find(path, detail=True).items())
+        keep = [(p, i) for p, i in found if i.get("type") != "directory" and is_corpus_name(p.rsplit("/", 1)[-1])]
+        return "directory", [_file(fs, p, i) for p, i in keep if _shown(p, root)]
     except XLNetError:
         raise
     except Exception as e:  # noqa: BLE001 - each filesystem raises its own types (aiohttp, botocore, ...)
         raise remote_error(url, e) from None
+
+
+def _shown(path: str, root: str) -> bool:
+    """No part of ``path`` below ``root`` is hidden (starts with a dot)."""
+    rel = path[len(root) :] if path.startswith(root) else path.rsplit("/", 1)[-1]
+    return not any(part.startswith(".") for part in rel.split("/"))
 
 
 def _file(fs: Any, path: str, info: dict) -> RemoteFile:
