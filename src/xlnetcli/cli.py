@@ -448,7 +448,8 @@ def tokenize_train_cmd(
 ) -> None:
     """Train a SentencePiece unigram tokenizer on text, JSONL or Parquet files, datasets folders, directories or globs.
 
-    Files may be .gz or .zst compressed. Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
+    Files may be .gz or .zst compressed, and text or JSONL may be URLs (https://, s3://, gs://, az://, hf://: the
+    `remote` extra). Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
     from xlnetcli.core.console import console
     from xlnetcli.data.tokenizer import train_tokenizer
 
@@ -537,7 +538,7 @@ def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_
     "valid_inputs",
     multiple=True,
     metavar="FILE",
-    help="Validation file(s) instead of a random fraction (repeatable).",
+    help="Validation file(s) or URL(s) instead of a random fraction (repeatable).",
 )
 @click.option(
     "--seed", type=click.IntRange(0, 2**32 - 1), default=None, help="Seed of the validation split (default data.seed)."
@@ -560,7 +561,8 @@ def shard_cmd(
 ) -> None:
     """Tokenise text, JSONL or Parquet files, datasets folders, directories or globs into N balanced shards + valid.
 
-    Files may be .gz or .zst compressed. Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
+    Files may be .gz or .zst compressed, and text or JSONL may be URLs (https://, s3://, gs://, az://, hf://: the
+    `remote` extra). Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
     from xlnetcli.checkpoint.folders import find_tokenizer
     from xlnetcli.core.console import console
     from xlnetcli.data.shard import shard_corpus

@@ -20,12 +20,11 @@ import multiprocessing as mp
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from xlnetcli.core.signals import quiet_pool_worker
-from xlnetcli.data.corpus import FileStats, ReadStats, iter_file_text
+from xlnetcli.data.corpus import FileStats, ReadStats, Source, iter_file_text
 from xlnetcli.data.tokenizer.normalize import combining_table, normalize_block
 
 SLACK = 1.25  # the parent holds up to this many times the limits between compactions
@@ -137,7 +136,9 @@ class _Reservoir:
         self.n, self.size = len(self.lines), int(nbytes.sum())
 
 
-def iter_line_blocks(files: Iterable[Path], stats: ReadStats, on_bytes: Callable[[int], None] | None, text_field: str):
+def iter_line_blocks(
+    files: Iterable[Source], stats: ReadStats, on_bytes: Callable[[int], None] | None, text_field: str
+):
     """Blocks of whole lines of all inputs in order (the lines of data/corpus.py's iter_lines, joined by newlines)."""
     for path in files:
         fs = FileStats(path)

@@ -16,7 +16,7 @@ from xlnetcli.core.console import byte_progress, console
 from xlnetcli.core.errors import ConfigError, DataError
 from xlnetcli.core.files import atomic_output_dir, check_output_dir, check_output_not_input
 from xlnetcli.core.signals import sigterm_as_interrupt
-from xlnetcli.data.corpus import ReadStats, expand_inputs, total_size
+from xlnetcli.data.corpus import ReadStats, Source, expand_inputs, local_paths, total_size
 from xlnetcli.data.special import SPECIAL_PIECES
 from xlnetcli.data.tokenizer.normalize import NORMALIZER
 from xlnetcli.data.tokenizer.sample import Sample, SampleLimits, iter_line_blocks, sample_corpus
@@ -48,7 +48,7 @@ def train_tokenizer(
     out = Path(out_dir)
     check_output_dir(out, overwrite, "a tokenizer")
     files = expand_inputs(inputs)
-    check_output_not_input(out, files)
+    check_output_not_input(out, local_paths(files))
     tcfg = cfg.tokenizer
     _check_vocab_size(tcfg)
     stats = ReadStats()
@@ -77,7 +77,7 @@ def _check_vocab_size(tcfg: TokenizerConfig) -> None:
 
 
 def _sample_and_train(
-    files: list[Path], tmp: Path, tcfg: TokenizerConfig, stats: ReadStats, quiet: bool, text_field: str, workers: int
+    files: list[Source], tmp: Path, tcfg: TokenizerConfig, stats: ReadStats, quiet: bool, text_field: str, workers: int
 ) -> tuple[bytes, Sample]:
     """Normalise the corpus in ``workers`` processes while drawing the sample (sample.py), write only the sample to
     a temporary file in ``tmp`` and train the unigram model on it; (model bytes, sample). The file is removed."""
@@ -117,7 +117,7 @@ def _tokenizer_meta(
     options: dict,
     tcfg: TokenizerConfig,
     sample: Sample,
-    files: list[Path],
+    files: list[Source],
     stats: ReadStats,
 ) -> dict:
     """The tokenizer's metadata (xlnet_tokenizer.json): hash and options of the model, its vocabulary size and how
