@@ -3,6 +3,7 @@
     python benchmarks/gpu_pretrain.py                       # the BENCHMARKS.md table (Base 8/16/32, Large 4/8)
     python benchmarks/gpu_pretrain.py --rows base:16:sdpa,base:16:flex:compile --hf   # chosen rows
     python benchmarks/gpu_pretrain.py --smoke               # CPU smoke run (tiny sizes, 2 steps): checks the script
+    TRITON_INTERPRET=1 python benchmarks/gpu_pretrain.py --smoke --rows base:2:triton   # the Triton kernel on CPU
 
 A row is SIZE:MICRO:IMPL[:compile][:ac][:dropatt0][:det][:cudnn]: size base or large (configs/*.yaml: seq 512,
 mem_len 384, reuse_len 256, 85 targets, bi_data on, dropout 0.1, dropatt 0.1), micro-batch, attention kernel
@@ -37,7 +38,8 @@ from engine_vs_hf import make_batch  # the same original-style PLM batch as the 
 DEFAULT_ROWS = (
     "base:16:einsum:compile,base:16:einsum:compile:det,base:16:einsum:compile:dropatt0,"
     "base:8:einsum:compile,base:32:einsum:compile,base:16:sdpa,base:16:sdpa:det,"
-    "large:8:einsum:compile,large:8:einsum:compile:ac,large:16:einsum:compile:ac"
+    "large:8:einsum:compile,large:8:einsum:compile:ac,large:16:einsum:compile:ac,"
+    "base:16:triton,base:16:triton:compile,large:8:triton:compile"  # issue 23's fused kernel: not yet measured
 )
 SIZES = {"base": "configs/base.yaml", "large": "configs/large.yaml", "tiny": "configs/tiny.yaml"}
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -98,6 +100,20 @@ def kill_and_resume(start, kills: int, before_kill) -> int:
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err.decode() if isinstance(err, bytes) else err
         return landed
+
+
+def kill_when_written(cmd: list[str], marker: Path, timeout: float = 120) -> None:
+    """Run ``cmd`` (an `xlnet` command) and SIGKILL it once ``marker`` exists (a checkpoint's file); asserts it was
+    still running then, i.e. the kill landed mid-run."""
+    proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + timeout
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    still_running = proc.poll() is None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert still_running, proc.stderr.read().decode() if proc.stderr else ""
+    assert proc.returncode == -signal.SIGKILL
 
 
 def flip_bit(path: Path, offset_from_end: int) -> None:
@@ -208,3 +224,45 @@ def xlnet_spm(tmp_path: Path, train_file: str, lower: bool = False) -> bytes:
         minloglevel=2,
     )
     return (tmp_path / "m.model").read_bytes()
+
+
+# The original XLNet's spm_train flags (zihangdai/xlnet README, "Pretraining with XLNet"); SentencePiece's own
+# defaults put <unk> <s> </s> at 0-2, so the released ids 0-8 are <unk> <s> </s> <cls> <sep> <pad> <mask> <eod> <eop>.
+RELEASED_CONTROL = ["<cls>", "<sep>", "<pad>", "<mask>", "<eod>"]
+RELEASED_USER_DEFINED = ["<eop>", ".", "(", ")", '"', "-", "\u2013", "\u00a3", "\u20ac"]
+
+
+def train_released_spm(out_dir: Path) -> Path:
+    """A released-style spiece.model in ``out_dir``: the original's flags (unigram, coverage 0.99995, its control and
+    user-defined symbols, shuffled input) on the bundled corpus, 3000 pieces instead of 32000 (about 1 s)."""
+    spm.SentencePieceTrainer.train(
+        input=str(CORPUS),
+        model_prefix=str(out_dir / "spiece"),
+        model_type="unigram",
+        vocab_size=3000,
+        character_coverage=0.99995,
+        control_symbols=RELEASED_CONTROL,
+        user_defined_symbols=RELEASED_USER_DEFINED,
+        shuffle_input_sentence=True,
+        num_threads=1,
+        minloglevel=2,
+    )
+    return out_dir / "spiece.model"
+
+
+def save_with_transformers(spiece: Path, out: Path, lower: bool = False, keep_accents: bool = False) -> Path:
+    """``out`` as transformers' XLNetTokenizer saves a tokenizer built from ``spiece`` (tokenizer_config.json with
+    do_lower_case and keep_accents, tokenizer.json), plus spiece.model as a released directory holds it: transformers
+    5 builds the tokenizer from the model but writes no spiece.model (its save_vocabulary calls it tokenizer.model)."""
+    import shutil
+
+    import transformers
+
+    src = out.with_name(out.name + ".src")
+    src.mkdir(parents=True)
+    shutil.copyfile(spiece, src / "spiece.model")
+    xl = transformers.XLNetTokenizer.from_pretrained(src, do_lower_case=lower, keep_accents=keep_accents)
+    xl.save_pretrained(out)
+    if not (out / "spiece.model").is_file():
+        shutil.copyfile(spiece, out / "spiece.model")
+    return out

@@ -14,11 +14,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+import torch
+
+# attn_impl "triton" on a machine without CUDA runs in Triton's interpreter, which @triton.jit picks when a kernel is
+# defined: triton's own (tl.rand ...) when triton is first imported, and torch._dynamo or transformers import it in
+# many tests. So it is chosen here, before any test module (tests/model/test_triton_attention.py).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from clitools import SAMPLE, TINY
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,7 +21,8 @@ import click
 from xlnetcli import __version__
 from xlnetcli.config import PRESETS, SECTIONS, Config, load_config, parse_override
 from xlnetcli.core.errors import ConfigError, Preempted, Terminated, XLNetError
-from xlnetcli.core.text import clip
+from xlnetcli.core.shapes import dumps_strict
+from xlnetcli.core.text import clip, printable
 
 DEFAULT_CONFIG = "tiny"  # the preset pretrain uses when neither --config, the run nor the records carry a config
 BUNDLED_CORPUS = Path(__file__).resolve().parents[2] / "data" / "pydocs" / "corpus.txt"
@@ -84,6 +86,8 @@ SETTING_OPTIONS: dict[str, dict[str, str]] = {
         "vocab_size": "tokenizer.vocab_size",  # model.vocab_size follows (load_config): the model must match
         "character_coverage": "tokenizer.character_coverage",
         "input_sentence_size": "tokenizer.input_sentence_size",
+        "input_sentence_bytes": "tokenizer.input_sentence_bytes",
+        "seed": "tokenizer.seed",
         "threads": "tokenizer.threads",
         "uncased": "tokenizer.uncased",
         "keep_accents": "tokenizer.keep_accents",
@@ -196,9 +200,21 @@ def cli() -> None:
 # ---- commands are registered below, one section per module -------------------------------------------------------
 
 
+def _check_utf8(args: list[str]) -> None:
+    """Refuse an argument that is not UTF-8 (Python hands such bytes over as surrogates, which no file, tokenizer or
+    JSON can take): one line showing its bytes."""
+    for arg in args:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = os.fsencode(arg)
+            raise XLNetError(f"argument {raw!r} is not valid UTF-8 text; pass text and paths in UTF-8") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors become one line on stderr and exit code 2; a preempted run exits 75."""
     try:
+        _check_utf8(sys.argv[1:] if argv is None else argv)
         cli.main(args=argv, prog_name="xlnet", standalone_mode=False)
     except (click.exceptions.Abort, Terminated) as e:  # click turns KeyboardInterrupt (and Terminated) into Abort
         if isinstance(e, Terminated) or isinstance(e.__cause__, Terminated):
@@ -223,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"xlnet: error: {_one_line(e.format_message())}", err=True)
         sys.exit(2)
     except XLNetError as e:
-        click.echo(f"xlnet: error: {e}", err=True)
+        click.echo(f"xlnet: error: {printable(str(e))}", err=True)  # one line, whatever a value in it held
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         click.echo("xlnet: interrupted", err=True)
@@ -393,6 +409,13 @@ def import_cmd(hf_dir: Path, out: Path, overwrite: bool) -> None:
 
 # ---- tokenizer ----
 
+# --tokenizer of `tokenize encode` and `shard`: every path checkpoint.folders.find_tokenizer accepts
+TOKENIZER_HELP = (
+    "A tokenizer folder (xlnet tokenize train), a spiece.model file, a transformers XLNet directory (spiece.model + "
+    "tokenizer_config.json, e.g. a copy of xlnet-base-cased), or the tokenizer/ of a run (its latest step), step "
+    "folder, shards or records folder."
+)
+
 
 @cli.group("tokenize")
 def tokenize_group() -> None:
@@ -405,8 +428,15 @@ def tokenize_group() -> None:
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Tokenizer directory to create.")
 @click.option("--vocab-size", type=int, default=None, help="Vocabulary size (default tokenizer.vocab_size).")
 @click.option("--character-coverage", type=float, default=None, help="Character coverage (original: 0.99995).")
-@click.option("--input-sentence-size", type=int, default=None, help="Lines sampled for training (shuffled).")
+@click.option("--input-sentence-size", type=int, default=None, help="Lines sampled for training at most (0 = all).")
+@click.option(
+    "--input-sentence-bytes", type=int, default=None, help="UTF-8 bytes sampled for training at most (0 = no limit)."
+)
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=None, help="Seed of the sample (tokenizer.seed).")
 @click.option("--threads", type=int, default=None, help="Trainer threads (0 = all cores).")
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Normalising processes (same model)."
+)
 @click.option("--uncased/--cased", default=None, help="Lowercase before encoding (default tokenizer.uncased).")
 @click.option("--keep-accents/--strip-accents", default=None, help="Keep accents (default: strip, as the original).")
 @text_field_option
@@ -414,16 +444,23 @@ def tokenize_group() -> None:
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @with_config("tokenize train")
 def tokenize_train_cmd(
-    cfg: Config, inputs: tuple[str, ...], out_dir: Path, text_field: str, overwrite: bool, quiet: bool
+    cfg: Config, inputs: tuple[str, ...], out_dir: Path, workers: int, text_field: str, overwrite: bool, quiet: bool
 ) -> None:
     """Train a SentencePiece unigram tokenizer on text, JSONL or Parquet files, datasets folders, directories or globs.
 
-    Files may be .gz or .zst compressed. Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
+    Files may be .gz or .zst compressed, and text or JSONL may be URLs (https://, s3://, gs://, az://, hf://: the
+    `remote` extra). Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
     from xlnetcli.core.console import console
     from xlnetcli.data.tokenizer import train_tokenizer
 
     tok = train_tokenizer(
-        cfg, inputs_or_bundled(inputs), out_dir, overwrite=overwrite, quiet=quiet, text_field=text_field
+        cfg,
+        inputs_or_bundled(inputs),
+        out_dir,
+        overwrite=overwrite,
+        quiet=quiet,
+        text_field=text_field,
+        workers=workers,
     )
     console.print(
         f"wrote {out_dir}/ spiece.model, xlnet_tokenizer.json, tokenizer.json (vocab {tok.vocab_size}, "
@@ -438,17 +475,18 @@ def tokenize_train_cmd(
     "tok_path",
     required=True,
     type=click.Path(path_type=Path),
-    help="Tokenizer directory (or spiece.model).",
+    help=TOKENIZER_HELP,
 )
 @click.option("--text", default=None, help="Encode this text instead of a file.")
 @click.option("--ids", "as_ids", is_flag=True, help="Print ids instead of pieces.")
 def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_ids: bool) -> None:
     """Print the pieces (or ids) of --text or of each line of FILE ('-' = stdin), one output line per input line."""
+    from xlnetcli.checkpoint.folders import find_tokenizer
     from xlnetcli.data.tokenizer import Tokenizer
 
     if (text is None) == (file is None):
         raise XLNetError("pass either --text TEXT or a FILE to encode")
-    tok = Tokenizer.load(tok_path)
+    tok = Tokenizer.load(find_tokenizer(tok_path))
 
     def show(line: str) -> None:
         ids = tok.encode_ids(line)
@@ -478,7 +516,7 @@ def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_
     "tok_path",
     required=True,
     type=click.Path(path_type=Path),
-    help="Tokenizer directory (xlnet tokenize train).",
+    help=TOKENIZER_HELP,
 )
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Shard directory to create.")
 @click.option(
@@ -500,7 +538,7 @@ def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_
     "valid_inputs",
     multiple=True,
     metavar="FILE",
-    help="Validation file(s) instead of a random fraction (repeatable).",
+    help="Validation file(s) or URL(s) instead of a random fraction (repeatable).",
 )
 @click.option(
     "--seed", type=click.IntRange(0, 2**32 - 1), default=None, help="Seed of the validation split (default data.seed)."
@@ -523,7 +561,9 @@ def shard_cmd(
 ) -> None:
     """Tokenise text, JSONL or Parquet files, datasets folders, directories or globs into N balanced shards + valid.
 
-    Files may be .gz or .zst compressed. Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
+    Files may be .gz or .zst compressed, and text or JSONL may be URLs (https://, s3://, gs://, az://, hf://: the
+    `remote` extra). Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
+    from xlnetcli.checkpoint.folders import find_tokenizer
     from xlnetcli.core.console import console
     from xlnetcli.data.shard import shard_corpus
 
@@ -533,7 +573,7 @@ def shard_cmd(
         cfg,
         inputs_or_bundled(inputs),
         out_dir,
-        tok_path,
+        find_tokenizer(tok_path),
         shards=shards,
         workers=workers,
         valid_inputs=valid_inputs,
@@ -741,7 +781,6 @@ def eval_cmd(
 
     Prints the results as JSON on stdout.
     """
-    import json
 
     from xlnetcli.evaluate.checkpoint_eval import evaluate
 
@@ -756,7 +795,7 @@ def eval_cmd(
             null_odds_threshold=null_odds_threshold,
         )
     res = evaluate(ckpt, file=file, data=data_dir, predict=predict_file, output=output, **kwargs)
-    click.echo(json.dumps(res, indent=2))
+    click.echo(dumps_strict(res, indent=2))
 
 
 @cli.command("probe")

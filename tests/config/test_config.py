@@ -264,7 +264,9 @@ def test_override_of_an_unused_section_is_refused_with_a_hint():
     )
     with pytest.raises(ConfigError, match=r"xlnet shard reads data\.\*; model\.d_model is not used$"):
         check_override_sections(["model.d_model=64"], "shard")
-    with pytest.raises(ConfigError, match=r"tokenize train reads tokenizer\.\*; train\.seed is not used$"):
+    with pytest.raises(ConfigError, match=r"tokenize train reads tokenizer\.\*; train\.lr is not used$"):
+        check_override_sections(["train.lr=1"], "tokenize train")
+    with pytest.raises(ConfigError, match=r"train\.seed is not used; did you mean tokenizer\.seed\?$"):
         check_override_sections(["train.seed=1"], "tokenize train")
     check_override_sections(["model.d_model=64", "train.lr=1", "data.seed=1", "tokenizer.threads=1"], "pretrain")
     assert set(COMMAND_SECTIONS["config show"]) == set(SECTIONS)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from clitools import CORPUS, preprocess_cfg
+from clitools import CORPUS, preprocess_cfg, save_with_transformers, train_released_spm
 
 from xlnetcli.config import TokenizerConfig
 
@@ -26,3 +26,16 @@ def shard_dir(builds, tok_dir) -> Path:
 @pytest.fixture(scope="session")
 def records(builds, shard_dir) -> Path:
     return builds.records(shard_dir, preprocess_cfg(), passes=2)
+
+
+@pytest.fixture(scope="session")
+def released_spm(tmp_path_factory) -> Path:
+    """A released-style spiece.model (clitools.train_released_spm)."""
+    return train_released_spm(tmp_path_factory.mktemp("released"))
+
+
+@pytest.fixture(scope="session")
+def released_dir(tmp_path_factory, released_spm) -> Path:
+    """A cased transformers XLNet tokenizer directory of the released-style model (as xlnet-base-cased's)."""
+    pytest.importorskip("transformers")
+    return save_with_transformers(released_spm, tmp_path_factory.mktemp("hf") / "cased")

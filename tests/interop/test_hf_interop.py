@@ -17,6 +17,7 @@ from xlnetcli.checkpoint.load import load_lm_model, load_model_dir, resolve_chec
 from xlnetcli.cli import main
 from xlnetcli.config import ModelConfig, config_from_dict
 from xlnetcli.core.errors import CheckpointError
+from xlnetcli.core.files import sha256_file
 from xlnetcli.model import XLNetLMHeadModel
 from xlnetcli.model.state_dict_adapter import mems_to_hf
 
@@ -290,6 +291,10 @@ def test_checkpoint_errors(ckpt, tmp_path):
     (bad / "model.safetensors").write_bytes(b"garbage")
     src = resolve_checkpoint(ckpt)
     (bad / "config.yaml").write_text((src / "config.yaml").read_text())
+    with pytest.raises(CheckpointError, match=r"no meta\.json"):  # assembled by hand: nothing in it can be checked
+        load_model_dir(bad)
+    digests = {n: sha256_file(bad / n) for n in ("model.safetensors", "config.yaml")}
+    (bad / "meta.json").write_text(json.dumps({"sha256": digests}))  # garbage with a matching checksum
     with pytest.raises(CheckpointError, match="corrupt"):
         load_model_dir(bad)
     assert cli("export", str(tmp_path / "nope"), "--out", str(tmp_path / "o")) == 2

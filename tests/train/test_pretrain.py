@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -16,6 +15,7 @@ from clitools import (
     FAST_PRETRAIN,
     TINY,
     child_env,
+    kill_when_written,
     run_main,
     step_weights,
     train_losses,
@@ -99,16 +99,7 @@ def test_resume_after_sigkill_is_exact(records, tmp_path):
         str(tmp_path / "b"),
         "--quiet",
     ]
-    proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    first = tmp_path / "b" / f"step_{save:07d}" / "train_state.safetensors"
-    deadline = time.time() + 120
-    while not first.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    still_running = proc.poll() is None
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert still_running, proc.stderr.read().decode()
-    assert proc.returncode == -signal.SIGKILL
+    kill_when_written(cmd, tmp_path / "b" / f"step_{save:07d}" / "train_state.safetensors")
     killed_at = [s for s, _ in list_checkpoints(tmp_path / "b")]
     assert killed_at and killed_at[-1] < n, killed_at
     # resume (no --config: the run's own config.yaml)

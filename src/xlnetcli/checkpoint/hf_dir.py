@@ -28,7 +28,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from xlnetcli.config import Config, FinetuneConfig, ModelConfig, config_from_dict, config_to_dict
+from xlnetcli.config.sizes import check_weights_size
 from xlnetcli.core.errors import CheckpointError, ConfigError
+from xlnetcli.core.shapes import json_field, read_json_object
 from xlnetcli.model.heads import SQUAD_TOP_K
 from xlnetcli.model.state_dict_adapter import from_hf_config, from_hf_state, to_hf_config, to_hf_state
 
@@ -55,6 +57,36 @@ def _with_pretraining_values(mcfg: ModelConfig, path: Path) -> ModelConfig:
         ) from None
     except ConfigError as e:
         raise CheckpointError(f"{path}: {e}; remove it to import with inference settings") from None
+
+
+# transformers' XLNetConfig fields we read: kind and lower bound (numbers above any real model are caught by
+# check_weights_size against the weights)
+_HF_INTS = {"vocab_size": 9, "d_model": 2, "n_layer": 1, "n_head": 1, "d_inner": 1}
+_HF_OPTIONAL: dict[str, tuple[type, float | None]] = {
+    "d_head": (int, 1),
+    "mem_len": (int, 0),
+    "reuse_len": (int, 0),
+    "clamp_len": (int, -1),
+    "dropout": (float, 0),
+    "layer_norm_eps": (float, 0),
+    "initializer_range": (float, 0),
+    "ff_activation": (str, None),
+    "bi_data": (bool, None),
+    "same_length": (bool, None),
+}
+
+
+_HF_TOKENIZER = {"uncased": "do_lower_case", "keep_accents": "keep_accents"}  # ours -> tokenizer_config.json
+
+
+def check_hf_config(hc: dict[str, Any], where: Path) -> None:
+    """The fields of an HF config.json we read, each of the right kind and range, else one line naming the file and
+    the field (a string d_model, an n_head of 0, a float n_layer)."""
+    for key, lo in _HF_INTS.items():
+        json_field(hc, key, int, where, CheckpointError, lo=lo)
+    for key, (kind, low) in _HF_OPTIONAL.items():
+        if hc.get(key) is not None:
+            json_field(hc, key, kind, where, CheckpointError, lo=low)
 
 
 def _full_config(
@@ -370,16 +402,14 @@ def import_summary(out: str | Path) -> str:
 def load_hf_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict[str, Any]]:
     """(Config, our state dict, meta) from an HF XLNet directory (config.json + weights [+ spiece.model])."""
     p = Path(path)
-    try:
-        hc = json.loads((p / "config.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        raise CheckpointError(f"{p / 'config.json'}: missing or not valid JSON") from None
-    if not isinstance(hc, dict):
-        raise CheckpointError(f"{p / 'config.json'}: not a JSON object (a transformers config)")
+    hc = read_json_object(p / "config.json", CheckpointError, "a transformers config")
     if hc.get("model_type", "xlnet") != "xlnet":
         raise CheckpointError(f"{p} is a {hc.get('model_type')!r} model, not XLNet")
-    mcfg = from_hf_config(hc)
-    mcfg = _with_pretraining_values(mcfg, p / PRETRAINING_FILE)
+    check_hf_config(hc, p / "config.json")
+    try:
+        mcfg = _with_pretraining_values(from_hf_config(hc), p / PRETRAINING_FILE)
+    except ConfigError as e:
+        raise CheckpointError(f"{p / 'config.json'}: {e}") from None
     if (p / "model.safetensors").is_file():
         try:
             hf = load_file(str(p / "model.safetensors"))
@@ -394,15 +424,14 @@ def load_hf_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict
         raise CheckpointError(f"{p} has config.json but no model.safetensors or pytorch_model.bin")
     if not isinstance(hf, dict) or not all(isinstance(v, torch.Tensor) for v in hf.values()):
         raise CheckpointError(f"{p}: the weights file is not a state dict (names -> tensors)")
+    check_weights_size(mcfg, sum(v.numel() for v in hf.values()), p / "config.json")
     tok = {}
     tc = p / "tokenizer_config.json"
     if tc.is_file():
-        try:
-            t = json.loads(tc.read_text(encoding="utf-8"))
-            tok = {"uncased": bool(t.get("do_lower_case", False)), "keep_accents": bool(t.get("keep_accents", False))}
-        except (OSError, json.JSONDecodeError):
-            pass
+        t = read_json_object(tc, CheckpointError, "transformers' tokenizer settings")
+        tok = {k: json_field(t, hf, bool, tc, CheckpointError, default=False) for k, hf in _HF_TOKENIZER.items()}
     state, meta, finetune = _with_head(p, hc, hf, from_hf_state(hf, mcfg))
+    meta.setdefault("hf_class", str((hc.get("architectures") or ["XLNetLMHeadModel"])[0]))
     meta["lm_bias"] = "lm_loss.bias" in hf  # an XLNetModel or a task model has no LM bias (from_hf_state: zeros)
     meta["weights"] = "model.safetensors" if (p / "model.safetensors").is_file() else "pytorch_model.bin"
     return _full_config(mcfg, tok, finetune), state, meta

@@ -1,12 +1,12 @@
 """Loading a checkpoint: `resolve_checkpoint` accepts a run directory (-> its latest step folder), a step folder, or a
 Hugging Face XLNet directory (config.json + model.safetensors / pytorch_model.bin), which `load_model_dir` converts
-on the fly (hf_dir.py); weights are checked (checksum, finite values, keys and shapes) before a model sees them.
+on the fly (hf_dir.py). Every file of a step folder is checked against meta.json's sha256 (hashing a base model's
+~500 MB of weights takes about a second), and the weights (finite values, keys and shapes) before a model sees them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,12 +16,14 @@ import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from xlnetcli.checkpoint.folders import MODEL_FILE, read_meta, step_folders, tokenizer_dir_of, verify_files
+from xlnetcli.checkpoint.folders import MODEL_FILE, find_tokenizer, step_folders, verify_checkpoint
 from xlnetcli.checkpoint.hf_dir import load_hf_dir
 from xlnetcli.config import Config, ModelConfig, config_from_dict, replace, yaml_load
-from xlnetcli.core.errors import CheckpointError, ConfigError
+from xlnetcli.config.sizes import check_weights_size
+from xlnetcli.core.errors import CheckpointError, ConfigError, DataError
 from xlnetcli.core.files import sha256_file
 from xlnetcli.model import XLNetLMHeadModel
+from xlnetcli.report.metrics_log import run_inputs
 
 # Keys that define the architecture (a checkpoint cannot be loaded into a model that disagrees on these).
 ARCH_KEYS = ("vocab_size", "d_model", "n_layer", "n_head", "d_head", "d_inner", "untie_r", "ff_activation")
@@ -51,11 +53,28 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return steps[-1][1]
 
 
+def checkpoint_inputs(path: str | Path) -> list[Path]:
+    """What an output must stay apart from when the checkpoint ``path`` is read: the folder it resolves to, whole,
+    and, when ``path`` is a run folder, that run's own files and subfolders (report.metrics_log.run_inputs)."""
+    p = Path(path)
+    resolved = resolve_checkpoint(p)
+    if p.is_dir() and p.resolve() != resolved.resolve():
+        return [resolved, *run_inputs(p)]
+    return [resolved]
+
+
 def load_model_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict[str, Any]]:
     """(config, state dict in our names, meta) from a step folder, run directory or HF directory."""
     p = resolve_checkpoint(path)
-    if is_hf_dir(p):
-        return load_hf_dir(p)
+    cfg, state, meta = load_hf_dir(p) if is_hf_dir(p) else load_step_folder(p)
+    check_weights_size(cfg.model, sum(t.numel() for t in state.values()), p)
+    return cfg, state, meta
+
+
+def load_step_folder(p: Path) -> tuple[Config, dict[str, torch.Tensor], dict[str, Any]]:
+    """(config, weights, meta) of one of our step folders, every file checked against its meta.json (the engine's
+    resume loads these into the model it built; load_model_dir also checks an LM's size before one is built)."""
+    meta = verify_checkpoint(p)  # every file meta.json lists (config.yaml, tokenizer, weights, train state)
     try:
         raw = yaml_load((p / "config.yaml").read_text(encoding="utf-8"))  # no aliases: a bomb cannot expand
         cfg = config_from_dict(raw)
@@ -63,8 +82,6 @@ def load_model_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], d
         raise CheckpointError(f"{p / 'config.yaml'}: unreadable ({e.__class__.__name__})") from None
     except ConfigError as e:
         raise CheckpointError(f"{p / 'config.yaml'}: {e}") from None
-    meta = read_meta(p)
-    verify_files(p, [MODEL_FILE], meta)
     try:
         state = load_file(str(p / MODEL_FILE))
     except (OSError, SafetensorError, ValueError) as e:
@@ -164,7 +181,7 @@ class StartingPoint:
     sha256: str  # of its weights file, recorded in the run's meta.json
     source: str  # what it is, for the log: "pretrained checkpoint", "finetuned checkpoint (classification)", ...
     lm_bias: bool  # the LM bias comes from the checkpoint (else zeros)
-    tokenizer_dir: Path | None  # its tokenizer (None: an HF directory without spiece.model)
+    tokenizer: Path | None  # its tokenizer for Tokenizer.load (None: an HF directory without a SentencePiece model)
 
     def record(self) -> dict[str, Any]:
         """meta.json's ``init`` entry of every step folder of the run."""
@@ -183,30 +200,21 @@ def load_starting_point(path: str | Path) -> StartingPoint:
     else:
         sha = (meta.get("sha256") or {}).get(MODEL_FILE) or sha256_file(p / MODEL_FILE)
     kind = meta.get("kind")
-    if kind == "finetune":
-        source = f"finetuned checkpoint ({meta.get('task')}; its transformer, the task head left out)"
-    elif hf:
-        source = f"Hugging Face {meta.get('hf_class') or _hf_class(p)}"
+    if hf:
+        source = f"Hugging Face {meta['hf_class']}"
     else:
-        source = "pretrained checkpoint"
+        source = "finetuned checkpoint" if kind == "finetune" else "pretrained checkpoint"
+    if kind == "finetune":
+        source += f" ({meta.get('task')}: its transformer, the task head left out)"
     has_bias = kind != "finetune" and (bool(meta["lm_bias"]) if hf else "lm_bias" in state)
     state = lm_state(state, meta, cfg.model.vocab_size)
     with torch.device("meta"):  # shapes only, nothing allocated
         check_state_keys(XLNetLMHeadModel(cfg.model), state, where=f"checkpoint {p}")
     try:
-        tok_dir: Path | None = tokenizer_dir_of(p)
-    except CheckpointError:
-        tok_dir = None
-    return StartingPoint(p, cfg.model, state, sha, source, has_bias, tok_dir)
-
-
-def _hf_class(p: Path) -> str:
-    """The class named in an HF directory's config.json (architectures[0]), else XLNetLMHeadModel."""
-    try:
-        arch = json.loads((p / "config.json").read_text(encoding="utf-8")).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
-        arch = []
-    return str(arch[0]) if arch else "XLNetLMHeadModel"
+        tok: Path | None = find_tokenizer(p)
+    except (CheckpointError, DataError):
+        tok = None
+    return StartingPoint(p, cfg.model, state, sha, source, has_bias, tok)
 
 
 def continued_model_config(start: ModelConfig, cfg: ModelConfig, where: str) -> tuple[ModelConfig, list[str]]:

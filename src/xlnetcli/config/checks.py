@@ -13,6 +13,7 @@ import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from xlnetcli.config.sizes import check_fits
 from xlnetcli.core.errors import ConfigError
 from xlnetcli.core.text import short
 
@@ -156,14 +157,15 @@ def batch_plan(cfg: Config, world: int = 1) -> BatchPlan:
 STAGES = ("preprocess", "pretrain", "finetune")
 
 
-def check_config(cfg: Config, world: int = 1, stage: str | None = None) -> BatchPlan:
+def check_config(cfg: Config, world: int = 1, stage: str | None = None, device: Any = None) -> BatchPlan:
     """Every check that spans keys or sections, in one place; returns the pretraining batch plan on ``world``
     processes. A check that fails raises a one-line ConfigError naming the keys and a setting that works.
 
     Every Config runs it when built (one process, no stage): what any config must satisfy. A stage runs it once
     more with its name and number of processes for what that stage adds: ``preprocess`` and ``pretrain`` lay out or
     read permutation-LM records (a reuse part to predict in, span targets that fit both parts); ``pretrain`` and
-    ``finetune`` split their batch over ``world`` processes."""
+    ``finetune`` split their batch over ``world`` processes. A stage also checks that its sizes fit the machine
+    (sizes.py: host RAM, or the memory of a CUDA ``device``) before anything is allocated."""
     if stage is not None and stage not in STAGES:
         raise ValueError(f"check_config: unknown stage {stage!r} (stages: {', '.join(STAGES)})")
     m, d, t, ft = cfg.model, cfg.data, cfg.train, cfg.finetune
@@ -212,4 +214,7 @@ def check_config(cfg: Config, world: int = 1, stage: str | None = None) -> Batch
             f"finetune.batch_size ({ft.batch_size}) must be a multiple of "
             f"finetune.micro_batch_size ({ft.micro_batch_size}){processes}"
         )
-    return batch_plan(cfg, world if stage == "pretrain" else 1)
+    plan = batch_plan(cfg, world if stage == "pretrain" else 1)
+    if stage is not None:
+        check_fits(cfg, stage, device)
+    return plan

@@ -21,7 +21,7 @@ from xlnetcli.config.checks import check_value, coerce
 from xlnetcli.config.schema import SECTIONS, Config
 from xlnetcli.core.errors import ConfigError
 from xlnetcli.core.files import atomic_write_text
-from xlnetcli.core.text import clip, short
+from xlnetcli.core.text import clip, printable, short
 
 # Presets shipped in the package (xlnetcli/config/presets/), accepted by name wherever a config file is. Each file
 # stands alone (no inheritance): what it says is what a run gets. demo is what `make demo` runs (tiny, 2 layers);
@@ -151,15 +151,17 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
 def parse_override(item: str) -> tuple[str, str, Any]:
     """'section.key=value' -> (section, key, parsed value). The value is parsed as YAML (1e-4, true, [1, 2])."""
     if "=" not in item:
-        raise ConfigError(f"--set {clip(item)}: expected section.key=value, e.g. train.lr=1e-4")
+        raise ConfigError(f"--set {clip(printable(item))}: expected section.key=value, e.g. train.lr=1e-4")
     path, text = item.split("=", 1)
     parts = path.strip().split(".")
     if len(parts) != 2 or not all(parts):
-        raise ConfigError(f"--set {clip(item)}: expected section.key=value, e.g. train.lr=1e-4")
+        raise ConfigError(f"--set {clip(printable(item))}: expected section.key=value, e.g. train.lr=1e-4")
     try:
         value = yaml_load(text) if text.strip() else ""
     except YAMLAliasError:
-        raise ConfigError(f"--set {clip(item)}: YAML aliases and anchors (*name, &name) are not allowed") from None
+        raise ConfigError(
+            f"--set {clip(printable(item))}: YAML aliases and anchors (*name, &name) are not allowed"
+        ) from None
     except yaml.YAMLError:
         value = text
     return parts[0], parts[1], value
@@ -184,7 +186,7 @@ def load_config(
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
     values = {name: dict(v) for name, v in file_values.items()}
-    changes = [(f"--set {clip(item)}", *parse_override(item)) for item in overrides]
+    changes = [(f"--set {clip(printable(item))}", *parse_override(item)) for item in overrides]
     changes += [(source, *dotted.split("."), value) for source, dotted, value in settings]
     applied: list[tuple[str, str]] = []
     for source, section, key, value in changes:

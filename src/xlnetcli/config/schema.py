@@ -61,6 +61,10 @@ class TokenizerConfig:
     vocab_size: int = ranged(32000, "[9, 2147483647]")
     character_coverage: float = ranged(0.99995, "[0.98, 1]")  # characters covered by the vocabulary (SentencePiece)
     input_sentence_size: int = ranged(10_000_000, "[0, 2147483647]")  # sentences sampled for training (0 = all)
+    # UTF-8 bytes sampled for training at most (0 = no limit): SentencePiece's memory and time grow with the sample's
+    # bytes (about 25 bytes of memory and 3 s per MB: BENCHMARKS.md), so long lines no longer multiply them
+    input_sentence_bytes: int = ranged(32_000_000, "[0, inf)")
+    seed: int = ranged(42, "[0, 4294967295]")  # seed of the training sample (drawn while the corpus is read)
     uncased: bool = False  # lowercase before encoding (the released xlnet-*-cased models keep case)
     keep_accents: bool = False  # False: NFKD + drop combining marks, as the original preprocess_text
     threads: int = ranged(0, "[0, 1024]")  # SentencePiece trainer threads (at most 1024); 0 = all cores
@@ -93,7 +97,7 @@ class ModelConfig:
     # Kept for HF config round trips: like the original and HF, it only affects attn_type "uni", and XLNet is "bi".
     same_length: bool = False
     # attention kernel (model/kernels.py); auto = fused on CPU, sdpa on CUDA (einsum inside torch.compile)
-    attn_impl: Literal["auto", "fused", "einsum", "sdpa", "flex"] = "auto"
+    attn_impl: Literal["auto", "fused", "einsum", "sdpa", "flex", "triton"] = "auto"
     # pretraining objective on the same backbone, memory and records (the paper's Table 6 ablations;
     # data/pretrain_stream.py):
     # plm = permutation LM (XLNet); mlm = <mask> at the targets, predicted by the content stream ("DAE +
@@ -119,6 +123,10 @@ class DataConfig:
     # 1 = single units, the paper's "- span-based pred" ablation row (Table 6)
     max_gram: int = ranged(5, "[1, 5]")
     mask_mode: Literal["word", "original"] = "word"  # word: spans of whole words; original: subword spans (bug #220)
+    # what a word is for span masking: spaces = pieces after a space (the original); cjk = also each piece starting
+    # with a CJK ideograph, kana or Hangul (unspaced scripts; same as spaces on text without them). Pre-segmented text
+    # (e.g. jieba output, spaces between words) with spaces: docs/xlnet.md §4
+    word_rule: Literal["spaces", "cjk"] = "cjk"
     passes: int = ranged(1, "[1, inf)")  # passes over the corpus, each with its own file order and masks
     valid_fraction: float = ranged(0.01, "[0, 1)")  # held-out share of the corpus (shard) used for evaluation records
     seed: int = ranged(42, "[0, 4294967295]")  # seed for preprocessing and the online factorisation order

@@ -21,6 +21,10 @@ class CheckpointError(XLNetError):
     """A checkpoint is missing, corrupt, or disagrees with the requested config."""
 
 
+class DiskFull(XLNetError):
+    """A write ran out of space (ENOSPC, EDQUOT): the partial output was removed and an earlier one left as it was."""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM arrived: unwinds like Ctrl-C, so temporary outputs are removed (signals.sigterm_as_interrupt)."""
 

@@ -28,7 +28,8 @@ try:
 except ImportError:  # pragma: no cover - not on POSIX
     resource = None  # type: ignore[assignment]
 
-from xlnetcli.core.errors import XLNetError
+from xlnetcli.core.errors import DiskFull, XLNetError
+from xlnetcli.core.shapes import dumps_strict, json_field, read_json_object
 from xlnetcli.core.signals import pid_alive
 
 # Temporary output folders are named .<out>.xlnet-<host>-<pid>-<random>.tmp, so that a later run can tell the ones
@@ -113,24 +114,26 @@ def ensure_open_files(needed: int, what: str) -> None:
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Replace a regular file in one rename. A symlink is followed (the link stays, its target is replaced); a
-    device, fifo or socket is written through (``--output /dev/stdout``), never replaced by a file."""
+    device, fifo or socket is written through (``--output /dev/stdout``), never replaced by a file. A full disk is
+    DiskFull: the temporary file is removed and the file as it was is left."""
     path = Path(path)
     if path.is_symlink():
         path = path.resolve()
     if path.exists() and not path.is_file():
         if path.is_dir():
             raise XLNetError(f"{path} is a folder; pass a file path")
-        with open(path, "wb") as f:  # char/block device, fifo, socket
+        with disk_full_as_error(path), open(path, "wb") as f:  # char/block device, fifo, socket
             f.write(data)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = mkstemp_shared(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with disk_full_as_error(path):
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -143,7 +146,8 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    """Strict JSON: a NaN or infinite number (a metric without a value) is written as null."""
+    atomic_write_text(path, dumps_strict(obj, indent=2, sort_keys=False) + "\n")
 
 
 def check_output_dir(
@@ -162,16 +166,68 @@ def check_output_dir(
     return out
 
 
-def check_output_not_input(out: str | Path, inputs: typing.Iterable[str | Path | None]) -> None:
-    """Refuse an output folder that is, contains or lies inside an input: replacing it would delete the input."""
-    o = Path(out).resolve()
+def check_output_not_input(
+    out: str | Path, inputs: typing.Iterable[str | Path | None], what: str = "folder", option: str = "output"
+) -> None:
+    """Refuse an output that is, holds or lies inside an input, also through symbolic links (real paths compared) and
+    hard links (the same file, or a file inside an input folder): writing it would replace or delete the input.
+    ``what`` ("folder" or "file") and ``option`` (how the output was given) word the message."""
+    o = Path(os.path.realpath(out))
     for i in inputs:
         if i is None:
             continue
-        p = Path(i).resolve()
-        if o == p or o in p.parents or p in o.parents:
-            rel = "is" if o == p else ("holds" if o in p.parents else "lies inside")
-            raise XLNetError(f"output {out} {rel} the input {i}; choose an output folder apart from the inputs")
+        p = Path(os.path.realpath(i))
+        if o == p or _same_file(o, p):
+            rel = "is"
+        elif o in p.parents:
+            rel = "holds"
+        elif p in o.parents:
+            rel = "lies inside"
+        elif _hard_link_into(o, p):
+            rel = "is a hard link to a file of"
+        else:
+            continue
+        raise XLNetError(f"{option} {out} {rel} the input {i}; choose an output {what} apart from the inputs")
+
+
+def check_file_outputs(outputs: dict[str, str | Path | None], inputs: typing.Iterable[str | Path | None]) -> None:
+    """File outputs ({option: path}, None: not asked for), before any work: none a folder, none an input
+    (check_output_not_input) and no two the same file."""
+    inputs = list(inputs)
+    seen: dict[str, str] = {}
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        if Path(path).is_dir():
+            raise XLNetError(f"{option} {path} is a folder; pass a file path")
+        check_output_not_input(path, inputs, "file", option)
+        real = os.path.realpath(path)
+        if real in seen:
+            raise XLNetError(f"{seen[real]} and {option} name the same file {path}; give each its own")
+        seen[real] = option
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either does not exist
+        return False
+
+
+def _hard_link_into(out: Path, folder: Path) -> bool:
+    """Whether the existing file ``out`` has another name inside the input ``folder``."""
+    try:
+        st = out.stat()
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2 or not folder.is_dir():
+        return False
+    for f in folder.rglob("*"):
+        with contextlib.suppress(OSError):
+            s = f.lstat()
+            if (s.st_ino, s.st_dev) == (st.st_ino, st.st_dev):
+                return True
+    return False
 
 
 def lock_path(out: str | Path) -> Path:
@@ -215,9 +271,10 @@ def output_lock(out: str | Path) -> Iterator[None]:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
         except FileExistsError:
             try:
-                owner = json.loads(path.read_text(encoding="utf-8"))
-                o_host, o_pid = str(owner["host"]), int(owner["pid"])
-            except (OSError, ValueError, KeyError, TypeError):
+                owner = read_json_object(path, XLNetError)
+                o_host = json_field(owner, "host", str, path, XLNetError)
+                o_pid = json_field(owner, "pid", int, path, XLNetError, lo=1, hi=2**31 - 1)
+            except XLNetError:
                 # unreadable: a writer killed between create and write; anything older than a minute is stale
                 with contextlib.suppress(OSError):
                     if time.time() - path.stat().st_mtime > 60:
@@ -283,9 +340,10 @@ def _atomic_output_dir(out: str | Path, overwrite: bool, what: str, inputs: tupl
         )
     )
     try:
-        yield tmp
-        share_modes(tmp)
-        commit_dir(tmp, out)
+        with disk_full_as_error(out):
+            yield tmp
+            share_modes(tmp)
+            commit_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -309,4 +367,40 @@ def commit_dir(tmp: Path, out: Path) -> None:
 
 
 def is_disk_full(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(exc, DiskFull) or (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT))
+
+
+@contextlib.contextmanager
+def disk_full_as_error(out: str | Path) -> Iterator[None]:
+    """A full disk (or quota) while writing ``out`` becomes DiskFull, one line naming ``out`` (the caller removes its
+    partial output). Nested writers raise the outermost output's message."""
+    existed = Path(out).exists()
+    try:
+        yield
+    except (OSError, DiskFull) as e:
+        if not is_disk_full(e):
+            raise
+        earlier = "; the earlier one is untouched" if existed else ""
+        raise DiskFull(
+            f"disk full while writing {out} (the partial output was removed{earlier}); free space and rerun"
+        ) from None
+
+
+# safetensors reports an I/O failure as SafetensorError("Error while serializing: IoError(Os { code: 28, ...")
+_SAFETENSORS_OS_ERROR = re.compile(r"Os \{ code: (\d+)")
+
+
+def save_safetensors(tensors: dict[str, Any], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' save_file, its I/O failures raised as OSError (errno, path): a full disk is then the one-line
+    disk-full message (disk_full_as_error, the CLI) instead of a SafetensorError traceback."""
+    from safetensors import SafetensorError  # noqa: PLC0415 - heavy (torch): only where tensors are written
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except SafetensorError as e:
+        m = _SAFETENSORS_OS_ERROR.search(str(e))
+        code = int(m.group(1)) if m else errno.ENOSPC if "No space left" in str(e) else None
+        if code is None:
+            raise
+        raise OSError(code, os.strerror(code), str(path)) from None

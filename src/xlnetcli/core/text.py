@@ -19,3 +19,9 @@ def clip(text: Any, limit: int = 60) -> str:
     """``text`` as a string of at most ``limit`` characters, "..." marking a cut."""
     text = str(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that would break a one-line message (newlines, tabs, other controls, lone
+    surrogates) written as its escape, the rest as is: ``a\\nb`` for ``a<newline>b``."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

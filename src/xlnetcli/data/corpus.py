@@ -13,6 +13,8 @@ Text and JSONL may be compressed: .gz (gzip) or .zst (zstandard: the `zstd` extr
 bytes decide, the name must agree. Within a record, each non-blank line is a sentence and blank lines are dropped, so
 a record reads exactly as its lines followed by a blank line would in a text file. Records are streamed (JSONL by
 blocks, Parquet by record batches, datasets by Arrow batches): memory stays bounded whatever the corpus size.
+Text and JSONL may also be URLs (s3://, https://, ...: data/remote.py), streamed the same way; an input is then a
+RemoteFile instead of a Path (``Source``).
 
 Invalid UTF-8 policy: bad bytes are replaced by U+FFFD and counted; a warning line names the file and the count. A file
 where more than 1% of the bytes are invalid is refused (it is almost certainly not UTF-8 text: re-encode it first).
@@ -34,6 +36,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from xlnetcli.core.errors import DataError, XLNetError
+from xlnetcli.data.remote import RemoteFile, expand_url, url_protocol
+
+Source = Path | RemoteFile  # a local file or folder, or a file at a URL (data/remote.py)
 
 TEXT_SUFFIXES = (".txt", ".text", ".txt.gz", ".text.gz", ".gz")
 # Names a directory scan picks up (besides datasets folders given directly): text, JSONL, Parquet, compressed.
@@ -53,8 +58,22 @@ _BLANK_LINE = re.compile(r"\n[^\S\n]*\n")
 
 
 def _is_text_name(p: Path) -> bool:
-    name = p.name.lower()
+    return _is_corpus_name(p.name)
+
+
+def _is_corpus_name(name: str) -> bool:
+    name = name.lower()
     return not name.startswith(".") and name.endswith(CORPUS_SUFFIXES)
+
+
+def source_key(p: Source) -> Path | str:
+    """The same for two spellings of one input: the real path of a local one, the full URL of a remote one."""
+    return p.key if isinstance(p, RemoteFile) else p.resolve()
+
+
+def local_paths(files: Iterable[Source | None]) -> list[Path]:
+    """The local inputs among ``files`` (remote ones can never be an output)."""
+    return [p for p in files if isinstance(p, Path)]
 
 
 def is_datasets_dir(p: Path) -> bool:
@@ -66,17 +85,18 @@ def _is_dataset_dict_dir(p: Path) -> bool:
     return (p / "dataset_dict.json").is_file()
 
 
-def expand_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[Path]:
+def expand_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[Source]:
     """Files, directories (recursive: *.txt, *.text, *.gz) and glob patterns -> a sorted, de-duplicated file list.
 
     The order is: inputs in the order given; within a directory or glob, sorted by path. Raises DataError for a path
-    that does not exist, a glob that matches nothing, or a directory with no text files.
+    that does not exist, a glob that matches nothing, or a directory with no text files. URLs (s3://, https://, ...)
+    expand the same way through fsspec (data/remote.py).
     """
-    files: list[Path] = []
-    seen: set[Path] = set()
+    files: list[Source] = []
+    seen: set[Path | str] = set()
 
-    def add(p: Path) -> None:
-        rp = p.resolve()
+    def add(p: Source) -> None:
+        rp = source_key(p)
         if rp not in seen:
             seen.add(rp)
             files.append(p)
@@ -87,7 +107,10 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[Path]:
     for raw in inputs:
         s = str(raw)
         p = Path(s)
-        if p.is_dir() and is_datasets_dir(p):
+        if isinstance(raw, str) and url_protocol(s):
+            for f in _expand_url(s):
+                add(f)
+        elif p.is_dir() and is_datasets_dir(p):
             add(p)
         elif p.is_dir() and _is_dataset_dict_dir(p):
             splits = sorted(q.name for q in p.iterdir() if q.is_dir() and is_datasets_dir(q))
@@ -121,15 +144,29 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[Path]:
                 add(m)
         else:
             raise DataError(f"input {p} does not exist")
-    for f in files:  # a missing optional reader fails now, not after hours of work on the files before it
-        _require_reader(detect_format(f))
+    for src in files:  # a missing optional reader fails now, not after hours of work on the files before it
+        _require_reader(detect_format(src))
     return files
 
 
-def total_size(files: Iterable[Path]) -> int:
-    """On-disk bytes of the inputs (a datasets folder counts its files)."""
+def _expand_url(url: str) -> list[RemoteFile]:
+    kind, files = expand_url(url, _is_corpus_name)
+    if not files and kind == "glob":
+        raise DataError(f"glob {url!r} matches no files")
+    if not files:
+        raise DataError(f"directory {url} holds no text files ({', '.join('*' + x for x in CORPUS_SUFFIXES)})")
+    return files
+
+
+def total_size(files: Iterable[Source]) -> int:
+    """On-disk bytes of the inputs (a datasets folder counts its files; a URL whose size is unknown counts 0)."""
     return sum(
-        sum(q.stat().st_size for q in f.rglob("*") if q.is_file()) if f.is_dir() else f.stat().st_size for f in files
+        (f.size or 0)
+        if isinstance(f, RemoteFile)
+        else sum(q.stat().st_size for q in f.rglob("*") if q.is_file())
+        if f.is_dir()
+        else f.stat().st_size
+        for f in files
     )
 
 
@@ -143,9 +180,9 @@ class InputFormat:
     compression: str | None = None  # None, "gzip" or "zstd"
 
 
-def detect_format(path: Path) -> InputFormat:
+def detect_format(path: Source) -> InputFormat:
     """The format of one input, from its magic bytes and its name (they must agree for compressed files)."""
-    if path.is_dir():
+    if isinstance(path, Path) and path.is_dir():
         if not is_datasets_dir(path):
             raise DataError(f"input {path} is a directory, expected a text file or a datasets save_to_disk folder")
         return InputFormat("datasets")
@@ -166,6 +203,8 @@ def detect_format(path: Path) -> InputFormat:
         if magic != PARQUET_MAGIC:
             what = f"{compression}-compressed" if compression else "not a Parquet file (no PAR1 magic)"
             raise DataError(f"{path} is {what}; Parquet files compress internally, pass the .parquet file itself")
+        if isinstance(path, RemoteFile):  # pyarrow reads by seeking: not a stream
+            raise DataError(f"{path}: Parquet inputs must be local files; copy it here first, or pass JSONL")
         return InputFormat("parquet")
     kind = "jsonl" if name.endswith(JSONL_SUFFIXES) else "text"
     return InputFormat(kind, compression)
@@ -221,7 +260,9 @@ def _zstd_module() -> tuple[Callable[[], Any], type[Exception]]:
     return lambda: zstandard.ZstdDecompressor().decompressobj(), zstandard.ZstdError
 
 
-def _open_raw(path: Path) -> BinaryIO:
+def _open_raw(path: Source) -> BinaryIO:
+    if isinstance(path, RemoteFile):
+        return path.open()  # type: ignore[return-value]  # read, tell and close: all a reader here uses
     try:
         return open(path, "rb")
     except PermissionError:
@@ -236,7 +277,7 @@ def _open_raw(path: Path) -> BinaryIO:
 
 @dataclass
 class FileStats:
-    path: Path
+    path: Source
     bytes_read: int = 0  # decoded (uncompressed) bytes
     bad_bytes: int = 0  # invalid UTF-8 bytes replaced by U+FFFD
     null_records: int = 0  # JSONL / Parquet / datasets records whose text is null (skipped)
@@ -293,7 +334,7 @@ class _CountingDecoder:
         return "".join(out)
 
 
-def _raw_blocks(path: Path, raw: BinaryIO, compression: str | None, block: int) -> Iterator[bytes]:
+def _raw_blocks(path: Source, raw: BinaryIO, compression: str | None, block: int) -> Iterator[bytes]:
     """Decompressed bytes of one file, block by block (b"" never yielded)."""
     if compression == "zstd":
         new, zstd_error = _zstd_module()
@@ -330,7 +371,7 @@ def _raw_blocks(path: Path, raw: BinaryIO, compression: str | None, block: int) 
         yield data
 
 
-def _iter_decoded(path: Path, fmt: InputFormat, stats: FileStats, on_bytes, block: int) -> Iterator[str]:
+def _iter_decoded(path: Source, fmt: InputFormat, stats: FileStats, on_bytes, block: int) -> Iterator[str]:
     """Decoded text blocks of a text or JSONL file (compressed or not); counts invalid UTF-8; refuses binaries."""
     raw = _open_raw(path)
     try:
@@ -370,13 +411,13 @@ def _record_text(text: str) -> str:
     return "\n".join(lines) + "\n\n" if lines else ""
 
 
-def _field_error(path: Path, where: str, field: str, keys: Iterable[str], noun: str = "field") -> DataError:
+def _field_error(path: Source, where: str, field: str, keys: Iterable[str], noun: str = "field") -> DataError:
     keys = [str(k) for k in keys]
     shown = ", ".join(keys[:12]) + (", ..." if len(keys) > 12 else "")
     return DataError(f"{path} {where}: no {noun} {field!r} ({noun}s: {shown or 'none'}); pass --text-field NAME")
 
 
-def _check_value(path: Path, where: str, field: str, value: Any, stats: FileStats) -> str:
+def _check_value(path: Source, where: str, field: str, value: Any, stats: FileStats) -> str:
     if isinstance(value, str):
         return value
     if value is None:
@@ -385,7 +426,9 @@ def _check_value(path: Path, where: str, field: str, value: Any, stats: FileStat
     raise DataError(f"{path} {where}: field {field!r} is {type(value).__name__}, expected a string")
 
 
-def _iter_jsonl(path: Path, fmt: InputFormat, stats: FileStats, on_bytes, block: int, text_field: str) -> Iterator[str]:
+def _iter_jsonl(
+    path: Source, fmt: InputFormat, stats: FileStats, on_bytes, block: int, text_field: str
+) -> Iterator[str]:
     tail = ""
     lineno = 0
     out: list[str] = []
@@ -516,7 +559,7 @@ def _iter_datasets(path: Path, stats: FileStats, on_bytes, text_field: str) -> I
 
 
 def iter_file_text(
-    path: Path, stats: FileStats, on_bytes=None, block: int = READ_BLOCK, text_field: str = "text"
+    path: Source, stats: FileStats, on_bytes=None, block: int = READ_BLOCK, text_field: str = "text"
 ) -> Iterator[str]:
     """Yield text blocks of one input in the text format (see the module doc), whatever its format.
 
@@ -528,6 +571,8 @@ def iter_file_text(
         yield from _iter_decoded(path, fmt, stats, on_bytes, block)
     elif fmt.kind == "jsonl":
         yield from _iter_jsonl(path, fmt, stats, on_bytes, block, text_field)
+    elif isinstance(path, RemoteFile):  # detect_format refuses remote Parquet; datasets folders are local only
+        raise DataError(f"{path}: {fmt.kind} inputs must be local")
     elif fmt.kind == "parquet":
         yield from _iter_parquet(path, stats, on_bytes, text_field)
     else:
@@ -535,7 +580,7 @@ def iter_file_text(
 
 
 def iter_chunks(
-    path: Path,
+    path: Source,
     stats: FileStats,
     chunk_chars: int,
     max_chunk_chars: int | None = None,
@@ -569,7 +614,7 @@ def iter_chunks(
 
 
 def iter_lines(
-    files: Iterable[Path], stats: ReadStats | None = None, on_bytes=None, text_field: str = "text"
+    files: Iterable[Source], stats: ReadStats | None = None, on_bytes=None, text_field: str = "text"
 ) -> Iterator[str]:
     """Yield raw lines (without the newline) of all files in order, for tokenizer training."""
     for path in files:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 import sys
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from xlnetcli.core.errors import DataError
+from xlnetcli.core.shapes import describe, json_field, loads_strict
 from xlnetcli.data.corpus import JSONL_SUFFIXES
 from xlnetcli.data.special import CLS_ID, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEG_ID_PAD, SEP_ID
 
@@ -122,9 +124,11 @@ def _json_rows(path: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = loads_strict(line)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        except (ValueError, RecursionError) as e:  # NaN/Infinity, nesting deeper than Python's stack
+            raise DataError(f"{path}:{i}: not valid JSON ({type(e).__name__})") from None
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{i}: expected a JSON object per line")
         rows.append((i, obj))
@@ -186,16 +190,16 @@ def read_table(
     index = {n: i for i, n in enumerate(names)}
     out = []
     for line, row in rows:
-        if not isinstance(row, dict) and len(row) < len(names):  # all rows are dicts (JSONL) or all lists
-            raise DataError(f"{path}:{line}: {len(row)} fields, the header has {len(names)}")
+        if not isinstance(row, dict) and len(row) != len(names):  # all rows are dicts (JSONL) or all lists
+            _refuse_width(path, line, len(row), len(names), header)
 
         def get(name: str, _row: Row = row) -> Any:
             return _row.get(name) if isinstance(_row, dict) else _row[index[name]]
 
-        a = get(col_a)
+        a = _text_cell(get(col_a), path, line, col_a)
         if a is None:
             raise DataError(f"{path}:{line}: no {col_a!r} field")
-        b = get(col_b) if col_b else None
+        b = _text_cell(get(col_b), path, line, col_b) if col_b else None
         label = (
             _parse_label(get(label_col), f"{path}:{line}", label_col, task, require_label)
             if label_col is not None
@@ -234,10 +238,42 @@ def _choose_columns(
     return names, col_a, col_b, _pick(names, columns.label, _LABEL_NAMES)
 
 
+def _refuse_width(path: Path, line: int, found: int, want: int, header: bool) -> None:
+    """A TSV/CSV row whose field count differs from the header's (or, without one, the first row's)."""
+    than = "the header has" if header else "the first row has"
+    why = (
+        "a tab (or, in CSV, a comma) inside a text? remove it, or write the file as CSV with that text quoted"
+        if found > want
+        else "a missing field or a line break inside a text? fix the row"
+    )
+    raise DataError(f"{path}:{line}: {found} fields, {than} {want} ({why})")
+
+
+def _text_cell(value: Any, path: Path, line: int, column: str) -> str | None:
+    """A text field as a string (a JSON number is its text); a JSON list, object or boolean is refused."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise DataError(f"{path}:{line}: field {column!r} must be text, found {describe(value)}")
+
+
 def _check_columns(
     path: Path, names: list[str], col_a: str | None, col_b: str, col_l: str | None, require_label: bool
 ) -> None:
-    """Refuse, in one line naming the file's columns, a text or (required) label column the file lacks."""
+    """Refuse, in one line naming the file's columns, a text or (required) label column the file lacks, a column
+    chosen for two roles and a header naming a column twice (which one would be read?)."""
+    dup = sorted({n for n in names if n and names.count(n) > 1})
+    if dup:
+        raise DataError(f"{path}: the header names column {dup[0]!r} twice; rename one of them")
+    roles = [("text_a", col_a), ("text_b", col_b or None), ("label", col_l if col_l in names else None)]
+    for i, (role, col) in enumerate(roles):
+        other = next((r for r, c in roles[i + 1 :] if col is not None and c == col), None)
+        if other:
+            raise DataError(
+                f"{path}: column {col!r} is chosen as both {role} and {other}; choose different columns with "
+                "--text-a-column / --text-b-column / --label-column"
+            )
     missing = []
     if col_a is None:
         missing.append("text_a (none of: " + ", ".join(_SINGLE_NAMES) + ")")
@@ -260,11 +296,16 @@ def _parse_label(raw: Any, where: str, col_l: str, task: str, require_label: boo
         if require_label:
             raise DataError(f"{where}: empty label in column {col_l!r}")
         return None
+    if isinstance(raw, (bool, list, dict)):
+        raise DataError(f"{where}: label in column {col_l!r} must be text or a number, found {describe(raw)}")
     if task == "regression":
         try:
-            return float(raw)
+            value = float(raw)
         except (TypeError, ValueError):
             raise DataError(f"{where}: regression label {raw!r} is not a number") from None
+        if not math.isfinite(value):
+            raise DataError(f"{where}: regression label {raw!r} is not a finite number; fix or drop the row")
+        return value
     return str(raw).strip()
 
 
@@ -334,48 +375,63 @@ def read_choices(path: str | Path, require_label: bool = True) -> list[ChoiceExa
         if not isinstance(options, list) or len(options) < 2 or not all(isinstance(o, str) for o in options):
             raise DataError(f"{path}:{line}: options must be a list of at least 2 strings")
         label = None if row.get("answer") is None else _answer_index(row["answer"], options, path, line)
-        out.append(ChoiceExample(str(row.get("id", line)), str(context), str(row["question"]), options, label, line))
+        context = _text_cell(context, path, line, "context")
+        question = _text_cell(row["question"], path, line, "question")
+        qid = _text_cell(row.get("id", line), path, line, "id")
+        out.append(ChoiceExample(str(qid), str(context), str(question), options, label, line))
     return out
 
 
-def read_squad(path: str | Path) -> list[SquadExample]:
-    path = Path(path)
+def _squad_json(path: Path) -> list[Any]:
+    """The ``data`` list of a SQuAD JSON file; DataError naming the file otherwise."""
     if not path.is_file():
         raise DataError(f"file not found: {path}")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8-sig"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: not a SQuAD JSON file ({e})") from None
+        raw = loads_strict(path.read_text(encoding="utf-8-sig"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise DataError(f"{path}: not a SQuAD JSON file ({str(e).splitlines()[0][:100]})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("data"), list):
         raise DataError(f'{path}: not a SQuAD JSON file (expected {{"data": [{{"paragraphs": ...}}]}})')
+    return raw["data"]
+
+
+def _squad_objects(items: Any, key: str, where: str) -> list[dict[str, Any]]:
+    """``items`` (the value of ``key``) as a list of objects, else DataError naming ``where`` and the field."""
+    if not isinstance(items, list) or not all(isinstance(x, dict) for x in items):
+        raise DataError(f"{where}: field {key!r} must be a list of objects, found {describe(items)}")
+    return items
+
+
+def _squad_question(qa: dict[str, Any], context: str, where: str) -> SquadExample:
+    qid = json_field(qa, "id", (str, int), where)
+    where = f"{where} question {qid!r}"
+    impossible = json_field(qa, "is_impossible", bool, where, default=False)
+    answers = [] if impossible else _squad_objects(qa.get("answers", []), "answers", where)
+    texts = [json_field(a, "text", str, where) for a in answers]
+    starts = [json_field(a, "answer_start", int, where, lo=0, hi=len(context)) for a in answers]
+    question = json_field(qa, "question", str, where)
+    return SquadExample(str(qid), question, context, texts, starts, impossible or not answers)
+
+
+def read_squad(path: str | Path) -> list[SquadExample]:
+    """SQuAD v1.1 / v2.0 JSON; an entry of the wrong shape (a missing field, a number where text belongs, an
+    answer_start outside its paragraph) is refused naming the article, paragraph, question and field."""
+    path = Path(path)
     out = []
-    try:
-        for article in raw["data"]:
-            for para in article["paragraphs"]:
-                context = para["context"]
-                for qa in para["qas"]:
-                    impossible = bool(qa.get("is_impossible", False))
-                    answers = [] if impossible else qa.get("answers", [])
-                    out.append(
-                        SquadExample(
-                            qid=str(qa["id"]),
-                            question=qa["question"],
-                            context=context,
-                            answers=[a["text"] for a in answers],
-                            answer_starts=[int(a["answer_start"]) for a in answers],
-                            is_impossible=impossible or not answers,
-                        )
-                    )
-    except (KeyError, TypeError) as e:
-        raise DataError(f"{path}: malformed SQuAD entry (missing {e})") from None
+    for i, article in enumerate(_squad_objects(_squad_json(path), "data", str(path))):
+        for j, para in enumerate(_squad_objects(article.get("paragraphs"), "paragraphs", f"{path}: data[{i}]")):
+            where = f"{path}: data[{i}].paragraphs[{j}]"
+            context = json_field(para, "context", str, where)
+            out += [_squad_question(qa, context, where) for qa in _squad_objects(para.get("qas"), "qas", where)]
     if not out:
         raise DataError(f"{path}: no questions")
     return out
 
 
 def squad_is_v2(path: str | Path) -> bool:
-    raw = json.loads(Path(path).read_text(encoding="utf-8-sig"))
-    return any("is_impossible" in qa for a in raw["data"] for p in a["paragraphs"] for qa in p["qas"])
+    """Whether a SQuAD file (read by ``read_squad`` first) has SQuAD 2.0's is_impossible flags."""
+    data = _squad_json(Path(path))
+    return any("is_impossible" in qa for a in data for p in a["paragraphs"] for qa in p["qas"])
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -7,6 +7,12 @@ Spans of n units with p(n) ∝ 1/n (n <= MAX_GRAM), each inside a context of abo
 targets are chosen; single random positions top up the rest. "word" mode counts units in whole words, "original"
 reproduces the original's subword spans. Vectorised over many segments; a segment's mask depends only on its own
 uniform draws, so how segments are batched together changes nothing.
+
+Words (data.word_rule): "spaces" = the original's rule (a piece starting with '▁', a special piece or a lone ASCII
+punctuation piece starts a word), under which an unspaced run of Chinese or Japanese is one long word; "cjk" (default)
+adds every piece that begins with a CJK ideograph, kana, Hangul or CJK punctuation character, so each such piece
+is a word of its own (English text is unchanged). Segmented text (jieba and the like, spaces between words) is
+masked by whole words with "spaces" (docs/xlnet.md §4).
 """
 
 from __future__ import annotations
@@ -19,7 +25,26 @@ import sentencepiece as spm
 from xlnetcli.core.errors import DataError
 from xlnetcli.data.special import CLS_ID, SEP_ID
 from xlnetcli.data.tokenizer import SPIECE_FILE, word_start_mask
+from xlnetcli.data.tokenizer.spm_model import SPIECE_UNDERLINE
 
+WORD_RULES = ("spaces", "cjk")
+# Unicode blocks whose characters are words of their own under word_rule "cjk" (first and last code point)
+CJK_RANGES = (
+    (0x1100, 0x11FF),  # Hangul Jamo
+    (0x2E80, 0x2FDF),  # CJK and Kangxi radicals
+    (0x3000, 0x303F),  # CJK symbols and punctuation
+    (0x3040, 0x30FF),  # Hiragana, Katakana
+    (0x3100, 0x31BF),  # Bopomofo, Hangul compatibility Jamo, Kanbun, Bopomofo extended
+    (0x31F0, 0x31FF),  # Katakana phonetic extensions
+    (0x3300, 0x4DBF),  # CJK compatibility, ideographs extension A
+    (0x4E00, 0x9FFF),  # CJK unified ideographs
+    (0xA960, 0xA97F),  # Hangul Jamo extended A
+    (0xAC00, 0xD7FF),  # Hangul syllables, Jamo extended B
+    (0xF900, 0xFAFF),  # CJK compatibility ideographs
+    (0xFE30, 0xFE4F),  # CJK compatibility forms
+    (0xFF00, 0xFFEF),  # halfwidth and fullwidth forms
+    (0x20000, 0x323AF),  # ideographs extensions B-H, compatibility supplement
+)
 MAX_GRAM = 5  # spans of 1..5 units, p(n) ∝ 1/n (original _sample_mask); data.max_gram may lower it
 _KK = np.arange(1, MAX_GRAM + 1)[None, :]
 
@@ -31,12 +56,30 @@ def ngram_cdf(max_gram: int = MAX_GRAM) -> np.ndarray:
     return cdf * (1.0 / cdf[-1])
 
 
-def word_start_table(tokenizer_dir: Path) -> np.ndarray:
-    """bool [vocab]: the piece starts a word (docs/xlnet.md §4): where spans may begin and end."""
+def word_start_table(tokenizer_dir: Path, rule: str = "cjk") -> np.ndarray:
+    """bool [vocab]: the piece starts a word under ``rule`` (data.word_rule; docs/xlnet.md §4): where spans may begin
+    and end."""
     model = tokenizer_dir / SPIECE_FILE  # the rule reads pieces only, so a bare model needs no metadata
     if not model.is_file():
         raise DataError(f"tokenizer model missing: {model}")
-    return word_start_mask(spm.SentencePieceProcessor(model_file=str(model)))
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    mask = word_start_mask(sp)
+    if rule == "cjk":
+        mask |= cjk_start_mask([sp.id_to_piece(i) for i in range(sp.get_piece_size())])
+    elif rule != "spaces":
+        raise DataError(f"data.word_rule must be one of {', '.join(WORD_RULES)}, got {rule!r}")
+    return mask
+
+
+def is_cjk(ch: str) -> bool:
+    """A CJK ideograph, kana, Hangul or CJK punctuation character (CJK_RANGES)."""
+    c = ord(ch)
+    return any(lo <= c <= hi for lo, hi in CJK_RANGES)
+
+
+def cjk_start_mask(pieces: list[str]) -> np.ndarray:
+    """bool [len(pieces)]: the piece's first character (after '▁') is CJK: each such piece is a word."""
+    return np.array([bool(p.lstrip(SPIECE_UNDERLINE)) and is_cjk(p.lstrip(SPIECE_UNDERLINE)[0]) for p in pieces], bool)
 
 
 TOPUP_DRAWS = 24  # candidate positions drawn per segment for the top-up (exact fallback when they run short)

@@ -191,7 +191,7 @@ def preprocess(
     manifest, sha = check_shards(shards, cfg.model.vocab_size, verify=verify, workers=workers)
     vocab = int(manifest["vocab_size"])
     tok_dir = shards / "tokenizer"
-    ws_table = _word_starts(tok_dir, vocab)
+    ws_table = _word_starts(tok_dir, vocab, cfg.data.word_rule)
     dtype = manifest["dtype"]  # uint16 | uint32 (read_manifest checks it)
     params = _params(cfg, dtype)
     splits = _split_layouts(shards, manifest, plan.forward_rows, cfg.data.seq_len, cfg.model.reuse_len)
@@ -216,9 +216,10 @@ def preprocess(
     return meta
 
 
-def _word_starts(tok_dir: Path, vocab: int) -> np.ndarray:
-    """The tokenizer's word-start table, refused when it has fewer pieces than the shards' manifest says."""
-    ws_table = word_start_table(tok_dir)
+def _word_starts(tok_dir: Path, vocab: int, rule: str) -> np.ndarray:
+    """The tokenizer's word-start table under ``rule``, refused when it has fewer pieces than the shards' manifest
+    says."""
+    ws_table = word_start_table(tok_dir, rule)
     if len(ws_table) < vocab:
         raise DataError(f"{tok_dir}: tokenizer has {len(ws_table)} pieces, the manifest says {vocab}")
     return ws_table
@@ -296,6 +297,7 @@ def _records_meta(cfg: Config, plan: BatchPlan, sha: str, vocab: int, dtype: str
         "mask_beta": cfg.data.mask_beta,
         "mask_mode": cfg.data.mask_mode,
         "max_gram": cfg.data.max_gram,
+        "word_rule": cfg.data.word_rule,
         "seed": cfg.data.seed,
         "tokenizer_sha256": sha,
         "vocab_size": vocab,

@@ -22,7 +22,6 @@ factorisation order is sampled online by pretrain_stream.py each time an example
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ import numpy as np
 
 from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import sha256_file
+from xlnetcli.core.shapes import describe, json_field, read_json_object, str_map
 from xlnetcli.data.shard_format import NpyFile
 
 FORMAT_VERSION = 1
@@ -97,13 +97,43 @@ def read_meta(records_dir: str | Path) -> dict:
     path = Path(records_dir) / "meta.json"
     if not path.is_file():
         raise DataError(f"{records_dir} is not a records directory (no meta.json); run `xlnet preprocess` first")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
-        raise DataError(f"{path} is corrupt; rerun `xlnet preprocess`") from None
+    meta = read_json_object(path, DataError, "rerun `xlnet preprocess`")
     if meta.get("format_version") != FORMAT_VERSION:
         raise DataError(f"{path}: records format {meta.get('format_version')} is not {FORMAT_VERSION}; re-preprocess")
+    _check_meta_shape(meta, path)
     return meta
+
+
+def _check_meta_shape(meta: dict, path: Path) -> None:
+    """Every field a reader uses, of its kind and in range: one line naming the file and the field otherwise."""
+    for key in ("seq_len", "reuse_len", "num_predict", "global_batch_size", "micro_batch_size", "vocab_size"):
+        json_field(meta, key, int, path, lo=0 if key == "reuse_len" else 1, hi=2**31 - 1)
+    json_field(meta, "passes", int, path, lo=1, default=1)
+    splits = json_field(meta, "splits", dict, path)
+    for name, split in splits.items():
+        where = f"{path} splits.{name}"
+        if not isinstance(split, dict):
+            raise DataError(f"{where}: must be an object, found {describe(split)}")
+        for key in ("rows", "steps_per_pass"):
+            json_field(split, key, int, where, lo=0, hi=2**40)
+        files = json_field(split, "files", list, where)
+        if not all(isinstance(f, str) and ".." not in Path(f).parts and not Path(f).is_absolute() for f in files):
+            raise DataError(f"{where}: field 'files' must list relative paths inside the records folder")
+    if "sha256" in meta:
+        str_map(meta, "sha256", path)
+
+
+def _check_shapes(arrays: list[np.ndarray], split: dict, meta: dict, prefix: Path) -> None:
+    """The arrays of one pass against meta.json's counts: [rows, steps, seq_len] tokens and so on."""
+    rows, steps, seq_len = split["rows"], split["steps_per_pass"], meta["seq_len"]
+    want = {"tokens": (rows, steps, seq_len), "alen": (rows, steps), "label": (rows, steps)}
+    want["masked"] = (rows, steps, (seq_len + 7) // 8)
+    for name, arr in zip(ARRAYS, arrays, strict=True):
+        if tuple(arr.shape) != want[name]:
+            raise DataError(
+                f"records file {prefix}.{name}.npy has shape {list(arr.shape)} but meta.json's counts say "
+                f"{list(want[name])}; rerun `xlnet preprocess`"
+            )
 
 
 @dataclass
@@ -148,5 +178,6 @@ def open_records(records_dir: str | Path, split: str = "train", verify: bool = T
                 arrays.append(np.load(p, mmap_mode="r"))
             except (OSError, ValueError) as e:
                 raise DataError(f"cannot read records file {p}: {e}; rerun `xlnet preprocess`") from None
+        _check_shapes(arrays, meta["splits"][split], meta, records_dir / prefix)
         out.append(PassRecords(*arrays))
     return meta, out

@@ -46,7 +46,16 @@ from xlnetcli.core.files import (
     sha256_file,
 )
 from xlnetcli.core.signals import quiet_pool_worker, sigterm_as_interrupt
-from xlnetcli.data.corpus import FileStats, ReadStats, expand_inputs, iter_chunks, total_size
+from xlnetcli.data.corpus import (
+    FileStats,
+    ReadStats,
+    Source,
+    expand_inputs,
+    iter_chunks,
+    local_paths,
+    source_key,
+    total_size,
+)
 from xlnetcli.data.shard_format import FORMAT_VERSION, NpyStreamWriter
 from xlnetcli.data.special import EOD_ID
 from xlnetcli.data.tokenizer import Tokenizer, combining_table, normalize_block
@@ -348,7 +357,7 @@ class ShardSummary:
 
 
 def _chunk_stream(
-    files: list[tuple[Path, bool]], stats: ReadStats, chunk_chars: int, on_bytes, text_field: str = "text"
+    files: list[tuple[Source, bool]], stats: ReadStats, chunk_chars: int, on_bytes, text_field: str = "text"
 ) -> Iterator[tuple[str, bool]]:
     for path, is_valid in files:
         fs = FileStats(path)
@@ -420,7 +429,7 @@ def _check_counts(shards: int, workers: int) -> None:
 
 
 def _shard_pass(
-    all_files: list[tuple[Path, bool]],
+    all_files: list[tuple[Source, bool]],
     stats: ReadStats,
     chunk_chars: int,
     text_field: str,
@@ -465,14 +474,14 @@ def _input_files(
     valid_inputs: Iterable[str | os.PathLike[str]],
     out_dir: Path,
     tok_path: Path | None,
-) -> tuple[list[Path], list[Path]]:
+) -> tuple[list[Source], list[Source]]:
     """(train files, --valid files), expanded; refuses an output among the inputs and a file in both lists."""
     valid_inputs = list(valid_inputs)
     train_files = expand_inputs(inputs)
     valid_files = expand_inputs(valid_inputs) if valid_inputs else []
-    check_output_not_input(out_dir, [*train_files, *valid_files, tok_path])
-    valid_set = {p.resolve() for p in valid_files}
-    overlap = [p for p in train_files if p.resolve() in valid_set]
+    check_output_not_input(out_dir, local_paths([*train_files, *valid_files, tok_path]))
+    valid_set = {source_key(p) for p in valid_files}
+    overlap = [p for p in train_files if source_key(p) in valid_set]
     if overlap:
         raise DataError(f"{overlap[0]} is both a training input and a --valid file")
     return train_files, valid_files
@@ -521,7 +530,7 @@ def _finish_output(
     tok: Tokenizer,
     dtype: np.dtype,
     assigner: _Assigner,
-    inputs: dict[str, list[Path]],
+    inputs: dict[str, list[Source]],
     nbytes: int,
     stats: ReadStats,
 ) -> None:

@@ -22,7 +22,6 @@ size); ``PassStream`` reads the shards of one split as one token stream.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from collections.abc import Iterator, Sequence
@@ -35,6 +34,7 @@ from numpy.typing import DTypeLike
 
 from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import sha256_file
+from xlnetcli.core.shapes import describe, json_field, read_json_object, str_map
 
 FORMAT_VERSION = 1
 NPY_HEADER = 128  # fixed .npy header size so that shards can be streamed and the header written last
@@ -205,11 +205,8 @@ def read_manifest(shard_dir: str | os.PathLike[str]) -> dict[str, Any]:
         raise DataError(f"shard directory {d} does not exist; create it with `xlnet shard`")
     if not path.is_file():
         raise DataError(f"{d} has no manifest.json: not a shard directory (create one with `xlnet shard`)")
-    try:
-        m = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{path} is corrupt ({e}); rerun `xlnet shard`") from None
-    if not isinstance(m, dict) or m.get("format_version") != FORMAT_VERSION:
+    m = read_json_object(path, DataError, "rerun `xlnet shard`")
+    if m.get("format_version") != FORMAT_VERSION:
         raise DataError(f"{path}: unsupported or missing format_version (expected {FORMAT_VERSION})")
     for key in ("tokenizer_sha256", "vocab_size", "dtype", "splits"):
         if key not in m:
@@ -220,7 +217,27 @@ def read_manifest(shard_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(splits, dict) or not isinstance(splits.get("train"), list):
         raise DataError(f"{path}: 'splits' must hold a 'train' list")
     splits.setdefault("valid", [])
+    json_field(m, "vocab_size", int, path, lo=9, hi=2**31 - 1)
+    json_field(m, "tokenizer_sha256", str, path)
+    for name, entries in splits.items():
+        if not isinstance(entries, list):
+            raise DataError(f"{path}: splits.{name} must be a list, found {describe(entries)}")
+        for i, e in enumerate(entries):
+            _check_entry(e, f"{path} splits.{name}[{i}]")
     return m
+
+
+def _check_entry(e: Any, where: str) -> None:
+    """One shard of the manifest: its files (relative paths inside the folder), token count and checksums."""
+    if not isinstance(e, dict):
+        raise DataError(f"{where}: must be an object, found {describe(e)}")
+    for key in ("tokens_file", "sentid_file"):
+        name = json_field(e, key, str, where)
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise DataError(f"{where}: field {key!r} must be a path inside the shard folder, found {name!r}")
+    json_field(e, "tokens", int, where, lo=0, hi=2**48)
+    if "sha256" in e:
+        str_map(e, "sha256", where)
 
 
 def open_shards(shard_dir: str | os.PathLike[str], split: str = "train") -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -307,8 +324,9 @@ def check_shards(
     vocab = int(manifest.get("vocab_size", -1))
     if vocab != vocab_size:
         raise DataError(
-            f"{shards}: shards use a {vocab}-piece tokenizer but model.vocab_size is {vocab_size}; "
-            "set model.vocab_size and tokenizer.vocab_size to match or re-shard"
+            f"{shards}: shards use a {vocab}-piece tokenizer but model.vocab_size is {vocab_size}; pass "
+            f"--set model.vocab_size={vocab} (tokenizer.vocab_size follows), or re-shard with a tokenizer of "
+            f"{vocab_size} pieces"
         )
     if verify:
         verify_shards(shards, manifest, workers=workers)

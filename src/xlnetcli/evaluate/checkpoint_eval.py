@@ -13,7 +13,6 @@ Results are returned and, with ``output``, written as JSON.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +20,11 @@ import torch
 
 from xlnetcli.checkpoint.folders import read_meta, tokenizer_dir_of
 from xlnetcli.checkpoint.hf_dir import hf_dir_task
-from xlnetcli.checkpoint.load import is_hf_dir, load_lm_model, resolve_checkpoint
+from xlnetcli.checkpoint.load import checkpoint_inputs, is_hf_dir, load_lm_model, resolve_checkpoint
 from xlnetcli.core import dist
 from xlnetcli.core.errors import DataError, XLNetError
-from xlnetcli.core.files import atomic_write_json, atomic_write_text
+from xlnetcli.core.files import atomic_write_json, atomic_write_text, check_file_outputs
+from xlnetcli.core.shapes import dumps_strict
 from xlnetcli.data import labelled
 from xlnetcli.data.pretrain_stream import PretrainStream
 from xlnetcli.data.tokenizer import Tokenizer
@@ -48,8 +48,10 @@ def evaluate(
     output: str | Path | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """Dispatch: a finetuned checkpoint needs ``file``; a pretrained one needs ``data`` (records)."""
+    """Dispatch: a finetuned checkpoint needs ``file``; a pretrained one needs ``data`` (records). ``predict`` and
+    ``output`` are checked against every input before any work (core.files.check_file_outputs)."""
     ckpt = Path(checkpoint)
+    check_file_outputs({"--predict": predict, "--output": output}, [*checkpoint_inputs(ckpt), file, data])
     if _is_finetuned(ckpt):
         if file is None:
             raise XLNetError(f"{ckpt} is a finetuned checkpoint: pass --file FILE (the labelled data to score)")
@@ -166,4 +168,4 @@ def write_predictions(path: str | Path, rows: list[dict]) -> None:
             lines.append(f"{r[key]}\t{p}")
         atomic_write_text(path, "\n".join(lines) + "\n")
     else:
-        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        atomic_write_text(path, "".join(dumps_strict(r, ensure_ascii=False) + "\n" for r in rows))

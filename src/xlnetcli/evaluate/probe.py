@@ -42,9 +42,10 @@ import torch
 
 from xlnetcli.checkpoint import lm
 from xlnetcli.checkpoint.folders import tokenizer_dir_of
+from xlnetcli.checkpoint.load import checkpoint_inputs
 from xlnetcli.core import dist
 from xlnetcli.core.errors import DataError, XLNetError
-from xlnetcli.core.files import atomic_write_json
+from xlnetcli.core.files import atomic_write_json, check_file_outputs
 from xlnetcli.data import labelled
 from xlnetcli.data.tokenizer import Tokenizer
 from xlnetcli.model import XLNetLMHeadModel
@@ -304,12 +305,13 @@ def label_curve(
 # Probing a model object (pretraining) and a checkpoint (`xlnet probe`)
 
 
-def _labels(
+def probe_labels(
     train_rows: Sequence[labelled.TextExample],
     valid_rows: Sequence[labelled.TextExample],
     train_name: str,
     valid_name: str,
 ) -> list[str]:
+    """The probe's labels (those of the training rows, at least 2); every validation label among them."""
     if not train_rows:
         raise DataError(f"{train_name}: no examples to train the probe on")
     if not valid_rows:
@@ -343,7 +345,7 @@ def probe_checkpoint(
     "truncated"}; with ``train_sizes``, each feature's result also holds "curve" (``label_curve``). Every process of
     a sharded (FSDP) model must call it together: the forward pass gathers weights."""
     if label_list is None:
-        label_list = _labels(train_rows, valid_rows, "probe training rows", "probe validation rows")
+        label_list = probe_labels(train_rows, valid_rows, "probe training rows", "probe validation rows")
     tr = labelled.encode_texts(tokenizer, train_rows, max_seq_length, "classification", label_list)
     va = labelled.encode_texts(tokenizer, valid_rows, max_seq_length, "classification", label_list)
     y_tr, y_va = tr.arrays["labels"], va.arrays["labels"]
@@ -453,9 +455,10 @@ def probe(
     adds the same architecture from random init. ``max_seq_length`` defaults to the checkpoint's
     finetune.max_seq_length. ``train_sizes`` adds the label-efficiency curve (``label_curve``) of every model."""
     _check_probe_args(baseline, batch_size, train_sizes)
+    check_file_outputs({"--output": output}, [*checkpoint_inputs(checkpoint), train, valid])
     train_rows = read_rows(train, columns, header)
     valid_rows = read_rows(valid, columns, header)
-    label_list = _labels(train_rows, valid_rows, str(train), str(valid))
+    label_list = probe_labels(train_rows, valid_rows, str(train), str(valid))
     dev = dist.resolve_device(device)
     xl = lm.load(checkpoint, device=dev)
     tok = _checkpoint_tokenizer(xl)

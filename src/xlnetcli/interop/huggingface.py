@@ -9,14 +9,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from xlnetcli.checkpoint.folders import save_model_dir
 from xlnetcli.checkpoint.hf_dir import FINETUNE_FILE, PRETRAINING_FILE, PRETRAINING_KEYS, load_hf_dir, model_for_hf
-from xlnetcli.checkpoint.load import load_model_dir, load_state, resolve_checkpoint
+from xlnetcli.checkpoint.load import checkpoint_inputs, load_model_dir, load_state, resolve_checkpoint
 from xlnetcli.config import Config
 from xlnetcli.core.errors import CheckpointError
-from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_not_input, output_lock
+from xlnetcli.core.files import (
+    atomic_output_dir,
+    atomic_write_json,
+    check_output_not_input,
+    output_lock,
+    save_safetensors,
+)
 from xlnetcli.data.tokenizer import copy_tokenizer
 from xlnetcli.model import XLNetLMHeadModel
 from xlnetcli.model.heads import FinetuneModel
@@ -64,12 +69,13 @@ def export_hf(ckpt: str | Path, out: str | Path, overwrite: bool = False, backbo
         "model": {k: getattr(cfg.model, k) for k in PRETRAINING_KEYS},
         "data": {"seq_len": cfg.data.seq_len, "num_predict": cfg.data.num_predict, "perm_size": cfg.data.perm_size},
     }
-    with atomic_output_dir(out, overwrite=overwrite, what="an exported model", inputs=[src]) as tmp:
+    inputs = [*checkpoint_inputs(ckpt), ckpt]  # a run given whole: nothing written inside it
+    with atomic_output_dir(out, overwrite=overwrite, what="an exported model", inputs=inputs) as tmp:
         atomic_write_json(tmp / "config.json", hc)
         atomic_write_json(tmp / PRETRAINING_FILE, pretraining)
         if finetune_record is not None:
             atomic_write_json(tmp / FINETUNE_FILE, finetune_record)
-        save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_safetensors(hf_state, tmp / "model.safetensors", metadata={"format": "pt"})
         if tok_src.exists():  # spiece.model, xlnet_tokenizer.json, tokenizer.json, tokenizer_config.json
             copy_tokenizer(tok_src, tmp)
     return Path(out)

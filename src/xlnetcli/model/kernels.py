@@ -17,6 +17,11 @@ the kernel named by ``attn_impl``:
 - ``flex`` (CUDA, training needs ``dropatt`` = 0): FlexAttention with a ``score_mod`` that reads the position term
   from the [B,H,N,R] table by the rel-shift index, the segment term from a per-row scalar and the mask from a bool
   tensor, so no [B,H,N,K] float tensor is ever written.
+- ``triton`` (CUDA; on CPU only under TRITON_INTERPRET=1, for tests): the whole core as fused Triton kernels
+  (triton_attention.py), FlashAttention-2's online softmax (Dao 2023) with the position term computed per tile from
+  a band of kr rows skewed in registers (content rows) or read from a [B,H,P,R] table (query rows), the segment term
+  from two scalars per row, the bool mask, Philox attention dropout regenerated in backward and a deterministic
+  backward (no atomics); no [B,H,N,K] or [B,H,N,R] score tensor is written.
 
 Shapes: B batch, H heads, N = L + P stacked rows, K = M + L keys, R = K + L relative positions, D head size,
 G = 1 (or 2 with bi_data: the first B/G rows use position table 0, the rest table 1).
@@ -25,6 +30,7 @@ G = 1 (or 2 with bi_data: the first B/G rows use position table 0, the rest tabl
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +39,7 @@ import torch.nn.functional as F
 from xlnetcli.core.errors import XLNetError
 
 NEG_INF = -1e30  # additive mask value (as the original / HF); finite so fully masked rows stay finite
-IMPLS = ("fused", "einsum", "sdpa", "flex")
+IMPLS = ("fused", "einsum", "sdpa", "flex", "triton")
 
 
 def resolve_impl(name: str, device: torch.device) -> str:
@@ -47,6 +53,8 @@ def resolve_impl(name: str, device: torch.device) -> str:
         return "einsum" if torch.compiler.is_compiling() else "sdpa"
     if name == "flex" and device.type != "cuda":
         raise XLNetError("model.attn_impl=flex needs a CUDA device (FlexAttention has no CPU backward); use auto")
+    if name == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise XLNetError("model.attn_impl=triton needs a CUDA device (or TRITON_INTERPRET=1 on CPU, slow); use auto")
     return name
 
 
@@ -88,13 +96,20 @@ class AttnLayout:
     seg_same: torch.Tensor | None
     mask: torch.Tensor | None
     mask_bias: torch.Tensor | None = None
+    content: bool = True  # the first L rows are the content stream (positions 0..L-1); False: query rows only
 
     def query_rows(self) -> AttnLayout:
         """The layout of the P query-stream rows alone (the last layer of pretraining computes only those)."""
         L = self.L
         cut = lambda t: None if t is None else t[:, :, L:]  # noqa: E731
         return AttnLayout(
-            L, self.rows[:, L:], self.rel_index[:, :, L:], cut(self.seg_same), cut(self.mask), cut(self.mask_bias)
+            L,
+            self.rows[:, L:],
+            self.rel_index[:, :, L:],
+            cut(self.seg_same),
+            cut(self.mask),
+            cut(self.mask_bias),
+            content=False,
         )
 
 
@@ -112,6 +127,10 @@ def relative_attention(
         return _RelAttnCore.apply(
             q, k, v, kr, r_w, r_r, r_s, seg, layout.rel_index, layout.seg_same, layout.mask, keep, ks
         )
+    if impl == "triton":
+        p = dropatt if training else 0.0
+        return _triton_attention()(q, k, v, kr, biases, seg, layout.rows, layout.L, layout.content, layout.seg_same,
+                                   layout.mask, p)[0]  # fmt: skip
     if impl == "flex":
         return _flex_attention(q, k, v, kr, r_w, r_r, r_s, seg, layout, dropatt if training else 0.0)
     bias = _position_segment_bias(q, kr, r_r, r_s, seg, layout)
@@ -175,6 +194,16 @@ def _position_segment_bias(q, kr, r_r, r_s, seg, layout: AttnLayout):
         ef = torch.matmul(q + r_s[:, None], seg.permute(1, 2, 0))  # [B,H,N,2]: same segment, other segment
         bias = bias + torch.where(layout.seg_same, ef[..., :1], ef[..., 1:])
     return bias * (1.0 / math.sqrt(D))
+
+
+def _triton_attention():
+    """triton_attention.triton_rel_attention, imported when first used: triton is optional, and its interpreter
+    switch (TRITON_INTERPRET) is read when the kernels are defined."""
+    try:
+        from xlnetcli.model.triton_attention import triton_rel_attention  # noqa: PLC0415 - optional, see above
+    except ImportError as e:
+        raise XLNetError(f"model.attn_impl=triton needs the triton package ({e}); use auto") from e
+    return triton_rel_attention
 
 
 _FLEX = None

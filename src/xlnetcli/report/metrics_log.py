@@ -26,7 +26,21 @@ from typing import Any
 
 from xlnetcli.core.console import console
 from xlnetcli.core.errors import DataError
-from xlnetcli.report.trackers import close_trackers, one_line, start_trackers
+from xlnetcli.core.shapes import dumps_strict
+from xlnetcli.report.trackers import TRACKERS_FILE, close_trackers, one_line, start_trackers
+
+# What a run folder holds besides its subfolders (step folders, tensorboard/): config, metrics, a finetuning run's
+# results, the trackers' run ids
+RUN_FILES = ("config.yaml", "metrics.jsonl", "results.json", TRACKERS_FILE)
+
+
+def run_inputs(run_dir: str | Path) -> list[Path]:
+    """What an output must never replace when the run folder ``run_dir`` is read: its own files (RUN_FILES) and every
+    subfolder. A new file beside them (`xlnet eval RUN --output RUN/valid.json`, `xlnet plot`'s curves.png) is fine."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        return [run]
+    return [run / name for name in RUN_FILES] + [p for p in run.iterdir() if p.is_dir()]
 
 
 class MetricsLogger:
@@ -47,7 +61,7 @@ class MetricsLogger:
 
     def log(self, step: int, split: str = "train", **metrics: Any) -> None:
         row = {"step": step, "split": split, "time": round(time.time(), 3), **metrics}
-        self._f.write(json.dumps(row) + "\n")
+        self._f.write(dumps_strict(row) + "\n")  # a NaN loss is written as null
         self._f.flush()
         scalars = {
             f"{split}/{k}": float(v)

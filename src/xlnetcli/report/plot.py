@@ -8,11 +8,13 @@ which does nothing when it is missing.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 from xlnetcli.core.errors import DataError, XLNetError
-from xlnetcli.report.metrics_log import read_metrics
+from xlnetcli.core.files import atomic_write_bytes, check_file_outputs
+from xlnetcli.report.metrics_log import read_metrics, run_inputs
 
 # Metric names, most preferred first, for each panel.
 LOSS_KEYS = ("loss", "plm_loss")
@@ -29,14 +31,17 @@ def _series(rows: list[dict], split: str, keys: tuple[str, ...]) -> tuple[str, l
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write ``RUN_DIR/curves.png`` (or ``out``) and return its path."""
+    """Write ``RUN_DIR/curves.png`` (or ``out``, in the format its suffix names) and return its path."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise DataError(f"run directory not found: {run_dir}")
+    out = Path(out) if out else run_dir / "curves.png"
+    check_file_outputs({"--out": out}, run_inputs(run_dir))
     rows = read_metrics(run_dir)
     if not rows:
         raise DataError(f"no metrics in {run_dir} (expected {run_dir / 'metrics.jsonl'} from xlnet pretrain/finetune)")
     plt = _pyplot()
+    _image_format(out)
     panels = [
         ("loss", [("train", _series(rows, "train", LOSS_KEYS)), ("eval", _series(rows, "eval", EVAL_KEYS[:2]))]),
         ("learning rate", [("train", _series(rows, "train", ("lr",)))]),
@@ -60,13 +65,15 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(run_dir.name, fontsize=10)
-    return _save(plt, fig, Path(out) if out else run_dir / "curves.png")
+    return _save(plt, fig, out)
 
 
 def plot_label_curve(probe_json: str | Path, out: str | Path | None = None) -> Path:
     """Write the label-efficiency curve of a probe result (``xlnet probe --train-sizes``) to ``out`` (default: the
     JSON's path with .png): validation accuracy against training rows, one line per model and feature."""
     probe_json = Path(probe_json)
+    out = Path(out) if out else probe_json.with_suffix(".png")
+    check_file_outputs({"--out": out}, [probe_json])
     try:
         res = json.loads(probe_json.read_text(encoding="utf-8"))
         results = res["results"]
@@ -83,7 +90,7 @@ def plot_label_curve(probe_json: str | Path, out: str | Path | None = None) -> P
         ) from None
     return plot_curves(
         curves,
-        Path(out) if out else probe_json.with_suffix(".png"),
+        out,
         "validation accuracy (linear probe)",
         f"label efficiency: {Path(res['valid']).name}",
         majority=res["majority"],
@@ -100,6 +107,7 @@ def plot_curves(
     """Accuracy against labelled examples (log scale) as a PNG: one line per (model, what) key, a colour per
     ``what``, solid for "pretrained" and dashed otherwise; ``majority`` adds the majority-class line."""
     plt = _pyplot()
+    _image_format(Path(out))
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
     kinds = list(dict.fromkeys(kind for _, kind in curves))
     for (name, kind), pts in curves.items():
@@ -134,13 +142,27 @@ def _pyplot():
     return plt
 
 
+def _image_format(out: Path) -> str:
+    """The format ``out``'s suffix names (png without one); one matplotlib cannot write is refused before drawing."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415 - heavy, optional extra
+
+    fmt = out.suffix[1:].lower() or "png"
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if fmt not in formats:
+        raise XLNetError(
+            f"--out {out}: cannot draw a .{fmt} file; name it .png, .pdf or .svg (or {', '.join(sorted(formats))})"
+        )
+    return fmt
+
+
 def _save(plt, fig, out: Path) -> Path:
-    """Save through a temporary file, so a failed save never leaves a half-written PNG."""
+    """Draw in the format of ``out``'s suffix and write it temp-then-rename (atomic_write_bytes), so a failed save
+    never leaves a half-written image and a full disk is the one-line disk-full message."""
     fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=_image_format(out), dpi=110)
     plt.close(fig)
-    tmp.replace(out)
+    atomic_write_bytes(out, buf.getvalue())
     return out
 
 

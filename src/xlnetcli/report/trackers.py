@@ -11,6 +11,8 @@ import contextlib
 import json
 import os
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +24,12 @@ TRACKERS_FILE = "trackers.json"
 
 
 def one_line(e: BaseException, limit: int = 300) -> str:
+    """The message of ``e`` on one line, cut at a word boundary (never inside a URL) past ``limit`` characters."""
     text = " ".join(str(e).split()) or type(e).__name__
-    return text if len(text) <= limit else text[:limit] + "..."
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    return text[: cut if cut > limit // 2 else limit] + " ..."
 
 
 def _flat_params(config: Any) -> dict[str, Any]:
@@ -48,9 +54,49 @@ def _missing(name: str) -> XLNetError:
     return XLNetError(f"report_to {name} needs the {package} package: pip install 'xlnetcli[{extra}]'")
 
 
+# Seconds a tracker's server gets to answer before a run starts: the clients' own defaults (MLflow: 7 retries with
+# backoff, 120 s a request; wandb: 90 s) would hold a run for minutes on a server that is down.
+PROBE_TIMEOUT_S = 5.0
+
+
+def _tracker_url(name: str) -> tuple[str, str] | None:
+    """(URL, where it came from) of the server a tracker talks to, when it talks to one over HTTP."""
+    if name == "mlflow":
+        uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+        return (uri, "MLFLOW_TRACKING_URI") if uri.lower().startswith(("http://", "https://")) else None
+    if name == "wandb" and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun"):
+        url = os.environ.get("WANDB_BASE_URL", "")
+        return (url, "WANDB_BASE_URL") if url.lower().startswith(("http://", "https://")) else None
+    return None
+
+
+def probe_server(name: str, url: str, source: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """One HTTP request to ``url`` within ``timeout`` seconds: any answer (even an error status) means a server is
+    there; no answer (refused, unreachable, silent) is one line naming the whole URL and what to do."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=timeout):
+            return
+    except urllib.error.HTTPError:
+        return  # a server answered (401, 404, ...): the client reports anything else itself
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        why = (
+            "no answer"
+            if isinstance(reason, TimeoutError)
+            else one_line(reason if isinstance(reason, BaseException) else e, 120)
+        )
+    raise XLNetError(
+        f"report_to {name}: no server answers at {url} ({source}) within {timeout:g} s: {why}; start it, fix "
+        f"{source}, or leave {name} out of report_to"
+    )
+
+
 def require_trackers(report_to: str | list[str]) -> None:
-    """Fail early, in one line naming the extra to install, when a tracker of ``report_to`` is not installed."""
+    """Fail early, in one line, when a tracker of ``report_to`` is not installed (naming the extra to install) or
+    its server does not answer within seconds (naming the URL): before any training."""
     for name in _tracker_names(report_to):
+        if name in ("mlflow", "wandb") and (target := _tracker_url(name)):
+            probe_server(name, *target)
         try:
             if name == "tensorboard":
                 import torch.utils.tensorboard  # noqa: F401, PLC0415 - optional extra (needs the tensorboard package)
@@ -189,7 +235,9 @@ def start_trackers(run_dir: Path, report_to: str | list[str], config: Any, resum
     state_path = run_dir / TRACKERS_FILE
     if resumed and state_path.is_file():
         with contextlib.suppress(ValueError, OSError):
-            previous = json.loads(state_path.read_text(encoding="utf-8"))
+            loaded = json.loads(state_path.read_text(encoding="utf-8"))
+            # of the wrong shape: start new tracker runs (the ids only continue a run, metrics.jsonl is the record)
+            previous = {k: v for k, v in loaded.items() if isinstance(v, dict)} if isinstance(loaded, dict) else {}
     trackers: list[Any] = []
     try:
         for name in _tracker_names(report_to):

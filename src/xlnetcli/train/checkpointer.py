@@ -19,14 +19,14 @@ from typing import Any, Protocol
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
-from xlnetcli.checkpoint.folders import save_model_dir, step_dir_name, step_folders, verify_files
-from xlnetcli.checkpoint.load import check_state_keys, load_model_dir, load_state
+from xlnetcli.checkpoint.folders import save_model_dir, step_dir_name, step_folders, verify_checkpoint
+from xlnetcli.checkpoint.load import check_state_keys, load_state, load_step_folder
 from xlnetcli.config import Config
 from xlnetcli.core import dist
-from xlnetcli.core.errors import CheckpointError, XLNetError
-from xlnetcli.core.files import is_disk_full
+from xlnetcli.core.errors import CheckpointError, DiskFull, XLNetError
+from xlnetcli.core.files import is_disk_full, save_safetensors
+from xlnetcli.core.shapes import describe, json_field
 
 # ----------------------------------------------------------------------------------------------------------------
 # Training state without pickle: tensors in a safetensors file, the structure around them as JSON in its header.
@@ -66,7 +66,7 @@ def save_tree(obj: Any, path: str | Path) -> None:
     """Nested dicts/lists/tuples of tensors, numbers, strings and None -> one safetensors file."""
     tensors: dict[str, torch.Tensor] = {}
     tree = json.dumps(_encode(obj, tensors), separators=(",", ":"))
-    save_file(tensors, str(path), metadata={"tree": tree})
+    save_safetensors(tensors, path, metadata={"tree": tree})
 
 
 def load_tree(path: str | Path) -> Any:
@@ -96,17 +96,28 @@ def resumable_steps(run_dir: str | Path) -> list[tuple[int, Path]]:
     return [(s, p) for s, p in step_folders(run_dir) if has_train_state(p)]
 
 
-def load_train_state(folder: str | Path) -> dict:
-    """A step folder's training state, checked against meta.json's checksum. A pickled ``train_state.pt`` is refused
-    without being opened."""
+def load_train_state(folder: str | Path, verified: bool = False) -> dict:
+    """A step folder's training state, every file of the folder checked against meta.json's checksums first (unless
+    the caller has: ``verified``). A pickled ``train_state.pt`` is refused without being opened."""
     folder = Path(folder)
     if not (folder / TRAIN_STATE).is_file() and (folder / PICKLED_TRAIN_STATE).is_file():
         raise CheckpointError(
             f"{folder / PICKLED_TRAIN_STATE} is a pickle; refusing to unpickle it (it could run "
             f"code): xlnet reads a training state only from {TRAIN_STATE}"
         )
-    verify_files(folder, [TRAIN_STATE])
+    if not verified:
+        verify_checkpoint(folder)
     return load_tree(folder / TRAIN_STATE)
+
+
+def _check_state_shape(state: Any, where: Path) -> None:
+    """The top of a train state: an object with its step and one object per rank; one line naming the field else."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{where}: not a training state (found {describe(state)}); resume from an earlier step")
+    json_field(state, "step", int, where, CheckpointError, lo=0)
+    ranks = json_field(state, "ranks", list, where, CheckpointError)
+    if not ranks or not all(isinstance(r, dict) for r in ranks):
+        raise CheckpointError(f"{where}: field 'ranks' must be a non-empty list of objects; resume from another step")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -222,7 +233,9 @@ class Checkpointer:
     def load(self, folder: Path) -> None:
         """Restore every entry from step folder ``folder`` (checksums verified). A checkpoint written by another
         number of processes is refused before anything is touched: each rank continues its own state."""
-        state = load_train_state(folder)
+        _, weights, _ = load_step_folder(folder)  # every file of the folder checked against meta.json
+        state = load_train_state(folder, verified=True)
+        _check_state_shape(state, folder / TRAIN_STATE)
         written_by = len(state["ranks"])
         if written_by != self.env.world_size:
             raise CheckpointError(
@@ -230,7 +243,6 @@ class Checkpointer:
                 f"(torchrun --nproc-per-node {written_by}) for an exact continuation"
             )
         self.states[PROGRESS].load_state_dict(state)
-        _, weights, _ = load_model_dir(folder)
         model = self.states[MODEL]
         assert isinstance(model, ModelState)  # the engine always registers the model as a ModelState
         model.load_state_dict(weights, where=f"checkpoint {folder}")
@@ -275,7 +287,7 @@ class Checkpointer:
                     extra_files={TRAIN_STATE: lambda p: save_tree(train_state, p)} if with_state else None,
                 )
                 self.prune(pinned)
-            except OSError as e:
+            except (OSError, DiskFull) as e:
                 if not is_disk_full(e):
                     raise
                 error = (

@@ -40,7 +40,6 @@ checkpoint and raises ``Preempted`` (exit code 75); ``--resume`` then continues 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import random
 import signal
@@ -62,6 +61,7 @@ from xlnetcli.core.console import console, duration, progress_is_live, step_prog
 from xlnetcli.core.dist import autocast_ctx
 from xlnetcli.core.errors import CheckpointError, ConfigError, Preempted, XLNetError
 from xlnetcli.core.files import atomic_write_text
+from xlnetcli.core.shapes import dumps_strict
 from xlnetcli.model import parallelize
 from xlnetcli.model.flops import device_peak_tflops
 from xlnetcli.report.metrics_log import MetricsLogger, NullLogger, read_metrics
@@ -330,6 +330,8 @@ def resume_point(
         if resume not in (None, "latest"):
             raise CheckpointError(f"nothing to resume: {run_dir} holds no {what}")
         return None
+    if resume is None and not step_folders(run_dir) and (run_dir / "metrics.jsonl").is_file():
+        return None  # a run killed before its first checkpoint (it logged, so it is ours): nothing to lose, start again
     try:
         old = load_config(run_cfg)
     except ConfigError as e:
@@ -392,7 +394,7 @@ def truncate_metrics(run_dir: Path, step: int) -> None:
     if not path.exists():
         return
     rows = [r for r in read_metrics(run_dir) if r.get("step", 0) <= step]
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+    atomic_write_text(path, "".join(dumps_strict(r) + "\n" for r in rows))
 
 
 def printer(enabled: bool) -> Callable[..., None]:
@@ -460,7 +462,11 @@ class PreemptionGuard:
 
     def __exit__(self, *exc: Any) -> None:
         if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
+            # after a stop was requested the process leaves with its checkpoint (exit 75): a further SIGTERM (schedulers
+            # and users repeat theirs) is the same request, and must not kill it with 143 on the way out (a handler
+            # of the caller's own is given back)
+            kill = self._old in (signal.SIG_DFL, None)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN if self.flag and kill else self._old)
 
     def requested(self, device: torch.device) -> bool:
         return dist.any_rank(self.flag, device)

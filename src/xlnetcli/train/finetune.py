@@ -137,6 +137,11 @@ class ExampleOrder:
         self.steps = int(state["step"])
 
 
+def _rank(value: float | None) -> float:
+    """A metric for comparison: NaN, None (a NaN written as null) and infinities rank lowest."""
+    return value if value is not None and math.isfinite(value) else -math.inf
+
+
 class BestSoFar:
     """The best validation result so far (the checkpoint kept) and early stopping: evaluations since it improved."""
 
@@ -147,8 +152,9 @@ class BestSoFar:
         self.stopped_early = False
 
     def update(self, step: int, metric: str, value: float, metrics: dict) -> bool:
-        """Record an evaluation; True if it is a new best."""
-        improved = value > self.best["value"] or self.best["step"] is None
+        """Record an evaluation; True if it is a new best. A NaN metric (a diverged model, a constant prediction's
+        correlation) ranks below every number: kept only until any finite value comes."""
+        improved = _rank(value) > _rank(self.best["value"]) or self.best["step"] is None
         if improved:
             self.best.update(step=step, value=value, metric=metric, metrics=metrics)
             self.bad_evals = 0
@@ -382,9 +388,10 @@ def _commit(partial: Path, out: Path, best_step: int | None) -> None:
 
 
 def _say_complete(say: Any, out: Path, results: dict) -> None:
+    value = results.get("value")
     best = (
-        f"best {results['metric']} {results['value']:.4f} at step {results['best_step']}"
-        if results.get("value") is not None
+        f"best {results['metric']} {'nan' if value is None else f'{value:.4f}'} at step {results['best_step']}"
+        if results.get("metric") is not None
         else "no validation file"
     )
     say(
@@ -493,7 +500,7 @@ def _finetune(
     run_cfg = run_config(init_ckpt.cfg, cfg)
     _check_vocab(init_ckpt, run_cfg)
     train_data, valid_data = _load_data(task, train, valid, init_ckpt.tokenizer, run_cfg, columns, header)
-    check_config(run_cfg, env.world_size, stage="finetune")
+    check_config(run_cfg, env.world_size, stage="finetune", device=env.device)
     steps = _step_counts(run_cfg, len(train_data), env.world_size)
     start = _resume_point(run_cfg, partial) if mode == "resume" else None
     model = _build_model(run_cfg, task, train_data.label_list, init_ckpt, from_scratch, start is None, say)
@@ -727,7 +734,7 @@ def _commit_results(
         "best_step": best["step"],
         "checkpoint": str(out / step_dir_name(best["step"])) if best["step"] is not None else None,
         "metric": best["metric"],
-        "value": None if best["value"] == -math.inf else best["value"],
+        "value": best["value"] if best["value"] is not None and math.isfinite(best["value"]) else None,
         "valid": best["metrics"],
         "train_examples": len(train_data.examples),
         "train_rows": len(train_data),

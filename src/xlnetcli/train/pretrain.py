@@ -31,24 +31,26 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from xlnetcli.checkpoint.folders import read_meta
+from xlnetcli.checkpoint.folders import read_meta, step_folders
 from xlnetcli.checkpoint.load import StartingPoint, continued_model_config, load_starting_point, load_state
 from xlnetcli.config import Config, ModelConfig, check_config, config_to_dict, replace
 from xlnetcli.core import dist
 from xlnetcli.core.errors import CheckpointError, ConfigError, DataError
-from xlnetcli.core.files import check_output_not_input, output_lock
+from xlnetcli.core.files import check_output_not_input, output_lock, sha256_file
 from xlnetcli.data.pretrain_stream import PretrainStream
 from xlnetcli.data.tokenizer import Tokenizer
 from xlnetcli.evaluate.lm_loss import Memories, evaluate_plm, read_records_meta
 from xlnetcli.evaluate.lm_loss import forward as _forward
 from xlnetcli.evaluate.lm_loss import model_inputs as _model_inputs
-from xlnetcli.evaluate.probe import probe_checkpoint, read_rows, split_rows
+from xlnetcli.evaluate.probe import probe_checkpoint, probe_labels, read_rows, split_rows
 from xlnetcli.model import XLNetLMHeadModel, num_params
 from xlnetcli.model.flops import train_flops
 from xlnetcli.report.plot import maybe_plot
@@ -94,6 +96,7 @@ RECORD_KEYS = {
     "mask_beta": "data.mask_beta",
     "mask_mode": "data.mask_mode",
     "max_gram": "data.max_gram",
+    "word_rule": "data.word_rule",
     "perm_size": "data.perm_size",
     "global_batch_size": "train.global_batch_size",
     "micro_batch_size": "train.micro_batch_size",
@@ -192,6 +195,7 @@ class PretrainRecipe:
             warmup="more train.warmup_steps",
         )
         self.cfg, self.data_dir, self.meta, self.env, self.accum, self.say = cfg, data_dir, meta, env, accum, say
+        self.records = records_identity(data_dir)  # in every step folder's meta.json: a resume must read the same
         self.stream = PretrainStream(
             data_dir,
             "train",
@@ -209,6 +213,8 @@ class PretrainRecipe:
         if t.probe_every:
             assert t.probe_file is not None  # check_config: train.probe_every needs train.probe_file
             self.probe_rows = split_rows(read_rows(t.probe_file), seed=t.seed)
+            where = f"{t.probe_file} (train.probe_file)"
+            probe_labels(*self.probe_rows, where, where)  # refused here, before the run folder is made
             self.probe_tok = Tokenizer.load(data_dir / "tokenizer")
 
     def next_batch(self, step: int, micro: int) -> dict:
@@ -291,7 +297,7 @@ class PretrainRecipe:
         return {}
 
     def step_meta(self, step: int) -> dict:
-        return {"kind": "pretrain", **({"init": self.init} if self.init else {})}
+        return {"kind": "pretrain", "records": self.records, **({"init": self.init} if self.init else {})}
 
     def states(self) -> dict:
         return {}
@@ -341,7 +347,7 @@ def pretrain(
     env = dist.init_distributed(device)
     created_group = env.distributed
     try:
-        check_output_not_input(out_dir, [data_dir])
+        check_output_not_input(out_dir, [data_dir, cfg.train.init, cfg.train.probe_file])
         # one writer per run folder (rank 0 holds the lock for all ranks of a torchrun job)
         with output_lock(out_dir) if env.rank == 0 else contextlib.nullcontext():
             return _pretrain(cfg, data_dir, out_dir, resume, env, quiet, stop_after)
@@ -381,7 +387,45 @@ def _pretrain(
         quiet,
         resume_from=start[1] if start is not None else None,
         report_to=t.report_to,
-    ).setup()
+    )
+    with _undone_on_failure(out_dir, main, lambda: engine.step == 0):
+        return _run(engine, cfg, init, init_record, sizes, meta, data_dir, out_dir, stop_after, say)
+
+
+@contextlib.contextmanager
+def _undone_on_failure(run_dir: Path, main: bool, before_first_step: Callable[[], bool]) -> Iterator[None]:
+    """A start that fails before its first step (a tracker that cannot start, a probe file the step-0 probe refuses,
+    ...) leaves the run folder as it found it: what this call created is removed, so the same command can be run
+    again (a run killed later, before its first checkpoint, is taken over by a rerun: engine.resume_point)."""
+    before = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else None
+    try:
+        yield
+    except BaseException:
+        if main and before_first_step() and run_dir.is_dir() and not step_folders(run_dir):
+            doomed = [run_dir] if before is None else [p for p in run_dir.iterdir() if p.name not in before]
+            for p in doomed:
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+        raise
+
+
+def _run(
+    engine: Engine,
+    cfg: Config,
+    init: Init | None,
+    init_record: dict | None,
+    sizes: tuple[int, int],
+    meta: dict,
+    data_dir: Path,
+    out_dir: Path,
+    stop_after: int | None,
+    say: Any,
+) -> dict:
+    """Set the engine up and train (or report a run already complete)."""
+    t, main, quiet = cfg.train, engine.main, engine.quiet
+    engine.setup()
     if engine.step >= t.max_steps:
         result = engine.fit()  # nothing to train: the run's last logged figures
         say(
@@ -410,12 +454,36 @@ def _check_inputs(
     t = cfg.train
     meta = read_records_meta(data_dir)
     check_records(cfg, meta, data_dir)
-    accum = check_config(cfg, env.world_size, stage="pretrain").accumulation
+    accum = check_config(cfg, env.world_size, stage="pretrain", device=env.device).accumulation
     require_trackers(t.report_to)
     if t.precision == "fp16" and env.device.type == "cpu":
         raise ConfigError("train.precision=fp16 needs a CUDA device (use bf16 or fp32 on CPU)")
     start = check_run_dir(cfg, out_dir, resume)
+    if start is not None:
+        check_same_records(read_meta(start[1]).get("records"), data_dir, start[1])
     return meta, accum, dist.broadcast_object(start)
+
+
+def records_identity(data_dir: Path) -> dict[str, str]:
+    """What a run trains on: the records folder and the sha256 of its meta.json (which lists the sha256 of every
+    records file, and the seed, masks and passes they were made with)."""
+    if not (data_dir / "meta.json").is_file():
+        raise DataError(f"{data_dir} is not a records folder (no meta.json); create it with xlnet preprocess")
+    return {"path": str(data_dir.resolve()), "sha256": sha256_file(data_dir / "meta.json")}
+
+
+def check_same_records(was: Any, data_dir: Path, step_dir: Path) -> None:
+    """A resume reads the records the run was trained on (same meta.json, wherever the folder now is); ``was``: the
+    checkpoint's record of them (None in checkpoints older than it: not checked)."""
+    if not isinstance(was, dict) or "sha256" not in was:
+        return
+    now = records_identity(data_dir)
+    if now["sha256"] != was["sha256"]:
+        raise DataError(
+            f"{step_dir} was trained on the records {was.get('path')} (meta.json sha256 {str(was['sha256'])[:12]}) "
+            f"but --data {data_dir} holds other records ({now['sha256'][:12]}); resume with --data {was.get('path')}, "
+            "or start a new run in another --out"
+        )
 
 
 def _build_model(cfg: Config, env: dist.DistEnv, init: Init | None) -> torch.nn.Module:
@@ -452,11 +520,11 @@ def load_init(cfg: Config, data_dir: Path) -> Init:
     start = load_starting_point(cfg.train.init)
     model, changes = continued_model_config(start.model, cfg.model, where=f"--init {start.path}")
     records_tok = Tokenizer.load(data_dir / "tokenizer")
-    if start.tokenizer_dir is not None:
-        tok = Tokenizer.load(start.tokenizer_dir)
+    if start.tokenizer is not None:
+        tok = Tokenizer.load(start.tokenizer)
         if tok.vocab_size != start.model.vocab_size:
             raise CheckpointError(
-                f"--init {start.path}: its tokenizer ({start.tokenizer_dir}) has {tok.vocab_size} pieces but the "
+                f"--init {start.path}: its tokenizer ({start.tokenizer}) has {tok.vocab_size} pieces but the "
                 f"model has {start.model.vocab_size} embeddings; the checkpoint is inconsistent"
             )
         if tok.sha256 != records_tok.sha256:
@@ -481,8 +549,8 @@ def _say_init(say: Any, init: Init | None, record: dict | None, step: int) -> No
     say(f"             LM head tied to the embeddings, its bias {bias}")
     if init.changes:
         say(f"             changed from the checkpoint: {', '.join(init.changes)}")
-    if s.tokenizer_dir is None:
-        say("             the checkpoint has no spiece.model: the records' tokenizer is taken on trust (same size)")
+    if s.tokenizer is None:
+        say("             the checkpoint has no SentencePiece model: the records' tokenizer is trusted (same size)")
 
 
 def _say_header(

@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # tokenizer.py imports this module to save these files
 
 HF_FILE = "tokenizer.json"  # the `tokenizers` library's format, read by transformers' AutoTokenizer
 HF_CONFIG_FILE = "tokenizer_config.json"
+HF_SPM_FILE = "tokenizer.model"  # the SentencePiece model as transformers 5's save_vocabulary names it
 HF_TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # transformers loads tokenizer.json as it is (v4; v5 TokenizersBackend)
 FLT_MIN = 1.1754943508222875e-38
 

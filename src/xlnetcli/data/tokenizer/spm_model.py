@@ -144,3 +144,27 @@ def embed_options(model_bytes: bytes, options: dict[str, Any]) -> bytes:
     if not done:
         out += message(3, record)
     return bytes(out)
+
+
+def set_trainer_strings(model_bytes: bytes, values: dict[int, str]) -> bytes:
+    """``model_bytes`` with string fields of its trainer spec (field 2) replaced: {field number: value}, a repeated
+    field becoming that one value (1 = input, 2 = model_prefix: the trainer records its temporary paths there, so
+    fixing them makes the model's bytes reproducible). Every other byte of the model is kept as it is."""
+
+    def message(number: int, body: bytes) -> bytes:
+        return _encode_varint(number << 3 | 2) + _encode_varint(len(body)) + body
+
+    out = bytearray()
+    for number, start, end, value in _fields(model_bytes):
+        if number != 2:
+            out += model_bytes[start:end]
+            continue
+        body, seen = bytearray(), set()
+        for n, s, e, _ in _fields(value):
+            if n not in values:
+                body += value[s:e]
+            elif n not in seen:
+                body += message(n, values[n].encode("utf-8"))
+                seen.add(n)
+        out += message(2, bytes(body))
+    return bytes(out)

@@ -344,8 +344,8 @@ def default_meta(sha: str, options: dict[str, Any] | None = None) -> dict[str, A
 def _meta_path(model_path: Path) -> Path | None:
     """The metadata file that belongs to a model file, or None."""
     if model_path.name != SPIECE_FILE:  # a model file under another name: its metadata is NAME.json
-        cand = model_path.with_suffix(".json")
-        return cand if cand.is_file() else None
+        cand = model_path.with_suffix(".json")  # (not transformers' tokenizer.json beside its tokenizer.model)
+        return cand if cand.is_file() and cand.name != HF_FILE else None
     meta = model_path.parent / META_FILE
     return meta if meta.is_file() else None
 

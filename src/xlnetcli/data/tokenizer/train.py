@@ -8,7 +8,6 @@ import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TextIO
 
 import sentencepiece as spm
 
@@ -17,10 +16,11 @@ from xlnetcli.core.console import byte_progress, console
 from xlnetcli.core.errors import ConfigError, DataError
 from xlnetcli.core.files import atomic_output_dir, check_output_dir, check_output_not_input
 from xlnetcli.core.signals import sigterm_as_interrupt
-from xlnetcli.data.corpus import ReadStats, expand_inputs, iter_lines, total_size
+from xlnetcli.data.corpus import ReadStats, Source, expand_inputs, local_paths, total_size
 from xlnetcli.data.special import SPECIAL_PIECES
-from xlnetcli.data.tokenizer.normalize import NORMALIZER, normalize_lines
-from xlnetcli.data.tokenizer.spm_model import embed_options
+from xlnetcli.data.tokenizer.normalize import NORMALIZER
+from xlnetcli.data.tokenizer.sample import Sample, SampleLimits, iter_line_blocks, sample_corpus
+from xlnetcli.data.tokenizer.spm_model import embed_options, set_trainer_strings
 from xlnetcli.data.tokenizer.tokenizer import SPIECE_FILE, Tokenizer, default_meta, options_hash
 
 CONTROL_SYMBOLS = ("<cls>", "<sep>", "<pad>", "<mask>", "<eod>")
@@ -36,22 +36,24 @@ def train_tokenizer(
     overwrite: bool = False,
     quiet: bool = False,
     text_field: str = "text",
+    workers: int = 1,
 ) -> Tokenizer:
     """Train a SentencePiece unigram model on normalised lines of ``inputs`` into ``out_dir`` (atomic), with the
     settings of ``cfg.tokenizer`` (vocab_size, character_coverage, input_sentence_size, uncased, keep_accents,
-    threads); ``cfg`` is written next to the model as config.yaml. Inputs may be text, JSONL, Parquet or datasets
-    folders (data/corpus.py); ``text_field`` names their text field.
+    input_sentence_bytes, seed, uncased, keep_accents, threads); ``cfg`` is written next to the model as config.yaml.
+    Inputs may be text, JSONL, Parquet or datasets folders (data/corpus.py); ``text_field`` names their text field.
+    The corpus is normalised in ``workers`` processes and sampled while it is read (sample.py): only the sample is
+    written to disk, and the model is the same for any ``workers``.
     """
     out = Path(out_dir)
     check_output_dir(out, overwrite, "a tokenizer")
     files = expand_inputs(inputs)
-    check_output_not_input(out, files)
+    check_output_not_input(out, local_paths(files))
     tcfg = cfg.tokenizer
     _check_vocab_size(tcfg)
-    threads = tcfg.threads or (os.cpu_count() or 1)
     stats = ReadStats()
     with sigterm_as_interrupt(), atomic_output_dir(out, overwrite, "a tokenizer") as tmp:
-        model_bytes, n_lines, n_bytes = _normalize_and_train(files, Path(tmp), tcfg, stats, quiet, text_field, threads)
+        model_bytes, sample = _sample_and_train(files, Path(tmp), tcfg, stats, quiet, text_field, workers)
         options = {
             "normalizer": NORMALIZER,
             "uncased": bool(tcfg.uncased),
@@ -59,7 +61,7 @@ def train_tokenizer(
             "digit_comma_fix": True,
         }
         model_bytes = embed_options(model_bytes, options)  # the model file carries its own normalisation
-        meta = _tokenizer_meta(model_bytes, options, tcfg, n_lines, n_bytes, files, stats)
+        meta = _tokenizer_meta(model_bytes, options, tcfg, sample, files, stats)
         tok = Tokenizer(model_bytes, meta, out / SPIECE_FILE)
         tok.save(tmp)
         save_config(cfg, tmp)
@@ -74,38 +76,48 @@ def _check_vocab_size(tcfg: TokenizerConfig) -> None:
         )
 
 
-def _normalize_and_train(
-    files: list[Path], tmp: Path, tcfg: TokenizerConfig, stats: ReadStats, quiet: bool, text_field: str, threads: int
-) -> tuple[bytes, int, int]:
-    """Pass 1 normalises every line into a temporary text file in ``tmp`` (the trainer reads it; errors surface
-    here), pass 2 trains the unigram model on it; (model bytes, lines, bytes). The text file is always removed."""
-    fd, norm_path = tempfile.mkstemp(prefix=".normalized.", suffix=".txt", dir=tmp)
+def _sample_and_train(
+    files: list[Source], tmp: Path, tcfg: TokenizerConfig, stats: ReadStats, quiet: bool, text_field: str, workers: int
+) -> tuple[bytes, Sample]:
+    """Normalise the corpus in ``workers`` processes while drawing the sample (sample.py), write only the sample to
+    a temporary file in ``tmp`` and train the unigram model on it; (model bytes, sample). The file is removed."""
+    lim = SampleLimits(tcfg.input_sentence_size, tcfg.input_sentence_bytes, tcfg.seed, MAX_SENTENCE_BYTES)
+    with byte_progress(quiet) as prog:
+        task = prog.add_task("normalising", total=total_size(files), info="")
+        blocks = iter_line_blocks(files, stats, lambda n: prog.advance(task, n), text_field)
+        sample = sample_corpus(blocks, lim, tcfg.uncased, tcfg.keep_accents, workers)
+    for w in stats.warnings():
+        console.print(w)
+    if sample.corpus_lines == 0:
+        raise DataError(f"the corpus ({len(files)} file(s)) holds no text after normalisation")
+    if not sample.lines:  # every line was too long for SentencePiece
+        raise DataError(
+            f"no usable line for SentencePiece: every line is longer than {MAX_SENTENCE_BYTES} bytes, which "
+            "SentencePiece skips; split the text into lines (sentences or paragraphs)"
+        )
+    threads = tcfg.threads or (os.cpu_count() or 1)
+    if not quiet:
+        console.print(
+            f"training SentencePiece unigram: vocab {tcfg.vocab_size}, sample of {len(sample.lines)} of "
+            f"{sample.corpus_lines} lines ({sample.nbytes / 1e6:.1f} MB), {threads} thread(s)"
+        )
+    fd, path = tempfile.mkstemp(prefix=".sample.", suffix=".txt", dir=tmp)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            n_lines, n_bytes = _write_normalized(files, f, tcfg, stats, quiet, text_field)
-        for w in stats.warnings():
-            console.print(w)
-        if n_lines == 0:
-            raise DataError(f"the corpus ({len(files)} file(s)) holds no text after normalisation")
-        if not quiet:
-            console.print(
-                f"training SentencePiece unigram: vocab {tcfg.vocab_size}, {n_lines} lines "
-                f"({n_bytes / 1e6:.1f} MB), {threads} thread(s)"
-            )
-        model_bytes = _train_unigram(norm_path, tmp / "spiece", tcfg, threads)
+            f.write("\n".join(sample.lines) + "\n")
+        sample.lines = []  # the trainer's copy is the only one from here
+        model_bytes = _train_unigram(path, tmp / "spiece", tcfg, threads)
     finally:
-        if os.path.exists(norm_path):
-            os.unlink(norm_path)
-    return model_bytes, n_lines, n_bytes
+        os.unlink(path)
+    return model_bytes, sample
 
 
 def _tokenizer_meta(
     model_bytes: bytes,
     options: dict,
     tcfg: TokenizerConfig,
-    n_lines: int,
-    n_bytes: int,
-    files: list[Path],
+    sample: Sample,
+    files: list[Source],
     stats: ReadStats,
 ) -> dict:
     """The tokenizer's metadata (xlnet_tokenizer.json): hash and options of the model, its vocabulary size and how
@@ -116,8 +128,13 @@ def _tokenizer_meta(
         "model_type": "unigram",
         "character_coverage": tcfg.character_coverage,
         "input_sentence_size": tcfg.input_sentence_size,
-        "lines": n_lines,
-        "bytes": n_bytes,
+        "input_sentence_bytes": tcfg.input_sentence_bytes,
+        "seed": tcfg.seed,
+        "lines": sample.corpus_lines,  # non-empty normalised lines of the corpus
+        "bytes": sample.corpus_chars,  # their characters, a newline each
+        "sample_lines": sample.n_sample_lines,
+        "sample_bytes": sample.nbytes,  # UTF-8
+        "too_long_lines": sample.too_long,
         "inputs": [str(p) for p in files],
         "invalid_utf8_bytes": stats.bad_bytes,
         "control_symbols": list(CONTROL_SYMBOLS),
@@ -127,36 +144,10 @@ def _tokenizer_meta(
     return meta
 
 
-def _write_normalized(
-    files: list[Path], f: TextIO, tcfg: TokenizerConfig, stats: ReadStats, quiet: bool, text_field: str
-) -> tuple[int, int]:
-    """Write the non-empty normalised lines of ``files`` to ``f`` in batches; (lines, bytes) written."""
-    n_lines = n_bytes = 0
-    batch: list[str] = []
-
-    def flush() -> None:
-        nonlocal n_lines, n_bytes
-        norm = [s for s in normalize_lines(batch, tcfg.uncased, tcfg.keep_accents) if s]
-        if norm:
-            text = "\n".join(norm) + "\n"
-            f.write(text)
-            n_lines += len(norm)
-            n_bytes += len(text)
-        batch.clear()
-
-    with byte_progress(quiet) as prog:
-        task = prog.add_task("normalising", total=total_size(files), info="")
-        for line in iter_lines(files, stats, on_bytes=lambda n: prog.advance(task, n), text_field=text_field):
-            batch.append(line)
-            if len(batch) >= 10000:
-                flush()
-        flush()
-    return n_lines, n_bytes
-
-
 def _train_unigram(norm_path: str, prefix: Path, tcfg: TokenizerConfig, threads: int) -> bytes:
-    """SentencePiece's unigram trainer on the normalised text file, XLNet's pieces at their ids: the model's bytes
-    (the files it writes at ``prefix`` are removed). Its failures become one-line errors saying what to change."""
+    """SentencePiece's unigram trainer on the sample file (all of it: it holds at most input_sentence_size lines),
+    XLNet's pieces at their ids: the model's bytes (the files it writes at ``prefix`` are removed). Its failures become
+    one-line errors saying what to change."""
     try:
         spm.SentencePieceTrainer.train(
             input=norm_path,
@@ -190,7 +181,8 @@ def _train_unigram(norm_path: str, prefix: Path, tcfg: TokenizerConfig, threads:
                 "text into lines (sentences or paragraphs)"
             ) from None
         raise DataError(f"SentencePiece training failed: {msg}") from None
-    model_bytes = prefix.with_suffix(".model").read_bytes()
+    # the temporary paths recorded in the model would make its bytes differ from run to run
+    model_bytes = set_trainer_strings(prefix.with_suffix(".model").read_bytes(), {1: "sample.txt", 2: "spiece"})
     os.unlink(prefix.with_suffix(".model"))
     vocab = prefix.with_suffix(".vocab")
     if vocab.exists():

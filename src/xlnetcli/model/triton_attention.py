@@ -1,0 +1,547 @@
+"""``attn_impl: triton``: XLNet's two-stream relative attention core as fused Triton kernels (forward and backward).
+
+The maths is kernels.py's (module docstring): for stacked row i at sequence position pos_i and key j,
+
+    s_ij = [ qw_i·k_j + qr_i·kr[L - pos_i + j] + ef_i[s_ij] ] / sqrt(D),  qw = q + r_w, qr = q + r_r,
+    ef_i = (q_i + r_s)·seg_embed [2 scalars: same segment, other segment],
+
+masked (a masked score is replaced by NEG_INF = -1e30, as the reference's additive mask does in floating point:
+a fully masked row attends uniformly to every key and passes gradient through), softmax, dropout, · v.
+
+The kernels follow FlashAttention-2 (Dao 2023, arXiv:2307.08691): per tile of BM rows an online softmax over
+tiles of BN keys (running max m, sum l, rescaled accumulator); m and l are kept per row (not their log-sum-exp:
+in a fully masked row m = -1e30 absorbs log l) and backward recomputes p = exp(s - m) / l, with delta_i =
+do_i·out_i, ds = p (dp - delta). No [N,K] or [N,R] score tensor is written:
+
+- content rows (pos_i = i): the position term of a (row tile i0, key tile j0) reads the band of kr rows
+  rb = L - i0 - (BM-1) + j0 ... rb + BM + BN - 1 (Transformer-XL's rel-shift: column L - i + j), multiplies
+  it once (T = qr·band^T, [BM, BM+BN]) and skews it in registers, S[a, c] = T[a, c - a + BM - 1] (tl.gather);
+- query-stream rows (P targets at arbitrary positions): their position scores come from a small [B,H,P,R] table
+  bdq = qr·kr^T computed by torch and read by index; backward stores each table entry's gradient once (no atomics);
+- the segment term: per row the two scalars ef_i, chosen per key by the same-segment bits; the mask bits are
+  [B,N,K] bytes shared by the heads;
+- attention dropout: keep_ij = philox(seed, ((b·H + h)·N + i)·K + j) >= p (tl.rand), regenerated in backward;
+  nothing is stored (a debug flag returns the keep mask for tests).
+
+Backward is deterministic: no atomics, every gradient written by one program that sums in a fixed order. One
+kernel per row tile (dqw, dqr, the two segment-scalar gradients, the query rows' table gradient), one per key
+tile (dk, dv), and one per tile of relative positions (dkr from the content rows, walking the rows in (i, r)
+space, where key j = i + r - L: the content and value products are then the skewed band ones).
+
+The torch side (``triton_rel_attention``) adds the biases, computes ef and bdq with ordinary ops, and calls the
+custom op ``xlnet::rel_attn`` (torch.library.custom_op, its backward registered with register_autograd), so that
+torch.compile and activation checkpointing see one node. The kernels run on CUDA, or on CPU tensors under Triton's
+interpreter (TRITON_INTERPRET=1, read when this module is imported)."""
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+NEG_INF = -1e30  # kernels.NEG_INF (kernels.py imports this module lazily, so the value is repeated)
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # what @triton.jit reads: the kernels below are interpreted
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tile helpers
+
+
+@triton.jit
+def _load_rows(ptr, start, n, D, W: tl.constexpr, BD: tl.constexpr):
+    """Rows start .. start+W-1 of a row-major [n, D] matrix at ptr: [W, BD], zero outside."""
+    t = start + tl.arange(0, W)
+    d = tl.arange(0, BD)
+    ok = (t >= 0) & (t < n)
+    return tl.load(ptr + t[:, None] * D + d[None, :], mask=ok[:, None] & (d < D)[None, :], other=0.0)
+
+
+@triton.jit
+def _skew(T, BM: tl.constexpr, BN: tl.constexpr):
+    """S[a, c] = T[a, c - a + BM - 1]: the band product [BM, BM+BN] -> the tile's position scores [BM, BN]."""
+    a = tl.arange(0, BM)[:, None]
+    c = tl.arange(0, BN)[None, :]
+    return tl.gather(T, c - a + BM - 1, 1)
+
+
+@triton.jit
+def _unskew(ds, BM: tl.constexpr, BN: tl.constexpr):
+    """The inverse of _skew: [BM, BN] -> [BM, BM+BN], t[a, c] = ds[a, c + a - BM + 1] inside the tile, else 0."""
+    a = tl.arange(0, BM)[:, None]
+    j = tl.arange(0, BM + BN)[None, :] + a - BM + 1
+    inside = (j >= 0) & (j < BN)
+    return tl.where(inside, tl.gather(ds, tl.minimum(tl.maximum(j, 0), BN - 1), 1), 0.0)
+
+
+@triton.jit
+def _keep(seed, b, h, H, N, K, i, j, p_drop):
+    """The dropout keep bits of rows i [BM] and keys j [1|BM, BN] from Philox: the same in forward and backward."""
+    off = ((b * H + h) * N + i[:, None]) * K + j
+    return tl.rand(seed, off) >= p_drop
+
+
+@triton.jit
+def _extras(s, b, i, j, ok, ef_ptr, bh, same_ptr, mask_ptr, N, K, scale, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr):
+    """Segment term, 1/sqrt(D) and the mask on a tile of raw scores s [BM, BN] (i [BM] rows, j [BM, BN] keys);
+    entries outside the keys (not ok) become -inf (no weight at all)."""
+    if HAS_SEG:
+        same = tl.load(same_ptr + (b * N + i[:, None]) * K + j, mask=ok, other=0)
+        ef0 = tl.load(ef_ptr + (bh * N + i) * 2, mask=i < N, other=0.0)
+        ef1 = tl.load(ef_ptr + (bh * N + i) * 2 + 1, mask=i < N, other=0.0)
+        s += tl.where(same != 0, ef0[:, None], ef1[:, None])
+    s = s * scale
+    if HAS_MASK:
+        masked = tl.load(mask_ptr + (b * N + i[:, None]) * K + j, mask=ok, other=0)
+        s = tl.where(masked != 0, NEG_INF, s)
+    return tl.where(ok, s, float("-inf"))
+
+
+@triton.jit
+def _scores(
+    qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr,
+    H, N, K, R, L, D, P, row0, scale,
+    QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    """The scores of rows i (tile start i0) against keys j0 .. j0+BN-1 (k: their [BN, BD] tile): [BM, BN]."""
+    j = j0 + tl.arange(0, BN)
+    ok = (i < N)[:, None] & (j < K)[None, :]
+    s = tl.dot(qw, tl.trans(k), input_precision="ieee")
+    if QUERY:  # the [B,H,P,R] table at column L - pos_i + j
+        col = L - pos[:, None] + j[None, :]
+        p = i - row0
+        s += tl.load(bdq_ptr + ((b * H + h) * P + p[:, None]) * R + col, mask=ok & (p < P)[:, None], other=0.0)
+    else:  # content rows: the band of kr rows, multiplied once and skewed
+        band = _load_rows(kr_ptr + (g * H + h) * R * D, L - i0 - (BM - 1) + j0, R, D, BM + BN, BD)
+        s += _skew(tl.dot(qr, tl.trans(band), input_precision="ieee"), BM, BN)
+    return _extras(s, b, i, j[None, :], ok, ef_ptr, b * H + h, same_ptr, mask_ptr, N, K, scale, HAS_SEG, HAS_MASK)
+
+
+@triton.jit
+def _row_tile(
+    qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D, i0, row_end, QUERY: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr
+):
+    """Rows i0 .. i0+BM-1 (those < row_end): their indices, positions, qw and qr tiles."""
+    i = i0 + tl.arange(0, BM)
+    i = tl.where(i < row_end, i, N)  # rows past the range read as row N: out of bounds, masked everywhere
+    base = (b * H + h) * N * D
+    qw = _load_rows(qw_ptr + base, i0, row_end, D, BM, BD)
+    qr = _load_rows(qr_ptr + base, i0, row_end, D, BM, BD)
+    pos = tl.load(rows_ptr + b * N + i, mask=i < N, other=0) if QUERY else i
+    return i, pos, qw, qr
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Forward
+
+
+@triton.jit
+def _fwd_kernel(
+    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr, rows_ptr,
+    out_ptr, stats_ptr, keep_ptr,
+    H, N, K, R, L, D, P, GB, row0, row_end, scale, seed, p_drop,
+    QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr, DEBUG_KEEP: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    """One tile of BM rows of one (batch, head): online softmax over the key tiles, out = sum_j p_ij keep_ij v_j /
+    (1 - p_drop); the row's softmax statistics (m_i, l_i)."""
+    bh = tl.program_id(1)
+    b, h = bh // H, bh % H
+    g = b // GB
+    i0 = row0 + tl.program_id(0) * BM
+    i, pos, qw, qr = _row_tile(qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D, i0, row_end, QUERY, BM, BD)
+    m = tl.full([BM], -3.0e38, tl.float32)  # finite: rows past the range (all -inf) give no inf - inf
+    den = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, BD], tl.float32)
+    for j0 in range(0, K, BN):
+        k = _load_rows(k_ptr + bh * K * D, j0, K, D, BN, BD)
+        s = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr,
+                    H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, BM, BN, BD)  # fmt: skip
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        den = den * alpha + tl.sum(p, 1)
+        if DROP:
+            j = j0 + tl.arange(0, BN)
+            keep = _keep(seed, b, h, H, N, K, i, j[None, :], p_drop)
+            if DEBUG_KEEP:
+                ok = (i < N)[:, None] & (j < K)[None, :]
+                tl.store(keep_ptr + (bh * N + i[:, None]) * K + j[None, :], keep.to(tl.int8), mask=ok)
+            p = tl.where(keep, p, 0.0)
+        v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m = m_new
+    if DROP:
+        acc = acc / (1.0 - p_drop)
+    out = acc / tl.where(den > 0, den, 1.0)[:, None]
+    d = tl.arange(0, BD)
+    ok = (i < N)[:, None] & (d < D)[None, :]
+    tl.store(out_ptr + (bh * N + i[:, None]) * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(stats_ptr + (bh * N + i) * 2, m, mask=i < N)
+    tl.store(stats_ptr + (bh * N + i) * 2 + 1, den, mask=i < N)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Backward: ds = p (dp - delta) / sqrt(D) is the gradient of every (unscaled) term of the score
+
+
+@triton.jit
+def _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM: tl.constexpr, BD: tl.constexpr):
+    """What backward reads per row tile: do [BM, BD], the softmax's row max m and sum l, delta [BM]."""
+    do = _load_rows(do_ptr + bh * N * D, i0, row_end, D, BM, BD)
+    m = tl.load(stats_ptr + (bh * N + i) * 2, mask=i < N, other=0.0)
+    den = tl.load(stats_ptr + (bh * N + i) * 2 + 1, mask=i < N, other=1.0)
+    delta = tl.load(delta_ptr + bh * N + i, mask=i < N, other=0.0)
+    return do, m, den, delta
+
+
+@triton.jit
+def _dq_kernel(
+    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr, rows_ptr,
+    do_ptr, stats_ptr, delta_ptr, dqw_ptr, dqr_ptr, dbdq_ptr, def_ptr,
+    H, N, K, R, L, D, P, GB, row0, row_end, scale, seed, p_drop,
+    QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    """Per row tile: dqw_i = sum_j ds_ij k_j; dqr_i = sum_j ds_ij kr[L - i + j] (content rows, through the band) or
+    the table gradient dbdq[i, L - pos_i + j] = ds_ij (query rows, one store per entry); the two segment scalars'
+    gradients sum_j ds_ij [same_ij] and sum_j ds_ij [not same_ij]."""
+    bh = tl.program_id(1)
+    b, h = bh // H, bh % H
+    g = b // GB
+    i0 = row0 + tl.program_id(0) * BM
+    i, pos, qw, qr = _row_tile(qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D, i0, row_end, QUERY, BM, BD)
+    do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD)
+    dqw = tl.zeros([BM, BD], tl.float32)
+    dqr = tl.zeros([BM, BD], tl.float32)
+    de0 = tl.zeros([BM], tl.float32)
+    de1 = tl.zeros([BM], tl.float32)
+    for j0 in range(0, K, BN):
+        j = j0 + tl.arange(0, BN)
+        ok = (i < N)[:, None] & (j < K)[None, :]
+        k = _load_rows(k_ptr + bh * K * D, j0, K, D, BN, BD)
+        v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
+        s = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr,
+                    H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, BM, BN, BD)  # fmt: skip
+        p = tl.exp(s - m[:, None]) / den[:, None]
+        dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+        if DROP:
+            dp = tl.where(_keep(seed, b, h, H, N, K, i, j[None, :], p_drop), dp / (1.0 - p_drop), 0.0)
+        ds = p * (dp - delta[:, None]) * scale
+        dqw += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
+        if QUERY:
+            col = L - pos[:, None] + j[None, :]
+            tl.store(dbdq_ptr + (bh * P + (i - row0)[:, None]) * R + col, ds, mask=ok)
+        else:
+            band = _load_rows(kr_ptr + (g * H + h) * R * D, L - i0 - (BM - 1) + j0, R, D, BM + BN, BD)
+            dqr += tl.dot(_unskew(ds, BM, BN).to(band.dtype), band, input_precision="ieee")
+        if HAS_SEG:
+            same = tl.load(same_ptr + (b * N + i[:, None]) * K + j[None, :], mask=ok, other=0) != 0
+            de0 += tl.sum(tl.where(same, ds, 0.0), 1)
+            de1 += tl.sum(tl.where(same, 0.0, ds), 1)
+    d = tl.arange(0, BD)
+    ok = (i < N)[:, None] & (d < D)[None, :]
+    tl.store(dqw_ptr + (bh * N + i[:, None]) * D + d[None, :], dqw, mask=ok)
+    tl.store(dqr_ptr + (bh * N + i[:, None]) * D + d[None, :], dqr, mask=ok)
+    if HAS_SEG:
+        tl.store(def_ptr + (bh * N + i) * 2, de0, mask=i < N)
+        tl.store(def_ptr + (bh * N + i) * 2 + 1, de1, mask=i < N)
+
+
+@triton.jit
+def _dkdv_step(
+    dk, dv, k, v, i0, j0, row0, row_end, b, h, g, GB,
+    qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr, rows_ptr, do_ptr, stats_ptr, delta_ptr,
+    H, N, K, R, L, D, P, scale, seed, p_drop,
+    QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    """One row tile's share of a key tile's gradients: dv_j += sum_i p_ij keep_ij/(1-p) do_i, dk_j += sum_i ds_ij
+    qw_i."""
+    bh = b * H + h
+    i, pos, qw, qr = _row_tile(qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D, i0, row_end, QUERY, BM, BD)
+    do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD)
+    s = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr,
+                H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, BM, BN, BD)  # fmt: skip
+    p = tl.exp(s - m[:, None]) / den[:, None]
+    dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+    pd = p
+    if DROP:
+        keep = _keep(seed, b, h, H, N, K, i, (j0 + tl.arange(0, BN))[None, :], p_drop)
+        pd = tl.where(keep, p / (1.0 - p_drop), 0.0)
+        dp = tl.where(keep, dp / (1.0 - p_drop), 0.0)
+    dv += tl.dot(tl.trans(pd).to(do.dtype), do, input_precision="ieee")
+    ds = p * (dp - delta[:, None]) * scale
+    dk += tl.dot(tl.trans(ds).to(qw.dtype), qw, input_precision="ieee")
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_kernel(
+    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr, rows_ptr,
+    do_ptr, stats_ptr, delta_ptr, dk_ptr, dv_ptr,
+    H, N, K, R, L, D, P, GB, n_content, scale, seed, p_drop,
+    HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    """Per key tile: walk the content row tiles, then the query row tiles, in order."""
+    bh = tl.program_id(1)
+    b, h = bh // H, bh % H
+    g = b // GB
+    j0 = tl.program_id(0) * BN
+    k = _load_rows(k_ptr + bh * K * D, j0, K, D, BN, BD)
+    v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
+    dk = tl.zeros([BN, BD], tl.float32)
+    dv = tl.zeros([BN, BD], tl.float32)
+    for i0 in range(0, n_content, BM):
+        dk, dv = _dkdv_step(dk, dv, k, v, i0, j0, 0, n_content, b, h, g, GB,
+                            qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr, rows_ptr, do_ptr, stats_ptr,
+                            delta_ptr, H, N, K, R, L, D, P, scale, seed, p_drop,
+                            False, HAS_SEG, HAS_MASK, DROP, BM, BN, BD)  # fmt: skip
+    for i0 in range(n_content, N, BM):
+        dk, dv = _dkdv_step(dk, dv, k, v, i0, j0, n_content, N, b, h, g, GB,
+                            qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr, rows_ptr, do_ptr, stats_ptr,
+                            delta_ptr, H, N, K, R, L, D, P, scale, seed, p_drop,
+                            True, HAS_SEG, HAS_MASK, DROP, BM, BN, BD)  # fmt: skip
+    j = j0 + tl.arange(0, BN)
+    d = tl.arange(0, BD)
+    ok = (j < K)[:, None] & (d < D)[None, :]
+    tl.store(dk_ptr + (bh * K + j[:, None]) * D + d[None, :], dk, mask=ok)
+    tl.store(dv_ptr + (bh * K + j[:, None]) * D + d[None, :], dv, mask=ok)
+
+
+@triton.jit
+def _diag(T, BM: tl.constexpr, BR: tl.constexpr):
+    """S[a, c] = T[a, a + c]: a band product [BM, BM+BR] over keys jb .. -> (row a, relative position r0 + c)."""
+    a = tl.arange(0, BM)[:, None]
+    return tl.gather(T, a + tl.arange(0, BR)[None, :], 1)
+
+
+@triton.jit
+def _dkr_kernel(
+    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, ef_ptr, same_ptr, mask_ptr,
+    do_ptr, stats_ptr, delta_ptr, dkr_ptr,
+    H, N, K, R, L, D, GB, n_content, scale, seed, p_drop,
+    HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
+    BM: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    """Per tile of BR relative positions of table g, head h: dkr_r = sum over the half's batch rows b and content rows
+    i of ds_ij qr_i at key j = i + r - L. In (i, r) space the position product is a plain tile product and the
+    content and value products are band products (keys i0 + r0 - L ...) taken on the diagonal."""
+    gh = tl.program_id(1)
+    g, h = gh // H, gh % H
+    r0 = tl.program_id(0) * BR
+    r = r0 + tl.arange(0, BR)
+    kr = _load_rows(kr_ptr + gh * R * D, r0, R, D, BR, BD)
+    dkr = tl.zeros([BR, BD], tl.float32)
+    for bb in range(GB):
+        b = g * GB + bb
+        bh = b * H + h
+        for i0 in range(0, n_content, BM):
+            i, _, qw, qr = _row_tile(qw_ptr, qr_ptr, qr_ptr, b, h, H, N, D, i0, n_content, False, BM, BD)
+            do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, n_content, BM, BD)
+            j = i[:, None] + r[None, :] - L
+            ok = (i < N)[:, None] & (j >= 0) & (j < K) & (r < R)[None, :]
+            j = tl.where(ok, j, 0)
+            kb = _load_rows(k_ptr + bh * K * D, i0 + r0 - L, K, D, BM + BR, BD)
+            s = _diag(tl.dot(qw, tl.trans(kb), input_precision="ieee"), BM, BR)
+            s += tl.dot(qr, tl.trans(kr), input_precision="ieee")
+            s = _extras(s, b, i, j, ok, ef_ptr, bh, same_ptr, mask_ptr, N, K, scale, HAS_SEG, HAS_MASK)
+            p = tl.exp(s - m[:, None]) / den[:, None]
+            vb = _load_rows(v_ptr + bh * K * D, i0 + r0 - L, K, D, BM + BR, BD)
+            dp = _diag(tl.dot(do, tl.trans(vb), input_precision="ieee"), BM, BR)
+            if DROP:
+                dp = tl.where(_keep(seed, b, h, H, N, K, i, j, p_drop), dp / (1.0 - p_drop), 0.0)
+            ds = p * (dp - delta[:, None]) * scale
+            dkr += tl.dot(tl.trans(ds).to(qr.dtype), qr, input_precision="ieee")
+    d = tl.arange(0, BD)
+    tl.store(dkr_ptr + (gh * R + r[:, None]) * D + d[None, :], dkr, mask=(r < R)[:, None] & (d < D)[None, :])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Launchers and the custom op
+
+
+def _blocks(device: torch.device, D: int) -> tuple[int, int]:
+    """(tile size BM = BN = BR, BD): 16 under the interpreter (its cost grows with the tile), 64 on a GPU."""
+    return (64 if device.type == "cuda" else 16), max(16, triton.next_power_of_2(D))
+
+
+def _or_dummy(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return like.new_zeros(1) if t is None else t
+
+
+def _shapes(qw, k, kr, n_content: int):
+    B, H, N, D = qw.shape
+    G, _, R, _ = kr.shape
+    return B, H, N, D, k.shape[2], G, R, N - n_content
+
+
+def _forward(qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, seed, debug_keep):
+    B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
+    BM, BD = _blocks(qw.device, D)
+    out = torch.empty_like(qw)
+    stats = torch.empty(B, H, N, 2, dtype=torch.float32, device=qw.device)
+    drop = p_drop > 0
+    keep = qw.new_zeros((B, H, N, K) if drop and debug_keep else (1,), dtype=torch.int8)
+    ins = (qw, qr, k, v, kr, _or_dummy(bdq, qw), _or_dummy(ef, qw), _or_dummy(same, rows), _or_dummy(mask, rows), rows)
+    for query, row0, row_end in ((False, 0, n_content), (True, n_content, N)):
+        if row_end > row0:
+            _fwd_kernel[(triton.cdiv(row_end - row0, BM), B * H)](
+                *ins, out, stats, keep, H, N, K, R, L, D, P, B // G, row0, row_end, 1.0 / math.sqrt(D), seed, p_drop,
+                QUERY=query, HAS_SEG=ef is not None, HAS_MASK=mask is not None, DROP=drop, DEBUG_KEEP=debug_keep,
+                BM=BM, BN=BM, BD=BD,
+            )  # fmt: skip
+    return out, stats, keep
+
+
+def _backward(do, out, stats, qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, seed):
+    B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
+    BM, BD = _blocks(qw.device, D)
+    f32 = dict(dtype=torch.float32, device=qw.device)
+    delta = (do.float() * out.float()).sum(-1)  # delta_i = do_i·out_i = sum_j p_ij dp_ij
+    dqw, dqr = torch.empty(B, H, N, D, **f32), torch.empty(B, H, N, D, **f32)
+    dbdq = torch.zeros(B, H, P, R, **f32) if bdq is not None else None
+    def_ = torch.empty(B, H, N, 2, **f32) if ef is not None else None
+    dk, dv = torch.empty(B, H, K, D, **f32), torch.empty(B, H, K, D, **f32)
+    dkr = torch.zeros(G, H, R, D, **f32)
+    d_same, d_mask = _or_dummy(same, rows), _or_dummy(mask, rows)
+    ins = (qw, qr, k, v, kr, _or_dummy(bdq, qw), _or_dummy(ef, qw), d_same, d_mask, rows)
+    flags = dict(HAS_SEG=ef is not None, HAS_MASK=mask is not None, DROP=p_drop > 0, BM=BM, BN=BM, BD=BD)
+    common = (H, N, K, R, L, D, P, B // G)
+    scale = 1.0 / math.sqrt(D)
+    for query, row0, row_end in ((False, 0, n_content), (True, n_content, N)):
+        if row_end > row0:
+            _dq_kernel[(triton.cdiv(row_end - row0, BM), B * H)](
+                *ins, do, stats, delta, dqw, dqr, _or_dummy(dbdq, qw), _or_dummy(def_, qw),
+                *common, row0, row_end, scale, seed, p_drop, QUERY=query, **flags,
+            )  # fmt: skip
+    _dkdv_kernel[(triton.cdiv(K, BM), B * H)](
+        *ins, do, stats, delta, dk, dv, *common, n_content, scale, seed, p_drop, **flags
+    )  # fmt: skip
+    if n_content:
+        flags["BR"] = flags.pop("BN")
+        _dkr_kernel[(triton.cdiv(R, BM), G * H)](
+            qw, qr, k, v, kr, _or_dummy(ef, qw), d_same, d_mask, do, stats, delta, dkr,
+            H, N, K, R, L, D, B // G, n_content, scale, seed, p_drop, **flags,
+        )  # fmt: skip
+    return dqw, dqr, dk, dv, dkr, dbdq, def_
+
+
+@torch.library.custom_op("xlnet::rel_attn", mutates_args=())
+def rel_attn(
+    qw: torch.Tensor,
+    qr: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kr: torch.Tensor,
+    bdq: torch.Tensor | None,
+    ef: torch.Tensor | None,
+    rows: torch.Tensor,
+    same: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    L: int,
+    n_content: int,
+    p_drop: float,
+    seed: torch.Tensor,
+    debug_keep: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused core on prepared inputs (see triton_rel_attention): (out [B,H,N,D], stats [B,H,N,2] fp32 (the
+    softmax's row max and sum), keep [B,H,N,K] int8 with debug_keep and dropout, else [1])."""
+    return _forward(qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, int(seed), debug_keep)
+
+
+@rel_attn.register_fake
+def _(qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, seed, debug_keep):
+    B, H, N, _ = qw.shape
+    keep_shape = (B, H, N, k.shape[2]) if debug_keep and p_drop > 0 else (1,)
+    return (
+        torch.empty_like(qw),
+        qw.new_empty(B, H, N, 2, dtype=torch.float32),
+        qw.new_empty(keep_shape, dtype=torch.int8),
+    )
+
+
+@torch.library.custom_op("xlnet::rel_attn_backward", mutates_args=())
+def rel_attn_backward(
+    do: torch.Tensor,
+    out: torch.Tensor,
+    stats: torch.Tensor,
+    qw: torch.Tensor,
+    qr: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kr: torch.Tensor,
+    bdq: torch.Tensor | None,
+    ef: torch.Tensor | None,
+    rows: torch.Tensor,
+    same: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    L: int,
+    n_content: int,
+    p_drop: float,
+    seed: torch.Tensor,
+) -> list[torch.Tensor]:
+    """Gradients (fp32) of qw, qr, k, v, kr, bdq, ef (the last two [0] when absent)."""
+    grads = _backward(do.contiguous(), out, stats, qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content,
+                      p_drop, int(seed))  # fmt: skip
+    return [qw.new_zeros(0, dtype=torch.float32) if g is None else g for g in grads]
+
+
+@rel_attn_backward.register_fake
+def _(do, out, stats, qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, seed):
+    f = lambda t: qw.new_empty(t.shape if t is not None else (0,), dtype=torch.float32)  # noqa: E731
+    return [f(t) for t in (qw, qr, k, v, kr, bdq, ef)]
+
+
+def _setup_context(ctx, inputs, output):
+    qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, seed, _ = inputs
+    out, stats, _ = output
+    ctx.save_for_backward(out, stats, qw, qr, k, v, kr, bdq, ef, rows, same, mask, seed)
+    ctx.args = (L, n_content, p_drop)
+
+
+def _rel_attn_grad(ctx, dout, _dstats, _dkeep):
+    out, stats, qw, qr, k, v, kr, bdq, ef, rows, same, mask, seed = ctx.saved_tensors
+    L, n_content, p_drop = ctx.args
+    grads = rel_attn_backward(dout, out, stats, qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, seed)
+    ins = (qw, qr, k, v, kr, bdq, ef)
+    dqw, dqr, dk, dv, dkr, dbdq, def_ = (None if t is None else g.to(t.dtype) for g, t in zip(grads, ins, strict=True))
+    return dqw, dqr, dk, dv, dkr, dbdq, def_, None, None, None, None, None, None, None, None
+
+
+rel_attn.register_autograd(_rel_attn_grad, setup_context=_setup_context)
+
+
+def triton_rel_attention(
+    q, k, v, kr, biases, seg_embed, rows, L: int, content: bool, seg_same, mask, p_drop: float, debug_keep=False
+):
+    """kernels.relative_attention's arguments -> (out [B,H,N,D], keep mask [B,H,N,K] bool or None (debug_keep)).
+
+    Torch ops add the biases (qw = q + r_w, qr = q + r_r), compute the two segment scalars per row ef =
+    (q + r_s)·seg_embed [B,H,N,2] and the query rows' position table bdq = qr·kr^T [B,H,P,R] (G tables: the first
+    B/G rows read table 0); autograd carries the op's gradients of these back to q, the biases, seg_embed and kr.
+    ``content``: the first L rows are the content stream (positions 0..L-1); the rest are query rows at ``rows``."""
+    r_w, r_r, r_s = biases
+    B, H, N, D = q.shape
+    G, _, R, _ = kr.shape
+    n_content = L if content else 0
+    P = N - n_content
+    ct = torch.get_autocast_dtype(q.device.type) if torch.is_autocast_enabled(q.device.type) else q.dtype
+    with torch.autocast(q.device.type, enabled=False):
+        q, k, v, kr, r_w, r_r = (t.to(ct) for t in (q, k, v, kr, r_w, r_r))
+        qw, qr = (q + r_w[:, None]).contiguous(), (q + r_r[:, None]).contiguous()
+        bdq = ef = None
+        if P:
+            qrq = qr[:, :, n_content:].reshape(G, B // G, H, P, D)
+            bdq = torch.matmul(qrq, kr[:, None].transpose(-1, -2)).reshape(B, H, P, R).float().contiguous()
+        if seg_same is not None:
+            ef = torch.matmul(q + r_s.to(ct)[:, None], seg_embed.to(ct).permute(1, 2, 0)).float().contiguous()
+        flat = lambda t: None if t is None else t[:, 0].contiguous().view(torch.uint8)  # noqa: E731
+        seed = torch.randint(0, 2**31 - 1, ()) if p_drop > 0 else torch.zeros((), dtype=torch.int64)
+        out, _, keep = rel_attn(
+            qw, qr, k.contiguous(), v.contiguous(), kr.contiguous(), bdq, ef, rows.to(torch.int32).contiguous(),
+            flat(seg_same), flat(mask), L, n_content, float(p_drop), seed, debug_keep,
+        )  # fmt: skip
+    return out, (keep.bool() if debug_keep and p_drop > 0 else None)

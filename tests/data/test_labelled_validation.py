@@ -1,0 +1,232 @@
+"""Issue 22, class 3: labelled data is validated, not taken at face value. A TSV row with a field too many (a stray
+tab) is refused like one with too few; NaN/inf regression labels, one column chosen for two roles, a header naming a
+column twice, JSON values of the wrong type (JSONL fields, multiple-choice fields, SQuAD entries) are refused naming
+the file, line or entry and the fix; every JSON the tool writes is strict (a NaN metric is null) and the best step is
+never chosen on a NaN."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from clitools import assert_one_line_error, run_main
+from conftest import tree_digest
+from finetunetools import random_init_checkpoint
+
+from xlnetcli.core.errors import DataError
+from xlnetcli.core.files import atomic_write_json
+from xlnetcli.core.shapes import loads_strict
+from xlnetcli.data.labelled import Columns, read_choices, read_squad, read_table
+from xlnetcli.train.finetune import BestSoFar
+
+GOOD_TSV = "sentence\tlabel\nthe cat sat\tpos\na dog ran\tneg\n"
+GOOD_REG = "sentence\tscore\nthe cat sat\t0.5\na dog ran\t1.5\n"
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# ---- field counts ----------------------------------------------------------------------------------------------
+
+
+def test_a_stray_tab_is_refused_like_a_missing_field(tmp_path):
+    extra = _write(tmp_path, "extra.tsv", GOOD_TSV + "a stray\ttab\tpos\n")
+    with pytest.raises(DataError, match=r"extra\.tsv:4: 3 fields, the header has 2 \(a tab .* quoted\)"):
+        read_table(extra)
+    short = _write(tmp_path, "short.tsv", GOOD_TSV + "no label here\n")
+    with pytest.raises(DataError, match=r"short\.tsv:4: 1 fields, the header has 2 \(a missing field"):
+        read_table(short)
+    csv_extra = _write(tmp_path, "extra.csv", "sentence,label\nthe cat sat,pos\nhello, world,neg\n")
+    with pytest.raises(DataError, match=r"extra\.csv:3: 3 fields"):
+        read_table(csv_extra)
+    assert [e.text_a for e in read_table(_write(tmp_path, "q.csv", 'sentence,label\n"hello, world",neg\n'))] == [
+        "hello, world"
+    ]
+
+
+def test_rows_without_a_header_must_all_be_as_wide_as_the_first(tmp_path):
+    path = _write(tmp_path, "nohead.tsv", "the cat sat\tpos\na dog\tran\tneg\n")
+    with pytest.raises(DataError, match=r"nohead\.tsv:2: 3 fields, the first row has 2"):
+        read_table(path, header=False)
+
+
+# ---- labels ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("label", ["nan", "NaN", "inf", "-inf", "Infinity", "1e999"])
+def test_non_finite_regression_labels_are_refused(tmp_path, label):
+    path = _write(tmp_path, "reg.tsv", GOOD_REG + f"odd one\t{label}\n")
+    with pytest.raises(DataError, match=r"reg\.tsv:4: regression label .* not a finite number"):
+        read_table(path, task="regression")
+
+
+def test_a_nan_token_in_jsonl_is_not_json(tmp_path):
+    path = _write(tmp_path, "reg.jsonl", '{"text": "a", "label": 0.5}\n{"text": "b", "label": NaN}\n')
+    with pytest.raises(DataError, match=r"reg\.jsonl:2: not valid JSON"):
+        read_table(path, task="regression")
+
+
+@pytest.mark.parametrize(
+    ("row", "needle"),
+    [
+        ({"text": ["a", "b"], "label": "pos"}, "field 'text' must be text"),
+        ({"text": {"x": 1}, "label": "pos"}, "field 'text' must be text"),
+        ({"text": True, "label": "pos"}, "field 'text' must be text"),
+        ({"text": "a", "label": {"x": 1}}, "label in column 'label' must be text or a number"),
+        ({"text": "a", "label": [1]}, "label in column 'label' must be text or a number"),
+        ({"text": "a", "label": False}, "label in column 'label' must be text or a number"),
+    ],
+)
+def test_jsonl_fields_of_the_wrong_type_are_refused(tmp_path, row, needle):
+    path = _write(tmp_path, "d.jsonl", json.dumps({"text": "ok", "label": "neg"}) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(DataError, match=rf"d\.jsonl:2: {needle}"):
+        read_table(path)
+
+
+# ---- columns ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("columns", "needle"),
+    [
+        (Columns(label="sentence"), "'sentence' is chosen as both text_a and label"),
+        (Columns(text_a="sentence", text_b="sentence"), "'sentence' is chosen as both text_a and text_b"),
+        (Columns(text_b="label"), "'label' is chosen as both text_b and label"),
+    ],
+)
+def test_one_column_for_two_roles_is_refused(tmp_path, columns, needle):
+    path = _write(tmp_path, "t.tsv", GOOD_TSV)
+    with pytest.raises(DataError, match=needle):
+        read_table(path, columns=columns)
+
+
+def test_a_header_naming_a_column_twice_is_refused(tmp_path):
+    path = _write(tmp_path, "dup.tsv", "sentence\tlabel\tlabel\nthe cat\tpos\tneg\n")
+    with pytest.raises(DataError, match=r"dup\.tsv: the header names column 'label' twice"):
+        read_table(path)
+
+
+# ---- multiple choice and SQuAD ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [({"context": {"a": 1}}, "field 'context' must be text"), ({"question": ["q"]}, "field 'question' must be text")],
+)
+def test_multiple_choice_fields_of_the_wrong_type_are_refused(tmp_path, change, needle):
+    row = {"context": "c", "question": "q", "options": ["a", "b"], "answer": 0}
+    path = _write(tmp_path, "mc.jsonl", json.dumps(row) + "\n" + json.dumps({**row, **change}) + "\n")
+    with pytest.raises(DataError, match=rf"mc\.jsonl:2: {needle}"):
+        read_choices(path)
+
+
+def _squad(qa_change: dict | None = None, para_change: dict | None = None, answer: dict | None = None) -> dict:
+    ans = {"text": "cat", "answer_start": 4, **(answer or {})}
+    qa = {"id": "q1", "question": "who?", "answers": [ans], **(qa_change or {})}
+    para = {"context": "the cat sat", "qas": [qa], **(para_change or {})}
+    return {"version": "v2.0", "data": [{"title": "t", "paragraphs": [para]}]}
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        (_squad(qa_change={"question": 5}), "question 'q1': field 'question' must be a string"),
+        (_squad(qa_change={"id": ["x"]}), "field 'id' must be a string or an integer"),
+        (_squad(qa_change={"is_impossible": "false"}), "field 'is_impossible' must be true or false"),
+        (_squad(qa_change={"answers": {"text": "cat"}}), "field 'answers' must be a list of objects"),
+        (_squad(para_change={"context": ["the cat"]}), r"data\[0\]\.paragraphs\[0\]: field 'context' must be"),
+        (_squad(para_change={"qas": None}), "field 'qas' must be a list of objects"),
+        (_squad(answer={"text": 7}), "field 'text' must be a string"),
+        (_squad(answer={"answer_start": "4"}), "field 'answer_start' must be an integer"),
+        (_squad(answer={"answer_start": 4.5}), "field 'answer_start' must be an integer"),
+        (_squad(answer={"answer_start": -1}), "field 'answer_start' is -1, out of range"),
+        (_squad(answer={"answer_start": 99}), "field 'answer_start' is 99, out of range"),
+        ({"data": [1, 2]}, "field 'data' must be a list of objects"),
+        ({"data": [{"paragraphs": "p"}]}, r"data\[0\]: field 'paragraphs' must be a list of objects"),
+    ],
+)
+def test_squad_entries_of_the_wrong_shape_are_refused(tmp_path, doc, needle):
+    path = _write(tmp_path, "sq.json", json.dumps(doc))
+    with pytest.raises(DataError, match=needle):
+        read_squad(path)
+
+
+def test_a_deeply_nested_squad_file_is_refused_not_a_recursion_error(tmp_path):
+    path = _write(tmp_path, "deep.json", "[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DataError, match="not a SQuAD JSON file"):
+        read_squad(path)
+
+
+def test_a_good_squad_file_still_reads(tmp_path):
+    (ex,) = read_squad(_write(tmp_path, "sq.json", json.dumps(_squad())))
+    assert (ex.answers, ex.answer_starts, ex.is_impossible) == (["cat"], [4], False)
+
+
+# ---- strict JSON out, NaN never the best -----------------------------------------------------------------------
+
+
+def test_every_json_written_is_strict_and_a_nan_metric_is_null(tmp_path):
+    atomic_write_json(tmp_path / "r.json", {"pearson": math.nan, "mse": math.inf, "rows": [1.0, -math.inf]})
+    assert loads_strict((tmp_path / "r.json").read_text()) == {"pearson": None, "mse": None, "rows": [1.0, None]}
+
+
+def test_metrics_rows_are_strict_json(tmp_path):
+    from xlnetcli.report.metrics_log import MetricsLogger, read_metrics
+
+    log = MetricsLogger(tmp_path, report_to="none")
+    log.log(1, "train", loss=math.nan, lr=0.1)
+    log.close()
+    loads_strict((tmp_path / "metrics.jsonl").read_text())
+    assert read_metrics(tmp_path)[0]["loss"] is None
+
+
+def test_the_best_step_is_never_chosen_on_a_nan():
+    best = BestSoFar(patience=0)
+    assert best.update(1, "pearson", math.nan, {})  # the first evaluation is kept until a number comes
+    assert best.update(2, "pearson", 0.1, {})
+    assert not best.update(3, "pearson", math.nan, {})
+    assert best.update(4, "pearson", 0.2, {})
+    assert not best.update(5, "pearson", math.nan, {})
+    assert best.best["step"] == 4
+
+
+# ---- the CLI: one line, exit 2, nothing written, inputs untouched ----------------------------------------------
+
+BAD_FILES = {
+    "stray-tab.tsv": ("classification", GOOD_TSV + "x\ty\tpos\n", "3 fields, the header has 2"),
+    "nan-label.tsv": ("regression", GOOD_REG + "x\tnan\n", "not a finite number"),
+    "inf-label.tsv": ("regression", GOOD_REG + "x\t-inf\n", "not a finite number"),
+    "dup-header.tsv": ("classification", "sentence\tlabel\tsentence\na\tpos\tb\n", "names column 'sentence' twice"),
+    "list-text.jsonl": ("classification", '{"text": ["a"], "label": "x"}\n', "must be text"),
+    "nan-token.jsonl": ("regression", '{"text": "a", "label": Infinity}\n', "not valid JSON"),
+}
+
+
+@pytest.fixture(scope="module")
+def init(builds, tmp_path_factory) -> Path:
+    return random_init_checkpoint(builds, tmp_path_factory.mktemp("labelled")) / "init"
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+def test_cli_refuses_bad_labelled_files_in_one_line(init, tmp_path, capsys, name):
+    task, text, needle = BAD_FILES[name]
+    bad = _write(tmp_path, name, text)
+    before, init_before = bad.read_bytes(), tree_digest(init)
+    args = ["finetune", "--task", task, "--init", init, "--train", bad, "--out", tmp_path / "ft"]
+    code, _, err = run_main(capsys, *args)
+    assert_one_line_error(code, err, needle, name)
+    assert bad.read_bytes() == before and tree_digest(init) == init_before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_cli_refuses_one_column_for_text_and_label(init, tmp_path, capsys):
+    good = _write(tmp_path, "t.tsv", GOOD_TSV)
+    args = ["--init", init, "--train", good, "--out", tmp_path / "ft", "--label-column", "sentence"]
+    code, _, err = run_main(capsys, "finetune", "--task", "classification", *args)
+    assert_one_line_error(code, err, "chosen as both text_a and label")
+    assert not (tmp_path / "ft").exists()

@@ -1,0 +1,179 @@
+"""attn_impl "triton" (model/triton_attention.py) in Triton's interpreter on CPU, against the float64 einsum path of
+model/kernels.py: the output and the gradient of every input (q, k, v, kr, the three biases, seg_embed) with memory
+0 and > 0, query-stream rows, bi_data's two position tables, segments, perm masks with fully masked rows, dropout
+(through the kernel's debug keep mask), and the whole model's loss and gradients. Skipped without triton.
+
+The interpreter is chosen when a kernel is defined (@triton.jit reads TRITON_INTERPRET): tests/conftest.py sets it
+on machines without CUDA before anything imports triton. With CUDA the same tests run the compiled kernels."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+from modeltools import maxdiff, plm_batch, tiny_cfg
+
+from xlnetcli.core.errors import XLNetError
+from xlnetcli.model import XLNetLMHeadModel
+from xlnetcli.model.kernels import AttnLayout, _position_segment_bias, additive_mask, relative_attention, resolve_impl
+
+pytest.importorskip("triton")
+from triton.runtime.jit import JITFunction
+
+from xlnetcli.model import triton_attention as ta
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+if DEVICE.type == "cpu" and (not ta.INTERPRETED or isinstance(ta.tl.rand, JITFunction)):
+    pytest.skip("triton was imported before TRITON_INTERPRET=1 (tests/conftest.py sets it)", allow_module_level=True)
+
+TOL32 = 2e-5  # fp32 kernel against the float64 reference (values and gradients are O(1))
+
+
+def case(B=2, H=2, D=16, L=12, M=8, P=4, G=1, seg=True, mask=True, seed=0):
+    """Random attention inputs and their layout; with ``mask`` one content row and one query row fully masked."""
+    g = torch.Generator().manual_seed(seed)
+    N, K = L + P, M + L
+    mk = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    ins = [mk(B, H, N, D), mk(B, H, K, D), mk(B, H, K, D), mk(G, H, K + L, D), mk(H, D), mk(H, D), mk(H, D)]
+    ins.append(mk(2, H, D))
+    rows = torch.cat([torch.arange(L).expand(B, L), torch.randint(0, L, (B, P), generator=g)], 1)
+    rel = (L - rows)[:, None, :, None] + torch.arange(K)
+    same = (torch.rand(B, 1, N, K, generator=g) > 0.5) if seg else None
+    m = None
+    if mask:
+        m = torch.rand(B, 1, N, K, generator=g) > 0.6
+        m[0, 0, 1] = True
+        m[B - 1, 0, N - 1] = True
+    on = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    return [t.to(DEVICE) for t in ins], AttnLayout(L, on(rows), on(rel), on(same), on(m))
+
+
+def reference(ins, layout: AttnLayout, keep=None, p=0.0):
+    """The einsum path in float64 (keep: a given dropout mask instead of F.dropout's)."""
+    q, k, v, kr, r_w, r_r, r_s, seg = ins
+    lay = dataclasses.replace(layout, mask_bias=additive_mask(layout.mask, "einsum", torch.float64))
+    if keep is None:
+        return relative_attention(q, k, v, kr, (r_w, r_r, r_s), seg, lay, 0.0, False, "einsum")
+    bias = _position_segment_bias(q, kr, r_r, r_s, seg if lay.seg_same is not None else None, lay)
+    if lay.mask_bias is not None:
+        bias = bias + lay.mask_bias
+    prob = torch.softmax((q + r_w[:, None]) @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias, -1)
+    return (prob * keep / (1 - p)) @ v
+
+
+def run_triton(ins, layout: AttnLayout, p=0.0):
+    q, k, v, kr, r_w, r_r, r_s, seg = ins
+    seg = seg if layout.seg_same is not None else None
+    return ta.triton_rel_attention(
+        q, k, v, kr, (r_w, r_r, r_s), seg, layout.rows, layout.L, layout.content, layout.seg_same, layout.mask, p,
+        debug_keep=p > 0,
+    )  # fmt: skip
+
+
+def check(ins, layout: AttnLayout, p=0.0, tol=TOL32, dtype=torch.float32):
+    """Output and every input's gradient, the kernel in ``dtype`` against float64."""
+    xs = [t.to(dtype).requires_grad_(True) for t in ins]
+    out, keep = run_triton(xs, layout, p)
+    go = torch.randn(out.shape, generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    grads = torch.autograd.grad(out, xs, go.to(dtype), allow_unused=True)
+    x64 = [t.detach().double().requires_grad_(True) for t in xs]
+    ref = reference(x64, layout, keep, p)
+    want = torch.autograd.grad(ref, x64, go.double(), allow_unused=True)
+    assert maxdiff(out.double(), ref) <= tol
+    names = ("q", "k", "v", "kr", "r_w", "r_r", "r_s", "seg_embed")
+    for name, a, b in zip(names, grads, want, strict=True):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert maxdiff(a.double(), b) <= tol * max(1.0, b.abs().max().item()), name
+    return keep
+
+
+@pytest.mark.parametrize(
+    "M,P,G,seg,mask",
+    [(8, 4, 1, True, True), (0, 4, 2, True, True), (8, 0, 2, False, True), (0, 0, 1, True, False)],
+)
+def test_core_matches_float64_einsum(M, P, G, seg, mask):
+    ins, layout = case(M=M, P=P, G=G, seg=seg, mask=mask)
+    check(ins, layout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("L,M,P,G", [(16, 8, 4, 2), (9, 5, 3, 1), (20, 0, 6, 2)])
+def test_core_matches_float64_einsum_more_shapes(L, M, P, G):
+    """Several key and row tiles (L, K > 16), and lengths that are not multiples of the tile."""
+    ins, layout = case(L=L, M=M, P=P, G=G, seed=L)
+    check(ins, layout)
+
+
+def test_query_rows_only():
+    """The last pretraining layer: only the P query rows (layout.query_rows(), no content rows in the call)."""
+    ins, layout = case(M=8, P=5, G=2)
+    L = layout.L
+    ins[0] = ins[0][:, :, L:].contiguous()
+    check(ins, layout.query_rows())
+
+
+def test_dropout_through_the_debug_keep_mask():
+    """The kernel's Philox keep mask: the rate, reproducible under torch.manual_seed, and the same mask regenerated
+    in backward (the gradients match the reference given that mask)."""
+    ins, layout = case(M=8, P=4, G=2)
+    torch.manual_seed(5)
+    keep = check(ins, layout, p=0.3)
+    assert keep is not None and keep.shape == (2, 2, 16, 20)
+    assert abs(keep.float().mean().item() - 0.7) < 0.06
+    torch.manual_seed(5)
+    again = run_triton(ins, layout, 0.3)[1]
+    assert again is not None and torch.equal(keep, again)
+
+
+def test_fp16_inputs():
+    """fp16 tiles (tl.dot on fp16, fp32 accumulation) against float64, at fp16 accuracy."""
+    ins, layout = case(M=8, P=4)
+    check([t * 0.5 for t in ins], layout, tol=2e-2, dtype=torch.float16)
+
+
+def run_model(cfg, batch, mems):
+    ids, tt, perm, tmap = (t.to(DEVICE) for t in batch)
+    torch.manual_seed(0)
+    m = XLNetLMHeadModel(cfg).train().to(DEVICE)
+    o = m(ids, tt, None, perm, target_mapping=tmap, mems=mems, labels=tmap.argmax(-1),
+          label_mask=(tmap.sum(-1) > 0).float(), need_hidden=False)  # fmt: skip
+    o.loss.backward()
+    return o.loss, {k: p.grad for k, p in m.named_parameters()}
+
+
+@pytest.mark.parametrize("bi_data", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_model_matches_einsum(bi_data):
+    """XLNetLMHeadModel (tiny: d_head 8, padded to a 16-wide tile) with memory, segments, perm masks and padded
+    target rows: loss and every parameter's gradient, triton against einsum (both fp32)."""
+    cfg = tiny_cfg(bi_data=bi_data)
+    batch = plm_batch(2, 3, np.random.default_rng(4))
+    mems = [torch.randn(2, 5, cfg.d_model).to(DEVICE) for _ in range(cfg.n_layer)]
+    (le, ge), (lt, gt) = (run_model(dataclasses.replace(cfg, attn_impl=i), batch, mems) for i in ("einsum", "triton"))
+    assert maxdiff(le, lt) <= 1e-5
+    for k, g in ge.items():
+        assert maxdiff(g, gt[k]) <= 1e-5, k
+
+
+def test_cpu_without_the_interpreter_is_refused(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(XLNetError, match="attn_impl=triton needs a CUDA device"):
+        resolve_impl("triton", torch.device("cpu"))
+
+
+def test_activation_checkpointing_recomputes_the_same_dropout():
+    """Under torch.utils.checkpoint the op runs again in backward: its seed comes from torch's RNG, which checkpoint
+    restores, so the recomputed keep mask and the gradients equal the plain run's (bit for bit)."""
+    ins, layout = case(M=8, P=4)
+    grads = []
+    for ckpt in (False, True):
+        xs = [t.clone().requires_grad_(True) for t in ins]
+        f = lambda *a: run_triton(list(a), layout, 0.3)[0]  # noqa: E731
+        torch.manual_seed(11)
+        out = torch.utils.checkpoint.checkpoint(f, *xs, use_reentrant=False) if ckpt else f(*xs)
+        grads.append(torch.autograd.grad(out.square().sum(), xs))
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
