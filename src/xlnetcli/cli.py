@@ -180,6 +180,15 @@ class _Group(click.Group):
         rank = {name: i for i, name in enumerate(PIPELINE_ORDER)}
         return sorted(self.commands, key=lambda name: rank.get(name, len(rank)))  # stable: the rest as declared
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """`xlnet shard merge PARTS...` is its own command, while `xlnet shard INPUTS...` stays one command (a group
+        could not take variadic INPUTS): an input file named merge is written ./merge."""
+        if args[:2] == ["shard", "merge"]:
+            return "shard merge", shard_merge_cmd, args[2:]
+        return super().resolve_command(ctx, args)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = []
         for name in self.list_commands(ctx):
@@ -544,6 +553,14 @@ def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_
     "--seed", type=click.IntRange(0, 2**32 - 1), default=None, help="Seed of the validation split (default data.seed)."
 )
 @text_field_option
+@click.option(
+    "--part",
+    metavar="I/N",
+    default=None,
+    help="Write only part I of N (0-based: 0..N-1, e.g. $SLURM_ARRAY_TASK_ID/8) into --out, a part folder; whole "
+    "input files are dealt to parts by size. Combine the N parts with `xlnet shard merge PARTS... --out DIR`: "
+    "byte-identical to one host.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing shard directory.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary.")
 @with_config("shard")
@@ -556,19 +573,46 @@ def shard_cmd(
     workers: int,
     valid_inputs: tuple[str, ...],
     text_field: str,
+    part: str | None,
     overwrite: bool,
     quiet: bool,
 ) -> None:
     """Tokenise text, JSONL or Parquet files, datasets folders, directories or globs into N balanced shards + valid.
 
     Files may be .gz or .zst compressed, and text or JSONL may be URLs (https://, s3://, gs://, az://, hf://: the
-    `remote` extra). Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used."""
+    `remote` extra). Without INPUTS, the bundled corpus (data/pydocs/corpus.txt) is used. Across machines: each runs
+    `xlnet shard ... --part I/N --out parts/I`, then `xlnet shard merge parts/* --out DIR` combines them."""
     from xlnetcli.checkpoint.folders import find_tokenizer
     from xlnetcli.core.console import console
     from xlnetcli.data.shard import shard_corpus
 
     if valid_inputs and click.get_current_context().params["valid_fraction"] is not None:
         raise XLNetError("pass either --valid-fraction or --valid FILE, not both")
+    if part is not None:
+        from xlnetcli.data.shard_parts import parse_part, shard_part
+
+        index, n_parts = parse_part(part)
+        meta = shard_part(
+            cfg,
+            inputs_or_bundled(inputs),
+            out_dir,
+            find_tokenizer(tok_path),
+            (index, n_parts),
+            shards=shards,
+            workers=workers,
+            valid_inputs=valid_inputs,
+            overwrite=overwrite,
+            quiet=quiet,
+            text_field=text_field,
+        )
+        if not quiet:
+            files = meta["files"]
+            console.print(
+                f"wrote part {index}/{n_parts} ({len(files)} file(s), {sum(f['documents'] for f in files):,} docs, "
+                f"{sum(f['tokens'] for f in files):,} tokens) to {out_dir}; combine all {n_parts} parts with "
+                f"`xlnet shard merge PARTS... --out DIR`"
+            )
+        return
     s = shard_corpus(
         cfg,
         inputs_or_bundled(inputs),
@@ -586,6 +630,27 @@ def shard_cmd(
             f"wrote {shards} train shard(s) ({s.tokens['train']:,} tokens, {s.documents['train']:,} docs) "
             f"+ valid ({s.tokens['valid']:,} tokens, {s.documents['valid']:,} docs) to {out_dir} in "
             f"{s.seconds:.1f} s ({s.mb_per_s:.1f} MB/s, {s.tokens_per_s / 1e3:.0f}K tokens/s)"
+        )
+
+
+@click.command("merge", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
+@click.argument("parts", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Shard directory to create.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing shard directory.")
+@click.option("--quiet", is_flag=True, help="No summary.")
+def shard_merge_cmd(parts: tuple[Path, ...], out_dir: Path, overwrite: bool, quiet: bool) -> None:
+    """Combine the N part folders of `xlnet shard --part I/N` into one shard directory, byte-identical to one host.
+
+    PARTS in any order; all N parts of one run (same inputs, tokenizer, config and --shards), each once, every file
+    matching its sha256. The assignment of documents to shards happens here (reading and writing only)."""
+    from xlnetcli.core.console import console
+    from xlnetcli.data.shard_parts import merge_shard_parts
+
+    s = merge_shard_parts(parts, out_dir, overwrite=overwrite, quiet=quiet)
+    if not quiet:
+        console.print(
+            f"merged {len(parts)} part(s): {s.tokens['train']:,} train tokens ({s.documents['train']:,} docs) + valid "
+            f"({s.tokens['valid']:,} tokens, {s.documents['valid']:,} docs) to {out_dir} in {s.seconds:.1f} s"
         )
 
 

@@ -535,24 +535,39 @@ def _finish_output(
     stats: ReadStats,
 ) -> None:
     """Write manifest.json, the tokenizer and config.yaml beside the closed shards (no valid files if none)."""
+    tok.save(tmp / "tokenizer")
+    save_config(cfg, tmp)
+    write_manifest(tmp, tok.sha256, tok.vocab_size, dtype, assigner, inputs, nbytes, stats.bad_bytes)
+
+
+def write_manifest(
+    tmp: Path,
+    tokenizer_sha256: str,
+    vocab_size: int,
+    dtype: np.dtype,
+    assigner: _Assigner,
+    inputs: dict[str, list[Source]] | dict[str, list[str]],
+    nbytes: int,
+    bad_bytes: int,
+) -> None:
+    """manifest.json of the closed shards (and the empty valid files removed if no document went there); the same
+    bytes whether one host sharded or `xlnet shard merge` combined parts (shard_parts.py)."""
     train, valid = assigner.train, assigner.valid
     manifest = {
         "format_version": FORMAT_VERSION,
-        "tokenizer_sha256": tok.sha256,
-        "vocab_size": tok.vocab_size,
+        "tokenizer_sha256": tokenizer_sha256,
+        "vocab_size": vocab_size,
         "dtype": dtype.name,
         "seed": assigner.seed,
         "valid_fraction": assigner.valid_fraction,
         "splits": {"train": [s.entry(tmp) for s in train], "valid": [valid.entry(tmp)] if valid.n_documents else []},
         "inputs": {split: [str(p) for p in files] for split, files in inputs.items()},
         "bytes": nbytes,
-        "invalid_utf8_bytes": stats.bad_bytes,
+        "invalid_utf8_bytes": bad_bytes,
     }
     if not valid.n_documents:
         for rel in (valid.rel_tokens, valid.rel_sentid):
             (tmp / rel).unlink()
-    tok.save(tmp / "tokenizer")
-    save_config(cfg, tmp)
     atomic_write_json(tmp / "manifest.json", manifest)
 
 

@@ -1,0 +1,200 @@
+"""Sharding split across machines (issue #21 item 4): `xlnet shard --part I/N` + `xlnet shard merge` give the shard
+folder of one host byte for byte (every file, manifest.json included), whatever N; mixed-up parts are refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from clitools import SAMPLE, assert_one_line_error, flip_bit, run_main, settings_config
+
+from xlnetcli.config import TokenizerConfig
+from xlnetcli.core.errors import DataError, XLNetError
+from xlnetcli.data.shard import shard_corpus
+from xlnetcli.data.shard_parts import merge_shard_parts, parse_part, plan_parts, shard_part
+
+SHARDS = 3
+
+
+def digest(root: Path) -> dict[str, str]:
+    """Every file under ``root``: relative path -> sha256 (folders implied)."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def tok_dir(builds) -> Path:
+    """The shared tokenizer of test_shard.py (read only)."""
+    return builds.tokenizer(TokenizerConfig(vocab_size=2000, character_coverage=0.9999, threads=1))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> list[Path]:
+    """tests/fixtures/sample.txt cut at blank lines into 5 files of unequal sizes (one gzip-compressed, one empty)."""
+    d = tmp_path_factory.mktemp("parts_corpus")
+    docs = re.split(r"\n\s*\n", SAMPLE.read_text(encoding="utf-8"))
+    cuts = [0, len(docs) // 2, len(docs) * 5 // 8, len(docs) * 3 // 4, len(docs) * 7 // 8, len(docs)]
+    files = []
+    for k in range(5):
+        p = d / f"c{k}.txt"
+        p.write_text("\n\n".join(docs[cuts[k] : cuts[k + 1]]) + "\n", encoding="utf-8")
+        files.append(p)
+    empty = d / "empty.txt"
+    empty.write_text("\n\n", encoding="utf-8")
+    return [*files[:2], empty, *files[2:]]
+
+
+def cfg(valid_fraction=0.1, seed=42):
+    return settings_config("data", valid_fraction=valid_fraction, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def one_host(tmp_path_factory, corpus, tok_dir) -> Path:
+    out = tmp_path_factory.mktemp("one_host") / "shards"
+    shard_corpus(cfg(), [str(p) for p in corpus], out, tok_dir, shards=SHARDS, quiet=True)
+    return out
+
+
+def make_parts(root: Path, corpus, tok_dir, n: int, c=None, **kw) -> list[Path]:
+    out = []
+    for i in range(n):
+        p = root / f"part{i}"
+        shard_part(c or cfg(), [str(f) for f in corpus], p, tok_dir, (i, n), shards=SHARDS, quiet=True, **kw)
+        out.append(p)
+    return out
+
+
+# ---- byte-identical --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8])
+def test_parts_merged_are_byte_identical_to_one_host(tmp_path, corpus, tok_dir, one_host, n):
+    """N = 8 > 6 input files: some parts hold no file, and still merge."""
+    parts = make_parts(tmp_path, corpus, tok_dir, n, workers=2 if n == 2 else 1)
+    merged = tmp_path / "merged"
+    s = merge_shard_parts(list(reversed(parts)), merged, quiet=True)  # any order
+    want = digest(one_host)
+    assert "manifest.json" in want and "config.yaml" in want and any(k.startswith("tokenizer/") for k in want)
+    assert digest(merged) == want
+    m = json.loads((merged / "manifest.json").read_text())
+    assert s.tokens["train"] == sum(e["tokens"] for e in m["splits"]["train"])
+    assert s.documents["valid"] > 0
+
+
+def test_valid_files_and_workers_byte_identical(tmp_path, corpus, tok_dir):
+    """--valid files are dealt to parts like the others; the part's --workers changes nothing."""
+    train, valid = [str(p) for p in corpus[:-1]], [str(corpus[-1])]
+    one = tmp_path / "one"
+    shard_corpus(cfg(0.0), train, one, tok_dir, shards=2, valid_inputs=valid, quiet=True)
+    parts = []
+    for i in range(2):
+        parts.append(tmp_path / f"p{i}")
+        shard_part(cfg(0.0), train, parts[-1], tok_dir, (i, 2), shards=2, valid_inputs=valid, workers=2, quiet=True)
+    merge_shard_parts(parts, tmp_path / "merged", quiet=True)
+    assert digest(tmp_path / "merged") == digest(one)
+
+
+def test_cli_part_and_merge(tmp_path, capsys, corpus, tok_dir, one_host):
+    args = [*map(str, corpus), "--tokenizer", tok_dir, "--shards", SHARDS, "--valid-fraction", 0.1, "--seed", 42]
+    for i in range(2):
+        code, out, err = run_main(capsys, "shard", *args, "--out", tmp_path / "parts" / str(i), "--part", f"{i}/2")
+        assert code == 0, err
+        assert f"wrote part {i}/2" in out + err
+    code, out, err = run_main(capsys, "shard", "merge", *sorted((tmp_path / "parts").iterdir()), "--out", tmp_path / "m")
+    assert code == 0, err
+    assert "merged 2 part(s)" in out + err
+    assert digest(tmp_path / "m") == digest(one_host)
+
+
+def test_plan_is_balanced_and_whole_files():
+    assert plan_parts([10, 1, 1, 8, 0], 2) == [0, 1, 1, 1, 0]
+    assert plan_parts([5, 5, 5], 5) == [0, 1, 2]
+    assert sorted(set(plan_parts(list(range(100)), 8))) == list(range(8))
+
+
+# ---- bad input ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["2/2", "3/2", "-1/2", "0/0", "x/2", "1", "1/2/3"])
+def test_part_index_out_of_range(tmp_path, capsys, tok_dir, text):
+    with pytest.raises(XLNetError, match="--part"):
+        parse_part(text)
+    code, _, err = run_main(
+        capsys, "shard", SAMPLE, "--tokenizer", tok_dir, "--out", tmp_path / "p", "--part", text, "--quiet"
+    )
+    assert_one_line_error(code, err, "--part")
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.fixture(scope="module")
+def two_parts(tmp_path_factory, corpus, tok_dir) -> list[Path]:
+    """Parts 0 and 1 of 2 (read only: tests copy them before changing them)."""
+    return make_parts(tmp_path_factory.mktemp("two_parts"), corpus, tok_dir, 2)
+
+
+def refused(capsys, tmp_path, parts, *needles):
+    out = tmp_path / "merged"
+    code, _, err = run_main(capsys, "shard", "merge", *parts, "--out", out)
+    assert_one_line_error(code, err, *needles)
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".merged")]  # no temporary left either
+
+
+def test_missing_and_duplicated_parts(tmp_path, capsys, two_parts):
+    refused(capsys, tmp_path, two_parts[:1], "part 1/2 is missing")
+    refused(capsys, tmp_path, [two_parts[0], two_parts[0], two_parts[1]], "part 0/2 given twice")
+    copy = tmp_path / "copy"
+    shutil.copytree(two_parts[1], copy)
+    refused(capsys, tmp_path, [*two_parts, copy], "part 1/2 given twice")
+    refused(capsys, tmp_path, [two_parts[0], tmp_path / "nope"], "does not exist")
+    refused(capsys, tmp_path, [two_parts[0], SAMPLE.parent], "not a shard part")
+
+
+def test_parts_of_different_runs(tmp_path, capsys, corpus, tok_dir, builds, two_parts):
+    other_seed = tmp_path / "seed"
+    shard_part(cfg(seed=7), [str(f) for f in corpus], other_seed, tok_dir, (1, 2), shards=SHARDS, quiet=True)
+    refused(capsys, tmp_path, [two_parts[0], other_seed], "differ in seed")
+    other_n = tmp_path / "n3"
+    shard_part(cfg(), [str(f) for f in corpus], other_n, tok_dir, (1, 3), shards=SHARDS, quiet=True)
+    refused(capsys, tmp_path, [two_parts[0], other_n], "part of 2", "part of 3")
+    other_shards = tmp_path / "shards"
+    shard_part(cfg(), [str(f) for f in corpus], other_shards, tok_dir, (1, 2), shards=SHARDS + 1, quiet=True)
+    refused(capsys, tmp_path, [two_parts[0], other_shards], "differ in shards")
+    other_inputs = tmp_path / "inputs"
+    shard_part(cfg(), [str(f) for f in corpus[:-1]], other_inputs, tok_dir, (1, 2), shards=SHARDS, quiet=True)
+    refused(capsys, tmp_path, [two_parts[0], other_inputs], "differ in inputs")
+    tok2 = builds.tokenizer(TokenizerConfig(vocab_size=1000, character_coverage=0.9999, threads=1))
+    other_tok = tmp_path / "tok"
+    shard_part(cfg(), [str(f) for f in corpus], other_tok, tok2, (1, 2), shards=SHARDS, quiet=True)
+    refused(capsys, tmp_path, [two_parts[0], other_tok], "differ in tokenizer")
+
+
+def test_corrupted_part_is_refused(tmp_path, capsys, two_parts):
+    bad = tmp_path / "bad"
+    shutil.copytree(two_parts[1], bad)
+    meta = json.loads((bad / "part.json").read_text())
+    victim = bad / meta["files"][0]["files"]["tokens"]
+    flip_bit(victim, 3)
+    refused(capsys, tmp_path, [two_parts[0], bad], "sha256 differs", victim.name)
+    victim.unlink()
+    refused(capsys, tmp_path, [two_parts[0], bad], "is missing")
+    (bad / "part.json").write_text("{}")
+    refused(capsys, tmp_path, [two_parts[0], bad], "not a shard part")
+
+
+def test_merge_keeps_an_earlier_output(tmp_path, two_parts):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep").write_text("x")
+    with pytest.raises(XLNetError, match="--overwrite"):
+        merge_shard_parts(two_parts, out, quiet=True)
+    with pytest.raises(DataError, match="missing"):
+        merge_shard_parts(two_parts[:1], out, overwrite=True, quiet=True)
+    assert (out / "keep").read_text() == "x"
