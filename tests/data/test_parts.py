@@ -107,7 +107,8 @@ def test_cli_part_and_merge(tmp_path, capsys, corpus, tok_dir, one_host):
         code, out, err = run_main(capsys, "shard", *args, "--out", tmp_path / "parts" / str(i), "--part", f"{i}/2")
         assert code == 0, err
         assert f"wrote part {i}/2" in out + err
-    code, out, err = run_main(capsys, "shard", "merge", *sorted((tmp_path / "parts").iterdir()), "--out", tmp_path / "m")
+    parts = sorted((tmp_path / "parts").iterdir())
+    code, out, err = run_main(capsys, "shard", "merge", *parts, "--out", tmp_path / "m")
     assert code == 0, err
     assert "merged 2 part(s)" in out + err
     assert digest(tmp_path / "m") == digest(one_host)
