@@ -187,6 +187,8 @@ class _Group(click.Group):
         could not take variadic INPUTS): an input file named merge is written ./merge."""
         if args[:2] == ["shard", "merge"]:
             return "shard merge", shard_merge_cmd, args[2:]
+        if args[:2] == ["preprocess", "merge"]:
+            return "preprocess merge", preprocess_merge_cmd, args[2:]
         return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -990,16 +992,52 @@ def probe_cmd(
     help="Worker processes (output is identical).",
 )
 @click.option("--no-verify", is_flag=True, help="Skip checking the shards' sha256 against manifest.json.")
+@click.option(
+    "--part",
+    metavar="I/N",
+    default=None,
+    help="Build only part I of N (0-based: 0..N-1) of the rows of every pass into --out, a part folder; combine the N "
+    "parts with `xlnet preprocess merge PARTS... --out DIR`: byte-identical to one host.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing records directory.")
 @with_config("preprocess")
-def preprocess_cmd(cfg: Config, shards: Path, out: Path, workers: int, no_verify: bool, overwrite: bool) -> None:
+def preprocess_cmd(
+    cfg: Config, shards: Path, out: Path, workers: int, no_verify: bool, part: str | None, overwrite: bool
+) -> None:
     """Build permutation-LM records (examples, segment ids, prediction targets) from shards."""
     from xlnetcli.core.console import print0
     from xlnetcli.data.preprocess import preprocess
 
+    if part is not None:
+        from xlnetcli.data.shard_parts import parse_part
+
+        index, n_parts = parse_part(part)
+        pm = preprocess(
+            cfg, shards, out, overwrite=overwrite, workers=workers, verify=not no_verify, part=(index, n_parts)
+        )
+        print0(
+            f"wrote part {index}/{n_parts} (rows {pm['rows'][0]}..{pm['rows'][1] - 1}) to {out}; combine all "
+            f"{n_parts} parts with `xlnet preprocess merge PARTS... --out DIR`"
+        )
+        return
     meta = preprocess(cfg, shards, out, overwrite=overwrite, workers=workers, verify=not no_verify)
     tr = meta["splits"]["train"]
     print0(
         f"wrote {out}: {tr['examples']} training examples ({tr['passes']} pass(es) x {tr['steps_per_pass']} steps "
         f"x {meta['global_batch_size']} rows), seq_len {meta['seq_len']}, mask mode {meta['mask_mode']}"
     )
+
+
+@click.command("merge", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
+@click.argument("parts", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Records directory to create.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing records directory.")
+def preprocess_merge_cmd(parts: tuple[Path, ...], out: Path, overwrite: bool) -> None:
+    """Combine the N part folders of `xlnet preprocess --part I/N` into one records directory, byte-identical to one
+    host. PARTS in any order; all N parts of one run (same shards, config and tokenizer), each once, every part's rows
+    matching their sha256."""
+    from xlnetcli.core.console import print0
+    from xlnetcli.data.record_parts import merge_record_parts
+
+    meta = merge_record_parts(parts, out, overwrite=overwrite)
+    print0(f"merged {len(parts)} part(s) into {out}: {meta['splits']['train']['examples']} training examples")

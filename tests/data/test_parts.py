@@ -30,7 +30,7 @@ def digest(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def tok_dir(builds) -> Path:
+def part_tok(builds) -> Path:
     """The shared tokenizer of test_shard.py (read only)."""
     return builds.tokenizer(TokenizerConfig(vocab_size=2000, character_coverage=0.9999, threads=1))
 
@@ -56,17 +56,17 @@ def cfg(valid_fraction=0.1, seed=42):
 
 
 @pytest.fixture(scope="module")
-def one_host(tmp_path_factory, corpus, tok_dir) -> Path:
+def one_host(tmp_path_factory, corpus, part_tok) -> Path:
     out = tmp_path_factory.mktemp("one_host") / "shards"
-    shard_corpus(cfg(), [str(p) for p in corpus], out, tok_dir, shards=SHARDS, quiet=True)
+    shard_corpus(cfg(), [str(p) for p in corpus], out, part_tok, shards=SHARDS, quiet=True)
     return out
 
 
-def make_parts(root: Path, corpus, tok_dir, n: int, c=None, **kw) -> list[Path]:
+def make_parts(root: Path, corpus, part_tok, n: int, c=None, **kw) -> list[Path]:
     out = []
     for i in range(n):
         p = root / f"part{i}"
-        shard_part(c or cfg(), [str(f) for f in corpus], p, tok_dir, (i, n), shards=SHARDS, quiet=True, **kw)
+        shard_part(c or cfg(), [str(f) for f in corpus], p, part_tok, (i, n), shards=SHARDS, quiet=True, **kw)
         out.append(p)
     return out
 
@@ -75,9 +75,9 @@ def make_parts(root: Path, corpus, tok_dir, n: int, c=None, **kw) -> list[Path]:
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 8])
-def test_parts_merged_are_byte_identical_to_one_host(tmp_path, corpus, tok_dir, one_host, n):
+def test_parts_merged_are_byte_identical_to_one_host(tmp_path, corpus, part_tok, one_host, n):
     """N = 8 > 6 input files: some parts hold no file, and still merge."""
-    parts = make_parts(tmp_path, corpus, tok_dir, n, workers=2 if n == 2 else 1)
+    parts = make_parts(tmp_path, corpus, part_tok, n, workers=2 if n == 2 else 1)
     merged = tmp_path / "merged"
     s = merge_shard_parts(list(reversed(parts)), merged, quiet=True)  # any order
     want = digest(one_host)
@@ -88,21 +88,21 @@ def test_parts_merged_are_byte_identical_to_one_host(tmp_path, corpus, tok_dir, 
     assert s.documents["valid"] > 0
 
 
-def test_valid_files_and_workers_byte_identical(tmp_path, corpus, tok_dir):
+def test_valid_files_and_workers_byte_identical(tmp_path, corpus, part_tok):
     """--valid files are dealt to parts like the others; the part's --workers changes nothing."""
     train, valid = [str(p) for p in corpus[:-1]], [str(corpus[-1])]
     one = tmp_path / "one"
-    shard_corpus(cfg(0.0), train, one, tok_dir, shards=2, valid_inputs=valid, quiet=True)
+    shard_corpus(cfg(0.0), train, one, part_tok, shards=2, valid_inputs=valid, quiet=True)
     parts = []
     for i in range(2):
         parts.append(tmp_path / f"p{i}")
-        shard_part(cfg(0.0), train, parts[-1], tok_dir, (i, 2), shards=2, valid_inputs=valid, workers=2, quiet=True)
+        shard_part(cfg(0.0), train, parts[-1], part_tok, (i, 2), shards=2, valid_inputs=valid, workers=2, quiet=True)
     merge_shard_parts(parts, tmp_path / "merged", quiet=True)
     assert digest(tmp_path / "merged") == digest(one)
 
 
-def test_cli_part_and_merge(tmp_path, capsys, corpus, tok_dir, one_host):
-    args = [*map(str, corpus), "--tokenizer", tok_dir, "--shards", SHARDS, "--valid-fraction", 0.1, "--seed", 42]
+def test_cli_part_and_merge(tmp_path, capsys, corpus, part_tok, one_host):
+    args = [*map(str, corpus), "--tokenizer", part_tok, "--shards", SHARDS, "--valid-fraction", 0.1, "--seed", 42]
     for i in range(2):
         code, out, err = run_main(capsys, "shard", *args, "--out", tmp_path / "parts" / str(i), "--part", f"{i}/2")
         assert code == 0, err
@@ -124,20 +124,20 @@ def test_plan_is_balanced_and_whole_files():
 
 
 @pytest.mark.parametrize("text", ["2/2", "3/2", "-1/2", "0/0", "x/2", "1", "1/2/3"])
-def test_part_index_out_of_range(tmp_path, capsys, tok_dir, text):
+def test_part_index_out_of_range(tmp_path, capsys, part_tok, text):
     with pytest.raises(XLNetError, match="--part"):
         parse_part(text)
     code, _, err = run_main(
-        capsys, "shard", SAMPLE, "--tokenizer", tok_dir, "--out", tmp_path / "p", "--part", text, "--quiet"
+        capsys, "shard", SAMPLE, "--tokenizer", part_tok, "--out", tmp_path / "p", "--part", text, "--quiet"
     )
     assert_one_line_error(code, err, "--part")
     assert not (tmp_path / "p").exists()
 
 
 @pytest.fixture(scope="module")
-def two_parts(tmp_path_factory, corpus, tok_dir) -> list[Path]:
+def two_parts(tmp_path_factory, corpus, part_tok) -> list[Path]:
     """Parts 0 and 1 of 2 (read only: tests copy them before changing them)."""
-    return make_parts(tmp_path_factory.mktemp("two_parts"), corpus, tok_dir, 2)
+    return make_parts(tmp_path_factory.mktemp("two_parts"), corpus, part_tok, 2)
 
 
 def refused(capsys, tmp_path, parts, *needles):
@@ -158,18 +158,18 @@ def test_missing_and_duplicated_parts(tmp_path, capsys, two_parts):
     refused(capsys, tmp_path, [two_parts[0], SAMPLE.parent], "not a shard part")
 
 
-def test_parts_of_different_runs(tmp_path, capsys, corpus, tok_dir, builds, two_parts):
+def test_parts_of_different_runs(tmp_path, capsys, corpus, part_tok, builds, two_parts):
     other_seed = tmp_path / "seed"
-    shard_part(cfg(seed=7), [str(f) for f in corpus], other_seed, tok_dir, (1, 2), shards=SHARDS, quiet=True)
+    shard_part(cfg(seed=7), [str(f) for f in corpus], other_seed, part_tok, (1, 2), shards=SHARDS, quiet=True)
     refused(capsys, tmp_path, [two_parts[0], other_seed], "differ in seed")
     other_n = tmp_path / "n3"
-    shard_part(cfg(), [str(f) for f in corpus], other_n, tok_dir, (1, 3), shards=SHARDS, quiet=True)
+    shard_part(cfg(), [str(f) for f in corpus], other_n, part_tok, (1, 3), shards=SHARDS, quiet=True)
     refused(capsys, tmp_path, [two_parts[0], other_n], "part of 2", "part of 3")
     other_shards = tmp_path / "shards"
-    shard_part(cfg(), [str(f) for f in corpus], other_shards, tok_dir, (1, 2), shards=SHARDS + 1, quiet=True)
+    shard_part(cfg(), [str(f) for f in corpus], other_shards, part_tok, (1, 2), shards=SHARDS + 1, quiet=True)
     refused(capsys, tmp_path, [two_parts[0], other_shards], "differ in shards")
     other_inputs = tmp_path / "inputs"
-    shard_part(cfg(), [str(f) for f in corpus[:-1]], other_inputs, tok_dir, (1, 2), shards=SHARDS, quiet=True)
+    shard_part(cfg(), [str(f) for f in corpus[:-1]], other_inputs, part_tok, (1, 2), shards=SHARDS, quiet=True)
     refused(capsys, tmp_path, [two_parts[0], other_inputs], "differ in inputs")
     tok2 = builds.tokenizer(TokenizerConfig(vocab_size=1000, character_coverage=0.9999, threads=1))
     other_tok = tmp_path / "tok"
@@ -199,3 +199,61 @@ def test_merge_keeps_an_earlier_output(tmp_path, two_parts):
     with pytest.raises(DataError, match="missing"):
         merge_shard_parts(two_parts[:1], out, overwrite=True, quiet=True)
     assert (out / "keep").read_text() == "x"
+
+
+# ---- preprocess parts ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_record_parts_merged_are_byte_identical_to_one_host(tmp_path, shard_dir, records, n):
+    """G = 8 rows: 3 parts of 2-3 rows; 8 parts of one row each (bi_data pairs split across parts)."""
+    from clitools import preprocess_cfg
+
+    from xlnetcli.data.preprocess import preprocess
+    from xlnetcli.data.record_parts import merge_record_parts
+
+    parts = []
+    for i in range(n):
+        parts.append(tmp_path / f"r{i}")
+        preprocess(preprocess_cfg("data.passes=2"), shard_dir, parts[-1], part=(i, n), quiet=True, verify=False)
+    merge_record_parts(list(reversed(parts)), tmp_path / "merged")
+    want = digest(records)
+    assert "meta.json" in want and "config.yaml" in want
+    assert digest(tmp_path / "merged") == want
+
+
+def test_record_parts_cli_and_bad_input(tmp_path, capsys, shard_dir, records):
+    from clitools import preprocess_cfg
+
+    from xlnetcli.config import save_config
+
+    cfgf = save_config(preprocess_cfg("data.passes=2"), tmp_path, "c.yaml")
+    base = ["preprocess", "--shards", shard_dir, "--config", cfgf]
+    for i in range(2):
+        code, _, err = run_main(capsys, *base, "--out", tmp_path / f"p{i}", "--part", f"{i}/2")
+        assert code == 0, err
+    code, _, err = run_main(capsys, "preprocess", "merge", tmp_path / "p1", tmp_path / "p0", "--out", tmp_path / "m")
+    assert code == 0, err
+    assert digest(tmp_path / "m") == digest(records)
+    code, _, err = run_main(capsys, *base, "--out", tmp_path / "bad", "--part", "2/2")
+    assert_one_line_error(code, err, "--part")
+    assert not (tmp_path / "bad").exists()
+    for args, needle in [
+        ([tmp_path / "p0"], "part 1/2 is missing"),
+        ([tmp_path / "p0", tmp_path / "p0", tmp_path / "p1"], "part 0/2 given twice"),
+        ([tmp_path / "p0", shard_dir], "not a records part"),
+    ]:
+        code, _, err = run_main(capsys, "preprocess", "merge", *args, "--out", tmp_path / "x")
+        assert_one_line_error(code, err, needle)
+        assert not (tmp_path / "x").exists()
+    other = tmp_path / "other"
+    run_main(capsys, *base, "--set", "data.seed=7", "--out", other, "--part", "1/2")
+    code, _, err = run_main(capsys, "preprocess", "merge", tmp_path / "p0", other, "--out", tmp_path / "x")
+    assert_one_line_error(code, err, "differ in")
+    bad = tmp_path / "p1c"
+    shutil.copytree(tmp_path / "p1", bad)
+    victim = bad / "train" / "pass_000.tokens.npy"
+    flip_bit(victim, 3)  # the last row: part 1's
+    code, _, err = run_main(capsys, "preprocess", "merge", tmp_path / "p0", bad, "--out", tmp_path / "x")
+    assert_one_line_error(code, err, "sha256 differs")
+    assert not (tmp_path / "x").exists()

@@ -26,7 +26,7 @@ import multiprocessing as mp
 import shutil
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,11 @@ import numpy as np
 
 from xlnetcli.config import BatchPlan, Config, check_config, save_config, split_num_predict
 from xlnetcli.core.console import print0, step_progress
-from xlnetcli.core.errors import DataError
-from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_not_input
+from xlnetcli.core.errors import DataError, XLNetError
+from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_not_input, sha256_file
 from xlnetcli.data.masking import MAX_GRAM, mask_draw_width, masks_from_draws, word_start_table
 from xlnetcli.data.record_format import FORMAT_VERSION, PassWriter, checksums, create_pass
+from xlnetcli.data.record_parts import part_rows, write_part_meta
 from xlnetcli.data.segments import Row, split_block
 from xlnetcli.data.shard_format import PassStream, check_shards, split_files
 
@@ -181,10 +182,16 @@ def preprocess(
     workers: int = 1,
     quiet: bool = False,
     verify: bool = True,
+    part: tuple[int, int] | None = None,
 ) -> dict:
     """Build records from a shard directory with ``cfg`` (data.passes, data.mask_mode, the window and batch
     layout; saved as config.yaml); returns meta.json's content. ``verify`` checks every shard file's sha256 against
-    manifest.json first (a flipped byte is refused, naming the file, instead of being trained on)."""
+    manifest.json first (a flipped byte is refused, naming the file, instead of being trained on).
+
+    ``part`` = (I, N): only rows [I*G//N, (I+1)*G//N) of every pass, into a part folder (part.json instead of
+    meta.json) that `xlnet preprocess merge` combines with the other N-1 (data/record_parts.py); returns part.json."""
+    if part is not None and not 0 <= part[0] < part[1]:
+        raise XLNetError(f"--part {part[0]}/{part[1]}: part index out of range; parts are numbered 0..{part[1] - 1}")
     shards = Path(shards)
     check_output_not_input(out, [shards])
     plan = check_config(cfg, stage="preprocess")
@@ -206,12 +213,20 @@ def preprocess(
             files, split_jobs = _create_passes(tmp, cfg, plan, split, layout, workers, params, ws_path, vocab)
             jobs += split_jobs
             meta["splits"][split] = _split_meta(layout, G, passes, files)
+        if part is not None:
+            rows = part_rows(G, *part)
+            jobs = [replace(j, rows=[g for g in j.rows if g in rows]) for j in jobs]
+            jobs = [j for j in jobs if j.rows]
+            total_examples = sum(len(j.rows) * j.steps for j in jobs)
         _run_jobs(jobs, workers, quiet, total_examples)
         ws_path.unlink()
-        meta["sha256"] = checksums(tmp)
+        if part is None:
+            meta["sha256"] = checksums(tmp)
         shutil.copytree(tok_dir, tmp / "tokenizer")
         # the config these records were made with, as used: `xlnet pretrain` without --config reads it back
         save_config(cfg, tmp)
+        if part is not None:
+            return write_part_meta(tmp, meta, part, sha256_file(shards / "manifest.json"))
         atomic_write_json(tmp / "meta.json", meta)
     return meta
 

@@ -1,0 +1,191 @@
+"""Preprocessing split across machines: ``xlnet preprocess --part I/N`` and ``xlnet preprocess merge`` (issue #21).
+
+Records are rows: every row of every pass is built from the shards with its own seeded generator (preprocess.py), so
+rows are independent work. Part I of N (0-based) builds rows [I*G//N, (I+1)*G//N) of every pass and split into a
+part folder: the pass files at their full shape (sparse on disk outside its rows), config.yaml, tokenizer/ and
+part.json (the meta.json one host would write, less its checksums; the sha256 of the shards' manifest; the sha256 of
+each file's bytes in its rows). The merge checks the parts belong together, copies each part's rows into full pass
+files and writes meta.json with the checksums: byte-identical to `xlnet preprocess` on one host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from xlnetcli.core.errors import DataError, XLNetError
+from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_dir, sha256_file
+from xlnetcli.core.shapes import read_json_object
+from xlnetcli.data.record_format import checksums, create_npy
+from xlnetcli.data.shard_format import NpyFile
+
+PART_KIND = "xlnet-records-part"
+PART_FORMAT_VERSION = 1
+_BLOCK = 1 << 24
+
+
+def part_rows(rows: int, index: int, parts: int) -> range:
+    """The rows of part ``index`` of ``parts``: a contiguous range, sizes differing by at most one."""
+    return range(index * rows // parts, (index + 1) * rows // parts)
+
+
+def _pass_files(d: Path) -> list[Path]:
+    return sorted(d.glob("*/pass_*.npy"))
+
+
+def _row_span(npy: NpyFile, rows: range) -> tuple[int, int]:
+    """(byte offset, byte length) of rows ``rows`` (first axis) of an .npy file."""
+    row_bytes = (npy.size // max(1, npy.shape[0])) * npy.dtype.itemsize if npy.shape else 0
+    return npy.offset + rows.start * row_bytes, len(rows) * row_bytes
+
+
+def _span_sha(path: Path, rows: range) -> str:
+    npy = NpyFile(path)
+    try:
+        off, n = _row_span(npy, rows)
+        h = hashlib.sha256()
+        while n > 0:
+            b = os.pread(npy.fd, min(n, _BLOCK), off)
+            if not b:
+                raise DataError(f"{path} is truncated; rerun that part")
+            h.update(b)
+            off, n = off + len(b), n - len(b)
+        return h.hexdigest()
+    finally:
+        npy.close()
+
+
+def write_part_meta(tmp: Path, meta: dict[str, Any], part: tuple[int, int], shards_sha: str) -> dict[str, Any]:
+    """part.json of a finished part folder ``tmp`` (called by preprocess with ``part``)."""
+    index, n = part
+    rows = part_rows(int(meta["global_batch_size"]), index, n)
+    out = {
+        "kind": PART_KIND,
+        "format_version": PART_FORMAT_VERSION,
+        "part": index,
+        "parts": n,
+        "plan": {"meta": meta, "shards_manifest_sha256": shards_sha, "config_sha256": sha256_file(tmp / "config.yaml")},
+        "rows": [rows.start, rows.stop],
+        "sha256": {f.relative_to(tmp).as_posix(): _span_sha(f, rows) for f in _pass_files(tmp)},
+    }
+    atomic_write_json(tmp / "part.json", out)
+    return out
+
+
+def _read_part(d: Path) -> dict[str, Any]:
+    path = d / "part.json"
+    if not d.is_dir():
+        raise DataError(f"records part {d} does not exist; create it with `xlnet preprocess --part I/N`")
+    if not path.is_file():
+        raise DataError(f"{d} has no part.json: not a records part (create one with `xlnet preprocess --part I/N`)")
+    m = read_json_object(path, DataError, "rerun `xlnet preprocess --part`")
+    ok = m.get("kind") == PART_KIND and m.get("format_version") == PART_FORMAT_VERSION
+    try:
+        ok = (
+            ok and 0 <= m["part"] < m["parts"] and isinstance(m["plan"]["meta"], dict) and isinstance(m["sha256"], dict)
+        )
+        ok = ok and all(".." not in Path(k).parts and not Path(k).is_absolute() for k in m["sha256"])
+    except (KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise DataError(f"{path}: not a records part of format {PART_FORMAT_VERSION}; rerun `xlnet preprocess --part`")
+    return m
+
+
+def _check_parts(dirs: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
+    if not dirs:
+        raise XLNetError("xlnet preprocess merge: give the part folders to merge (PARTS...)")
+    metas = [(d, _read_part(d)) for d in dirs]
+    d0, m0 = metas[0]
+    n = m0["parts"]
+    names = {"config_sha256": "config", "shards_manifest_sha256": "shards", "meta": "records settings"}
+    for d, m in metas[1:]:
+        if m["parts"] != n:
+            raise DataError(f"{d0} is a part of {n} but {d} a part of {m['parts']}: parts of different runs")
+        for key in ("meta", "shards_manifest_sha256", "config_sha256"):
+            if m["plan"].get(key) != m0["plan"].get(key):
+                what = names[key]
+                if key == "meta" and m["plan"]["meta"].get("tokenizer_sha256") != m0["plan"]["meta"].get(
+                    "tokenizer_sha256"
+                ):
+                    what = "tokenizer"
+                raise DataError(f"{d0} and {d} differ in {what}: parts of different runs cannot be merged")
+        if set(m["sha256"]) != set(m0["sha256"]):
+            raise DataError(f"{d0} and {d} hold different record files: parts of different runs cannot be merged")
+    seen: dict[int, Path] = {}
+    for d, m in metas:
+        if m["part"] in seen:
+            raise DataError(f"part {m['part']}/{n} given twice ({seen[m['part']]} and {d})")
+        seen[m["part"]] = d
+    missing = [i for i in range(n) if i not in seen]
+    if missing:
+        raise DataError(
+            f"part {missing[0]}/{n} is missing ({len(missing)} of {n} parts missing); run "
+            f"`xlnet preprocess ... --part {missing[0]}/{n}` and merge all {n} parts"
+        )
+    metas.sort(key=lambda dm: dm[1]["part"])
+    G = int(m0["plan"]["meta"]["global_batch_size"])
+    for d, m in metas:
+        rows = part_rows(G, m["part"], n)
+        if m["rows"] != [rows.start, rows.stop]:
+            raise DataError(f"{d}/part.json holds rows {m['rows']}, not those of part {m['part']}/{n}")
+        for rel, want in m["sha256"].items():
+            p = d / rel
+            if not p.is_file():
+                raise DataError(f"{p} is missing: the part is incomplete; rerun that part")
+            if _span_sha(p, rows) != want:
+                raise DataError(f"{p} does not match its part.json (sha256 differs): corrupted; rerun that part")
+        for p, want in ((d / "config.yaml", m["plan"]["config_sha256"]),):
+            if not p.is_file() or sha256_file(p) != want:
+                raise DataError(f"{p} is missing or does not match its part.json; rerun that part")
+    return metas
+
+
+def merge_record_parts(parts: Sequence[str | Path], out_dir: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
+    """Combine the N part folders of one `xlnet preprocess --part I/N` run into the records one host would write;
+    returns meta.json's content."""
+    out = Path(out_dir)
+    dirs = [Path(p) for p in parts]
+    check_output_dir(out, overwrite, "records", dirs)
+    metas = _check_parts(dirs)
+    d0, m0 = metas[0]
+    meta = m0["plan"]["meta"]
+    G = int(meta["global_batch_size"])
+    with atomic_output_dir(out, overwrite, "records", dirs) as tmp:
+        for rel in sorted(m0["sha256"]):
+            src0 = NpyFile(d0 / rel)
+            shape, dtype = src0.shape, src0.dtype
+            src0.close()
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            create_npy(tmp / rel, shape, dtype)
+            dst = NpyFile(tmp / rel, write=True)
+            try:
+                for d, m in metas:
+                    src = NpyFile(d / rel)
+                    try:
+                        if src.shape != shape or src.dtype != dtype:
+                            raise DataError(f"{d / rel}: shape or dtype differs from {d0 / rel}; rerun that part")
+                        off, n = _row_span(src, part_rows(G, m["part"], len(metas)))
+                        while n > 0:
+                            b = os.pread(src.fd, min(n, _BLOCK), off)
+                            if not b:
+                                raise DataError(f"{d / rel} is truncated; rerun that part")
+                            os.pwrite(dst.fd, b, off - src.offset + dst.offset)
+                            off, n = off + len(b), n - len(b)
+                    finally:
+                        src.close()
+            finally:
+                dst.close()
+        meta = dict(meta)
+        meta["sha256"] = checksums(tmp)
+        shutil.copytree(d0 / "tokenizer", tmp / "tokenizer")
+        shutil.copyfile(d0 / "config.yaml", tmp / "config.yaml")
+        atomic_write_json(tmp / "meta.json", meta)
+    return meta
+
+
+__all__ = ["merge_record_parts", "part_rows", "write_part_meta"]
