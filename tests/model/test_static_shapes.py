@@ -104,3 +104,25 @@ def test_every_layer_sees_the_same_shapes_at_every_step(static):
         layer.register_forward_pre_hook(hook(f"layer{i}"), with_kwargs=True)
     _run(a, _segments(4), static=static)
     assert len(seen) == 2 and all(len(s) == (1 if static else 3) for s in seen.values()), seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("static", [True, False])
+def test_the_whole_step_compiles_once(static):
+    """torch.compile of the whole model (aot_eager: dynamo and AOTAutograd's capture, no C++ compiler) over the
+    padding, partial and full memory steps: one graph with static shapes, no graph break (without: one per shape)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    a, _ = twins(tiny_cfg(mem_len=12, dropout=0.1, dropatt=0.1))
+    c = a.config
+    step = torch.compile(a, backend="aot_eager", dynamic=False)
+    mems = Memories(12, 1, 0, torch.device("cpu"), (c.n_layer, c.d_model) if static else None)
+    for seg in _segments(4):
+        out = step(**seg, need_hidden=False, **mems.inputs(0, 2))
+        out.loss.backward()
+        mems.carry(0, out)
+    assert counters["stats"]["unique_graphs"] == (1 if static else 4) and not counters["graph_break"]
+    torch._dynamo.reset()

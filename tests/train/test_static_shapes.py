@@ -15,7 +15,14 @@ from xlnetcli.train.pretrain import pretrain
 torch.set_num_threads(1)
 
 # mem_len 24 with 16 reused tokens a step: the unpadded memory grows 0, 16, 24, 24 (padding, partial, full)
-BASE = [*FAST_PRETRAIN, "model.mem_len=24", "train.max_steps=4", "train.eval_every=0", "train.save_every=1", "train.keep_last=4"]
+BASE = [
+    *FAST_PRETRAIN,
+    "model.mem_len=24",
+    "train.max_steps=4",
+    "train.eval_every=0",
+    "train.save_every=1",
+    "train.keep_last=4",
+]
 
 
 @pytest.fixture(scope="module")

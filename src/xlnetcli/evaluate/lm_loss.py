@@ -83,9 +83,12 @@ class Memories:
 
     def carry(self, micro: int, out: Any) -> None:
         """Keep what micro-batch ``micro``'s next segment attends to."""
-        self.mems[micro] = carried_mems(self.mem_len, out)
-        if self.static is not None:
-            self.pads[micro] = getattr(out, "mem_pad", None)
+        mems = carried_mems(self.mem_len, out)
+        self.mems[micro] = mems
+        if self.static is not None and mems is not None:  # contiguous: the strides of every step too
+            self.mems[micro] = [x.contiguous() for x in mems]
+            pad = getattr(out, "mem_pad", None)
+            self.pads[micro] = None if pad is None else pad.contiguous()
 
     def _set_padded(self, micro: int, real: list, batch_size: int) -> None:
         """Left-pad the real states ``real`` (per layer [B,m,d], m <= mem_len; [] = none) to mem_len with zeros."""
@@ -93,7 +96,9 @@ class Memories:
         n_layer, d = self.static
         m = real[0].shape[1] if real else 0
         zeros = torch.zeros(batch_size, self.mem_len - m, d, device=self.device)
-        self.mems[micro] = [torch.cat([zeros.to(x.dtype), x], 1) for x in real] if real else [zeros] * n_layer
+        # one tensor per layer, never aliased: a compiled step's guards (and graph inputs) see the layout of later steps
+        padded = [torch.cat([zeros.to(x.dtype), x], 1) for x in real]
+        self.mems[micro] = padded or [zeros.clone() for _ in range(n_layer)]
         pad = torch.zeros(batch_size, self.mem_len, dtype=torch.bool, device=self.device)
         pad[:, : self.mem_len - m] = True
         self.pads[micro] = pad
