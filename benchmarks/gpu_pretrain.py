@@ -5,10 +5,13 @@
     python benchmarks/gpu_pretrain.py --smoke               # CPU smoke run (tiny sizes, 2 steps): checks the script
     TRITON_INTERPRET=1 python benchmarks/gpu_pretrain.py --smoke --rows base:2:triton   # the Triton kernel on CPU
 
-A row is SIZE:MICRO:IMPL[:compile][:ac][:dropatt0][:det][:cudnn]: size base or large (configs/*.yaml: seq 512,
-mem_len 384, reuse_len 256, 85 targets, bi_data on, dropout 0.1, dropatt 0.1), micro-batch, attention kernel
-(model/kernels.py), then per-layer torch.compile, activation checkpointing, attention dropout off, deterministic
-algorithms (torch.use_deterministic_algorithms, as train.deterministic), SDPA restricted to cuDNN's kernel. --hf adds
+A row is SIZE:MICRO:IMPL[:compile][:ac][:dropatt0][:det][:cudnn][:static][:graphs]: size base or large
+(configs/*.yaml: seq 512, mem_len 384, reuse_len 256, 85 targets, bi_data on, dropout 0.1, dropatt 0.1), micro-batch,
+attention kernel (model/kernels.py), then per-layer torch.compile, activation checkpointing, attention dropout off,
+deterministic algorithms (torch.use_deterministic_algorithms, as train.deterministic), SDPA restricted to cuDNN's
+kernel, static shapes (train.static_shapes: the memory padded to mem_len from the first step, its padding masked;
+evaluate/lm_loss.Memories), and CUDA graphs: the whole model compiled with ``torch.compile(mode="reduce-overhead",
+dynamic=False)`` (implies static; each step's memory is cloned out of the graph's output buffers). --hf adds
 transformers' model for each (size, micro) pair: the same config (hf.to_hf_config with the pretraining layout), the
 same batch (perm_mask, target_mapping, segments), the same memory length (both carry memories across steps), the same
 loss, the same fused AdamW and clipping.
@@ -39,7 +42,8 @@ DEFAULT_ROWS = (
     "base:16:einsum:compile,base:16:einsum:compile:det,base:16:einsum:compile:dropatt0,"
     "base:8:einsum:compile,base:32:einsum:compile,base:16:sdpa,base:16:sdpa:det,"
     "large:8:einsum:compile,large:8:einsum:compile:ac,large:16:einsum:compile:ac,"
-    "base:16:triton,base:16:triton:compile,large:8:triton:compile"  # issue 23's fused kernel: not yet measured
+    "base:16:triton,base:16:triton:compile,large:8:triton:compile,"  # issue 23's fused kernel: not yet measured
+    "base:16:einsum:static:graphs,base:8:einsum:static:graphs"  # issue 23's static shapes + graphs: not yet measured
 )
 SIZES = {"base": "configs/base.yaml", "large": "configs/large.yaml", "tiny": "configs/tiny.yaml"}
 
@@ -65,30 +69,39 @@ def to_device(batch: dict, dev) -> dict:
     return {k: v.to(dev) for k, v in batch.items()}
 
 
-def build_ours(m, compile_: bool, ac: bool, dev):
+def build_ours(m, opts: set, dev):
+    """Our model and its loss function (memories carried across calls); ``opts`` the row's options."""
+    from xlnetcli.evaluate.lm_loss import Memories
     from xlnetcli.model import XLNetLMHeadModel
     from xlnetcli.model.parallel import apply_activation_checkpointing, compile_layers
 
     torch.manual_seed(0)
     model = XLNetLMHeadModel(m).to(dev).train()
-    if ac:
+    if "ac" in opts:
         apply_activation_checkpointing(model)
-    if compile_:
+    if "compile" in opts:
         compile_layers(model)
-    mems = None
+    graphs = "graphs" in opts
+    step_model = torch.compile(model, mode="reduce-overhead", dynamic=False) if graphs else model
+    static = (m.n_layer, m.d_model) if graphs or "static" in opts else None
+    mems = Memories(m.mem_len, 1, 0, dev, static)
 
     def loss_fn(b):
-        nonlocal mems
-        out = model(
+        if graphs:  # a new step: the graphs' output buffers of the last one may be reused
+            torch.compiler.cudagraph_mark_step_begin()
+        out = step_model(
             b["input_ids"],
             token_type_ids=b["token_type_ids"],
             perm_mask=b["perm_mask"],
             target_index=b["target_index"],
-            mems=mems,
             labels=b["labels"],
             need_hidden=False,
+            **mems.inputs(0, b["input_ids"].shape[0]),
         )
-        mems = out.mems
+        if graphs:  # outputs of a CUDA graph live in its pool, overwritten by the next replay: keep copies
+            out.mems = [x.clone() for x in out.mems]
+            out.mem_pad = None if out.mem_pad is None else out.mem_pad.clone()
+        mems.carry(0, out)
         return out.loss
 
     return model, loss_fn
@@ -228,7 +241,7 @@ def run_row(row: str, args, dev, peak_tflops, results: list, done_hf: set) -> No
         torch.cuda.empty_cache() if dev.type == "cuda" else None
         try:
             if engine == "ours":
-                model, loss_fn = build_ours(m, "compile" in opts, "ac" in opts, dev)
+                model, loss_fn = build_ours(m, opts, dev)
             else:
                 model, loss_fn = build_hf(m, dev)
             prev = torch.are_deterministic_algorithms_enabled()
@@ -288,7 +301,7 @@ def fmt(r: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default=DEFAULT_ROWS, help="comma-separated SIZE:MICRO:IMPL[:compile][:ac][:dropatt0]")
+    ap.add_argument("--rows", default=DEFAULT_ROWS, help="comma-separated SIZE:MICRO:IMPL[:compile][:ac][:static]...")
     ap.add_argument("--hf", action="store_true", help="also time transformers' XLNetLMHeadModel on each batch")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)

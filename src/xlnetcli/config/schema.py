@@ -150,6 +150,9 @@ class TrainConfig:
     clip_norm: float = ranged(1.0, "[0, inf)")  # global gradient-norm clip (0 = off)
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"  # autocast dtype; fp16 uses a grad scaler
     compile: bool = False  # torch.compile the model
+    # pretraining memory padded to model.mem_len from the first step, padding masked: the same maths, every step the
+    # same shapes (CUDA graphs / torch.compile mode="reduce-overhead" capture one step)
+    static_shapes: bool = False
     activation_checkpointing: bool = False  # recompute each layer in backward to save memory
     deterministic: bool = True  # deterministic GPU kernels: bit-identical runs and resumes (cost: BENCHMARKS.md)
     peak_tflops: float = ranged(0.0, "[0, inf)")  # device bf16 peak for the logged MFU; 0 = from the GPU's name

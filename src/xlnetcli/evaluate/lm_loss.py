@@ -55,33 +55,83 @@ def carried_mems(mem_len: int, out: Any) -> list | None:
 class Memories:
     """Transformer-XL memory of each micro-batch index ``a`` of this rank: the hidden states of the previous segment
     of the same rows, carried from step to step (the segment-level recurrence of the paper's §2.4). In a checkpoint
-    they are keyed by the global micro-batch index ``rank * accumulation + a`` and stored on the CPU."""
+    they are keyed by the global micro-batch index ``rank * accumulation + a`` and stored on the CPU.
 
-    def __init__(self, mem_len: int, accumulation: int, rank: int, device: torch.device) -> None:
+    ``static`` = (n_layer, d_model) keeps static shapes (train.static_shapes): the memory is always ``mem_len`` long,
+    left-padded with zeros from the first step and its padding columns masked (``mem_pad``), so every step has the
+    same shapes and can be captured once (CUDA graphs). A checkpoint holds only the real states, as without it."""
+
+    def __init__(
+        self, mem_len: int, accumulation: int, rank: int, device: torch.device, static: tuple[int, int] | None = None
+    ) -> None:
         self.mem_len, self.device, self.first = mem_len, device, rank * accumulation
+        self.static = static if mem_len > 0 else None
         self.mems: list[list | None] = [None] * accumulation
+        self.pads: list[torch.Tensor | None] = [None] * accumulation
 
     def __getitem__(self, micro: int) -> list | None:
         return self.mems[micro]
 
+    def inputs(self, micro: int, batch_size: int) -> dict:
+        """The model's memory arguments for micro-batch ``micro``: {"mems"}, plus {"mem_pad"} with static shapes (an
+        all-padding memory of ``mem_len`` on the first step)."""
+        if self.static is None:
+            return {"mems": self.mems[micro]}
+        if self.mems[micro] is None:
+            self._set_padded(micro, [], batch_size)
+        return {"mems": self.mems[micro], "mem_pad": self.pads[micro]}
+
     def carry(self, micro: int, out: Any) -> None:
         """Keep what micro-batch ``micro``'s next segment attends to."""
-        self.mems[micro] = carried_mems(self.mem_len, out)
+        mems = carried_mems(self.mem_len, out)
+        self.mems[micro] = mems
+        if self.static is not None and mems is not None:  # contiguous: the strides of every step too
+            self.mems[micro] = [x.contiguous() for x in mems]
+            pad = getattr(out, "mem_pad", None)
+            self.pads[micro] = None if pad is None else pad.contiguous()
+
+    def _set_padded(self, micro: int, real: list, batch_size: int) -> None:
+        """Left-pad the real states ``real`` (per layer [B,m,d], m <= mem_len; [] = none) to mem_len with zeros."""
+        assert self.static is not None
+        n_layer, d = self.static
+        m = real[0].shape[1] if real else 0
+        zeros = torch.zeros(batch_size, self.mem_len - m, d, device=self.device)
+        # one tensor per layer, never aliased: a compiled step's guards (and graph inputs) see the layout of later steps
+        padded = [torch.cat([zeros.to(x.dtype), x], 1) for x in real]
+        self.mems[micro] = padded or [zeros.clone() for _ in range(n_layer)]
+        pad = torch.zeros(batch_size, self.mem_len, dtype=torch.bool, device=self.device)
+        pad[:, : self.mem_len - m] = True
+        self.pads[micro] = pad
+
+    def _real(self, micro: int) -> list | None:
+        """The real (unpadded) states of micro-batch ``micro``: every row has the same padding (all rows start
+        together), so the real states are the last columns."""
+        m, pad = self.mems[micro], self.pads[micro]
+        if m is None or pad is None:
+            return m
+        n = self.mem_len - int(pad[0].sum())
+        return [x[:, x.shape[1] - n :] for x in m] if n else None
 
     def state_dict(self) -> dict:
         return {
-            self.first + a: None if m is None else [x.detach().to("cpu") for x in m] for a, m in enumerate(self.mems)
+            self.first + a: None if (m := self._real(a)) is None else [x.detach().to("cpu") for x in m]
+            for a in range(len(self.mems))
         }
 
     def load_state_dict(self, state: dict) -> None:
         for a in range(len(self.mems)):
             m = state.get(self.first + a)
-            self.mems[a] = None if m is None else [x.to(self.device) for x in m]
+            real = None if m is None else [x.to(self.device) for x in m]
+            self.mems[a], self.pads[a] = real, None
+            if real is not None and self.static is not None:
+                self._set_padded(a, real, real[0].shape[0])
 
 
-def forward(model: torch.nn.Module, inputs: dict, mems: list | None) -> Any:
+def forward(model: torch.nn.Module, inputs: dict, mems: list | None, mem_pad: torch.Tensor | None = None) -> Any:
     # The PLM loss reads only the query stream: the last layer's content stream is skipped.
-    return model(**inputs, mems=mems, need_hidden=False)
+    if mem_pad is None:
+        return model(**inputs, mems=mems, need_hidden=False)
+    return model(**inputs, mems=mems, mem_pad=mem_pad, need_hidden=False)
 
 
 @torch.no_grad()

@@ -56,6 +56,7 @@ class XLNetOutput:
     hidden: torch.Tensor | None  # [B,L,d] content stream (after the final dropout); None with content_output=False
     query: torch.Tensor | None  # [B,P,d] query stream, or None without targets
     mems: list[torch.Tensor] | None  # per layer [B,M',d], detached
+    mem_pad: torch.Tensor | None = None  # [B,M'] padding columns of the next memory (given a padded memory)
 
 
 @dataclass
@@ -65,6 +66,7 @@ class LMOutput:
     mems: list[torch.Tensor] | None
     hidden: torch.Tensor | None  # None with need_hidden=False
     query: torch.Tensor | None = None
+    mem_pad: torch.Tensor | None = None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -195,11 +197,14 @@ class XLNetModel(nn.Module):
         return_mems: bool = True,
         bi_data: bool | None = None,
         content_output: bool = True,
+        mem_pad: torch.Tensor | None = None,
     ) -> XLNetOutput:
         """``perm_mask`` [B,L,L] (1 = row i may not see token j), ``target_index`` [B,P] or ``target_mapping``
         [B,P,L], ``mems`` per layer [B,M,d]. ``content_output=False`` (with targets): the last layer computes only
         the P query-stream rows, since a PLM loss needs nothing else; ``hidden`` is then None (query, mems and all
-        gradients are unchanged).
+        gradients are unchanged). ``mem_pad`` [B,M] bool (True = padding) marks memory columns that hold no state:
+        masked for every row, so a memory padded on the left to a fixed length (static shapes, train.static_shapes)
+        computes what the unpadded one does; ``XLNetOutput.mem_pad`` is then the next memory's padding.
 
         It stays whole: its steps are already the methods below, in the paper's order, and what is left is the
         two-stream layer loop, which reads top to bottom beside the tensors (x, mems, layout) it threads through."""
@@ -213,7 +218,7 @@ class XLNetModel(nn.Module):
         P = 0 if target_index is None else target_index.shape[1]
         rows = self._stacked_rows(target_index, B, L, input_ids.device)
         impl = resolve_impl(cfg.attn_impl, input_ids.device)
-        mask = self._two_stream_mask(attention_mask, perm_mask, rows, L, M)
+        mask = self._two_stream_mask(attention_mask, perm_mask, rows, L, M, mem_pad)
         layout = AttnLayout(
             L,
             rows,
@@ -248,19 +253,20 @@ class XLNetModel(nn.Module):
             else:
                 x = layer(x, mem, pos_emb, layout, biases, cfg.attn_impl, valid_rows)
         x = drop(x, cfg.dropout, self.training)
+        pad = None if mem_pad is None or new_mems is None else self._cache_pad(mem_pad, L)
         if query_only:
-            return XLNetOutput(hidden=None, query=x, mems=new_mems)
-        return XLNetOutput(hidden=x[:, :L], query=x[:, L:] if P else None, mems=new_mems)
+            return XLNetOutput(hidden=None, query=x, mems=new_mems, mem_pad=pad)
+        return XLNetOutput(hidden=x[:, :L], query=x[:, L:] if P else None, mems=new_mems, mem_pad=pad)
 
     # -- the steps of the forward pass, in the order the paper introduces them -----------------------------------
 
     @staticmethod
-    def _two_stream_mask(attention_mask, perm_mask, rows, L: int, M: int):
+    def _two_stream_mask(attention_mask, perm_mask, rows, L: int, M: int, mem_pad=None):
         """§2.2-2.3 factorisation order and two-stream masks: [B,1,N,K] bool, True = cannot attend (None when
         nothing is masked). Row i sees token j only if j comes before i's position in the factorisation order
         (perm_mask) and is not padding; a content row also sees itself, a query row takes perm_mask's row as is;
-        memory columns are visible to all."""
-        if attention_mask is None and perm_mask is None:
+        memory columns are visible to all but the padding ones (``mem_pad`` [B,M])."""
+        if attention_mask is None and perm_mask is None and mem_pad is None:
             return None
         B, N = rows.shape
         mask = torch.zeros(B, N, L, dtype=torch.bool, device=rows.device)
@@ -271,7 +277,8 @@ class XLNetModel(nn.Module):
             mask |= torch.gather(pm, 1, rows[:, :, None].expand(B, N, L)) if N > L else pm
         mask[:, :L] &= ~torch.eye(L, dtype=torch.bool, device=rows.device)
         if M:
-            mask = torch.cat([mask.new_zeros(B, N, M), mask], dim=2)
+            mem = mask.new_zeros(B, N, M) if mem_pad is None else mem_pad[:, None, :].expand(B, N, M)
+            mask = torch.cat([mem, mask], dim=2)
         return mask[:, None]
 
     def _two_streams(self, input_ids, P: int, drop):
@@ -356,6 +363,14 @@ class XLNetModel(nn.Module):
             new = new[:, -cfg.mem_len :]
         return new.detach()
 
+    def _cache_pad(self, mem_pad: torch.Tensor, L: int) -> torch.Tensor:
+        """The next memory's padding columns, [B,M']: ``mem_pad`` followed by the states this segment adds (real),
+        cut as ``_cache_mem`` cuts the states (a left-padded memory of mem_len stays mem_len, its padding shrinks)."""
+        cfg = self.config
+        n = cfg.reuse_len if 0 < cfg.reuse_len < L else L
+        new = torch.cat([mem_pad, mem_pad.new_zeros(mem_pad.shape[0], n)], dim=1)
+        return new[:, -cfg.mem_len :] if cfg.mem_len > 0 else new
+
     @staticmethod
     def _relative_segments(token_type_ids, rows, M: int):
         """§2.5 relative segment encoding: [B,1,N,K] whether row i and key j are in the same segment (memory counts
@@ -396,15 +411,17 @@ class XLNetLMHeadModel(nn.Module):
         label_mask=None,
         bi_data=None,
         need_hidden: bool = True,
+        mem_pad=None,
     ) -> LMOutput:
         """``need_hidden=False``: skip the content stream of the last layer (the PLM loss only needs the query
         stream); ``hidden`` is then None, everything else is unchanged. Pretraining should pass it (``mlm`` ignores
         it: its targets are read from the content stream). ``labels`` [B,P] (-100 = ignored) give ``loss``, the
-        mean cross entropy, weighted by ``label_mask`` [B,P] when given."""
+        mean cross entropy, weighted by ``label_mask`` [B,P] when given. ``mem_pad``: XLNetModel.forward's."""
         if self.config.objective == "mlm" and (target_index is not None or target_mapping is not None):
             out = self.transformer(
-                input_ids, token_type_ids, attention_mask, perm_mask, None, None, mems, return_mems, bi_data
-            )
+                input_ids, token_type_ids, attention_mask, perm_mask, None, None, mems, return_mems, bi_data,
+                mem_pad=mem_pad,
+            )  # fmt: skip
             x = _content_rows(out.hidden, target_index, target_mapping)
         else:
             out = self.transformer(
@@ -418,12 +435,15 @@ class XLNetLMHeadModel(nn.Module):
                 return_mems,
                 bi_data,
                 content_output=need_hidden,
+                mem_pad=mem_pad,
             )
             x = out.query if out.query is not None else out.hidden
         # the fused head + loss unless the plain kernels were named (it keeps no [n,V] softmax for backward)
         fused = self.config.attn_impl not in ("einsum", "sdpa")
         logits, loss = lm_head(x, self.transformer.word_embedding.weight, self.lm_bias, labels, label_mask, fused)
-        return LMOutput(logits=logits, loss=loss, mems=out.mems, hidden=out.hidden, query=out.query)
+        return LMOutput(
+            logits=logits, loss=loss, mems=out.mems, hidden=out.hidden, query=out.query, mem_pad=out.mem_pad
+        )
 
 
 def _content_rows(

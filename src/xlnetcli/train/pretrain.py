@@ -77,6 +77,7 @@ RESUME_MUTABLE = {
     "train.keep_last",
     "train.log_every",
     "train.compile",
+    "train.static_shapes",
     "train.activation_checkpointing",
     "train.distributed",
     "train.deterministic",
@@ -206,7 +207,8 @@ class PretrainRecipe:
             dense=False,
             objective=cfg.model.objective,
         )
-        self.mems = Memories(cfg.model.mem_len, accum, env.rank, env.device)
+        static = (cfg.model.n_layer, cfg.model.d_model) if t.static_shapes else None
+        self.mems = Memories(cfg.model.mem_len, accum, env.rank, env.device, static)
         self.keep_last = t.keep_last
         self._it: Any = None
         self.probe_rows: tuple | None = None  # (train, valid) rows of train.probe_file, probed every probe_every
@@ -230,7 +232,7 @@ class PretrainRecipe:
         return _model_inputs(batch, self.env.device)
 
     def loss(self, model: torch.nn.Module, batch: dict, micro: int) -> torch.Tensor:
-        out = _forward(model, batch, self.mems[micro])
+        out = _forward(model, batch, **self.mems.inputs(micro, batch["input_ids"].shape[0]))
         self.mems.carry(micro, out)
         return out.loss
 
