@@ -22,6 +22,7 @@ from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_outp
 from xlnetcli.core.shapes import read_json_object
 from xlnetcli.data.record_format import checksums, create_npy
 from xlnetcli.data.shard_format import NpyFile
+from xlnetcli.data.shard_parts import each_part_once
 
 PART_KIND = "xlnet-records-part"
 PART_FORMAT_VERSION = 1
@@ -116,18 +117,7 @@ def _check_parts(dirs: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
                 raise DataError(f"{d0} and {d} differ in {what}: parts of different runs cannot be merged")
         if set(m["sha256"]) != set(m0["sha256"]):
             raise DataError(f"{d0} and {d} hold different record files: parts of different runs cannot be merged")
-    seen: dict[int, Path] = {}
-    for d, m in metas:
-        if m["part"] in seen:
-            raise DataError(f"part {m['part']}/{n} given twice ({seen[m['part']]} and {d})")
-        seen[m["part"]] = d
-    missing = [i for i in range(n) if i not in seen]
-    if missing:
-        raise DataError(
-            f"part {missing[0]}/{n} is missing ({len(missing)} of {n} parts missing); run "
-            f"`xlnet preprocess ... --part {missing[0]}/{n}` and merge all {n} parts"
-        )
-    metas.sort(key=lambda dm: dm[1]["part"])
+    metas = each_part_once(metas, n, "preprocess")
     G = int(m0["plan"]["meta"]["global_batch_size"])
     for d, m in metas:
         rows = part_rows(G, m["part"], n)

@@ -82,6 +82,23 @@ def parse_part(text: str) -> tuple[int, int]:
     return i, n
 
 
+def each_part_once(metas: list[tuple[Path, dict]], n: int, command: str) -> list[tuple[Path, dict]]:
+    """The (folder, part.json) of the N parts of one run sorted by index; DataError naming a part given twice or the
+    first one missing (and the `xlnet COMMAND --part` that makes it)."""
+    seen: dict[int, Path] = {}
+    for d, m in metas:
+        if m["part"] in seen:
+            raise DataError(f"part {m['part']}/{n} given twice ({seen[m['part']]} and {d})")
+        seen[m["part"]] = d
+    missing = [i for i in range(n) if i not in seen]
+    if missing:
+        raise DataError(
+            f"part {missing[0]}/{n} is missing ({len(missing)} of {n} parts missing); run "
+            f"`xlnet {command} ... --part {missing[0]}/{n}` and merge all {n} parts"
+        )
+    return sorted(metas, key=lambda dm: dm[1]["part"])
+
+
 def plan_parts(sizes: Sequence[int], parts: int) -> list[int]:
     """The part of each input file: whole files, largest first, each to the part with the fewest bytes so far (then
     the fewest files, then the lowest index). Depends only on the sizes and ``parts``: every part computes the same."""
@@ -273,18 +290,7 @@ def _check_parts(dirs: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
                 raise DataError(f"{d0} and {d} differ in {what}: parts of different runs cannot be merged")
         if set(m["plan"]) != set(m0["plan"]):
             raise DataError(f"{d0} and {d} differ in their plan: parts of different runs cannot be merged")
-    seen: dict[int, Path] = {}
-    for d, m in metas:
-        if m["part"] in seen:
-            raise DataError(f"part {m['part']}/{n} given twice ({seen[m['part']]} and {d})")
-        seen[m["part"]] = d
-    missing = [i for i in range(n) if i not in seen]
-    if missing:
-        raise DataError(
-            f"part {missing[0]}/{n} is missing ({len(missing)} of {n} parts missing); run "
-            f"`xlnet shard ... --part {missing[0]}/{n}` and merge all {n} parts"
-        )
-    metas.sort(key=lambda dm: dm[1]["part"])
+    metas = each_part_once(metas, n, "shard")
     n_files = len(m0["plan"].get("sizes", []))
     owner = plan_parts(m0["plan"]["sizes"], n)
     for d, m in metas:
