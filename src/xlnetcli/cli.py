@@ -590,43 +590,21 @@ def shard_cmd(
 
     if valid_inputs and click.get_current_context().params["valid_fraction"] is not None:
         raise XLNetError("pass either --valid-fraction or --valid FILE, not both")
+    args = (cfg, inputs_or_bundled(inputs), out_dir, find_tokenizer(tok_path))
+    kw: dict[str, Any] = {"shards": shards, "workers": workers, "valid_inputs": valid_inputs, "overwrite": overwrite}
     if part is not None:
         from xlnetcli.data.shard_parts import parse_part, shard_part
 
         index, n_parts = parse_part(part)
-        meta = shard_part(
-            cfg,
-            inputs_or_bundled(inputs),
-            out_dir,
-            find_tokenizer(tok_path),
-            (index, n_parts),
-            shards=shards,
-            workers=workers,
-            valid_inputs=valid_inputs,
-            overwrite=overwrite,
-            quiet=quiet,
-            text_field=text_field,
-        )
+        files = shard_part(*args, (index, n_parts), **kw, quiet=quiet, text_field=text_field)["files"]
         if not quiet:
-            files = meta["files"]
             console.print(
                 f"wrote part {index}/{n_parts} ({len(files)} file(s), {sum(f['documents'] for f in files):,} docs, "
                 f"{sum(f['tokens'] for f in files):,} tokens) to {out_dir}; combine all {n_parts} parts with "
                 f"`xlnet shard merge PARTS... --out DIR`"
             )
         return
-    s = shard_corpus(
-        cfg,
-        inputs_or_bundled(inputs),
-        out_dir,
-        find_tokenizer(tok_path),
-        shards=shards,
-        workers=workers,
-        valid_inputs=valid_inputs,
-        overwrite=overwrite,
-        quiet=quiet,
-        text_field=text_field,
-    )
+    s = shard_corpus(*args, **kw, quiet=quiet, text_field=text_field)
     if not quiet:
         console.print(
             f"wrote {shards} train shard(s) ({s.tokens['train']:,} tokens, {s.documents['train']:,} docs) "
@@ -1007,20 +985,16 @@ def preprocess_cmd(
     """Build permutation-LM records (examples, segment ids, prediction targets) from shards."""
     from xlnetcli.core.console import print0
     from xlnetcli.data.preprocess import preprocess
+    from xlnetcli.data.shard_parts import parse_part
 
-    if part is not None:
-        from xlnetcli.data.shard_parts import parse_part
-
-        index, n_parts = parse_part(part)
-        pm = preprocess(
-            cfg, shards, out, overwrite=overwrite, workers=workers, verify=not no_verify, part=(index, n_parts)
-        )
+    which = parse_part(part) if part is not None else None
+    meta = preprocess(cfg, shards, out, overwrite=overwrite, workers=workers, verify=not no_verify, part=which)
+    if which is not None:
         print0(
-            f"wrote part {index}/{n_parts} (rows {pm['rows'][0]}..{pm['rows'][1] - 1}) to {out}; combine all "
-            f"{n_parts} parts with `xlnet preprocess merge PARTS... --out DIR`"
+            f"wrote part {which[0]}/{which[1]} (rows {meta['rows'][0]}..{meta['rows'][1] - 1}) to {out}; combine all "
+            f"{which[1]} parts with `xlnet preprocess merge PARTS... --out DIR`"
         )
         return
-    meta = preprocess(cfg, shards, out, overwrite=overwrite, workers=workers, verify=not no_verify)
     tr = meta["splits"]["train"]
     print0(
         f"wrote {out}: {tr['examples']} training examples ({tr['passes']} pass(es) x {tr['steps_per_pass']} steps "
