@@ -366,6 +366,32 @@ def _chunk_stream(
             yield text, is_valid
 
 
+def prepare_inputs(
+    cfg: Config,
+    inputs: Iterable[str | os.PathLike[str]],
+    valid_inputs: Iterable[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    tokenizer: str | os.PathLike[str] | Tokenizer,
+    overwrite: bool,
+    what: str = "shards",
+) -> tuple[Config, Path, Tokenizer, list[Source], list[Source]]:
+    """Checks and inputs of a sharding run (whole or a part): (cfg, the output folder, the tokenizer, train files,
+    valid files); with --valid files, valid_fraction is 0 (they are the validation split)."""
+    out = Path(out_dir)
+    check_output_dir(out, overwrite, what)
+    tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tokenizer)
+    tok_path = None if isinstance(tokenizer, Tokenizer) else Path(tokenizer)
+    train_files, valid_files = _input_files(inputs, valid_inputs, out, tok_path)
+    if valid_files:
+        cfg = replace(cfg, data={"valid_fraction": 0.0})
+    return cfg, out, tok, train_files, valid_files
+
+
+def token_dtype(tok: Tokenizer) -> np.dtype:
+    """uint16 ids when the vocabulary fits, else uint32."""
+    return np.dtype(np.uint16) if tok.vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
 def shard_corpus(
     cfg: Config,
     inputs: Iterable[str | os.PathLike[str]],
@@ -386,15 +412,9 @@ def shard_corpus(
     the validation split instead), chosen by ``cfg.data.seed``; ``cfg`` is saved as config.yaml. Inputs may be text,
     JSONL, Parquet or datasets folders (data/corpus.py); ``text_field`` names their text field."""
     _check_counts(shards, workers)
-    out = Path(out_dir)
-    check_output_dir(out, overwrite, "shards")
-    tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tokenizer)
-    tok_path = None if isinstance(tokenizer, Tokenizer) else Path(tokenizer)
-    train_files, valid_files = _input_files(inputs, valid_inputs, out, tok_path)
-    if valid_files:
-        cfg = replace(cfg, data={"valid_fraction": 0.0})
+    cfg, out, tok, train_files, valid_files = prepare_inputs(cfg, inputs, valid_inputs, out_dir, tokenizer, overwrite)
     all_files = [(p, False) for p in train_files] + [(p, True) for p in valid_files]
-    dtype = np.dtype(np.uint16) if tok.vocab_size <= 1 << 16 else np.dtype(np.uint32)
+    dtype = token_dtype(tok)
     nbytes = total_size(p for p, _ in all_files)
     stats = ReadStats()
     t0 = time.perf_counter()

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from xlnetcli.config import Config, replace, save_config
+from xlnetcli.config import Config, save_config
 from xlnetcli.core.console import byte_progress, console
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_dir, sha256_file
@@ -53,10 +53,11 @@ from xlnetcli.data.shard import (
     _check_counts,
     _check_split,
     _encode_in_order,
-    _input_files,
     _Shard,
     _summary,
     _write_errors,
+    prepare_inputs,
+    token_dtype,
     write_manifest,
 )
 from xlnetcli.data.shard_format import FORMAT_VERSION, NpyFile, NpyStreamWriter
@@ -156,18 +157,14 @@ def shard_part(
     if not 0 <= index < n_parts:
         raise XLNetError(f"--part {index}/{n_parts}: part index out of range; parts are numbered 0..{n_parts - 1}")
     _check_counts(shards, workers)
-    out = Path(out_dir)
-    check_output_dir(out, overwrite, "a shard part")
-    tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tokenizer)
-    tok_path = None if isinstance(tokenizer, Tokenizer) else Path(tokenizer)
-    train_files, valid_files = _input_files(inputs, valid_inputs, out, tok_path)
-    if valid_files:
-        cfg = replace(cfg, data={"valid_fraction": 0.0})
+    cfg, out, tok, train_files, valid_files = prepare_inputs(
+        cfg, inputs, valid_inputs, out_dir, tokenizer, overwrite, "a shard part"
+    )
     all_files: list[tuple[Source, bool]] = [(p, False) for p in train_files] + [(p, True) for p in valid_files]
     sizes = [total_size([p]) for p, _ in all_files]
     owner = plan_parts(sizes, n_parts)
     mine = [k for k in range(len(all_files)) if owner[k] == index]
-    dtype = np.dtype(np.uint16) if tok.vocab_size <= 1 << 16 else np.dtype(np.uint32)
+    dtype = token_dtype(tok)
     stats = ReadStats()
     with (
         _write_errors(out),
