@@ -87,14 +87,27 @@ def _assert_same_run(run: Path, ref: Path, tol: float = 1e-5) -> list[float]:
     return [abs(b - a) / abs(a) for (_, a), (_, b) in zip(la, lb, strict=True)]
 
 
-@pytest.mark.slow
-def test_two_processes_resume_on_one_and_one_on_two(records, tmp_path, capsys):
-    """1 process uninterrupted for K steps; (2 processes to K, resumed from step SPLIT on 1) and (1 process, resumed
-    from step SPLIT on 2): the same losses, evaluations, weights and memories, all three."""
-    cfg_file = write_config(tmp_path / "cfg.yaml", RUN)
-    ref = tmp_path / "one"
-    pretrain(load_config(cfg_file), records, ref, quiet=True)  # micro 2 x accumulation 2
+@pytest.fixture(scope="module")
+def one(records, tmp_path_factory) -> tuple[Path, Path]:
+    """(config file, run folder) of the uninterrupted reference: 1 process, micro 2 x accumulation 2, K steps."""
+    root = tmp_path_factory.mktemp("elastic")
+    cfg_file = write_config(root / "cfg.yaml", RUN)
+    pretrain(load_config(cfg_file), records, root / "one", quiet=True)
+    return cfg_file, root / "one"
 
+
+def _copy_to_split(ref: Path, out: Path) -> Path:
+    """The reference run as it stood at step SPLIT (its later step folder removed), to resume from there."""
+    shutil.copytree(ref, out)
+    shutil.rmtree(out / f"step_{K:07d}")
+    return out
+
+
+@pytest.mark.slow
+def test_two_processes_resume_on_one_and_one_on_two(records, one, tmp_path, capsys):
+    """(2 processes to K, resumed from step SPLIT on 1) and (1 process, resumed from step SPLIT on 2): the
+    uninterrupted 1-process run's losses, evaluations, weights and memories."""
+    cfg_file, ref = one
     two = tmp_path / "two_then_one"
     _torchrun("--config", cfg_file, "--data", records, "--out", two)  # micro 2 x accumulation 1 on each rank
     code, out, err = run_main(capsys, "pretrain", "--data", records, "--out", two, "--resume", SPLIT, *CPU)
@@ -105,13 +118,26 @@ def test_two_processes_resume_on_one_and_one_on_two(records, tmp_path, capsys):
     assert "dropout re-seeded" in said[0]
     diffs = _assert_same_run(two, ref)
 
-    one_two = tmp_path / "one_then_two"
-    shutil.copytree(ref, one_two)
-    shutil.rmtree(one_two / f"step_{K:07d}")
+    one_two = _copy_to_split(ref, tmp_path / "one_then_two")
     _torchrun("--data", records, "--out", one_two, "--resume", SPLIT)
     diffs += _assert_same_run(one_two, ref)
     print(f"largest relative loss difference from the uninterrupted run: {max(diffs):.2e}")
     assert load_train_state(one_two / f"step_{K:07d}")["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_fsdp_checkpoint_resumes_on_one_process_and_back(records, one, tmp_path, capsys):
+    """The optimizer state of FSDP (keyed by parameter name) onto one plain process, and one process's (keyed by
+    index) onto FSDP on 2 processes: the uninterrupted run's losses, weights and memories."""
+    cfg_file, ref = one
+    fsdp = tmp_path / "fsdp_then_one"
+    _torchrun("--config", cfg_file, "--data", records, "--out", fsdp, "--set", "train.distributed=fsdp")
+    code, _, err = run_main(capsys, "pretrain", "--data", records, "--out", fsdp, "--resume", SPLIT, "--quiet", *CPU)
+    assert code == 0, err
+    _assert_same_run(fsdp, ref)
+    one_fsdp = _copy_to_split(ref, tmp_path / "one_then_fsdp")
+    _torchrun("--data", records, "--out", one_fsdp, "--resume", SPLIT, "--set", "train.distributed=fsdp")
+    _assert_same_run(one_fsdp, ref)
 
 
 @pytest.mark.slow
@@ -121,9 +147,7 @@ def test_micro_batch_size_change_on_one_process(records, tmp_path, capsys):
     cfg_file = write_config(tmp_path / "cfg.yaml", [*RUN, "train.micro_batch_size=4"])
     ref = tmp_path / "four"
     pretrain(load_config(cfg_file), records, ref, quiet=True)
-    run = tmp_path / "four_then_two"
-    shutil.copytree(ref, run)
-    shutil.rmtree(run / f"step_{K:07d}")
+    run = _copy_to_split(ref, tmp_path / "four_then_two")
     args = ("pretrain", "--data", records, "--out", run, "--resume", SPLIT, "--set", "train.micro_batch_size=2")
     code, out, err = run_main(capsys, *args, *CPU)
     assert code == 0, err

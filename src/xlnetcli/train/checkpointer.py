@@ -187,7 +187,9 @@ class ModelState:
 
 
 class OptimizerState:
-    """The optimizer's state; under FSDP the full (unsharded) one, gathered on save and scattered on load."""
+    """The optimizer's state; under FSDP the full (unsharded) one, gathered on save and scattered on load. A plain or
+    DDP run keys it by parameter index, an FSDP run by parameter name (torch.distributed.checkpoint): either loads into
+    either, so a run resumes on any number of processes and under either wrapper."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
@@ -201,10 +203,18 @@ class OptimizerState:
         )
 
     def load_state_dict(self, state: dict) -> None:
-        if not dist.is_fsdp(self.model):
+        by_name = any(isinstance(i, str) for g in state.get("param_groups", []) for i in g.get("params", []))
+        if not by_name and not dist.is_fsdp(self.model):
             self.optimizer.load_state_dict(state)
             return
         sd = _fsdp_state_dict()
+        if not by_name:  # by index, onto a sharded model: the names of the optimizer's parameters, in its order
+            groups = sd.get_optimizer_state_dict(self.model, self.optimizer)["param_groups"]
+            names = [n for g in groups for n in g["params"]]
+            state = {
+                "state": {names[i]: v for i, v in state["state"].items()},
+                "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]],
+            }
         sd.set_optimizer_state_dict(
             self.model, self.optimizer, state, options=sd.StateDictOptions(full_state_dict=True)
         )
