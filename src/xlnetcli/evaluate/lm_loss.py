@@ -4,6 +4,8 @@
     inputs = model_inputs(batch, device)         # a PretrainStream micro-batch on the device (perm_mask built there)
     out = forward(model, inputs, mems)           # loss and new memories; the query stream only (docs/xlnet.md)
     evaluate_plm(model, stream, n_batches)       # held-out loss, perplexity and target accuracy
+    mems = Memories(mem_len, [stream.rows(a) for a in range(A)], device)  # per micro-batch; saved by records row, so
+                                                 # a run resumed on another layout takes its rows' (load_state_dicts)
 """
 
 from __future__ import annotations

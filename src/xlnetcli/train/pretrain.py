@@ -21,7 +21,8 @@ Run folder::
       metrics.jsonl          one JSON object per log line (split train / eval); TensorBoard in tensorboard/ if installed
       step_0000200/          a checkpoint (written to a temporary folder, fsynced, renamed; the last K are kept)
         model.safetensors config.yaml tokenizer/ meta.json
-        train_state.safetensors       optimizer, grad scaler, step, RNG states, data cursors and memories of every rank
+        train_state.safetensors       optimizer, grad scaler, step, RNG states, data cursors and memories (by records
+                                      row) of every rank
 
 The recipe's stateful objects are its records stream (``data``: the cursor) and its ``Memories`` (``mems``), both of
 each rank; the engine checkpoints them with everything else it keeps (train/checkpointer.py).
