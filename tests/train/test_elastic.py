@@ -158,6 +158,25 @@ def test_micro_batch_size_change_on_one_process(records, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_a_layout_change_reseeds_dropout_deterministically(records, tmp_path, capsys):
+    """Dropout on: each process's generators cannot follow a layout change, so they are re-seeded from (train.seed,
+    step, rank): two such resumes are the same run, which is not the uninterrupted one."""
+    over = [*RUN, "model.dropout=0.1", "model.dropatt=0.1", "train.micro_batch_size=4", "train.eval_every=0"]
+    cfg_file = write_config(tmp_path / "cfg.yaml", over)
+    ref = tmp_path / "ref"
+    pretrain(load_config(cfg_file), records, ref, quiet=True)
+    resumed = []
+    for name in ("a", "b"):
+        run = _copy_to_split(ref, tmp_path / name)
+        args = ("pretrain", "--data", records, "--out", run, "--resume", SPLIT, "--set", "train.micro_batch_size=2")
+        code, _, err = run_main(capsys, *args, "--quiet", *CPU)
+        assert code == 0, err
+        resumed.append(train_losses(run))
+    assert resumed[0] == resumed[1]
+    assert resumed[0][:SPLIT] == train_losses(ref)[:SPLIT] and resumed[0][SPLIT:] != train_losses(ref)[SPLIT:]
+
+
+@pytest.mark.slow
 def test_what_cannot_change_is_refused_in_one_line(records, tmp_path, capsys):
     """The global batch (the records' rows) cannot change on resume: one line naming both values, nothing touched."""
     run = tmp_path / "run"
