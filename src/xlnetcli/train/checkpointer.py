@@ -226,9 +226,8 @@ class Checkpointer:
     ``states``: {name: Stateful}, the same on every rank, saved once (rank 0's): ``MODEL`` -> model.safetensors;
     the others -> train_state.safetensors, ``PROGRESS``'s keys at its top level and every other entry under its name.
     ``rank_states``: {name: Stateful} of each rank (RNG states, data cursors, memories), gathered from every rank into
-    train_state["ranks"][rank]. ``layout`` = (processes, accumulation) of this run; a checkpoint of another layout
-    is refused unless ``elastic`` (pretraining: every rank state is ``Reassignable``). So a train_state.safetensors
-    reads::
+    train_state["ranks"][rank]. A checkpoint of another layout (processes, ``accumulation``) is refused unless
+    ``elastic`` (pretraining: every rank state is then ``Reassignable``). So a train_state.safetensors reads::
 
         {format_version, step, tokens_seen, world_size, accumulation, log_window, optimizer, scaler, [task],
          ranks: [{rng, [data, mems]} for each rank]}
