@@ -9,7 +9,8 @@ Layout of the examples (the original's ``create_tfrecords``):
 - the token stream of a pass (the shards concatenated in a per-pass shuffled order, sentence ids flipped so they keep
   alternating across shard joins) is cut into contiguous rows: G = train.global_batch_size rows, or G/2 rows with
   bi_data, each then used forward and time-reversed. With bi_data, rows are grouped in blocks of
-  train.micro_batch_size (one device's batch): [mb/2 forward rows ; the same rows reversed] (``row_source``).
+  train.micro_batch_size (one device's batch): [mb/2 forward rows ; the same rows reversed] (``row_source``);
+  a trainer with another micro-batch size or number of processes pairs them again at read time (``stored_rows``).
 - row g, step s: ``inp = row[sR : sR+R]`` then an A/B split of the text after it, giving
   ``[inp | A | <sep> | B | <sep> | <cls>]`` (length L) with |A| + |B| = L - R - 3 exactly.
 - prediction targets: span masking with n ~ p(n) ∝ 1/n (n <= 5), each span inside about n*alpha/beta tokens, goal
@@ -37,7 +38,7 @@ from xlnetcli.core.console import print0, step_progress
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_not_input, sha256_file
 from xlnetcli.data.masking import MAX_GRAM, mask_draw_width, masks_from_draws, word_start_table
-from xlnetcli.data.record_format import FORMAT_VERSION, PassWriter, checksums, create_pass
+from xlnetcli.data.record_format import FORMAT_VERSION, PassWriter, checksums, create_pass, row_source
 from xlnetcli.data.record_parts import part_rows, write_part_meta
 from xlnetcli.data.segments import Row, split_block
 from xlnetcli.data.shard_format import PassStream, check_shards, split_files
@@ -131,15 +132,6 @@ class _Job:
     params: _Params
     ws_path: str
     vocab_size: int
-
-
-def row_source(g: int, bi_data: bool, mb: int) -> tuple[int, bool]:
-    """(forward row index, reversed?) of output row g. bi_data: blocks of mb = [mb/2 forward ; same reversed]."""
-    if not bi_data:
-        return g, False
-    half = mb // 2
-    block, k = divmod(g, mb)
-    return block * half + (k % half), k >= half
 
 
 def _run_job(job: _Job) -> int:

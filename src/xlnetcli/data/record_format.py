@@ -10,7 +10,7 @@ Records directory::
                          layout, ...), splits, steps per pass, file names, a sha256 per records file
     config.yaml          the resolved config (data.mask_mode and data.passes as used)
     tokenizer/           copy of the shards' tokenizer
-    train/pass_000.tokens.npy   [G, S, L] uint16|uint32  token ids of row g at step s
+    train/pass_000.tokens.npy   [G, S, L] uint16|uint32  token ids of row g at step s (bi_data: ``row_source``)
     train/pass_000.alen.npy     [G, S]    uint16         |A|  (segment ids follow: see ``segment_ids``)
     train/pass_000.label.npy    [G, S]    uint8          1 = B is A's true continuation (stored, never used)
     train/pass_000.masked.npy   [G, S, ceil(L/8)] uint8  packed bits (little endian): selected for prediction
@@ -80,6 +80,33 @@ class PassWriter:
 def checksums(records_dir: Path) -> dict[str, str]:
     """meta.json's ``sha256``: one checksum per records file, so a file damaged on disk is refused, not trained on."""
     return {f.relative_to(records_dir).as_posix(): sha256_file(f) for f in sorted(records_dir.glob("*/pass_*.npy"))}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Row layout: a stored row g is (forward row f, reversed?) by ``row_source`` under the records' micro_batch_size; a
+# reader with another micro-batch size (or number of processes) finds its rows with ``stored_rows``.
+
+
+def row_source(g: int, bi_data: bool, mb: int) -> tuple[int, bool]:
+    """(forward row index, reversed?) of output row g. bi_data: blocks of mb = [mb/2 forward ; same reversed]."""
+    if not bi_data:
+        return g, False
+    half = mb // 2
+    block, k = divmod(g, mb)
+    return block * half + (k % half), k >= half
+
+
+def stored_rows(rows: Any, bi_data: bool, mb: int, mb_records: int) -> np.ndarray:
+    """int64: the stored rows of reading rows ``rows`` of a reader whose micro-batches hold ``mb`` rows: reading row
+    g' is (f, rev) = ``row_source(g', bi_data, mb)``, stored where ``row_source`` under the records' micro-batch size
+    ``mb_records`` put (f, rev). The identity without bi_data or when ``mb == mb_records``."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if not bi_data:
+        return rows
+    half, half_rec = mb // 2, mb_records // 2
+    block, k = np.divmod(rows, mb)
+    f, rev = block * half + k % half, k >= half
+    return f // half_rec * mb_records + f % half_rec + rev * half_rec
 
 
 # ----------------------------------------------------------------------------------------------------------------
