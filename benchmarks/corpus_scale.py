@@ -275,7 +275,7 @@ def run_all(a: argparse.Namespace, work: Path, inputs: list[str], nbytes: int) -
                              "--part", f"{i}/{parts}"], pd)  # fmt: skip
             pj = json.loads((pd / "out" / "part.json").read_text())
             part_mb = sum(sizes.get(f["input"], 0) for f in pj["files"]) / MB
-            row(f"shard --part {i}/{parts}", wmax, res, part_mb, None)
+            row(f"shard --part {i}/{parts}", wmax, res, part_mb, pd / "out")
         res = run_stage(["shard", "merge", *(str(d / f"part{i}" / "out") for i in range(parts)),
                          "--out", str(d / "merged"), "--quiet"], d)  # fmt: skip
         row("shard merge", "-", res, mb, d / "merged", tokens)
@@ -287,7 +287,7 @@ def run_all(a: argparse.Namespace, work: Path, inputs: list[str], nbytes: int) -
             pd = d / f"part{i}"
             res = run_stage(["preprocess", "--shards", str(shards), "--out", str(pd / "out"), *cfg,
                              "--workers", str(wmax), "--part", f"{i}/{parts}"], pd)  # fmt: skip
-            row(f"preprocess --part {i}/{parts}", wmax, res, mb * _row_share(pd / "out", parts), None)
+            row(f"preprocess --part {i}/{parts}", wmax, res, mb * _row_share(pd / "out", parts), pd / "out")
         res = run_stage(["preprocess", "merge", *(str(d / f"part{i}" / "out") for i in range(parts)),
                          "--out", str(d / "merged")], d)  # fmt: skip
         row("preprocess merge", "-", res, mb, d / "merged", tokens * passes)
@@ -348,9 +348,9 @@ def projection(res: dict, machines: list[int]) -> list[dict]:
         p: dict = {"machines": n, "tokenize_whole_tb_h": TB_MB / tok["mb_s"] / 3600}
         for stage in ("shard", "preprocess"):
             part, merge = rate(f"{stage} --part"), rate(f"{stage} merge")
-            if part is None or merge is None:
+            if n == 1 or part is None or merge is None:  # one host (or no parts measured: linear, no merge)
                 one = max((r for r in res["rows"] if r["stage"] == stage), key=lambda r: r["workers"])
-                part, merge = one["mb_s"] * n, float("inf")  # no parts measured: linear scaling, no merge
+                part, merge = one["mb_s"], float("inf")
             p[f"{stage}_parts_h"] = TB_MB / n / part / 3600
             p[f"{stage}_merge_h"] = TB_MB / merge / 3600
         p["total_h"] = sum(v for k, v in p.items() if k.endswith("_h") and not k.startswith("tokenize"))
