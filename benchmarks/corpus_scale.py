@@ -21,7 +21,8 @@ Every stage is `python -m xlnetcli ...` in a child process (this tree's src/), w
   PSS            the peak of the sum of proportional set sizes of the child's process tree (polled, shared pages once)
   temp disk      peak disk use under the stage's folder (the output and the `.NAME.*.tmp` folder beside it, TMPDIR),
                  polled, less the finished output (allocated blocks: sparse part files count what they hold)
-  bytes/token    the output on disk (without tokenizer/ and config.yaml) per corpus token (train + valid) per pass
+  out MB         the output on disk, less the copy of the tokenizer a shard or records folder holds
+  bytes/token    that per corpus token (train + valid) per pass
 MB/s is corpus MB per wall second (a part: its share of the corpus, by the part's input bytes or rows). The 1 TB
 projection uses the per-part rates and the merges' rates: the parts run on N machines like this one at once, the
 merges on one. Temp files and stage outputs are deleted as soon as measured (only the last tokenizer and shards are
@@ -215,8 +216,9 @@ def run_all(a: argparse.Namespace, work: Path, inputs: list[str], nbytes: int) -
 
     def row(stage: str, w: int | str, res: dict, in_mb: float, output: Path | None, tokens: int = 0) -> dict:
         out_b = disk_bytes(output, skip=("tokenizer",)) if output and output.exists() else 0
+        out_all = disk_bytes(output) if output and output.exists() else 0  # with the tokenizer's copy
         r = {"stage": stage, "workers": w, "mb": in_mb, **res, "mb_s": in_mb / res["wall_s"], "output_mb": out_b / MB}
-        r["temp_mb"] = max(0.0, res["peak_disk_mb"] - r["output_mb"])
+        r["temp_mb"] = max(0.0, res["peak_disk_mb"] - out_all / MB)
         if tokens:
             r["bytes_per_token"] = out_b / tokens
         rows.append(r)
@@ -229,7 +231,7 @@ def run_all(a: argparse.Namespace, work: Path, inputs: list[str], nbytes: int) -
     for w in workers:
         d = out / f"tok_w{w}"
         res = run_stage(["tokenize", "train", *inputs, "--out", str(d / "tok"), *cfg, "--workers", str(w)], d)
-        row("tokenize train", w, res, mb, None)
+        row("tokenize train", w, res, mb, d / "tok")
         models.append(sha(d / "tok" / "spiece.model"))
         if w != workers[-1]:
             shutil.rmtree(d)
