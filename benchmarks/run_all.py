@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["shard_bench.py", "preprocess_vs_hf.py", "engine_vs_hf.py", "pretrain_tiny.py"]
+SCRIPTS = ["shard_bench.py", "preprocess_vs_hf.py", "engine_vs_hf.py", "pretrain_tiny.py", "corpus_scale.py"]
 
 if __name__ == "__main__":
     extra = sys.argv[1:]

@@ -36,15 +36,23 @@ from xlnetcli.data.corpus import ReadStats, expand_inputs, iter_lines  # noqa: E
 from xlnetcli.data.tokenizer import normalize_lines, normalize_text, train_tokenizer  # noqa: E402
 from xlnetcli.data.tokenizer import train as T  # noqa: E402
 
+MACHINE_OUTPUT = (".ps", ".eps", ".json", ".log")  # prose=True leaves these out (before .gz): not text to read
+LONG_BLOCK = 2000  # prose=True: a block of more characters (a list, a table) gives its lines, not one paragraph
 
-def paragraphs(limit: int):
-    """Real text, one paragraph per line: /usr/share/doc (sorted walk) then the bundled corpus."""
+
+def paragraphs(limit: int, documents: bool = False, prose: bool = False):
+    """Real text, one paragraph per line: /usr/share/doc (sorted walk) then the bundled corpus. ``documents``: also
+    yield "" after each file's last paragraph (a blank line: the end of a document). ``prose``: leave out PostScript,
+    JSON and logs, and give a block longer than LONG_BLOCK characters line by line (a paragraph of 1M tokens is no
+    corpus's; as it was, PostScript manuals and test logs made such paragraphs)."""
     n = 0
     docs = sorted(Path("/usr/share/doc").rglob("*"))
     for p in [*docs, ROOT / "data" / "pydocs" / "corpus.txt"]:
         if any(x in str(p).lower() for x in ("wordnet", "fortune")) or p.is_symlink() or not p.is_file():
             continue
         if p.suffix in (".html", ".png", ".js", ".css", ".svg", ".pdf", ".jpg"):
+            continue
+        if prose and Path(p.name.removesuffix(".gz")).suffix in MACHINE_OUTPUT:
             continue
         try:
             data = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
@@ -53,13 +61,18 @@ def paragraphs(limit: int):
             continue
         if "\0" in text[:65536]:
             continue
+        any_text = False
         for block in text.replace("\r", "").split("\n\n"):
-            s = " ".join(block.split())
-            if s:
-                yield s
-                n += len(s) + 1
-                if n >= limit:
-                    return
+            for part in block.split("\n") if prose and len(block) > LONG_BLOCK else (block,):
+                s = " ".join(part.split())
+                if s:
+                    yield s
+                    any_text = True
+                    n += len(s) + 1
+                    if n >= limit:
+                        return
+        if documents and any_text:
+            yield ""
 
 
 def build(work: Path, mb: float, pool_mb: float, heldout_mb: float) -> tuple[Path, Path]:
