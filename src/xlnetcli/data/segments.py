@@ -11,6 +11,8 @@ A ``Row`` is one contiguous row of a pass's token stream (shard_format.PassStrea
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from xlnetcli.data.shard_format import PassStream
@@ -22,6 +24,7 @@ class Row:
 
     def __init__(self, stream: PassStream, f: int, row_len: int, reverse: bool):
         self.stream, self.base, self.len, self.reverse = stream, f * row_len, row_len, reverse
+        self.no_boundary = _Stretches()  # long stretches found without a sentence boundary (_RowScanner)
 
     def read(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
         a, b = max(0, a), min(self.len, b)
@@ -78,33 +81,76 @@ def _boundaries(sid: np.ndarray, lo: int) -> np.ndarray:
     return np.flatnonzero(sid[1:] != sid[:-1]) + (lo + 1)
 
 
+class _Stretches:
+    """Disjoint row ranges [a, b) known to hold no sentence boundary, sorted; touching or overlapping ones merged."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def find(self, p: int) -> tuple[int, int] | None:
+        """The stretch holding position p, if any."""
+        k = bisect.bisect_right(self.starts, p) - 1
+        return (self.starts[k], self.ends[k]) if k >= 0 and p < self.ends[k] else None
+
+    def add(self, a: int, b: int) -> None:
+        lo = bisect.bisect_left(self.ends, a)  # the first stretch ending at or after a
+        hi = bisect.bisect_right(self.starts, b)  # the stretches starting at or before b
+        if lo < hi:
+            a, b = min(a, self.starts[lo]), max(b, self.ends[hi - 1])
+        self.starts[lo:hi], self.ends[lo:hi] = [a], [b]
+
+
 class _RowScanner:
-    """Finds sentence boundaries of a row, from a cached block or by reading further."""
+    """Finds sentence boundaries of a row by reading on from a position, in chunks.
+
+    A scan that crosses more than one chunk without a boundary records the stretch it crossed on the row
+    (``Row.no_boundary``), and later scans jump over it: a sentence-free line of a million tokens (a table, a
+    PostScript dump) is read once per row, not once per window that looks into it."""
 
     def __init__(self, row: Row, chunk: int):
         self.row, self.chunk = row, chunk
 
     def next_boundary(self, p: int, limit: int) -> int:
         """Smallest boundary q >= p (q <= limit - 1), else ``limit``."""
+        start = p
         while p < limit:
+            known = self.row.no_boundary.find(p)
+            if known is not None:
+                p = known[1]
+                continue
             hi = min(limit, p + self.chunk)
             _, s = self.row.read(p - 1, hi)
             bs = _boundaries(s, p - 1)
             if len(bs):
+                self._learn(start, int(bs[0]))
                 return int(bs[0])
             p = hi
+        self._learn(start, p)
         return limit
 
     def prev_boundary(self, p: int) -> int:
         """Largest boundary q <= p, else 0."""
+        end = p + 1
         while p > 0:
+            known = self.row.no_boundary.find(p)
+            if known is not None:
+                p = known[0] - 1
+                continue
             lo = max(0, p - self.chunk)
             _, s = self.row.read(lo, p + 1)
             bs = _boundaries(s, lo)
             if len(bs):
+                self._learn(int(bs[-1]) + 1, end)
                 return int(bs[-1])
             p = lo
+        self._learn(1, end)
         return 0
+
+    def _learn(self, a: int, b: int) -> None:
+        """No boundary in [a, b): worth keeping when it is longer than a chunk."""
+        if b - a > self.chunk:
+            self.row.no_boundary.add(a, b)
 
 
 _CHUNK = 128  # tokens read either side of a random B span to find its sentence boundaries (scan further if needed)
