@@ -359,12 +359,8 @@ class PretrainStream:
         p = self.passes[(step // self.steps_per_pass) % len(self.passes)]
         s = step % self.steps_per_pass
         rows = self.rows(micro)
-        g = slice(int(rows[0]), int(rows[-1]) + 1)
-        ids = np.asarray(p.tokens[g, s])
-        masked = p.masked_bool(g, s, self.meta["seq_len"])
-        b = permutation_batch(
-            ids, masked, np.asarray(p.alen[g, s]), rows, step, self.meta, self.seed, self.dense, self.objective
-        )
+        ids, masked, alen = p.examples(rows, s)  # tokens read from the shards (record_format.py)
+        b = permutation_batch(ids, masked, alen, rows, step, self.meta, self.seed, self.dense, self.objective)
         b["micro_index"] = micro
         b["step"] = step
         return b

@@ -1,27 +1,38 @@
 """The records format (`xlnet preprocess` writes it, pretrain_stream.py reads it): meta.json and one set of .npy
-files per pass.
+files per pass that reference the shards: per example only what preprocessing decided (|A|, where B starts, the
+label, the target bits); the tokens are read from the memory-mapped shards when a batch is built.
 
-    meta, passes = open_records("records/", "train")    # one PassRecords of memmaps per pass, checksums verified
-    passes[0].tokens[g, s]                               # [L] token ids of row g at step s
+    meta, passes = open_records("records/", "train")     # one PassRecords per pass, checksums verified
+    ids, masked, alen = passes[0].examples(rows, step)    # [B, L] token ids, [B, L] targets, [B] |A| of any rows
 
 Records directory::
 
     meta.json            every parameter (format_version, seq_len, reuse_len, num_predict, mask settings, batch
-                         layout, ...), splits, steps per pass, file names, a sha256 per records file
+                         layout, ...), a sha256 per records file, and the shards the records read:
+                         shards = {path (relative to this folder), absolute, manifest_sha256};
+                         splits.NAME = {rows, forward_rows, row_len, steps_per_pass, files (one prefix per pass),
+                         shards: [{file, tokens, sha256}] (the split's token files in manifest order),
+                         orders: one permutation of those per pass (the pass's token stream), ...}
     config.yaml          the resolved config (data.mask_mode and data.passes as used)
     tokenizer/           copy of the shards' tokenizer
-    train/pass_000.tokens.npy   [G, S, L] uint16|uint32  token ids of row g at step s
-    train/pass_000.alen.npy     [G, S]    uint16         |A|  (segment ids follow: see ``segment_ids``)
-    train/pass_000.label.npy    [G, S]    uint8          1 = B is A's true continuation (stored, never used)
-    train/pass_000.masked.npy   [G, S, ceil(L/8)] uint8  packed bits (little endian): selected for prediction
+    train/pass_000.alen.npy     [G, S]    uint16          |A|  (segment ids follow: see ``segment_ids``)
+    train/pass_000.bstart.npy   [G, S]    uint32|uint64   row position where B starts
+    train/pass_000.label.npy    [G, S]    uint8           1 = B is A's true continuation (stored, never used)
+    train/pass_000.masked.npy   [G, S, ceil(L/8)] uint8   packed bits (little endian): selected for prediction
     valid/...
 
-An example is ``[inp | A | <sep> | B | <sep> | <cls>]`` (docs/xlnet.md §3); nothing L x L is stored: the
+An example is ``[inp | A | <sep> | B | <sep> | <cls>]`` (docs/xlnet.md §3). A pass's token stream is the split's
+token files concatenated in the pass's order, cut into ``forward_rows`` rows of ``row_len`` tokens; stored row g
+reads forward row f (``row_sources``), forward or time-reversed (bi_data). Example (g, s) is, in row positions
+(i = s * reuse_len, la = |A|): ``row[i : i + R + la]``, <sep>, ``row[bstart : bstart + L - R - 3 - la]``, <sep>,
+<cls> (segments.split_block). That is about 7 + L/8 bytes per example, under one byte per corpus token per pass
+(the tokens themselves were 2-4 bytes x L per example, about 4 copies of the corpus). Nothing L x L is stored: the
 factorisation order is sampled online by pretrain_stream.py each time an example is read.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,10 +42,47 @@ import numpy as np
 from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import sha256_file
 from xlnetcli.core.shapes import describe, json_field, read_json_object, str_map
-from xlnetcli.data.shard_format import NpyFile
+from xlnetcli.data.shard_format import MappedStream, NpyFile
+from xlnetcli.data.special import CLS_ID, SEP_ID
 
-FORMAT_VERSION = 1
-ARRAYS = ("tokens", "alen", "label", "masked")  # the files of one pass: {prefix}.{name}.npy
+FORMAT_VERSION = 2  # 1: the tokens were copied into the records ([G, S, L] per pass)
+ARRAYS = ("alen", "bstart", "label", "masked")  # the files of one pass: {prefix}.{name}.npy
+_RERUN = "re-run `xlnet preprocess`"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Layout
+
+
+def bstart_dtype(row_len: int) -> np.dtype:
+    """uint32 for B's row position, uint64 for rows of 2**32 tokens or more."""
+    return np.dtype(np.uint32 if row_len <= 2**32 else np.uint64)
+
+
+def row_source(g: int, bi_data: bool, mb: int) -> tuple[int, bool]:
+    """(forward row index, reversed?) of stored row g. bi_data: blocks of mb = [mb/2 forward ; same reversed]."""
+    if not bi_data:
+        return g, False
+    half = mb // 2
+    block, k = divmod(g, mb)
+    return block * half + (k % half), k >= half
+
+
+def row_sources(rows: np.ndarray, bi_data: bool, mb: int) -> tuple[np.ndarray, np.ndarray]:
+    """``row_source`` of an int array of stored rows: (forward rows, reversed?)."""
+    rows = np.asarray(rows, np.int64)
+    if not bi_data:
+        return rows, np.zeros(rows.shape, bool)
+    half = mb // 2
+    block, k = rows // mb, rows % mb
+    return block * half + k % half, k >= half
+
+
+def segment_ids(alen: np.ndarray, seq_len: int, reuse_len: int) -> np.ndarray:
+    """int64 [..., L]: 0 for the reuse part, A and the first <sep>; 1 for B and the second <sep>; 2 for <cls>."""
+    pos = np.arange(seq_len)
+    a = np.asarray(alen, dtype=np.int64)[..., None]
+    return (pos >= reuse_len + a + 1).astype(np.int64) + (pos >= seq_len - 1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -47,10 +95,10 @@ def create_npy(path: Path, shape: tuple[int, ...], dtype: Any) -> None:
     del m
 
 
-def create_pass(prefix: str | Path, rows: int, steps: int, seq_len: int, dtype: Any) -> None:
+def create_pass(prefix: str | Path, rows: int, steps: int, seq_len: int, row_len: int) -> None:
     """The four zero-filled files of one pass (``prefix`` = split/pass_NNN), filled later by ``PassWriter``s."""
-    create_npy(Path(f"{prefix}.tokens.npy"), (rows, steps, seq_len), dtype)
     create_npy(Path(f"{prefix}.alen.npy"), (rows, steps), np.uint16)
+    create_npy(Path(f"{prefix}.bstart.npy"), (rows, steps), bstart_dtype(row_len))
     create_npy(Path(f"{prefix}.label.npy"), (rows, steps), np.uint8)
     create_npy(Path(f"{prefix}.masked.npy"), (rows, steps, (seq_len + 7) // 8), np.uint8)
 
@@ -63,12 +111,12 @@ class PassWriter:
         self.files = {name: NpyFile(f"{prefix}.{name}.npy", write=True) for name in ARRAYS}
 
     def write(
-        self, row: int, s0: int, tokens: np.ndarray, alen: np.ndarray, label: np.ndarray, masked: np.ndarray
+        self, row: int, s0: int, alen: np.ndarray, bstart: np.ndarray, label: np.ndarray, masked: np.ndarray
     ) -> None:
-        """Examples s0, s0+1, ... of ``row``: tokens [n, L], alen [n], label [n], masked [n, L] bool."""
+        """Examples s0, s0+1, ... of ``row``: alen [n], bstart [n], label [n], masked [n, L] bool."""
         at = row * self.steps + s0
-        self.files["tokens"].write(at * self.seq_len, tokens)
         self.files["alen"].write(at, alen)
+        self.files["bstart"].write(at, bstart)
         self.files["label"].write(at, label)
         self.files["masked"].write(at * self.nb, np.packbits(masked, axis=1, bitorder="little"))
 
@@ -82,24 +130,42 @@ def checksums(records_dir: Path) -> dict[str, str]:
     return {f.relative_to(records_dir).as_posix(): sha256_file(f) for f in sorted(records_dir.glob("*/pass_*.npy"))}
 
 
+def shards_location(shards: str | Path, records_dir: str | Path) -> dict[str, str]:
+    """meta.json's ``shards`` path and absolute: where records written to ``records_dir`` find ``shards`` (the
+    relative path first, so that records and shards moved together still find each other)."""
+    where = Path(shards).resolve()
+    return {"path": os.path.relpath(where, Path(records_dir).resolve()), "absolute": str(where)}
+
+
+def split_shards(manifest: dict[str, Any], split: str) -> list[dict[str, Any]]:
+    """meta.json's ``splits.NAME.shards``: the split's token files in manifest order, with their sha256."""
+    out = []
+    for e in manifest["splits"].get(split) or []:
+        sha = e.get("sha256")
+        entry = {"file": e["tokens_file"], "tokens": int(e["tokens"])}
+        if isinstance(sha, dict) and isinstance(sha.get("tokens"), str):
+            entry["sha256"] = sha["tokens"]
+        out.append(entry)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Reading
-
-
-def segment_ids(alen: np.ndarray, seq_len: int, reuse_len: int) -> np.ndarray:
-    """int64 [..., L]: 0 for the reuse part, A and the first <sep>; 1 for B and the second <sep>; 2 for <cls>."""
-    pos = np.arange(seq_len)
-    a = np.asarray(alen, dtype=np.int64)[..., None]
-    return (pos >= reuse_len + a + 1).astype(np.int64) + (pos >= seq_len - 1)
 
 
 def read_meta(records_dir: str | Path) -> dict:
     path = Path(records_dir) / "meta.json"
     if not path.is_file():
         raise DataError(f"{records_dir} is not a records directory (no meta.json); run `xlnet preprocess` first")
-    meta = read_json_object(path, DataError, "rerun `xlnet preprocess`")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{path}: records format {meta.get('format_version')} is not {FORMAT_VERSION}; re-preprocess")
+    meta = read_json_object(path, DataError, _RERUN)
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        old = isinstance(version, int) and not isinstance(version, bool) and 0 < version < FORMAT_VERSION
+        raise DataError(
+            f"{path}: records format {version}, this version reads format {FORMAT_VERSION}"
+            + (" (records that reference the shards instead of copying their tokens)" if old else "")
+            + f"; {_RERUN} on the shards (shards and checkpoints stay readable)"
+        )
     _check_meta_shape(meta, path)
     return meta
 
@@ -108,7 +174,13 @@ def _check_meta_shape(meta: dict, path: Path) -> None:
     """Every field a reader uses, of its kind and in range: one line naming the file and the field otherwise."""
     for key in ("seq_len", "reuse_len", "num_predict", "global_batch_size", "micro_batch_size", "vocab_size"):
         json_field(meta, key, int, path, lo=0 if key == "reuse_len" else 1, hi=2**31 - 1)
-    json_field(meta, "passes", int, path, lo=1, default=1)
+    passes = json_field(meta, "passes", int, path, lo=1, default=1)
+    json_field(meta, "bi_data", bool, path)
+    if json_field(meta, "dtype", str, path) not in ("uint16", "uint32"):
+        raise DataError(f"{path}: field 'dtype' must be uint16 or uint32, found {describe(meta['dtype'])}")
+    shards = json_field(meta, "shards", dict, path)
+    for key in ("path", "absolute", "manifest_sha256"):
+        json_field(shards, key, str, f"{path} shards")
     splits = json_field(meta, "splits", dict, path)
     for name, split in splits.items():
         where = f"{path} splits.{name}"
@@ -116,68 +188,185 @@ def _check_meta_shape(meta: dict, path: Path) -> None:
             raise DataError(f"{where}: must be an object, found {describe(split)}")
         for key in ("rows", "steps_per_pass"):
             json_field(split, key, int, where, lo=0, hi=2**40)
+        for key in ("forward_rows", "row_len"):
+            json_field(split, key, int, where, lo=1, hi=2**62)
         files = json_field(split, "files", list, where)
-        if not all(isinstance(f, str) and ".." not in Path(f).parts and not Path(f).is_absolute() for f in files):
+        if not all(isinstance(f, str) and _inside(f) for f in files):
             raise DataError(f"{where}: field 'files' must list relative paths inside the records folder")
+        entries = json_field(split, "shards", list, where)
+        for i, e in enumerate(entries):
+            if not isinstance(e, dict):
+                raise DataError(f"{where} shards[{i}]: must be an object, found {describe(e)}")
+            if not _inside(json_field(e, "file", str, f"{where} shards[{i}]")):
+                raise DataError(f"{where} shards[{i}]: field 'file' must be a path inside the shard folder")
+            json_field(e, "tokens", int, f"{where} shards[{i}]", lo=0, hi=2**48)
+            json_field(e, "sha256", str, f"{where} shards[{i}]", default=None)
+        orders = json_field(split, "orders", list, where)
+        if len(orders) != len(files) or len(files) != passes or not all(_is_order(o, len(entries)) for o in orders):
+            raise DataError(f"{where}: field 'orders' must hold one order of the split's shards per pass")
     if "sha256" in meta:
         str_map(meta, "sha256", path)
 
 
+def _is_order(order: Any, n: int) -> bool:
+    """A permutation of 0..n-1 (JSON integers)."""
+    return isinstance(order, list) and all(type(k) is int for k in order) and sorted(order) == list(range(n))
+
+
+def _inside(name: str) -> bool:
+    return ".." not in Path(name).parts and not Path(name).is_absolute()
+
+
 def _check_shapes(arrays: list[np.ndarray], split: dict, meta: dict, prefix: Path) -> None:
-    """The arrays of one pass against meta.json's counts: [rows, steps, seq_len] tokens and so on."""
+    """The arrays of one pass against meta.json's counts: [rows, steps] alen and so on."""
     rows, steps, seq_len = split["rows"], split["steps_per_pass"], meta["seq_len"]
-    want = {"tokens": (rows, steps, seq_len), "alen": (rows, steps), "label": (rows, steps)}
+    want: dict[str, tuple[int, ...]] = {"alen": (rows, steps), "bstart": (rows, steps), "label": (rows, steps)}
     want["masked"] = (rows, steps, (seq_len + 7) // 8)
     for name, arr in zip(ARRAYS, arrays, strict=True):
-        if tuple(arr.shape) != want[name]:
+        if tuple(arr.shape) != want[name] or arr.dtype.kind != "u":
             raise DataError(
-                f"records file {prefix}.{name}.npy has shape {list(arr.shape)} but meta.json's counts say "
-                f"{list(want[name])}; rerun `xlnet preprocess`"
+                f"records file {prefix}.{name}.npy has shape {list(arr.shape)} ({arr.dtype}) but meta.json's counts "
+                f"say {list(want[name])} (unsigned); {_RERUN}"
             )
 
 
 @dataclass
 class PassRecords:
-    tokens: np.ndarray  # [G, S, L] memmap
-    alen: np.ndarray  # [G, S]
+    """One pass of a split: the stored decisions [G, S] and the pass's token stream in the shards."""
+
+    alen: np.ndarray  # [G, S] memmap
+    bstart: np.ndarray  # [G, S]
     label: np.ndarray  # [G, S]
     masked: np.ndarray  # [G, S, ceil(L/8)] packed bits
+    stream: MappedStream  # the shards in this pass's order
+    seq_len: int
+    reuse_len: int
+    row_len: int
+    bi_data: bool
+    micro_batch_size: int  # the bi_data block
 
-    def masked_bool(self, rows: Any, step: int, seq_len: int) -> np.ndarray:
-        return np.unpackbits(self.masked[rows, step], axis=-1, count=seq_len, bitorder="little").view(bool)
+    def examples(self, rows: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(token ids [B, L] in the shards' dtype, masked [B, L] bool, alen [B]) of stored rows ``rows`` (any int
+        array) at ``step``: the tokens gathered from the shards at once for the whole batch."""
+        rows = np.asarray(rows, np.int64)
+        L, R = self.seq_len, self.reuse_len
+        alen = np.asarray(self.alen[rows, step])
+        la = alen.astype(np.int64)[:, None]
+        j = np.arange(L, dtype=np.int64)
+        # row positions: [inp | A] from i = step * R, then B from bstart (the <sep>/<cls> slots are overwritten)
+        pos = np.where(j <= R + la, step * R, self.bstart[rows, step].astype(np.int64)[:, None] - (R + 1) - la) + j
+        np.minimum(pos, self.row_len - 1, out=pos)  # the special slots may point one or two past the row's end
+        f, rev = row_sources(rows, self.bi_data, self.micro_batch_size)
+        # stream position of row position p: f * row_len + p forward, (f + 1) * row_len - 1 - p time-reversed
+        origin = f * self.row_len + np.where(rev, self.row_len - 1, 0)
+        ids = self.stream.take(origin[:, None] + np.where(rev, -1, 1)[:, None] * pos)
+        ids[np.arange(len(rows)), R + la[:, 0]] = SEP_ID
+        ids[:, L - 2] = SEP_ID
+        ids[:, L - 1] = CLS_ID
+        masked = np.unpackbits(self.masked[rows, step], axis=-1, count=L, bitorder="little").view(bool)
+        return ids, masked, alen
 
 
 _VERIFIED: set[tuple[str, int, int, str]] = set()
 
 
+def _verify(p: Path, want: str | None, message: str) -> None:
+    """``p`` against its recorded sha256, once per process per (file, size, mtime) (evaluation reopens a split)."""
+    if want is None or not p.is_file():
+        return
+    st = p.stat()
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns, want)
+    if key not in _VERIFIED:
+        if sha256_file(p) != want:
+            raise DataError(message)
+        _VERIFIED.add(key)
+
+
+def find_shards(records_dir: Path, meta: dict) -> Path:
+    """The shard folder the records read: next to them by the relative path (moved together), else at the absolute
+    path; refused in one line when neither holds a manifest.json, or when its manifest.json changed."""
+    ref = meta["shards"]
+    near, far = records_dir / ref["path"], Path(ref["absolute"])
+    found = next((d for d in (near, far) if (d / "manifest.json").is_file()), None)
+    if found is None:
+        raise DataError(
+            f"the shards of the records {records_dir} are neither at {near} (relative to the records) nor at {far}; "
+            f"put them back there, or {_RERUN} on the shards where they are now"
+        )
+    if sha256_file(found / "manifest.json") != ref["manifest_sha256"]:
+        raise DataError(
+            f"{found / 'manifest.json'} changed since the records {records_dir} were made (sha256 differs from "
+            f"meta.json): the shards were rewritten; {_RERUN}"
+        )
+    return found
+
+
+def _open_shard_files(shards: Path, records_dir: Path, entries: list[dict], verify: bool, dtype: str) -> list:
+    """Memory maps of the split's token files (manifest order), each as long as meta.json says and, with ``verify``,
+    matching its sha256."""
+    out = []
+    for e in entries:
+        p = shards / e["file"]
+        changed = f"shard file {p} changed since the records {records_dir} were made"
+        if not p.is_file():
+            raise DataError(f"shard file {p} (read by the records {records_dir}) is missing; restore it or {_RERUN}")
+        if verify:
+            _verify(p, e.get("sha256"), f"{changed} (sha256 differs from meta.json); {_RERUN}")
+        try:
+            arr = np.asarray(np.load(p, mmap_mode="r")) if e["tokens"] else np.empty(0, dtype)
+        except (OSError, ValueError) as err:
+            raise DataError(f"{changed}: it cannot be read ({err}); {_RERUN}") from None
+        if arr.shape != (e["tokens"],) or arr.dtype != np.dtype(dtype):
+            raise DataError(
+                f"{changed} ({list(arr.shape)} {arr.dtype}, meta.json says [{e['tokens']}] {dtype}); {_RERUN}"
+            )
+        out.append(arr)
+    return out
+
+
 def open_records(records_dir: str | Path, split: str = "train", verify: bool = True) -> tuple[dict, list[PassRecords]]:
-    """(meta, one PassRecords of memmaps per pass) for a split; ``verify`` checks each file against the sha256 in
-    meta.json (records written before checksums were recorded pass unchecked)."""
+    """(meta, one PassRecords per pass) for a split; ``verify`` checks each records file, and each shard file the
+    split reads, against the sha256 in meta.json (the shards' manifest.json is always checked)."""
     records_dir = Path(records_dir)
     meta = read_meta(records_dir)
     if split not in meta["splits"]:
         raise DataError(f"{records_dir} has no {split!r} split (has: {', '.join(meta['splits']) or 'none'})")
+    info = meta["splits"][split]
     digests = meta.get("sha256") or {}
-    out = []
-    for prefix in meta["splits"][split]["files"]:
+    arrays_of = []
+    for prefix in info["files"]:
         arrays = []
         for name in ARRAYS:
             p = records_dir / f"{prefix}.{name}.npy"
-            want = digests.get(f"{prefix}.{name}.npy")
-            if verify and want is not None and p.is_file():
-                st = p.stat()
-                key = (str(p.resolve()), st.st_size, st.st_mtime_ns, want)
-                if key not in _VERIFIED:  # once per process (evaluation reopens the valid split)
-                    if sha256_file(p) != want:
-                        raise DataError(
-                            f"records file {p} does not match the checksum in meta.json (damaged on "
-                            "disk); rerun `xlnet preprocess`"
-                        )
-                    _VERIFIED.add(key)
+            if verify:
+                _verify(
+                    p,
+                    digests.get(f"{prefix}.{name}.npy"),
+                    f"records file {p} does not match the checksum in meta.json (damaged on disk); {_RERUN}",
+                )
             try:
-                arrays.append(np.load(p, mmap_mode="r"))
+                arrays.append(np.asarray(np.load(p, mmap_mode="r")))
             except (OSError, ValueError) as e:
-                raise DataError(f"cannot read records file {p}: {e}; rerun `xlnet preprocess`") from None
-        _check_shapes(arrays, meta["splits"][split], meta, records_dir / prefix)
-        out.append(PassRecords(*arrays))
+                raise DataError(f"cannot read records file {p}: {e}; {_RERUN}") from None
+        _check_shapes(arrays, info, meta, records_dir / prefix)
+        arrays_of.append(arrays)
+    shards = find_shards(records_dir, meta)
+    maps = _open_shard_files(shards, records_dir, info["shards"], verify, meta["dtype"])
+    if sum(len(m) for m in maps) < info["forward_rows"] * info["row_len"]:
+        raise DataError(f"the shards in {shards} hold fewer tokens than the records {records_dir} read; {_RERUN}")
+    out = [
+        PassRecords(
+            alen=arrays[0],
+            bstart=arrays[1],
+            label=arrays[2],
+            masked=arrays[3],
+            stream=MappedStream(maps, order),
+            seq_len=meta["seq_len"],
+            reuse_len=meta["reuse_len"],
+            row_len=info["row_len"],
+            bi_data=meta["bi_data"],
+            micro_batch_size=meta["micro_batch_size"],
+        )
+        for arrays, order in zip(arrays_of, info["orders"], strict=True)
+    ]
     return meta, out
