@@ -32,6 +32,7 @@ factorisation order is sampled online by pretrain_stream.py each time an example
 
 from __future__ import annotations
 
+import bisect
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,25 +246,80 @@ class PassRecords:
     bi_data: bool
     micro_batch_size: int  # the bi_data block
 
+    def __post_init__(self) -> None:
+        self._rows: tuple[bytes, Any] = (b"", None)
+        dt = self.stream.dtype
+        self._sep, self._tail, self._liat = (
+            np.array(x, dt).tobytes() for x in ([SEP_ID], [SEP_ID, CLS_ID], [CLS_ID, SEP_ID])
+        )
+
+    def _layout(self, rows: np.ndarray) -> tuple[list[tuple[Any, int, bool]], Any, Any]:
+        """For stored rows ``rows``: [(the row's buffer when it lies in one shard file else None, the stream position
+        of its first token, time-reversed?)], how to index them (a slice when contiguous) and the batch rows to flip
+        back (None, a slice or indices). The last rows asked are kept: a stream asks the same ones at every step."""
+        key = rows.tobytes()
+        if self._rows[0] != key:
+            f, rev = row_sources(rows, self.bi_data, self.micro_batch_size)
+            rl, st = self.row_len, self.stream
+            src = []
+            for base, r in zip((f * rl).tolist(), rev.tolist(), strict=True):
+                k = bisect.bisect_right(st.ends, base)
+                inside = base + rl <= st.ends[k]
+                src.append((st.views[k][base - st.starts[k] : base - st.starts[k] + rl] if inside else None, base, r))
+            at: Any = rows
+            if len(rows) and (np.diff(rows) == 1).all():
+                at = slice(int(rows[0]), int(rows[0]) + len(rows))
+            flip: Any = np.flatnonzero(rev)
+            if not len(flip):
+                flip = None
+            elif (np.diff(flip) == 1).all():
+                flip = slice(int(flip[0]), int(flip[-1]) + 1)
+            self._rows = (key, (src, at, flip))
+        return self._rows[1]
+
     def examples(self, rows: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(token ids [B, L] in the shards' dtype, masked [B, L] bool, alen [B]) of stored rows ``rows`` (any int
-        array) at ``step``: the tokens gathered from the shards at once for the whole batch."""
+        array) at ``step``. Each example is two segments of its row, ``row[i : i + R + la]`` and ``row[bstart :
+        bstart + L - R - 3 - la]`` (i = step * R): slices of the shards' memory maps joined, with the <sep>, <sep>
+        <cls> between them, in one copy. A time-reversed row is assembled mirrored ([<cls> <sep> | B | <sep> | A],
+        each segment in stream order) and flipped whole."""
         rows = np.asarray(rows, np.int64)
-        L, R = self.seq_len, self.reuse_len
-        alen = np.asarray(self.alen[rows, step])
-        la = alen.astype(np.int64)[:, None]
-        j = np.arange(L, dtype=np.int64)
-        # row positions: [inp | A] from i = step * R, then B from bstart (the <sep>/<cls> slots are overwritten)
-        pos = np.where(j <= R + la, step * R, self.bstart[rows, step].astype(np.int64)[:, None] - (R + 1) - la) + j
-        np.minimum(pos, self.row_len - 1, out=pos)  # the special slots may point one or two past the row's end
-        f, rev = row_sources(rows, self.bi_data, self.micro_batch_size)
-        # stream position of row position p: f * row_len + p forward, (f + 1) * row_len - 1 - p time-reversed
-        origin = f * self.row_len + np.where(rev, self.row_len - 1, 0)
-        ids = self.stream.take(origin[:, None] + np.where(rev, -1, 1)[:, None] * pos)
-        ids[np.arange(len(rows)), R + la[:, 0]] = SEP_ID
-        ids[:, L - 2] = SEP_ID
-        ids[:, L - 1] = CLS_ID
-        masked = np.unpackbits(self.masked[rows, step], axis=-1, count=L, bitorder="little").view(bool)
+        L, R, rl = self.seq_len, self.reuse_len, self.row_len
+        src, at, flip = self._layout(rows)
+        alen = self.alen[at, step]
+        i, lb = step * R, L - R - 3
+        sep, tail, liat, read = self._sep, self._tail, self._liat, self.stream.read
+        pieces: list[Any] = []
+        add = pieces.append
+        for (row, base, rev), la, b0 in zip(src, alen.tolist(), self.bstart[at, step].tolist(), strict=True):
+            na, nb = R + la, lb - la
+            # A is row[i : i + na], B row[b0 : b0 + nb]; row position p is stream position base + p forward, and
+            # base + rl - 1 - p reversed (the mirrored row reads the same stream ranges up)
+            if row is None:  # the row spans a shard file join (a few rows of a pass): read across it
+                if rev:
+                    add(liat)
+                    read(pieces, base + rl - b0 - nb, nb)
+                    add(sep)
+                    read(pieces, base + rl - i - na, na)
+                else:
+                    read(pieces, base + i, na)
+                    add(sep)
+                    read(pieces, base + b0, nb)
+                    add(tail)
+            elif rev:
+                add(liat)
+                add(row[rl - b0 - nb : rl - b0])
+                add(sep)
+                add(row[rl - i - na : rl - i])
+            else:
+                add(row[i : i + na])
+                add(sep)
+                add(row[b0 : b0 + nb])
+                add(tail)
+        ids = np.frombuffer(bytearray().join(pieces), self.stream.dtype).reshape(len(rows), L)
+        if flip is not None:
+            ids[flip] = ids[flip, ::-1]
+        masked = np.unpackbits(self.masked[at, step], axis=-1, count=L, bitorder="little").view(bool)
         return ids, masked, alen
 
 

@@ -27,7 +27,7 @@ from xlnetcli.data.shard_format import NpyFile
 from xlnetcli.data.shard_parts import each_part_once
 
 PART_KIND = "xlnet-records-part"
-PART_FORMAT_VERSION = 1
+PART_FORMAT_VERSION = 2  # 2: parts of records format 2 (they reference the shards)
 _BLOCK = 1 << 24
 
 

@@ -18,11 +18,12 @@ Directory::
 Shard .npy files have a fixed 128-byte header (written last by ``NpyStreamWriter``). ``NpyFile`` reads and writes
 any C-order .npy at element offsets with pread/pwrite (no mmap: resident memory stays bounded whatever the corpus
 size); ``PassStream`` reads the shards of one split as one token stream (preprocessing), ``MappedStream`` gathers any
-positions of the same stream from memory maps of the token files (records read their tokens through it).
+segments of the same stream from memory maps of the token files (records read their tokens through it).
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import struct
 from collections.abc import Iterator, Sequence
@@ -196,28 +197,25 @@ class PassStream:
 
 class MappedStream:
     """The token stream of one pass as ``PassStream`` orders it (token files in ``order``, empty ones skipped), read
-    by gathering: ``take(pos)`` returns the tokens at any array of stream positions. ``maps``: the 1-D token arrays
-    in manifest order (memory maps, shared by the passes that order them differently)."""
+    from memory maps without a copy: ``read(out, a, n)`` appends the buffers of stream positions [a, a + n), one per
+    file, for one ``join`` of many segments. ``maps``: the 1-D token arrays in manifest order (memory maps, shared by
+    the passes that order them differently)."""
 
     def __init__(self, maps: Sequence[np.ndarray], order: Sequence[int]):
-        self.maps = [maps[k] for k in order if len(maps[k])]
-        self.ends = np.cumsum([len(m) for m in self.maps], dtype=np.int64)
-        self.starts = self.ends - [len(m) for m in self.maps]
-        self.dtype = self.maps[0].dtype if self.maps else np.dtype(np.uint16)
+        kept = [maps[k] for k in order if len(maps[k])]
+        self.views = [m.data for m in kept]  # memoryviews: sliced without numpy's per-view cost
+        self.ends: list[int] = np.cumsum([len(m) for m in kept], dtype=np.int64).tolist()
+        self.starts = [e - len(m) for e, m in zip(self.ends, kept, strict=True)]
+        self.dtype = kept[0].dtype if kept else np.dtype(np.uint16)
 
-    def take(self, pos: np.ndarray) -> np.ndarray:
-        """Tokens at stream positions ``pos`` (int64, any shape, each in [0, total))."""
-        if len(self.maps) == 1:
-            return np.take(self.maps[0], pos)
-        fi = np.searchsorted(self.ends, pos, side="right")  # the file holding each position
-        lo, hi = int(fi.min()), int(fi.max())
-        if lo == hi:  # most batches: all in one file
-            return np.take(self.maps[lo], pos - self.starts[lo])
-        out = np.empty(pos.shape, self.dtype)
-        for k in range(lo, hi + 1):
-            at = fi == k
-            out[at] = np.take(self.maps[k], pos[at] - self.starts[k])
-        return out
+    def read(self, out: list[memoryview], a: int, n: int) -> None:
+        """Append to ``out`` the buffers of stream positions [a, a + n) (inside the stream), one per file crossed."""
+        while n > 0:
+            k = bisect.bisect_right(self.ends, a)
+            take = min(n, self.ends[k] - a)
+            loc = a - self.starts[k]
+            out.append(self.views[k][loc : loc + take])
+            a, n = a + take, n - take
 
 
 # ---------------------------------------------------------------------------------------------------------------------
