@@ -3,6 +3,7 @@ corpus token per pass, and read throughput through `PretrainStream`, side by sid
 
     python benchmarks/record_read.py            # 12 MB corpus, tiny preset and base's layout, 5 interleaved repeats
     python benchmarks/record_read.py --quick    # 2 MB smoke run, 1 repeat
+    python benchmarks/record_read.py --layouts base --repeats 9
 
 The corpus is built at run time (never committed; preprocess_vs_hf.build_corpus: the bundled PSF docs plus installed
 site-packages docstrings, repeated to --mb), tokenized (8000 pieces), sharded into 4 train shards, preprocessed with
@@ -11,9 +12,10 @@ each layout (tiny: L 128, R 64; base: L 512, R 256; both bi_data, one pass, glob
 Format 1's layout is built in the same run: a [G, S, L] token memmap (the tokens of every example, written from the
 format-2 reader, which tests/data/test_record_refs.py holds equal to what format 1 stored) next to the same alen and
 target bits, read as `PretrainStream.batch` read it before (``p.tokens[g, s]``, a contiguous slice of rows). Both
-read every micro-batch of the pass through the same `permutation_batch(dense=False)` (what training consumes); the
-repeats alternate old and new. Also given: the token read alone (format 1's slice against format 2's gather from the
-shards, `PassRecords.examples`), which is all that differs. Bytes: the pass files of each format over the split's
+read every micro-batch of the pass through the same `permutation_batch(dense=False)` (what training consumes),
+alternating every 32 micro-batches so that both see the same load on a shared machine; wall and CPU time. Also
+given: the token read alone (format 1's copy of a slice of its token memmap against `PassRecords.examples`, which also
+unpacks the target bits), CPU microseconds per micro-batch. Bytes: the pass files of each format over the split's
 corpus tokens (the shards, 2 bytes per token here, come on top of both).
 """
 
@@ -92,12 +94,25 @@ def build_old_tokens(rec: Path, out: Path) -> list[Path]:
     return arrays
 
 
-def read_pass(stream: PretrainStream) -> tuple[int, float, float]:
-    """(examples, wall seconds, CPU seconds of this process) of reading the whole pass."""
-    n, t, c = 0, time.perf_counter(), time.process_time()
-    for b in stream:
-        n += len(b["input_ids"])
-    return n, time.perf_counter() - t, time.process_time() - c
+CHUNK = 32  # micro-batches timed in a row before switching format: both see the same load, minute by minute
+
+
+def read_pass(old: PretrainStream, new: PretrainStream) -> dict[str, float]:
+    """Every micro-batch of the pass read by both streams (``stream.batch``, what iterating with prefetch=0 calls),
+    alternating formats every CHUNK micro-batches (and which goes first): wall and CPU seconds of each."""
+    positions = list(old._positions(0, 0))
+    out = dict.fromkeys(("old_wall", "old_cpu", "new_wall", "new_cpu"), 0.0)
+    for c0 in range(0, len(positions), CHUNK):
+        chunk = positions[c0 : c0 + CHUNK]
+        pair = (("old", old), ("new", new)) if (c0 // CHUNK) % 2 else (("new", new), ("old", old))
+        for label, stream in pair:
+            t, c = time.perf_counter(), time.process_time()
+            for st, mi in chunk:
+                stream.batch(st, mi)
+            out[f"{label}_wall"] += time.perf_counter() - t
+            out[f"{label}_cpu"] += time.process_time() - c
+    out["examples"] = len(positions) * old.micro_batch_size
+    return out
 
 
 def read_tokens(passes: list, old_files: list[Path] | None, B: int) -> tuple[int, float, float]:
@@ -150,14 +165,16 @@ def measure(d: Path, name: str, B: int, repeats: int) -> dict[str, Any]:
         return cls(*extra, rec, "train", 0, 1, B, seed=1, dense=False, prefetch=0, loop=False)
 
     _, passes = open_records(rec, "train")
+    old_stream, new_stream = stream(TodayStream, old), stream(PretrainStream)
     runs: list[dict[str, float]] = []
     for _ in range(repeats):
+        r = read_pass(old_stream, new_stream)
         row: dict[str, float] = {}
-        for label, make in (("old", lambda: stream(TodayStream, old)), ("new", lambda: stream(PretrainStream))):
-            n, wall, cpu = read_pass(make())
-            row[f"{label}_ex_s"], row[f"{label}_cpu_ex_s"] = n / wall, n / cpu
+        for label in ("old", "new"):
+            row[f"{label}_ex_s"] = r["examples"] / r[f"{label}_wall"]
+            row[f"{label}_cpu_ex_s"] = r["examples"] / r[f"{label}_cpu"]
         for label, files in (("old", old), ("new", None)):
-            n, wall, cpu = read_tokens(passes, files, B)
+            n, _, cpu = read_tokens(passes, files, B)
             row[f"{label}_tokens_us"] = cpu / n * B * 1e6
         row["ratio"] = row["new_ex_s"] / row["old_ex_s"]
         row["cpu_ratio"] = row["new_cpu_ex_s"] / row["old_cpu_ex_s"]

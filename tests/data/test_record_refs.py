@@ -17,7 +17,7 @@ from xlnetcli.data.masking import word_start_table
 from xlnetcli.data.preprocess import STEP_BLOCK, _Params, _row_rng, build_rows
 from xlnetcli.data.record_format import find_shards, open_records, read_meta, row_source
 from xlnetcli.data.segments import Row
-from xlnetcli.data.shard_format import MappedStream, PassStream
+from xlnetcli.data.shard_format import MappedStream, PassStream, read_span
 
 _SPLIT_IDS = {"train": 0, "valid": 1}
 
@@ -120,18 +120,22 @@ def test_any_rows_any_order(records):
         assert (ids == full[rows]).all() and (masked == fmask[rows]).all() and (alen == falen[rows]).all()
 
 
-def test_mapped_stream_matches_the_concatenated_files():
-    """Files of unequal sizes, an empty one among them, in a given order: any segment, across joins."""
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
+def test_mapped_stream_matches_the_concatenated_files(dtype):
+    """Files of unequal sizes, an empty one among them, in a given order: any range of any span, across joins."""
     rng = np.random.default_rng(1)
-    maps = [rng.integers(0, 1000, n).astype(np.uint16) for n in (5, 0, 17, 1, 9)]
+    maps = [rng.integers(0, 70000 if dtype == np.uint32 else 1000, n).astype(dtype) for n in (5, 0, 17, 1, 9)]
     order = [3, 1, 0, 4, 2]
     whole = np.concatenate([maps[k] for k in order])
     s = MappedStream(maps, order)
-    for a in range(len(whole)):
-        for n in range(len(whole) - a + 1):
-            out: list[memoryview] = []
-            s.read(out, a, n)
-            assert (np.frombuffer(b"".join(out), np.uint16) == whole[a : a + n]).all()
+    for a, n in [(0, len(whole)), (3, 20), (6, 1), (22, 10)]:
+        cuts, parts = s.span(a, n)
+        assert np.frombuffer(b"".join(parts), dtype).tolist() == whole[a : a + n].tolist()
+        for q in range(n):
+            for m in range(n - q + 1):
+                out: list[memoryview] = []
+                read_span(out, cuts, parts, q, m)
+                assert (np.frombuffer(b"".join(out), dtype) == whole[a + q : a + q + m]).all()
 
 
 def test_records_take_under_a_byte_per_corpus_token_per_pass(records):

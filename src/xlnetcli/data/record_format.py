@@ -43,7 +43,7 @@ import numpy as np
 from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import sha256_file
 from xlnetcli.core.shapes import describe, json_field, read_json_object, str_map
-from xlnetcli.data.shard_format import MappedStream, NpyFile
+from xlnetcli.data.shard_format import MappedStream, NpyFile, read_span
 from xlnetcli.data.special import CLS_ID, SEP_ID
 
 FORMAT_VERSION = 2  # 1: the tokens were copied into the records ([G, S, L] per pass)
@@ -253,19 +253,15 @@ class PassRecords:
             np.array(x, dt).tobytes() for x in ([SEP_ID], [SEP_ID, CLS_ID], [CLS_ID, SEP_ID])
         )
 
-    def _layout(self, rows: np.ndarray) -> tuple[list[tuple[Any, int, bool]], Any, Any]:
-        """For stored rows ``rows``: [(the row's buffer when it lies in one shard file else None, the stream position
-        of its first token, time-reversed?)], how to index them (a slice when contiguous) and the batch rows to flip
+    def _layout(self, rows: np.ndarray) -> tuple[list[tuple[Any, tuple[list[int], list[memoryview]], bool]], Any, Any]:
+        """For stored rows ``rows``: [(the row's buffer when it lies in one shard file else None, its buffers
+        (MappedStream.span), time-reversed?)], how to index them (a slice when contiguous) and the batch rows to flip
         back (None, a slice or indices). The last rows asked are kept: a stream asks the same ones at every step."""
         key = rows.tobytes()
         if self._rows[0] != key:
             f, rev = row_sources(rows, self.bi_data, self.micro_batch_size)
-            rl, st = self.row_len, self.stream
-            src = []
-            for base, r in zip((f * rl).tolist(), rev.tolist(), strict=True):
-                k = bisect.bisect_right(st.ends, base)
-                inside = base + rl <= st.ends[k]
-                src.append((st.views[k][base - st.starts[k] : base - st.starts[k] + rl] if inside else None, base, r))
+            spans = [self.stream.span(base, self.row_len) for base in (f * self.row_len).tolist()]
+            src = [(s[1][0] if len(s[1]) == 1 else None, s, r) for s, r in zip(spans, rev.tolist(), strict=True)]
             at: Any = rows
             if len(rows) and (np.diff(rows) == 1).all():
                 at = slice(int(rows[0]), int(rows[0]) + len(rows))
@@ -288,34 +284,32 @@ class PassRecords:
         src, at, flip = self._layout(rows)
         alen = self.alen[at, step]
         i, lb = step * R, L - R - 3
-        sep, tail, liat, read = self._sep, self._tail, self._liat, self.stream.read
+        sep, tail, liat = self._sep, self._tail, self._liat
+        # A is row[i : i + R + la], B row[b0 : b0 + lb - la]; row position p is the row's stream position p forward,
+        # rl - 1 - p reversed (whose mirrored row reads the same stream ranges up: row[rl - end : rl - start])
+        iR, e0, e1, c = i + R, rl - i - R, rl - i, rl - lb
         pieces: list[Any] = []
-        add = pieces.append
-        for (row, base, rev), la, b0 in zip(src, alen.tolist(), self.bstart[at, step].tolist(), strict=True):
-            na, nb = R + la, lb - la
-            # A is row[i : i + na], B row[b0 : b0 + nb]; row position p is stream position base + p forward, and
-            # base + rl - 1 - p reversed (the mirrored row reads the same stream ranges up)
-            if row is None:  # the row spans a shard file join (a few rows of a pass): read across it
-                if rev:
-                    add(liat)
-                    read(pieces, base + rl - b0 - nb, nb)
-                    add(sep)
-                    read(pieces, base + rl - i - na, na)
-                else:
-                    read(pieces, base + i, na)
-                    add(sep)
-                    read(pieces, base + b0, nb)
-                    add(tail)
+        put = pieces.extend
+        for (row, span, rev), la, b0 in zip(src, alen.tolist(), self.bstart[at, step].tolist(), strict=True):
+            if row is None:  # the row spans shard files: each segment from the file(s) it lies in
+                cuts, parts = span
+                segs = (
+                    ((c - b0 + la, lb - la, liat, sep), (e0 - la, R + la, b"", b""))
+                    if rev
+                    else ((i, R + la, b"", sep), (b0, lb - la, b"", tail))
+                )
+                for q, n, before, after in segs:
+                    j = bisect.bisect_right(cuts, q) - 1
+                    pieces.append(before)
+                    if q + n <= cuts[j] + len(parts[j]):
+                        pieces.append(parts[j][q - cuts[j] : q - cuts[j] + n])
+                    else:
+                        read_span(pieces, cuts, parts, q, n)
+                    pieces.append(after)
             elif rev:
-                add(liat)
-                add(row[rl - b0 - nb : rl - b0])
-                add(sep)
-                add(row[rl - i - na : rl - i])
+                put((liat, row[c - b0 + la : rl - b0], sep, row[e0 - la : e1]))
             else:
-                add(row[i : i + na])
-                add(sep)
-                add(row[b0 : b0 + nb])
-                add(tail)
+                put((row[i : iR + la], sep, row[b0 : b0 + lb - la], tail))
         ids = np.frombuffer(bytearray().join(pieces), self.stream.dtype).reshape(len(rows), L)
         if flip is not None:
             ids[flip] = ids[flip, ::-1]

@@ -197,9 +197,9 @@ class PassStream:
 
 class MappedStream:
     """The token stream of one pass as ``PassStream`` orders it (token files in ``order``, empty ones skipped), read
-    from memory maps without a copy: ``read(out, a, n)`` appends the buffers of stream positions [a, a + n), one per
-    file, for one ``join`` of many segments. ``maps``: the 1-D token arrays in manifest order (memory maps, shared by
-    the passes that order them differently)."""
+    from memory maps without a copy: ``span(a, n)`` is the buffers of stream positions [a, a + n), one per file, and
+    ``read_span`` appends those of any range of a span, for one ``join`` of many segments. ``maps``: the 1-D token
+    arrays in manifest order (memory maps, shared by the passes that order them differently)."""
 
     def __init__(self, maps: Sequence[np.ndarray], order: Sequence[int]):
         kept = [maps[k] for k in order if len(maps[k])]
@@ -208,14 +208,29 @@ class MappedStream:
         self.starts = [e - len(m) for e, m in zip(self.ends, kept, strict=True)]
         self.dtype = kept[0].dtype if kept else np.dtype(np.uint16)
 
-    def read(self, out: list[memoryview], a: int, n: int) -> None:
-        """Append to ``out`` the buffers of stream positions [a, a + n) (inside the stream), one per file crossed."""
+    def span(self, a: int, n: int) -> tuple[list[int], list[memoryview]]:
+        """(where each buffer starts, relative to a; the buffers) of stream positions [a, a + n) (inside the
+        stream): one buffer per file they lie in."""
+        cuts: list[int] = []
+        parts: list[memoryview] = []
+        q, k = 0, bisect.bisect_right(self.ends, a)
         while n > 0:
-            k = bisect.bisect_right(self.ends, a)
-            take = min(n, self.ends[k] - a)
-            loc = a - self.starts[k]
-            out.append(self.views[k][loc : loc + take])
-            a, n = a + take, n - take
+            lo, take = a - self.starts[k], min(n, self.ends[k] - a)
+            cuts.append(q)
+            parts.append(self.views[k][lo : lo + take])
+            a, n, q, k = a + take, n - take, q + take, k + 1
+        return cuts, parts
+
+
+def read_span(out: list[Any], cuts: list[int], parts: list[memoryview], q: int, n: int) -> None:
+    """Append to ``out`` the buffers of positions [q, q + n) of a span (``MappedStream.span``; q relative to its
+    start): one per file crossed."""
+    j = bisect.bisect_right(cuts, q) - 1
+    while n > 0:
+        lo = q - cuts[j]
+        take = min(n, len(parts[j]) - lo)
+        out.append(parts[j][lo : lo + take])
+        q, n, j = q + take, n - take, j + 1
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -381,6 +396,7 @@ __all__ = [
     "check_shards",
     "open_shards",
     "read_manifest",
+    "read_span",
     "split_files",
     "verify_shards",
 ]
