@@ -159,6 +159,11 @@ def test_records_and_shards_moved_together_or_records_alone(tmp_path, records, s
     alone = tmp_path / "alone" / "deeper" / "rec"
     shutil.copytree(records, alone)
     assert find_shards(alone, meta) == shard_dir.resolve()  # the original, by the absolute path
+    other = tmp_path / "other"
+    shutil.copytree(records, other / "rec")
+    shutil.copytree(shard_dir, other / shard_dir.name)
+    (other / shard_dir.name / "manifest.json").write_text("{}")
+    assert find_shards(other / "rec", meta) == shard_dir.resolve()  # not the other shards found by the relative path
     want = open_records(records)[1][0].examples(np.arange(8), 3)
     for rec in (both / "rec", alone):
         got = open_records(rec)[1][0].examples(np.arange(8), 3)

@@ -334,21 +334,23 @@ def _verify(p: Path, want: str | None, message: str) -> None:
 
 def find_shards(records_dir: Path, meta: dict) -> Path:
     """The shard folder the records read: next to them by the relative path (moved together), else at the absolute
-    path; refused in one line when neither holds a manifest.json, or when its manifest.json changed."""
+    path, the first whose manifest.json is the one recorded; refused in one line when neither holds a manifest.json,
+    or when the manifest.json found changed."""
     ref = meta["shards"]
     near, far = records_dir / ref["path"], Path(ref["absolute"])
-    found = next((d for d in (near, far) if (d / "manifest.json").is_file()), None)
-    if found is None:
+    found = [d for d in (near, far) if (d / "manifest.json").is_file()]
+    if not found:
         raise DataError(
             f"the shards of the records {records_dir} are neither at {near} (relative to the records) nor at {far}; "
             f"put them back there, or {_RERUN} on the shards where they are now"
         )
-    if sha256_file(found / "manifest.json") != ref["manifest_sha256"]:
-        raise DataError(
-            f"{found / 'manifest.json'} changed since the records {records_dir} were made (sha256 differs from "
-            f"meta.json): the shards were rewritten; {_RERUN}"
-        )
-    return found
+    for d in found:
+        if sha256_file(d / "manifest.json") == ref["manifest_sha256"]:
+            return d
+    raise DataError(
+        f"{found[0] / 'manifest.json'} changed since the records {records_dir} were made (sha256 differs from "
+        f"meta.json): the shards were rewritten; {_RERUN}"
+    )
 
 
 def _open_shard_files(shards: Path, records_dir: Path, entries: list[dict], verify: bool, dtype: str) -> list:
