@@ -84,7 +84,7 @@ def build_ours(m, opts: set, dev):
     graphs = "graphs" in opts
     step_model = torch.compile(model, mode="reduce-overhead", dynamic=False) if graphs else model
     static = (m.n_layer, m.d_model) if graphs or "static" in opts else None
-    mems = Memories(m.mem_len, 1, 0, dev, static)
+    mems = Memories(m.mem_len, [[]], dev, static)  # one micro-batch (its records rows matter only to checkpoints)
 
     def loss_fn(b):
         if graphs:  # a new step: the graphs' output buffers of the last one may be reused

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -9,16 +11,18 @@ from clitools import preprocess_cfg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xlnetcli.core.errors import ConfigError
+from xlnetcli.core.errors import CheckpointError, ConfigError
 from xlnetcli.data.pretrain_stream import (
     PretrainStream,
     make_perm_mask,
     perm_mask_from_ranks,
+    permutation_batch,
     ranks_from_order,
     sample_order,
     target_mapping,
     targets,
 )
+from xlnetcli.data.record_format import row_source, stored_rows
 from xlnetcli.data.special import CLS_ID, SEP_ID
 
 
@@ -179,10 +183,74 @@ def test_stream_rank_world_slicing_resume_and_prefetch(records):
 def test_stream_bad_input(records):
     with pytest.raises(ConfigError, match="even"):
         PretrainStream(records, "train", 0, 1, 3)
-    with pytest.raises(ConfigError, match="micro_batch_size"):
-        PretrainStream(records, "train", 0, 1, 2)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="micro_batch_size 4 x world 3 must divide it"):
         PretrainStream(records, "train", 0, 3, 4)
+    s = PretrainStream(records, "train", 0, 1, 2)
+    with pytest.raises(CheckpointError, match=r"inside step 5 \(micro-batch 1\); resume it with the layout"):
+        s.load_state_dicts([{"step": 5, "micro": 1, "micro_batch_size": 4}])
+    s.load_state_dicts([{"step": 5, "micro": 0}, {"step": 5, "micro": 0}])  # a step boundary: any layout continues
+    assert (s.step, s.micro) == (5, 0)
+
+
+# ---- elastic layout: one set of records, any micro-batch size and number of processes ---------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.sampled_from([2, 4, 6, 8, 12]), st.sampled_from([2, 4, 6, 8, 12]))
+def test_stored_rows_inverts_row_source(blocks, mb, mb_rec):
+    """A reader's row g' holds (forward row, reversed?) = row_source(g', mb) whatever the records' micro-batch size:
+    stored_rows finds it, and the G rows are each read once."""
+    G = blocks * mb * mb_rec  # divisible by both
+    got = stored_rows(np.arange(G), True, mb, mb_rec)
+    assert sorted(got.tolist()) == list(range(G))
+    assert all(row_source(int(g), True, mb_rec) == row_source(r, True, mb) for r, g in enumerate(got))
+    assert (stored_rows(np.arange(G), True, mb, mb) == np.arange(G)).all()
+    assert (stored_rows(np.arange(G), False, mb, mb_rec) == np.arange(G)).all()
+
+
+def test_records_layout_reads_todays_batches(records):
+    """The records' own micro_batch_size: the mapping is the identity and each batch is the one the contiguous read
+    gives (what the stream did before layouts were elastic), every key equal."""
+    meta = json.loads((records / "meta.json").read_text())
+    mb = meta["micro_batch_size"]
+    for rank, world in ((0, 1), (1, 2)):
+        s = PretrainStream(records, "train", rank, world, mb, seed=5, prefetch=0)
+        for step, micro in ((0, 0), (3, s.accumulation - 1), (s.steps_per_pass + 1, 0)):
+            g0 = (rank * s.accumulation + micro) * mb
+            assert s.rows(micro).tolist() == list(range(g0, g0 + mb))
+            p, st_ = s.passes[step // s.steps_per_pass], step % s.steps_per_pass
+            ids, masked, alen = p.examples(np.arange(g0, g0 + mb), st_)
+            want = permutation_batch(ids, masked, alen, np.arange(g0, g0 + mb), step, meta, 5)
+            got = s.batch(step, micro)
+            assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize(("mb", "world"), [(2, 1), (8, 1), (2, 2), (4, 2), (2, 4)])
+def test_any_layout_reads_the_same_examples(records, mb, world):
+    """Records laid out for micro-batches of 4: every layout reads each stored row once per step, each micro-batch
+    [forward half ; the same rows reversed], and a row's example and factorisation order are the same in any layout."""
+    ref = PretrainStream(records, "train", 0, 1, 4, seed=5, prefetch=0)
+    G, step = ref.meta["global_batch_size"], 2
+    by_row = {}
+    for a in range(ref.accumulation):
+        b = ref.batch(step, a)
+        for i, g in enumerate(ref.rows(a).tolist()):
+            by_row[g] = (b["input_ids"][i], b["perm_q_rank"][i], b["labels"][i], b["token_type_ids"][i])
+    seen = []
+    for rank in range(world):
+        s = PretrainStream(records, "train", rank, world, mb, seed=5, prefetch=0)
+        assert s.accumulation == G // (mb * world)
+        for a in range(s.accumulation):
+            rows, b = s.rows(a), s.batch(step, a)
+            src = [row_source(int(g), True, 4) for g in rows]
+            assert [f for f, _ in src[: mb // 2]] == [f for f, _ in src[mb // 2 :]]
+            assert [r for _, r in src] == [False] * (mb // 2) + [True] * (mb // 2)
+            for i, g in enumerate(rows.tolist()):
+                want = by_row[g]
+                got = (b["input_ids"][i], b["perm_q_rank"][i], b["labels"][i], b["token_type_ids"][i])
+                assert all(torch.equal(x, y) for x, y in zip(got, want, strict=True))
+            seen += rows.tolist()
+    assert sorted(seen) == list(range(G))
 
 
 def test_stream_feeds_the_engine(records):

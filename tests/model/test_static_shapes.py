@@ -27,7 +27,7 @@ def _segments(n: int, B: int = 2, P: int = 4):
 def _run(model, segments, static: bool):
     """Losses, per-step gradients (flattened) and the real memory after each step, through Memories."""
     c = model.config
-    mems = Memories(c.mem_len, 1, 0, torch.device("cpu"), (c.n_layer, c.d_model) if static else None)
+    mems = Memories(c.mem_len, [range(2)], torch.device("cpu"), (c.n_layer, c.d_model) if static else None)
     losses, grads, real = [], [], []
     for seg in segments:
         model.zero_grad()
@@ -36,7 +36,7 @@ def _run(model, segments, static: bool):
         mems.carry(0, out)
         losses.append(out.loss.item())
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
-        real.append(mems.state_dict()[0])
+        real.append(mems.state_dict()["layers"])
     return losses, grads, real
 
 
@@ -67,7 +67,7 @@ def test_padding_gets_zero_attention_weight():
 
     net = XLNetLMHeadModel(model).train()
     seg = _segments(1)[0]
-    mems = Memories(12, 1, 0, torch.device("cpu"), (model.n_layer, model.d_model))
+    mems = Memories(12, [range(2)], torch.device("cpu"), (model.n_layer, model.d_model))
     args = mems.inputs(0, 2)
     assert args["mem_pad"].all() and args["mems"][0].shape == (2, 12, model.d_model)  # first step: all padding
     base = forward(net, seg, **args).loss
@@ -119,7 +119,7 @@ def test_the_whole_step_compiles_once(static):
     a, _ = twins(tiny_cfg(mem_len=12, dropout=0.1, dropatt=0.1))
     c = a.config
     step = torch.compile(a, backend="aot_eager", dynamic=False)
-    mems = Memories(12, 1, 0, torch.device("cpu"), (c.n_layer, c.d_model) if static else None)
+    mems = Memories(12, [range(2)], torch.device("cpu"), (c.n_layer, c.d_model) if static else None)
     for seg in _segments(4):
         out = step(**seg, need_hidden=False, **mems.inputs(0, 2))
         out.loss.backward()

@@ -38,6 +38,7 @@ class ToyRecipe:
     name = "toy"
     loss_name = "toy loss"
     keep_last = 1
+    elastic = False
     hints = Hints(lengths="toy.width (4)", warmup="more toy.warmup")
 
     def __init__(

@@ -57,9 +57,11 @@ def test_run_layout_eval_and_rotation(records, tmp_path):
     assert json.loads((step / "meta.json").read_text())["kind"] == "pretrain"
     state = load_train_state(step)
     assert state["step"] == 6 and state["world_size"] == 1 and state["accumulation"] == 2
+    assert state["format_version"] == 2
     r0 = state["ranks"][0]
     assert set(r0["rng"]) >= {"python", "numpy", "torch"} and r0["data"]["step"] == 6
-    assert sorted(r0["mems"]) == [0, 1] and len(r0["mems"][0]) == 2 and r0["mems"][0][0].shape == (2, 16, 64)
+    mems = r0["mems"]  # by records row: the 4 rows of the global batch, 2 layers of [row, mem_len, d_model]
+    assert mems["rows"].tolist() == [0, 1, 2, 3] and len(mems["layers"]) == 2 and mems["layers"][0].shape == (4, 16, 64)
     rows = read_metrics(run)
     assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]
     evals = [r for r in rows if r["split"] == "eval"]
@@ -183,7 +185,7 @@ def test_torchrun_two_processes_match_one(records, tmp_path):
     w1, w2 = step_weights(tmp_path / "one" / "step_0000006"), step_weights(tmp_path / "two" / "step_0000006")
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-5
     st = load_train_state(tmp_path / "two" / "step_0000006")
-    assert st["world_size"] == 2 and len(st["ranks"]) == 2 and sorted(st["ranks"][1]["mems"]) == [1]
+    assert st["world_size"] == 2 and len(st["ranks"]) == 2 and st["ranks"][1]["mems"]["rows"].tolist() == [2, 3]
 
 
 @pytest.mark.slow
@@ -604,4 +606,4 @@ def test_mem_len_zero_means_no_memory_in_pretraining(records, tmp_path):
     cfg = _cfg("model.mem_len=0", "train.max_steps=3", "train.save_every=3", "train.eval_every=3")
     pretrain(cfg, records, tmp_path / "run", quiet=True)
     state = load_train_state(tmp_path / "run" / "step_0000003")
-    assert state["ranks"][0]["mems"] and all(m is None for m in state["ranks"][0]["mems"].values())
+    assert state["ranks"][0]["mems"]["layers"] is None

@@ -11,7 +11,8 @@ Layout of the examples (the original's ``create_tfrecords``):
   alternating across shard joins) is cut into contiguous rows: G = train.global_batch_size rows, or G/2 rows with
   bi_data, each then used forward and time-reversed. With bi_data, rows are grouped in blocks of
   train.micro_batch_size (one device's batch): [mb/2 forward rows ; the same rows reversed] (``row_source``,
-  record_format.py). meta.json keeps each pass's shard order, so the reader rebuilds the same stream.
+  record_format.py); a trainer with another micro-batch size or number of processes pairs them again at read time
+  (``stored_rows``). meta.json keeps each pass's shard order, so the reader rebuilds the same stream.
 - row g, step s: ``inp = row[sR : sR+R]`` then an A/B split of the text after it, giving
   ``[inp | A | <sep> | B | <sep> | <cls>]`` (length L) with |A| + |B| = L - R - 3 exactly.
 - prediction targets: span masking with n ~ p(n) ∝ 1/n (n <= 5), each span inside about n*alpha/beta tokens, goal

@@ -5,6 +5,13 @@
         out = model(batch["input_ids"], batch["token_type_ids"], perm_mask=batch["perm_mask"],
                     target_index=batch["target_index"], labels=batch["labels"], label_mask=batch["label_mask"])
     state = stream.state_dict()     # cursor; load_state_dict(state) resumes exactly
+    stream.load_state_dicts(states) # every rank's cursor of a run with another layout (world, micro_batch_size)
+
+Rows are the unit: one set of records serves any micro_batch_size and number of processes that divide the global
+batch. Reading row g' of a layout is (forward row, reversed?) by record_format.row_source under the reader's
+micro_batch_size (with bi_data every micro-batch is [forward half ; the same rows reversed], as the model needs), found
+in the records by ``stored_rows``; an example, its targets and its factorisation order belong to its stored row, so
+every layout trains on the same examples in the same orders.
 
 The factorisation order (the original ``_local_perm``) is kept as two O(B·L) rank vectors per example:
 ``perm_q_rank`` and ``perm_k_rank`` with ``perm_mask[b,i,j] = perm_q_rank[b,i] <= perm_k_rank[b,j]`` (1 = i cannot
@@ -15,7 +22,7 @@ themselves, in the query stream); functional tokens also see themselves. The res
 makes the reuse part blind to the rest and lets the rest see the whole reuse part — one comparison does both.
 ``perm_size`` blocks: the part is cut in blocks of perm_size; block b's ranks are b*perm_size + sigma(k), one random
 permutation sigma per part and example shared by its blocks, as the original's transpose/shuffle/transpose.
-The order is a pure function of (seed, step, row): a splitmix64 hash, vectorised over the batch.
+The order is a pure function of (seed, step, stored row): a splitmix64 hash, vectorised over the batch.
 
 ``objective`` (model.objective) swaps the order for the paper's ablations on the same records and backbone:
 ``mlm`` ("DAE + Transformer-XL", Table 6): the targets' input tokens become <mask> and attention is full within each
@@ -36,8 +43,8 @@ import numpy as np
 import torch
 
 from xlnetcli.config import OBJECTIVES
-from xlnetcli.core.errors import ConfigError, DataError
-from xlnetcli.data.record_format import open_records, segment_ids
+from xlnetcli.core.errors import CheckpointError, ConfigError, DataError
+from xlnetcli.data.record_format import open_records, segment_ids, stored_rows
 from xlnetcli.data.special import CLS_ID, MASK_ID, SEP_ID
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -272,8 +279,12 @@ def permutation_batch(
 class PretrainStream:
     """Micro-batches of rank ``rank`` of ``world``, in (step, micro_index) order, with an exact-resume cursor.
 
-    Rows: rank r with accumulation A = G / (micro_batch_size * world) reads micro-batch a = rows
-    [(r*A + a)*mb, (r*A + a + 1)*mb) at every step; a row is a fixed contiguous text stream (memory needs it).
+    Rows: rank r with accumulation A = G / (micro_batch_size * world) reads micro-batch a = reading rows
+    [(r*A + a)*mb, (r*A + a + 1)*mb) at every step; a row is a fixed contiguous text stream (memory needs it). Any
+    micro_batch_size and world that divide G read the same records: with bi_data a micro-batch is [mb/2 forward rows ;
+    the same rows reversed] whatever the records' micro_batch_size, its rows found by ``stored_rows`` (``rows``), and
+    each example, its targets and its factorisation order are those of its stored row. With the records' own
+    micro_batch_size the mapping is the identity.
     Steps run through pass 0, 1, ... and start again at pass 0 (with fresh factorisation orders) when done.
     ``dense=False`` leaves out perm_mask [B,L,L] and target_mapping [B,P,L] (build them on the device from
     ``perm_q_rank``/``perm_k_rank`` and ``target_index``: ``perm_mask_from_ranks``, ``target_mapping``).
@@ -310,16 +321,8 @@ class PretrainStream:
         mb = mb_rec if micro_batch_size is None else micro_batch_size
         if mb < 1 or world < 1 or not 0 <= rank < world:
             raise ConfigError(f"invalid micro_batch_size {mb} / rank {rank} / world {world}")
-        if self.meta["bi_data"]:
-            if mb % 2:
-                raise ConfigError(
-                    f"the per-device batch ({mb}) must be even with bi_data (half forward, half backward)"
-                )
-            if mb != mb_rec:
-                raise ConfigError(
-                    f"records were laid out for micro_batch_size {mb_rec} (bi_data blocks) but training uses {mb}; "
-                    f"set train.micro_batch_size={mb_rec} or re-run `xlnet preprocess`"
-                )
+        if self.meta["bi_data"] and mb % 2:
+            raise ConfigError(f"the per-device batch ({mb}) must be even with bi_data (half forward, half backward)")
         if G % (mb * world):
             raise ConfigError(
                 f"records hold {G} rows (global batch); micro_batch_size {mb} x world {world} must divide it; "
@@ -327,12 +330,18 @@ class PretrainStream:
             )
         self.micro_batch_size, self.rank, self.world = mb, rank, world
         self.accumulation = G // (mb * world)
+        first = rank * self.accumulation * mb
+        self._rows = [
+            stored_rows(np.arange(first + a * mb, first + (a + 1) * mb), self.meta["bi_data"], mb, mb_rec)
+            for a in range(self.accumulation)
+        ]
         self.steps_per_pass = self.meta["splits"][split]["steps_per_pass"]
         self.total_steps = self.steps_per_pass * len(self.passes)
         self.step, self.micro = 0, 0
 
     # cursor -------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """The cursor; at a step boundary (micro 0) any layout can continue it (``load_state_dicts``)."""
         return {
             "step": self.step,
             "micro": self.micro,
@@ -344,15 +353,30 @@ class PretrainStream:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """This rank's cursor, saved by a run of the same layout (the same world and micro_batch_size)."""
         for key in ("world", "micro_batch_size"):
             if key in state and state[key] != getattr(self, key):
                 raise ConfigError(f"cannot resume the data stream: saved {key}={state[key]}, now {getattr(self, key)}")
         self.step, self.micro = int(state["step"]), int(state["micro"])
         self.seed = int(state.get("seed", self.seed))
 
+    def load_state_dicts(self, states: list[dict[str, Any]]) -> None:
+        """The cursor of a run saved with another layout (``states``: every rank's): rows are the unit, so the step is
+        all it needs; a cursor inside a step cannot be re-assigned."""
+        at = {(int(s["step"]), int(s["micro"])) for s in states}
+        step, micro = min(at)
+        if len(at) > 1 or micro:
+            was = f"{len(states)} process(es) x micro_batch_size {states[0].get('micro_batch_size')}"
+            raise CheckpointError(
+                f"the checkpoint's data cursor is inside step {step} (micro-batch {micro}); resume it with the layout "
+                f"that wrote it ({was})"
+            )
+        self.step, self.micro = step, 0
+        self.seed = int(states[0].get("seed", self.seed))
+
     def rows(self, micro: int) -> np.ndarray:
-        g0 = (self.rank * self.accumulation + micro) * self.micro_batch_size
-        return np.arange(g0, g0 + self.micro_batch_size)
+        """The stored rows of micro-batch ``micro`` (the same at every step)."""
+        return self._rows[micro]
 
     def batch(self, step: int, micro: int) -> dict[str, Any]:
         """The micro-batch at (step, micro); a pure function of the records, the seed and these two numbers."""

@@ -52,7 +52,8 @@ _RERUN = "re-run `xlnet preprocess`"
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Layout
+# Layout: a stored row g is (forward row f, reversed?) by ``row_source`` under the records' micro_batch_size; a
+# reader with another micro-batch size (or number of processes) finds its rows with ``stored_rows``.
 
 
 def bstart_dtype(row_len: int) -> np.dtype:
@@ -77,6 +78,19 @@ def row_sources(rows: np.ndarray, bi_data: bool, mb: int) -> tuple[np.ndarray, n
     half = mb // 2
     block, k = rows // mb, rows % mb
     return block * half + k % half, k >= half
+
+
+def stored_rows(rows: Any, bi_data: bool, mb: int, mb_records: int) -> np.ndarray:
+    """int64: the stored rows of reading rows ``rows`` of a reader whose micro-batches hold ``mb`` rows: reading row
+    g' is (f, rev) = ``row_source(g', bi_data, mb)``, stored where ``row_source`` under the records' micro-batch size
+    ``mb_records`` put (f, rev). The identity without bi_data or when ``mb == mb_records``."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if not bi_data:
+        return rows
+    half, half_rec = mb // 2, mb_records // 2
+    block, k = np.divmod(rows, mb)
+    f, rev = block * half + k % half, k >= half
+    return f // half_rec * mb_records + f % half_rec + rev * half_rec
 
 
 def segment_ids(alen: np.ndarray, seq_len: int, reuse_len: int) -> np.ndarray:
@@ -247,7 +261,7 @@ class PassRecords:
     micro_batch_size: int  # the bi_data block
 
     def __post_init__(self) -> None:
-        self._rows: tuple[bytes, Any] = (b"", None)
+        self._rows: dict[bytes, Any] = {}  # rows -> their layout: a stream asks the same few micro-batches
         dt = self.stream.dtype
         self._sep, self._tail, self._liat = (
             np.array(x, dt).tobytes() for x in ([SEP_ID], [SEP_ID, CLS_ID], [CLS_ID, SEP_ID])
@@ -256,9 +270,10 @@ class PassRecords:
     def _layout(self, rows: np.ndarray) -> tuple[list[tuple[Any, tuple[list[int], list[memoryview]], bool]], Any, Any]:
         """For stored rows ``rows``: [(the row's buffer when it lies in one shard file else None, its buffers
         (MappedStream.span), time-reversed?)], how to index them (a slice when contiguous) and the batch rows to flip
-        back (None, a slice or indices). The last rows asked are kept: a stream asks the same ones at every step."""
+        back (None, a slice or indices). Kept by rows: a stream asks the same ones at every step."""
         key = rows.tobytes()
-        if self._rows[0] != key:
+        hit = self._rows.get(key)
+        if hit is None:
             f, rev = row_sources(rows, self.bi_data, self.micro_batch_size)
             spans = [self.stream.span(base, self.row_len) for base in (f * self.row_len).tolist()]
             src = [(s[1][0] if len(s[1]) == 1 else None, s, r) for s, r in zip(spans, rev.tolist(), strict=True)]
@@ -270,8 +285,10 @@ class PassRecords:
                 flip = None
             elif (np.diff(flip) == 1).all():
                 flip = slice(int(flip[0]), int(flip[-1]) + 1)
-            self._rows = (key, (src, at, flip))
-        return self._rows[1]
+            if len(self._rows) >= 4096:
+                self._rows.clear()
+            hit = self._rows[key] = (src, at, flip)
+        return hit
 
     def examples(self, rows: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(token ids [B, L] in the shards' dtype, masked [B, L] bool, alen [B]) of stored rows ``rows`` (any int

@@ -19,10 +19,8 @@ shares the id of its last line.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import errno
-import multiprocessing as mp
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -45,7 +43,8 @@ from xlnetcli.core.files import (
     is_disk_full,
     sha256_file,
 )
-from xlnetcli.core.signals import quiet_pool_worker, sigterm_as_interrupt
+from xlnetcli.core.signals import sigterm_as_interrupt
+from xlnetcli.core.workers import ordered_map
 from xlnetcli.data.corpus import (
     FileStats,
     ReadStats,
@@ -108,80 +107,15 @@ def encode_chunk(tok: Tokenizer, text: str, dtype: np.dtype) -> ChunkResult:
 _WORKER: tuple[Tokenizer, np.dtype] | None = None
 
 
-def _init_worker(model_bytes: bytes, meta: dict[str, Any], dtype: str, parent: int | None = None) -> None:
-    quiet_pool_worker(parent)
+def _init_worker(model_bytes: bytes, meta: dict[str, Any], dtype: str) -> None:
     global _WORKER
     _WORKER = (Tokenizer(model_bytes, meta), np.dtype(dtype))
     _WORKER[0].fix_mask  # noqa: B018 - build the lookup once per worker
 
 
-def _work(text: str) -> ChunkResult:
+def _work(chunk: tuple[str, bool]) -> tuple[ChunkResult, bool]:
     assert _WORKER is not None
-    return encode_chunk(_WORKER[0], text, _WORKER[1])
-
-
-class _EncoderPool:
-    """``workers`` encoders that return chunk results in input order: the main process and ``workers - 1`` helper
-    processes.
-
-    The main process is one of the encoders: it encodes a chunk itself whenever the helpers already hold enough work,
-    so N workers = N busy processes (not N helpers + a mostly idle parent competing for the same cores), and its own
-    serial work (read, assign, write) fills the gaps. Read-ahead is bounded: memory stays a few chunks whatever the
-    corpus."""
-
-    def __init__(self, tok: Tokenizer, dtype: np.dtype, workers: int) -> None:
-        self.tok, self.dtype = tok, dtype
-        combining_table()  # built once here, inherited by forked workers
-        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        helpers = workers - 1
-        self.pool: Any = ctx.Pool(
-            helpers, initializer=_init_worker, initargs=(tok.model_bytes, tok.meta, dtype.str, os.getpid())
-        )
-        tok.fix_mask  # noqa: B018
-        self.pending: collections.deque = collections.deque()  # (AsyncResult | ChunkResult, is_valid), in order
-        self.in_flight: collections.deque = collections.deque()  # AsyncResults not yet taken
-        self.busy = 2 * helpers  # tasks queued per helper: one running, one ready to start
-        self.window = 4 * workers + 4  # most chunks read ahead of the one being assigned
-
-    def encode(self, chunks: Iterable[tuple[str, bool]]) -> Iterator[tuple[ChunkResult, bool]]:
-        """Each chunk's result with its is_valid flag, in the order of ``chunks``; closes the pool at the end."""
-        for text, is_valid in chunks:
-            if sum(not r.ready() for r in self.in_flight) < self.busy:
-                r = self.pool.apply_async(_work, (text,))
-                self.in_flight.append(r)
-                self.pending.append((r, is_valid))
-            else:
-                self.pending.append((encode_chunk(self.tok, text, self.dtype), is_valid))
-            yield from self._take(block=False)
-            if len(self.pending) >= self.window:
-                yield from self._take(block=True)
-        while self.pending:
-            yield from self._take(block=True)
-        self.pool.close()
-        self.pool.join()
-        self.pool = None
-
-    def _take(self, block: bool) -> Iterator[tuple[ChunkResult, bool]]:
-        """The finished results at the head of the queue (with ``block``, waits for the first one)."""
-        while self.pending:
-            r, is_valid = self.pending[0]
-            if isinstance(r, ChunkResult):
-                res = r
-            elif block or r.ready():
-                res = r.get()
-                self.in_flight.remove(r)
-            else:
-                return
-            self.pending.popleft()
-            yield res, is_valid
-            block = False
-
-    def terminate(self) -> None:
-        """Stop the helpers now (on an error or an interrupt); nothing once the pool is closed."""
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
-            self.pool = None
+    return encode_chunk(_WORKER[0], chunk[0], _WORKER[1]), chunk[1]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -514,18 +448,19 @@ def _encode_in_order(
     workers: int,
     assign: Callable[[ChunkResult, bool], None],
 ) -> None:
-    """Encode every chunk (here, or with ``workers`` encoders) and pass each result to ``assign`` in input order."""
-    if workers == 1:
-        tok.fix_mask  # noqa: B018
-        for text, is_valid in chunks:
-            assign(encode_chunk(tok, text, dtype), is_valid)
-        return
-    encoders = _EncoderPool(tok, dtype, workers)
-    try:
-        for res, is_valid in encoders.encode(chunks):
-            assign(res, is_valid)
-    finally:
-        encoders.terminate()
+    """Encode every chunk with ``workers`` encoders (this process and ``workers - 1`` helpers, core/workers.py) and
+    pass each result to ``assign`` in input order."""
+    tok.fix_mask  # noqa: B018 - built once here, inherited by forked helpers
+    combining_table()
+
+    def here(chunk: tuple[str, bool]) -> tuple[ChunkResult, bool]:
+        return encode_chunk(tok, chunk[0], dtype), chunk[1]
+
+    init = (tok.model_bytes, tok.meta, dtype.str)
+    for res, is_valid in ordered_map(
+        _work, chunks, helpers=workers - 1, local=here, initializer=_init_worker, initargs=init
+    ):
+        assign(res, is_valid)
 
 
 def _check_split(assigner: _Assigner, n_files: int, quiet: bool) -> None:

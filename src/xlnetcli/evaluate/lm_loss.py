@@ -4,20 +4,24 @@
     inputs = model_inputs(batch, device)         # a PretrainStream micro-batch on the device (perm_mask built there)
     out = forward(model, inputs, mems)           # loss and new memories; the query stream only (docs/xlnet.md)
     evaluate_plm(model, stream, n_batches)       # held-out loss, perplexity and target accuracy
+    mems = Memories(mem_len, [stream.rows(a) for a in range(A)], device)  # per micro-batch; saved by records row, so
+                                                 # a run resumed on another layout takes its rows' (load_state_dicts)
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import torch
 
 from xlnetcli.config import ModelConfig
 from xlnetcli.core import dist
 from xlnetcli.core.dist import autocast_ctx
-from xlnetcli.core.errors import DataError
+from xlnetcli.core.errors import CheckpointError, DataError
 from xlnetcli.data.record_format import read_meta
 
 
@@ -54,20 +58,28 @@ def carried_mems(mem_len: int, out: Any) -> list | None:
 
 class Memories:
     """Transformer-XL memory of each micro-batch index ``a`` of this rank: the hidden states of the previous segment
-    of the same rows, carried from step to step (the segment-level recurrence of the paper's §2.4). In a checkpoint
-    they are keyed by the global micro-batch index ``rank * accumulation + a`` and stored on the CPU.
+    of the same rows, carried from step to step (the segment-level recurrence of the paper's §2.4). ``rows[a]``: the
+    stored records rows micro-batch ``a`` reads (PretrainStream.rows). In a checkpoint they are kept by row, on the
+    CPU: {"rows": int64 [n], "layers": one [n, m, d] tensor per layer, or None}, so a run resumed with another number
+    of processes or micro-batch size picks each of its rows' memory from whichever rank saved it
+    (``load_state_dicts``).
 
     ``static`` = (n_layer, d_model) keeps static shapes (train.static_shapes): the memory is always ``mem_len`` long,
     left-padded with zeros from the first step and its padding columns masked (``mem_pad``), so every step has the
     same shapes and can be captured once (CUDA graphs). A checkpoint holds only the real states, as without it."""
 
     def __init__(
-        self, mem_len: int, accumulation: int, rank: int, device: torch.device, static: tuple[int, int] | None = None
+        self,
+        mem_len: int,
+        rows: Sequence[np.ndarray | Sequence[int]],
+        device: torch.device,
+        static: tuple[int, int] | None = None,
     ) -> None:
-        self.mem_len, self.device, self.first = mem_len, device, rank * accumulation
+        self.mem_len, self.device = mem_len, device
+        self.rows = [np.asarray(r, dtype=np.int64) for r in rows]
         self.static = static if mem_len > 0 else None
-        self.mems: list[list | None] = [None] * accumulation
-        self.pads: list[torch.Tensor | None] = [None] * accumulation
+        self.mems: list[list | None] = [None] * len(self.rows)
+        self.pads: list[torch.Tensor | None] = [None] * len(self.rows)
 
     def __getitem__(self, micro: int) -> list | None:
         return self.mems[micro]
@@ -113,18 +125,49 @@ class Memories:
         return [x[:, x.shape[1] - n :] for x in m] if n else None
 
     def state_dict(self) -> dict:
-        return {
-            self.first + a: None if (m := self._real(a)) is None else [x.detach().to("cpu") for x in m]
-            for a in range(len(self.mems))
-        }
+        """{"rows", "layers"} of every micro-batch (memory exists for all of them at a step boundary, or for none)."""
+        real = [m for a in range(len(self.mems)) if (m := self._real(a)) is not None]
+        layers = None
+        if len(real) == len(self.mems):
+            layers = [torch.cat(per_micro).detach().to("cpu") for per_micro in zip(*real, strict=True)]
+        return {"rows": torch.from_numpy(np.concatenate(self.rows)), "layers": layers}
 
     def load_state_dict(self, state: dict) -> None:
-        for a in range(len(self.mems)):
-            m = state.get(self.first + a)
-            real = None if m is None else [x.to(self.device) for x in m]
+        self.load_state_dicts([state])
+
+    def load_state_dicts(self, states: list[dict]) -> None:
+        """Each micro-batch's memory, by row, from the states of every rank of the saving run (any layout)."""
+        saved = [_by_row(s) for s in states]
+        kept = [m for _, m in saved if m is not None]
+        if len(kept) < len(saved):  # no memory yet, or mem_len 0
+            self.mems, self.pads = [None] * len(self.rows), [None] * len(self.rows)
+            return
+        rows = torch.cat([r for r, _ in saved]).tolist()
+        layers = [torch.cat(per_rank) for per_rank in zip(*kept, strict=True)]
+        at = {g: j for j, g in enumerate(rows)}
+        for a, want in enumerate(self.rows):
+            missing = [g for g in want.tolist() if g not in at]
+            if missing:
+                raise CheckpointError(
+                    f"the checkpoint holds no memory for records row {missing[0]}; resume from another step folder"
+                )
+            index = torch.tensor([at[g] for g in want.tolist()])
+            real = [x[index].to(self.device) for x in layers]
             self.mems[a], self.pads[a] = real, None
-            if real is not None and self.static is not None:
+            if self.static is not None:
                 self._set_padded(a, real, real[0].shape[0])
+
+
+def _by_row(state: dict) -> tuple[torch.Tensor, list | None]:
+    """(rows, layers) of one rank's saved memories. Train-state format 1 keyed them by global micro-batch index k,
+    [mb, m, d] per layer, which read stored rows k*mb .. (k+1)*mb - 1 (that format's stream read them in order)."""
+    if "rows" in state:
+        return state["rows"], state["layers"]
+    items = sorted(state.items())
+    if not items or any(m is None for _, m in items):
+        return torch.zeros(0, dtype=torch.int64), None
+    rows = torch.cat([k * len(m[0]) + torch.arange(len(m[0])) for k, m in items])
+    return rows, [torch.cat([m[i] for _, m in items]) for i in range(len(items[0][1]))]
 
 
 def forward(model: torch.nn.Module, inputs: dict, mems: list | None, mem_pad: torch.Tensor | None = None) -> Any:

@@ -3,7 +3,7 @@
     run_dir/step_0001000/
         model.safetensors        the model (checkpoint/folders.py writes the folder: config.yaml, tokenizer/, meta.json)
         train_state.safetensors  (`save_tree`) counters, optimizer, grad scaler, task state, per-rank RNG, data cursor,
-                                 memories
+                                 memories (by records row)
 
 A training run saves and loads these with a `Checkpointer`: one collection of stateful objects (``state_dict()`` /
 ``load_state_dict()``), the model to model.safetensors and the rest to train_state.safetensors.
@@ -15,7 +15,7 @@ import json
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -114,7 +114,14 @@ def _check_state_shape(state: Any, where: Path) -> None:
     """The top of a train state: an object with its step and one object per rank; one line naming the field else."""
     if not isinstance(state, dict):
         raise CheckpointError(f"{where}: not a training state (found {describe(state)}); resume from an earlier step")
+    version = json_field(state, "format_version", int, where, CheckpointError, lo=1, default=1)
+    if version > TRAIN_STATE_FORMAT:
+        raise CheckpointError(
+            f"{where}: training state format {version} is newer than this xlnet reads ({TRAIN_STATE_FORMAT}); "
+            "upgrade xlnetcli"
+        )
     json_field(state, "step", int, where, CheckpointError, lo=0)
+    json_field(state, "accumulation", int, where, CheckpointError, lo=1, default=1)
     ranks = json_field(state, "ranks", list, where, CheckpointError)
     if not ranks or not all(isinstance(r, dict) for r in ranks):
         raise CheckpointError(f"{where}: field 'ranks' must be a non-empty list of objects; resume from another step")
@@ -134,7 +141,15 @@ class Stateful(Protocol):
     def load_state_dict(self, state: Any) -> None: ...
 
 
-TRAIN_STATE_FORMAT = 1
+class Reassignable(Stateful, Protocol):
+    """A rank's state that a run with another layout (number of processes, micro-batch size) can continue:
+    ``load_state_dicts`` gets the states of every rank of the saving run, in rank order, and takes its share."""
+
+    def load_state_dicts(self, states: list[Any]) -> None: ...
+
+
+# 2: memories keyed by records row ({"rows", "layers"}), not by micro-batch index; format 1 is still read
+TRAIN_STATE_FORMAT = 2
 MODEL = "model"  # the entry stored in model.safetensors
 PROGRESS = "train"  # the entry whose keys (step, tokens_seen, ...) sit at the top of train_state, as format 1 has them
 
@@ -172,7 +187,9 @@ class ModelState:
 
 
 class OptimizerState:
-    """The optimizer's state; under FSDP the full (unsharded) one, gathered on save and scattered on load."""
+    """The optimizer's state; under FSDP the full (unsharded) one, gathered on save and scattered on load. A plain or
+    DDP run keys it by parameter index, an FSDP run by parameter name (torch.distributed.checkpoint): either loads into
+    either, so a run resumes on any number of processes and under either wrapper."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
@@ -186,10 +203,18 @@ class OptimizerState:
         )
 
     def load_state_dict(self, state: dict) -> None:
-        if not dist.is_fsdp(self.model):
+        by_name = any(isinstance(i, str) for g in state.get("param_groups", []) for i in g.get("params", []))
+        if not by_name and not dist.is_fsdp(self.model):
             self.optimizer.load_state_dict(state)
             return
         sd = _fsdp_state_dict()
+        if not by_name:  # by index, onto a sharded model: the names of the optimizer's parameters, in its order
+            groups = sd.get_optimizer_state_dict(self.model, self.optimizer)["param_groups"]
+            names = [n for g in groups for n in g["params"]]
+            state = {
+                "state": {names[i]: v for i, v in state["state"].items()},
+                "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]],
+            }
         sd.set_optimizer_state_dict(
             self.model, self.optimizer, state, options=sd.StateDictOptions(full_state_dict=True)
         )
@@ -201,7 +226,8 @@ class Checkpointer:
     ``states``: {name: Stateful}, the same on every rank, saved once (rank 0's): ``MODEL`` -> model.safetensors;
     the others -> train_state.safetensors, ``PROGRESS``'s keys at its top level and every other entry under its name.
     ``rank_states``: {name: Stateful} of each rank (RNG states, data cursors, memories), gathered from every rank into
-    train_state["ranks"][rank]. So a train_state.safetensors reads::
+    train_state["ranks"][rank]. A checkpoint of another layout (processes, ``accumulation``) is refused unless
+    ``elastic`` (pretraining: every rank state is then ``Reassignable``). So a train_state.safetensors reads::
 
         {format_version, step, tokens_seen, world_size, accumulation, log_window, optimizer, scaler, [task],
          ranks: [{rng, [data, mems]} for each rank]}
@@ -220,8 +246,12 @@ class Checkpointer:
         tokenizer_dir: Path | None = None,
         keep_last: int = 1,
         resume_hint: str = "--resume {step}",
+        accumulation: int = 1,
+        elastic: bool = False,
     ) -> None:
         self.run_dir, self.states, self.rank_states, self.cfg, self.env = run_dir, states, rank_states, cfg, env
+        self.layout, self.elastic = (env.world_size, accumulation), elastic
+        self.resumed_layout: tuple[int, int] | None = None  # (processes, accumulation) of a checkpoint re-assigned
         self.tokenizer_dir = (
             tokenizer_dir if tokenizer_dir is not None and (tokenizer_dir / "spiece.model").is_file() else None
         )
@@ -231,16 +261,20 @@ class Checkpointer:
     # ---- load ------------------------------------------------------------------------------------------------------
 
     def load(self, folder: Path) -> None:
-        """Restore every entry from step folder ``folder`` (checksums verified). A checkpoint written by another
-        number of processes is refused before anything is touched: each rank continues its own state."""
+        """Restore every entry from step folder ``folder`` (checksums verified). The model and optimizer are full
+        state dicts, loadable on any number of processes. Each rank continues its own rank state when the layout is
+        the same; else an elastic run's rank states are re-assigned from every rank's (``Reassignable``) and
+        ``resumed_layout`` says so, and a non-elastic run's checkpoint is refused before anything is touched."""
         _, weights, _ = load_step_folder(folder)  # every file of the folder checked against meta.json
         state = load_train_state(folder, verified=True)
         _check_state_shape(state, folder / TRAIN_STATE)
-        written_by = len(state["ranks"])
-        if written_by != self.env.world_size:
+        saved = (len(state["ranks"]), state.get("accumulation", self.layout[1]))
+        same = saved == self.layout
+        if not same and not self.elastic:
             raise CheckpointError(
-                f"checkpoint {folder.name} was written by {written_by} process(es); resume with the same number "
-                f"(torchrun --nproc-per-node {written_by}) for an exact continuation"
+                f"checkpoint {folder.name} was written by {saved[0]} process(es) with accumulation {saved[1]}, this "
+                f"run has {self.layout[0]} with {self.layout[1]}; resume with the same number (torchrun "
+                f"--nproc-per-node {saved[0]}) and micro-batch size for an exact continuation"
             )
         self.states[PROGRESS].load_state_dict(state)
         model = self.states[MODEL]
@@ -249,9 +283,13 @@ class Checkpointer:
         for name, obj in self.states.items():
             if name not in (MODEL, PROGRESS):
                 obj.load_state_dict(self._entry(state, name, folder))
-        mine = state["ranks"][self.env.rank]
+        ranks = state["ranks"]
         for name, obj in self.rank_states.items():
-            obj.load_state_dict(self._entry(mine, name, folder))
+            if same:
+                obj.load_state_dict(self._entry(ranks[self.env.rank], name, folder))
+            else:
+                cast(Reassignable, obj).load_state_dicts([self._entry(r, name, folder) for r in ranks])
+        self.resumed_layout = None if same else saved
         self.last_good = folder
 
     @staticmethod

@@ -25,6 +25,8 @@ A recipe (``pretrain.PretrainRecipe``, ``finetune.FinetuneRecipe``) is what a tr
     states(), rank_states()            its stateful objects, shared by the ranks (finetuning: "task", the example
                                        order and the best so far) and of one rank (pretraining: "data", the records
                                        cursor, and "mems", the Transformer-XL memories)
+    elastic                            True: a checkpoint of another layout (processes, micro-batch size) resumes, its
+                                       rank states re-assigned (checkpointer.Reassignable) and dropout re-seeded
     keep_last, pinned_steps(with_state)  which step folders stay after a save (rotation, the best checkpoint)
 
 Everything kept across steps is one collection of stateful objects (``state_dict()`` / ``load_state_dict()``), saved
@@ -190,6 +192,7 @@ class Recipe(Protocol):
     loss_name: str
     hints: Hints
     keep_last: int
+    elastic: bool
 
     def next_batch(self, step: int, micro: int) -> Any: ...
     def loss(self, model: torch.nn.Module, batch: Any, micro: int) -> torch.Tensor: ...
@@ -246,13 +249,27 @@ def set_rng_state(state: dict) -> None:
 
 class RandomState:
     """This process's random number generators (python, numpy, torch, CUDA): dropout masks and sampling continue
-    after a resume as they would have."""
+    after a resume as they would have. A process's generators have no counterpart in another layout: a resume with
+    another number of processes or micro-batch size calls ``reseed`` instead (``load_state_dicts``)."""
+
+    def __init__(self, reseed: Callable[[], None] | None = None) -> None:
+        self.reseed = reseed
 
     def state_dict(self) -> dict:
         return rng_state()
 
     def load_state_dict(self, state: dict) -> None:
         set_rng_state(state)
+
+    def load_state_dicts(self, states: list[dict]) -> None:
+        assert self.reseed is not None  # only elastic runs re-assign their rank states
+        self.reseed()
+
+
+def layout_seed(seed: int, step: int, rank: int) -> int:
+    """The seed of rank ``rank``'s generators after a resume at ``step`` with another layout: deterministic, so two
+    such resumes give the same run, but its dropout masks are not the uninterrupted run's."""
+    return int(np.random.SeedSequence([seed, step, rank, 0x1A7]).generate_state(1)[0])
 
 
 @dataclass
@@ -558,6 +575,7 @@ class Engine:
         self.progress = TrainProgress(env.world_size, plan.accumulation)
         self.last_loss = float("nan")
         self.result: dict[str, Any] = {"out": str(run_dir), "eval": None}
+        self.relayout: str | None = None  # set by a resume with another layout (``_relayout_text``)
 
     @property
     def step(self) -> int:
@@ -594,15 +612,18 @@ class Engine:
                 "scaler": self.scaler,
                 **self.recipe.states(),
             },
-            {"rng": RandomState(), **self.recipe.rank_states()},
+            {"rng": RandomState(self._reseed if self.recipe.elastic else None), **self.recipe.rank_states()},
             self.cfg,
             env,
             self.tokenizer_dir,
             self.recipe.keep_last,
             self.recipe.hints.resume,
+            plan.accumulation,
+            self.recipe.elastic,
         )
         if self.resume_from is not None:
             self.checkpointer.load(self.resume_from)
+            self.relayout = self._relayout_text()
         if self.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.checkpointer.remove_stale_temp()
@@ -614,6 +635,21 @@ class Engine:
         dist.barrier()
         self.logger = MetricsLogger(self.run_dir, self.report_to, self.cfg) if self.main else NullLogger()
         return self
+
+    def _reseed(self) -> None:
+        seed_everything(layout_seed(getattr(self.cfg, self.plan.section).seed, self.step, self.env.rank))
+
+    def _relayout_text(self) -> str | None:
+        """The header line of a resume with another layout (None when the layout is the checkpoint's)."""
+        if self.checkpointer.resumed_layout is None:
+            return None
+        (world, accum), plan = self.checkpointer.resumed_layout, self.plan
+        g = plan.global_batch_size
+        return (
+            f"checkpoint of {world} process(es) x micro {g // (world * accum)} x accumulation {accum} continued on "
+            f"{self.env.world_size} x micro {plan.micro_batch_size} x accumulation {plan.accumulation}: memories and "
+            "data cursors re-assigned by row; dropout re-seeded (its masks differ from an uninterrupted run's)"
+        )
 
     def describe(self) -> str:
         """The device line of a run's header."""

@@ -181,6 +181,7 @@ class FinetuneRecipe:
 
     loss_name = "loss"
     keep_last = 1  # the latest resumable step folder; pinned_steps adds the best ones
+    elastic = False  # each rank draws its share of the examples: resume with the same number of processes
 
     def __init__(
         self,

@@ -9,8 +9,10 @@ recipe: the records stream, the PLM loss with memories, held-out evaluation, and
 
 Batch maths: ``train.global_batch_size`` rows (parallel text streams, fixed for the run) per optimizer step;
 each of W processes runs A = global / (micro * W) micro-batches and accumulates gradients. Micro-batch a of rank r
-reads rows [(r*A + a)*micro, (r*A + a + 1)*micro), so memory is kept per micro-batch index a (``mems[a]``) and always
-continues the same rows' text. The loss is the PLM cross entropy of the query stream on the predicted tokens.
+reads rows [(r*A + a)*micro, (r*A + a + 1)*micro) of its layout (PretrainStream maps them to the records' rows, so
+any micro and W that divide the global batch train on the same records), so memory is kept per micro-batch index a
+(``mems[a]``) and always continues the same rows' text. The loss is the PLM cross entropy of the query stream on the
+predicted tokens.
 
 Run folder::
 
@@ -19,12 +21,17 @@ Run folder::
       metrics.jsonl          one JSON object per log line (split train / eval); TensorBoard in tensorboard/ if installed
       step_0000200/          a checkpoint (written to a temporary folder, fsynced, renamed; the last K are kept)
         model.safetensors config.yaml tokenizer/ meta.json
-        train_state.safetensors       optimizer, grad scaler, step, RNG states, data cursors and memories of every rank
+        train_state.safetensors       optimizer, grad scaler, step, RNG states, data cursors and memories (by records
+                                      row) of every rank
 
 The recipe's stateful objects are its records stream (``data``: the cursor) and its ``Memories`` (``mems``), both of
 each rank; the engine checkpoints them with everything else it keeps (train/checkpointer.py).
 
-``resume="latest"`` (or a step number) continues exactly: same data, same dropout masks, same memories.
+``resume="latest"`` (or a step number) continues exactly: same data, same dropout masks, same memories. Rows are the
+unit, so a run may resume on another number of processes or with another train.micro_batch_size (same global batch,
+same records): each rank takes the memories of its rows from whichever rank saved them and the data cursor from the
+step, the losses stay the uninterrupted run's up to float rounding; only the dropout masks cannot follow (each
+process's generators are re-seeded from (train.seed, step, rank)), which the header says in one line.
 """
 
 from __future__ import annotations
@@ -85,6 +92,7 @@ RESUME_MUTABLE = {
     "train.report_to",
     "train.probe_file",
     "train.probe_every",
+    "train.micro_batch_size",  # the same global batch, other micro-batches: same examples (rows are the unit)
 }
 
 # records meta key -> config key it must agree with
@@ -100,7 +108,6 @@ RECORD_KEYS = {
     "word_rule": "data.word_rule",
     "perm_size": "data.perm_size",
     "global_batch_size": "train.global_batch_size",
-    "micro_batch_size": "train.micro_batch_size",
 }
 
 
@@ -134,8 +141,6 @@ def check_records(cfg: Config, meta: dict, data_dir: str | Path) -> None:
     for rkey, ckey in RECORD_KEYS.items():
         if rkey not in meta:
             continue
-        if rkey == "micro_batch_size" and not cfg.model.bi_data:
-            continue  # without bi_data any micro-batch works: rows are independent streams
         have, need = meta[rkey], _get(want, ckey)
         if have != need:
             raise DataError(
@@ -178,6 +183,7 @@ class PretrainRecipe:
 
     name = "pretrain"
     loss_name = "PLM loss"
+    elastic = True  # rows are the unit: resumes on any number of processes and micro-batch size (same global batch)
 
     def __init__(
         self,
@@ -208,7 +214,7 @@ class PretrainRecipe:
             objective=cfg.model.objective,
         )
         static = (cfg.model.n_layer, cfg.model.d_model) if t.static_shapes else None
-        self.mems = Memories(cfg.model.mem_len, accum, env.rank, env.device, static)
+        self.mems = Memories(cfg.model.mem_len, [self.stream.rows(a) for a in range(accum)], env.device, static)
         self.keep_last = t.keep_last
         self._it: Any = None
         self.probe_rows: tuple | None = None  # (train, valid) rows of train.probe_file, probed every probe_every
@@ -575,6 +581,8 @@ def _say_header(
         f"{engine.env.world_size} process(es); {plan.tokens_per_step:,} tokens per step, {t.max_steps:,} steps"
     )
     say(f"  device     {engine.describe()}, deterministic {t.deterministic}")
+    if engine.relayout:
+        say(f"  layout     {engine.relayout}")
     spp = meta.get("splits", {}).get("train", {}).get("steps_per_pass")
     if spp:
         passes = meta.get("passes", 1)

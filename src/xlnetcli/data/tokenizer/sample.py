@@ -15,15 +15,12 @@ sample is the same for any number of workers and any timing, and a corpus that f
 
 from __future__ import annotations
 
-import collections
-import multiprocessing as mp
-import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from xlnetcli.core.signals import quiet_pool_worker
+from xlnetcli.core.workers import ordered_map
 from xlnetcli.data.corpus import FileStats, ReadStats, Source, iter_file_text
 from xlnetcli.data.tokenizer.normalize import combining_table, normalize_block
 
@@ -159,14 +156,14 @@ def iter_line_blocks(
 _WORKER: tuple[SampleLimits, bool, bool] | None = None
 
 
-def _init_worker(lim: SampleLimits, uncased: bool, keep_accents: bool, parent: int | None) -> None:
-    quiet_pool_worker(parent)
+def _init_worker(lim: SampleLimits, uncased: bool, keep_accents: bool) -> None:
     global _WORKER
     _WORKER = (lim, uncased, keep_accents)
 
 
-def _work(index: int, text: str, below: float) -> tuple[ChunkSample, int]:
+def _work(item: tuple[int, str, float]) -> tuple[ChunkSample, int]:
     assert _WORKER is not None
+    index, text, below = item
     return sample_chunk(index, text, *_WORKER, below)
 
 
@@ -191,27 +188,12 @@ def _normalised(
 ) -> Iterator[tuple[ChunkSample, int]]:
     """Each block's ChunkSample in input order; with workers > 1, helpers normalise while the parent reads, and the
     parent normalises a block itself when they are busy. The threshold sent with a block is the current one."""
-    if workers <= 1:
-        for i, text in enumerate(blocks):
-            yield sample_chunk(i, text, lim, uncased, keep_accents, res.threshold)
-        return
     combining_table()  # built once here, inherited by forked helpers
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    pool = ctx.Pool(workers - 1, initializer=_init_worker, initargs=(lim, uncased, keep_accents, os.getpid()))
-    pending: collections.deque = collections.deque()
-    try:
-        for i, text in enumerate(blocks):
-            if sum(not r.ready() for r in pending if not isinstance(r, tuple)) < 2 * (workers - 1):
-                pending.append(pool.apply_async(_work, (i, text, res.threshold)))
-            else:
-                pending.append(sample_chunk(i, text, lim, uncased, keep_accents, res.threshold))
-            while pending and (isinstance(pending[0], tuple) or pending[0].ready() or len(pending) > 4 * workers):
-                r = pending.popleft()
-                yield r if isinstance(r, tuple) else r.get()
-        while pending:
-            r = pending.popleft()
-            yield r if isinstance(r, tuple) else r.get()
-        pool.close()
-    finally:
-        pool.terminate()
-        pool.join()
+
+    def here(item: tuple[int, str, float]) -> tuple[ChunkSample, int]:
+        return sample_chunk(*item[:2], lim, uncased, keep_accents, item[2])
+
+    items = ((i, text, res.threshold) for i, text in enumerate(blocks))  # the threshold when the block is sent
+    yield from ordered_map(
+        _work, items, helpers=workers - 1, local=here, initializer=_init_worker, initargs=(lim, uncased, keep_accents)
+    )
