@@ -175,10 +175,9 @@ def unigram_loss(shards: Path, records: Path) -> float:
     for tokens, _ in open_shards(shards, "train"):
         counts += np.bincount(np.asarray(tokens, dtype=np.int64), minlength=len(counts))
     logp = np.log(counts / counts.sum())
-    L = meta["seq_len"]
-    targets = np.concatenate(
-        [np.asarray(p.tokens, dtype=np.int64)[p.masked_bool(slice(None), slice(None), L)] for p in passes]
-    )
+    rows = np.arange(meta["global_batch_size"])
+    examples = (p.examples(rows, s) for p in passes for s in range(p.alen.shape[1]))
+    targets = np.concatenate([ids[masked] for ids, masked, _ in examples]).astype(np.int64)
     return float(-logp[targets].mean())
 
 

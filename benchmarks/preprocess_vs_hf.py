@@ -141,6 +141,7 @@ def main() -> None:
 
     from xlnetcli.config import load_config
     from xlnetcli.data.pretrain_stream import PretrainStream
+    from xlnetcli.data.record_format import open_records
     from xlnetcli.data.shard import shard_corpus
     from xlnetcli.data.tokenizer import train_tokenizer
 
@@ -197,10 +198,11 @@ def main() -> None:
             assert n_read == pre["examples"], (n_read, pre["examples"])
             if rep == 0:
                 mem["full"] = pre
-                rec = np.load(d / "rec_full" / "train" / "pass_000.tokens.npy", mmap_mode="r")
+                _, (p0, *_) = open_records(d / "rec_full", "train")
+                G = p0.alen.shape[0]
                 examples = [
-                    torch.from_numpy(np.array(rec[g % rec.shape[0], g // rec.shape[0]], dtype=np.int64))
-                    for g in range(min(256, rec.shape[0] * rec.shape[1]))
+                    torch.from_numpy(p0.examples(np.array([g % G]), g // G)[0][0].astype(np.int64))
+                    for g in range(min(256, G * p0.alen.shape[1]))
                 ]
             hf = hf_rate(examples)
             pre2 = run_child(d / "shards_full", d / "rec_w2", vocab, B, workers=2)

@@ -998,7 +998,8 @@ def preprocess_cmd(
     tr = meta["splits"]["train"]
     print0(
         f"wrote {out}: {tr['examples']} training examples ({tr['passes']} pass(es) x {tr['steps_per_pass']} steps "
-        f"x {meta['global_batch_size']} rows), seq_len {meta['seq_len']}, mask mode {meta['mask_mode']}"
+        f"x {meta['global_batch_size']} rows), seq_len {meta['seq_len']}, mask mode {meta['mask_mode']}; they read "
+        f"the tokens from {shards} (keep it)"
     )
 
 

@@ -191,13 +191,13 @@ def test_a_flipped_bit_in_the_records_is_refused_when_pretraining_opens_them(pip
     rec = tmp_path / "rec"
     shutil.copytree(pipeline["rec"], rec)
     meta = json.loads((rec / "meta.json").read_text())
-    assert "train/pass_000.tokens.npy" in meta["sha256"]
-    flip_bit(rec / "train" / "pass_000.tokens.npy", 100)
-    with pytest.raises(DataError, match=r"pass_000\.tokens\.npy does not match the checksum"):
+    assert "train/pass_000.masked.npy" in meta["sha256"]
+    flip_bit(rec / "train" / "pass_000.masked.npy", 100)
+    with pytest.raises(DataError, match=r"pass_000\.masked\.npy does not match the checksum"):
         open_records(rec, "train")
     open_records(rec, "train", verify=False)
     proc = _xlnet("pretrain", "--data", rec, "--out", tmp_path / "run")
-    _one_line_error(proc, "does not match the checksum", "rerun `xlnet preprocess`")
+    _one_line_error(proc, "does not match the checksum", "re-run `xlnet preprocess`")
     assert not (tmp_path / "run" / "step_0000002").exists()
 
 

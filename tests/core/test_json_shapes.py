@@ -141,6 +141,12 @@ def _edit_json(path: Path, edit) -> None:
         (lambda m: m["splits"]["train"].update(rows=-1), "field 'rows' is -1"),
         (lambda m: m["splits"]["train"].update(files=["../../etc/x"]), "relative paths inside"),
         (lambda m: m.update(sha256={"a": 1}), "entry 'a' must be a string"),
+        (lambda m: m.pop("shards"), "field 'shards' is missing"),
+        (lambda m: m["shards"].update(absolute=3), "shards: field 'absolute' must be a string"),
+        (lambda m: m["splits"]["train"].update(orders=[[1]]), "field 'orders' must hold one order"),
+        (lambda m: m["splits"]["train"]["shards"][0].update(file="/etc/x"), "must be a path inside the shard"),
+        (lambda m: m["splits"]["train"]["shards"][0].update(tokens="5"), "field 'tokens' must be an integer"),
+        (lambda m: m["splits"]["train"].pop("row_len"), "field 'row_len' is missing"),
     ],
 )
 def test_records_meta_of_the_wrong_shape_is_refused(pipeline, tmp_path, edit, needle):
@@ -156,7 +162,7 @@ def test_records_whose_counts_disagree_with_their_arrays_are_refused(pipeline, t
     rec = tmp_path / "rec"
     shutil.copytree(pipeline.records, rec)
     _edit_json(rec / "meta.json", lambda m: m["splits"]["train"].update({key: m["splits"]["train"][key] + 1}))
-    with pytest.raises(DataError, match=r"tokens\.npy has shape .* but meta\.json's counts say"):
+    with pytest.raises(DataError, match=r"alen\.npy has shape .* but meta\.json's counts say"):
         open_records(rec, "train")
 
 

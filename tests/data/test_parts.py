@@ -204,9 +204,26 @@ def test_merge_keeps_an_earlier_output(tmp_path, two_parts):
 # ---- preprocess parts ----------------------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def records_root(tmp_path_factory, shard_dir, records) -> Path:
+    """A folder holding ``one``: the data tests' records as one host writes them there. Records say where their
+    shards are relative to themselves, so a merge compares byte for byte with one host writing to the same folder:
+    merges go next to ``one``."""
+    from clitools import preprocess_cfg
+
+    from xlnetcli.data.preprocess import preprocess
+
+    root = tmp_path_factory.mktemp("records_root")
+    preprocess(preprocess_cfg("data.passes=2"), shard_dir, root / "one", quiet=True)
+    want, got = digest(records), digest(root / "one")
+    assert {k: v for k, v in got.items() if k != "meta.json"} == {k: v for k, v in want.items() if k != "meta.json"}
+    return root
+
+
 @pytest.mark.parametrize("n", [1, 3, 8])
-def test_record_parts_merged_are_byte_identical_to_one_host(tmp_path, shard_dir, records, n):
-    """G = 8 rows: 3 parts of 2-3 rows; 8 parts of one row each (bi_data pairs split across parts)."""
+def test_record_parts_merged_are_byte_identical_to_one_host(tmp_path, shard_dir, records_root, n):
+    """G = 8 rows: 3 parts of 2-3 rows; 8 parts of one row each (bi_data pairs split across parts). The parts lie
+    elsewhere, some deeper than others (their relative paths to the shards differ), the merge next to one host's."""
     from clitools import preprocess_cfg
 
     from xlnetcli.data.preprocess import preprocess
@@ -214,15 +231,17 @@ def test_record_parts_merged_are_byte_identical_to_one_host(tmp_path, shard_dir,
 
     parts = []
     for i in range(n):
-        parts.append(tmp_path / f"r{i}")
+        parts.append(tmp_path / "parts" / ("deeper" if i % 2 else "") / f"r{i}")
         preprocess(preprocess_cfg("data.passes=2"), shard_dir, parts[-1], part=(i, n), quiet=True, verify=False)
-    merge_record_parts(list(reversed(parts)), tmp_path / "merged")
-    want = digest(records)
+    merged = records_root / f"merged{n}"
+    merge_record_parts(list(reversed(parts)), merged)
+    want = digest(records_root / "one")
     assert "meta.json" in want and "config.yaml" in want
-    assert digest(tmp_path / "merged") == want
+    assert digest(merged) == want
+    shutil.rmtree(merged)
 
 
-def test_record_parts_cli_and_bad_input(tmp_path, capsys, shard_dir, records):
+def test_record_parts_cli_and_bad_input(tmp_path, capsys, shard_dir, records_root):
     from clitools import preprocess_cfg
 
     from xlnetcli.config import save_config
@@ -232,9 +251,11 @@ def test_record_parts_cli_and_bad_input(tmp_path, capsys, shard_dir, records):
     for i in range(2):
         code, _, err = run_main(capsys, *base, "--out", tmp_path / f"p{i}", "--part", f"{i}/2")
         assert code == 0, err
-    code, _, err = run_main(capsys, "preprocess", "merge", tmp_path / "p1", tmp_path / "p0", "--out", tmp_path / "m")
+    merged = records_root / "merged_cli"
+    code, _, err = run_main(capsys, "preprocess", "merge", tmp_path / "p1", tmp_path / "p0", "--out", merged)
     assert code == 0, err
-    assert digest(tmp_path / "m") == digest(records)
+    assert digest(merged) == digest(records_root / "one")
+    shutil.rmtree(merged)
     code, _, err = run_main(capsys, *base, "--out", tmp_path / "bad", "--part", "2/2")
     assert_one_line_error(code, err, "--part")
     assert not (tmp_path / "bad").exists()
@@ -252,7 +273,7 @@ def test_record_parts_cli_and_bad_input(tmp_path, capsys, shard_dir, records):
     assert_one_line_error(code, err, "differ in")
     bad = tmp_path / "p1c"
     shutil.copytree(tmp_path / "p1", bad)
-    victim = bad / "train" / "pass_000.tokens.npy"
+    victim = bad / "train" / "pass_000.masked.npy"
     flip_bit(victim, 3)  # the last row: part 1's
     code, _, err = run_main(capsys, "preprocess", "merge", tmp_path / "p0", bad, "--out", tmp_path / "x")
     assert_one_line_error(code, err, "sha256 differs")

@@ -32,6 +32,14 @@ def stream_rows(shard_dir: Path, meta: dict, split: str = "train", pass_id: int 
     return toks[: n_fwd * rl].reshape(n_fwd, rl)
 
 
+def pass_examples(p, meta: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every example of a pass: token ids [G, S, L], masked [G, S, L], alen [G, S] (read back from the shards)."""
+    rows = np.arange(meta["global_batch_size"])
+    got = [p.examples(rows, s) for s in range(p.alen.shape[1])]
+    ids, masked, alen = (np.stack([g[k] for g in got], 1) for k in range(3))
+    return ids, masked, alen
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Records from real text (1.8 MB of Python docs)
 
@@ -56,10 +64,10 @@ def test_meta_records_every_parameter(records):
         assert key in meta
     assert meta["passes"] == 2 and meta["splits"]["train"]["steps_per_pass"] > 100
     assert (records / "tokenizer" / "spiece.model").is_file() and (records / "config.yaml").is_file()
-    # nothing L x L on disk
-    L = meta["seq_len"]
+    # nothing L x L on disk, and no tokens: [G, S] decisions and [G, S, L/8] target bits
+    L, G, S = meta["seq_len"], meta["global_batch_size"], meta["splits"]["train"]["steps_per_pass"]
     for f in (records / "train").iterdir():
-        assert np.load(f, mmap_mode="r").shape[-1] in (L, (L + 7) // 8) or f.name.endswith(("alen.npy", "label.npy"))
+        assert np.load(f, mmap_mode="r").shape == ((G, S, (L + 7) // 8) if f.name.endswith("masked.npy") else (G, S))
 
 
 def test_layout_segments_and_targets(records):
@@ -67,10 +75,9 @@ def test_layout_segments_and_targets(records):
     L, R, NP = meta["seq_len"], meta["reuse_len"], meta["num_predict"]
     goal1 = NP // 2
     for p in passes:
-        tok = np.asarray(p.tokens).reshape(-1, L)
-        alen = np.asarray(p.alen).reshape(-1).astype(np.int64)
-        masked = np.unpackbits(np.asarray(p.masked).reshape(-1, (L + 7) // 8), axis=1, count=L, bitorder="little")
-        masked = masked.astype(bool)
+        tok, masked, alen = (a.reshape(len(a) * a.shape[1], -1) for a in pass_examples(p, meta))
+        alen = alen.reshape(-1).astype(np.int64)
+        assert (alen == np.asarray(p.alen).reshape(-1)).all()
         rows = np.arange(len(tok))
         # [inp | A | <sep> | B | <sep> | <cls>] with |A| + |B| = L - R - 3, both non-empty
         assert (alen >= 1).all() and (alen <= L - R - 4).all()
@@ -96,7 +103,7 @@ def test_rows_are_contiguous_streams_and_backward_rows_reverse(records, shard_di
     L, R, G, mb = meta["seq_len"], meta["reuse_len"], meta["global_batch_size"], meta["micro_batch_size"]
     for pass_id in (0, 1):
         rows = stream_rows(shard_dir, meta, "train", pass_id)
-        tok = np.asarray(passes[pass_id].tokens)
+        tok = pass_examples(passes[pass_id], meta)[0]
         alen = np.asarray(passes[pass_id].alen).astype(int)
         label = np.asarray(passes[pass_id].label)
         S = tok.shape[1]
@@ -136,7 +143,7 @@ def test_mask_mode_original_counts_subword_pieces(shard_dir, tmp_path):
     assert meta["mask_mode"] == "original"
     _, passes = open_records(tmp_path / "o")
     L, R, NP = meta["seq_len"], meta["reuse_len"], meta["num_predict"]
-    m = passes[0].masked_bool(slice(None), slice(None), L).reshape(-1, L)
+    m = np.unpackbits(np.asarray(passes[0].masked), axis=-1, count=L, bitorder="little").reshape(-1, L)
     # the original always selects exactly its goal per part (<sep>/<cls> included; the loader drops those)
     assert (m[:, :R].sum(1) == NP - NP // 2).all() and (m[:, R:].sum(1) == NP // 2).all()
 
@@ -266,7 +273,7 @@ def test_split_matches_original_loop(seed, mean_sent, reverse, lr):
     row = Row(ArrayStream(tok, sid), 0, n, reverse)
     steps = (n - L) // R + 1
     p = _Params(L, R, 4, 6, 1, "word", 0, "uint16")
-    out, alen, label, _ = build_row(row, steps, p, np.random.default_rng(seed), np.ones(100, bool))
+    out, alen, label, _, bstart = build_row(row, steps, p, np.random.default_rng(seed), np.ones(100, bool))
     U = np.random.default_rng(seed).random((steps, 3))
     rt, rs = (tok[::-1], sid[::-1]) if reverse else (tok, sid)
     tot = L - R - 3
@@ -274,6 +281,7 @@ def test_split_matches_original_loop(seed, mean_sent, reverse, lr):
         a, b, lab = ref_split(rt, rs, s * R + R, tot, U[s])
         expect = np.concatenate([rt[s * R : s * R + R], a, [SEP_ID], b, [SEP_ID, CLS_ID]])
         assert (out[s] == expect).all() and alen[s] == len(a) and label[s] == lab
+        assert (rt[bstart[s] : bstart[s] + len(b)] == b).all()  # what record_format.py stores: B's row position
 
 
 @given(st.integers(1, 300), st.integers(1, 300), st.integers(2, 300))

@@ -212,23 +212,15 @@ def test_records_layout_reads_todays_batches(records):
     """The records' own micro_batch_size: the mapping is the identity and each batch is the one the contiguous read
     gives (what the stream did before layouts were elastic), every key equal."""
     meta = json.loads((records / "meta.json").read_text())
-    mb, L = meta["micro_batch_size"], meta["seq_len"]
+    mb = meta["micro_batch_size"]
     for rank, world in ((0, 1), (1, 2)):
         s = PretrainStream(records, "train", rank, world, mb, seed=5, prefetch=0)
         for step, micro in ((0, 0), (3, s.accumulation - 1), (s.steps_per_pass + 1, 0)):
             g0 = (rank * s.accumulation + micro) * mb
             assert s.rows(micro).tolist() == list(range(g0, g0 + mb))
             p, st_ = s.passes[step // s.steps_per_pass], step % s.steps_per_pass
-            g = slice(g0, g0 + mb)
-            want = permutation_batch(
-                np.asarray(p.tokens[g, st_]),
-                p.masked_bool(g, st_, L),
-                np.asarray(p.alen[g, st_]),
-                np.arange(g0, g0 + mb),
-                step,
-                meta,
-                5,
-            )
+            ids, masked, alen = p.examples(np.arange(g0, g0 + mb), st_)
+            want = permutation_batch(ids, masked, alen, np.arange(g0, g0 + mb), step, meta, 5)
             got = s.batch(step, micro)
             assert all(torch.equal(got[k], want[k]) for k in want)
 

@@ -123,11 +123,11 @@ def test_mlm_outputs_never_depend_on_the_original_target_tokens(records):
     for variant in range(2):
         mems, got = None, []
         for s in range(2):  # two consecutive windows of the same rows: memory runs from the first into the second
-            ids = np.asarray(p.tokens[0:8, s]).astype(np.int64)
-            masked = p.masked_bool(slice(0, 8), s, meta["seq_len"])
+            ids, masked, alen = p.examples(rows, s)
+            ids = ids.astype(np.int64)
             if variant:
                 ids = np.where(masked & (ids != SEP_ID) & (ids != CLS_ID), (ids * 7 + 11) % 991 + 9, ids)
-            b = permutation_batch(ids, masked, np.asarray(p.alen[0:8, s]), rows, s, meta, 3, objective="mlm")
+            b = permutation_batch(ids, masked, alen, rows, s, meta, 3, objective="mlm")
             out = _run(model, b, mems=mems)
             mems = out.mems
             got.append((out.logits, out.hidden, out.mems))

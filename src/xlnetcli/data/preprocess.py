@@ -3,14 +3,16 @@
     preprocess(cfg, "shards/", "records/", workers=4)       # what `xlnet preprocess` calls
 
 This module is the orchestration; the pieces live in their own files: shard_format.py reads the shards, segments.py
-does the A/B split, masking.py the span masking, record_format.py writes the records format (documented there).
+does the A/B split, masking.py the span masking, record_format.py writes the records format (documented there):
+per example |A|, where B starts, the label and the target bits; the tokens stay in the shards.
 
 Layout of the examples (the original's ``create_tfrecords``):
 - the token stream of a pass (the shards concatenated in a per-pass shuffled order, sentence ids flipped so they keep
   alternating across shard joins) is cut into contiguous rows: G = train.global_batch_size rows, or G/2 rows with
   bi_data, each then used forward and time-reversed. With bi_data, rows are grouped in blocks of
-  train.micro_batch_size (one device's batch): [mb/2 forward rows ; the same rows reversed] (``row_source``);
-  a trainer with another micro-batch size or number of processes pairs them again at read time (``stored_rows``).
+  train.micro_batch_size (one device's batch): [mb/2 forward rows ; the same rows reversed] (``row_source``,
+  record_format.py); a trainer with another micro-batch size or number of processes pairs them again at read time
+  (``stored_rows``). meta.json keeps each pass's shard order, so the reader rebuilds the same stream.
 - row g, step s: ``inp = row[sR : sR+R]`` then an A/B split of the text after it, giving
   ``[inp | A | <sep> | B | <sep> | <cls>]`` (length L) with |A| + |B| = L - R - 3 exactly.
 - prediction targets: span masking with n ~ p(n) ∝ 1/n (n <= 5), each span inside about n*alpha/beta tokens, goal
@@ -29,7 +31,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -38,7 +40,15 @@ from xlnetcli.core.console import print0, step_progress
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_not_input, sha256_file
 from xlnetcli.data.masking import MAX_GRAM, mask_draw_width, masks_from_draws, word_start_table
-from xlnetcli.data.record_format import FORMAT_VERSION, PassWriter, checksums, create_pass, row_source
+from xlnetcli.data.record_format import (
+    FORMAT_VERSION,
+    PassWriter,
+    checksums,
+    create_pass,
+    row_source,
+    shards_location,
+    split_shards,
+)
 from xlnetcli.data.record_parts import part_rows, write_part_meta
 from xlnetcli.data.segments import Row, split_block
 from xlnetcli.data.shard_format import PassStream, check_shards, split_files
@@ -68,9 +78,20 @@ def _row_rng(seed: int, split: str, pass_id: int, row: int) -> np.random.Generat
     return np.random.default_rng([seed, _SPLIT_IDS[split], pass_id, row, 0x584C4E])
 
 
+class Built(NamedTuple):
+    """Examples s0..s1 of one row: tokens [n, L] (what the reader rebuilds from the shards; not stored), alen [n],
+    label [n], masked [n, L] bool, bstart [n] (B's first row position)."""
+
+    tokens: np.ndarray
+    alen: np.ndarray
+    label: np.ndarray
+    masked: np.ndarray
+    bstart: np.ndarray
+
+
 def build_rows(
     rows: Sequence[Row], rngs: Sequence[np.random.Generator], p: _Params, ws_table: np.ndarray, s0: int, s1: int
-) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+) -> list[Built]:
     """Examples of steps s0..s1 of several rows, masks sampled for all their segments at once.
 
     Each row draws from its own generator in a fixed order (split uniforms, then the mask uniforms of each part), and
@@ -86,7 +107,7 @@ def build_rows(
 
     def reading_order(a: int, b: int) -> np.ndarray:  # segments in reading order (backward rows flipped back)
         return np.concatenate(
-            [t[:, a:b][:, ::-1] if row.reverse else t[:, a:b] for row, (t, _, _) in zip(rows, built, strict=True)]
+            [t[:, a:b][:, ::-1] if row.reverse else t[:, a:b] for row, (t, *_) in zip(rows, built, strict=True)]
         )
 
     m0 = masks_from_draws(
@@ -96,19 +117,19 @@ def build_rows(
         reading_order(R, L), ws_table, goal1, p.alpha, p.beta, p.mode, np.concatenate(d1), max_gram=p.max_gram
     )
     out = []
-    for k, (row, (t, alen, label)) in enumerate(zip(rows, built, strict=True)):
+    for k, (row, (t, alen, label, bstart)) in enumerate(zip(rows, built, strict=True)):
         masked = np.empty((n, L), bool)
         a, b = m0[k * n : (k + 1) * n], m1[k * n : (k + 1) * n]
         masked[:, :R] = a[:, ::-1] if row.reverse else a
         masked[:, R:] = b[:, ::-1] if row.reverse else b
-        out.append((t, alen, label, masked))
+        out.append(Built(t, alen, label, masked, bstart))
     return out
 
 
 def build_row(
     row: Row, steps: int, p: _Params, rng: np.random.Generator, ws_table: np.ndarray, s0: int = 0, s1: int | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Examples of steps s0..s1 of one row: tokens [n, L], alen [n], label [n], masked [n, L] bool."""
+) -> Built:
+    """Examples of steps s0..s1 of one row (``Built``)."""
     return build_rows([row], [rng], p, ws_table, s0, steps if s1 is None else s1)[0]
 
 
@@ -145,15 +166,13 @@ def _run_job(job: _Job) -> int:
         rngs = [_row_rng(job.params.seed, job.split, job.pass_id, g) for g in job.rows]
         for s0 in range(0, job.steps, STEP_BLOCK):
             s1 = min(job.steps, s0 + STEP_BLOCK)
-            for g, (tok, alen, label, masked) in zip(
-                job.rows, build_rows(rows, rngs, job.params, ws_table, s0, s1), strict=True
-            ):
-                if tok.size and int(tok.max()) >= job.vocab_size:
+            for g, b in zip(job.rows, build_rows(rows, rngs, job.params, ws_table, s0, s1), strict=True):
+                if b.tokens.size and int(b.tokens.max()) >= job.vocab_size:
                     raise DataError(
-                        f"shard token id {int(tok.max())} >= vocab size {job.vocab_size}: the shards were made with "
-                        "another tokenizer; rerun `xlnet shard` with this tokenizer"
+                        f"shard token id {int(b.tokens.max())} >= vocab size {job.vocab_size}: the shards were made "
+                        "with another tokenizer; rerun `xlnet shard` with this tokenizer"
                     )
-                out.write(g, s0, tok, alen, label, masked)
+                out.write(g, s0, b.alen, b.bstart, b.label, b.masked)
                 done += s1 - s0
     finally:
         out.close()
@@ -188,6 +207,7 @@ def preprocess(
     check_output_not_input(out, [shards])
     plan = check_config(cfg, stage="preprocess")
     manifest, sha = check_shards(shards, cfg.model.vocab_size, verify=verify, workers=workers)
+    manifest_sha = sha256_file(shards / "manifest.json")  # the records refuse shards that change after this
     vocab = int(manifest["vocab_size"])
     tok_dir = shards / "tokenizer"
     ws_table = _word_starts(tok_dir, vocab, cfg.data.word_rule)
@@ -195,6 +215,7 @@ def preprocess(
     params = _params(cfg, dtype)
     splits = _split_layouts(shards, manifest, plan.forward_rows, cfg.data.seq_len, cfg.model.reuse_len)
     meta = _records_meta(cfg, plan, sha, vocab, dtype)
+    meta["shards"] = {**shards_location(shards, out), "manifest_sha256": manifest_sha}
     G, passes = plan.global_batch_size, cfg.data.passes
     total_examples = sum(passes * G * s.steps for s in splits.values())
     with atomic_output_dir(out, overwrite, "records") as tmp:
@@ -202,9 +223,10 @@ def preprocess(
         np.save(ws_path, ws_table)
         jobs = []
         for split, layout in splits.items():
-            files, split_jobs = _create_passes(tmp, cfg, plan, split, layout, workers, params, ws_path, vocab)
+            files, orders, split_jobs = _create_passes(tmp, cfg, plan, split, layout, workers, params, ws_path, vocab)
             jobs += split_jobs
-            meta["splits"][split] = _split_meta(layout, G, passes, files)
+            meta["splits"][split] = _split_meta(layout, plan, passes, files)
+            meta["splits"][split].update(shards=split_shards(manifest, split), orders=orders)
         if part is not None:
             rows = part_rows(G, *part)
             jobs = [replace(j, rows=[g for g in j.rows if g in rows]) for j in jobs]
@@ -218,7 +240,7 @@ def preprocess(
         # the config these records were made with, as used: `xlnet pretrain` without --config reads it back
         save_config(cfg, tmp)
         if part is not None:
-            return write_part_meta(tmp, meta, part, sha256_file(shards / "manifest.json"))
+            return write_part_meta(tmp, meta, part, manifest_sha)
         atomic_write_json(tmp / "meta.json", meta)
     return meta
 
@@ -247,11 +269,14 @@ def _params(cfg: Config, dtype: str) -> _Params:
     )
 
 
-def _split_meta(layout: _SplitLayout, G: int, passes: int, files: list[str]) -> dict[str, Any]:
-    """meta.json's entry for one split: its tokens, row layout, steps, passes, examples and record files."""
+def _split_meta(layout: _SplitLayout, plan: BatchPlan, passes: int, files: list[str]) -> dict[str, Any]:
+    """meta.json's entry for one split: its tokens, row layout, steps, passes, examples and record files (the
+    shards it reads and their order in each pass are added by the caller)."""
+    G = plan.global_batch_size
     return {
         "tokens": layout.total,
         "rows": G,
+        "forward_rows": plan.forward_rows,
         "row_len": layout.row_len,
         "steps_per_pass": layout.steps,
         "passes": passes,
@@ -312,7 +337,8 @@ def _records_meta(cfg: Config, plan: BatchPlan, sha: str, vocab: int, dtype: str
         "global_batch_size": plan.global_batch_size,
         "micro_batch_size": plan.micro_batch_size,
         "passes": cfg.data.passes,
-        "layout": "rows [G, steps, L]; bi_data blocks of micro_batch_size = [forward half ; same rows reversed]",
+        "layout": "rows [G, steps] of windows of the shards; bi_data blocks of micro_batch_size = [forward half ; "
+        "same rows reversed]",
         "splits": {},
     }
 
@@ -327,23 +353,25 @@ def _create_passes(
     params: _Params,
     ws_path: Path,
     vocab: int,
-) -> tuple[list[str], list[_Job]]:
-    """Create the split's pass files (each pass reads the shards in its own seeded order); returns their names and
-    the jobs that fill them, a few rows each."""
+) -> tuple[list[str], list[list[int]], list[_Job]]:
+    """Create the split's pass files (each pass reads the shards in its own seeded order); returns their names, the
+    orders and the jobs that fill them, a few rows each."""
     (tmp / split).mkdir()
     G, mb = plan.global_batch_size, plan.micro_batch_size
-    files, jobs = [], []
+    files, orders, jobs = [], [], []
     for pass_id in range(cfg.data.passes):
-        order = list(np.random.default_rng([cfg.data.seed, _SPLIT_IDS[split], pass_id]).permutation(len(layout.paths)))
+        rng = np.random.default_rng([cfg.data.seed, _SPLIT_IDS[split], pass_id])
+        order = [int(k) for k in rng.permutation(len(layout.paths))]
         prefix = tmp / split / f"pass_{pass_id:03d}"
-        create_pass(prefix, G, layout.steps, cfg.data.seq_len, params.dtype)
+        create_pass(prefix, G, layout.steps, cfg.data.seq_len, layout.row_len)
         files.append(f"{split}/pass_{pass_id:03d}")
+        orders.append(order)
         chunk = max(1, min(mb, G // max(1, workers)))
         for g0 in range(0, G, chunk):
             jobs.append(
                 _Job(
                     layout.paths,
-                    [int(x) for x in order],
+                    order,
                     str(prefix),
                     split,
                     pass_id,
@@ -358,7 +386,7 @@ def _create_passes(
                     vocab,
                 )
             )
-    return files, jobs
+    return files, orders, jobs
 
 
 def _run_jobs(jobs: list[_Job], workers: int, quiet: bool, total_examples: int) -> None:

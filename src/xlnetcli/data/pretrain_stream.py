@@ -44,7 +44,7 @@ import torch
 
 from xlnetcli.config import OBJECTIVES
 from xlnetcli.core.errors import CheckpointError, ConfigError, DataError
-from xlnetcli.data.record_format import PassRecords, open_records, segment_ids, stored_rows
+from xlnetcli.data.record_format import open_records, segment_ids, stored_rows
 from xlnetcli.data.special import CLS_ID, MASK_ID, SEP_ID
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -276,11 +276,6 @@ def permutation_batch(
     return batch
 
 
-def read_examples(p: PassRecords, rows: np.ndarray, step: int, seq_len: int) -> tuple[np.ndarray, ...]:
-    """(ids [B, L], masked [B, L] bool, alen [B]) of the stored rows ``rows`` (any ints, any order) at ``step``."""
-    return np.asarray(p.tokens[rows, step]), p.masked_bool(rows, step, seq_len), np.asarray(p.alen[rows, step])
-
-
 class PretrainStream:
     """Micro-batches of rank ``rank`` of ``world``, in (step, micro_index) order, with an exact-resume cursor.
 
@@ -388,7 +383,7 @@ class PretrainStream:
         p = self.passes[(step // self.steps_per_pass) % len(self.passes)]
         s = step % self.steps_per_pass
         rows = self.rows(micro)
-        ids, masked, alen = read_examples(p, rows, s, self.meta["seq_len"])
+        ids, masked, alen = p.examples(rows, s)  # tokens read from the shards (record_format.py)
         b = permutation_batch(ids, masked, alen, rows, step, self.meta, self.seed, self.dense, self.objective)
         b["micro_index"] = micro
         b["step"] = step

@@ -5,7 +5,9 @@ rows are independent work. Part I of N (0-based) builds rows [I*G//N, (I+1)*G//N
 part folder: the pass files at their full shape (sparse on disk outside its rows), config.yaml, tokenizer/ and
 part.json (the meta.json one host would write, less its checksums; the sha256 of the shards' manifest; the sha256 of
 each file's bytes in its rows). The merge checks the parts belong together, copies each part's rows into full pass
-files and writes meta.json with the checksums: byte-identical to `xlnet preprocess` on one host.
+files and writes meta.json with the checksums: byte-identical to `xlnet preprocess` on one host writing to the same
+folder. Where the shards are (meta.json's ``shards`` path, relative to the records, and absolute) is not a setting
+the parts must share: the merge finds them from part 0 as a reader would, and records them relative to its output.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from typing import Any
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_dir, sha256_file
 from xlnetcli.core.shapes import read_json_object
-from xlnetcli.data.record_format import checksums, create_npy
+from xlnetcli.data.record_format import checksums, create_npy, shards_location
 from xlnetcli.data.shard_format import NpyFile
 from xlnetcli.data.shard_parts import each_part_once
 
 PART_KIND = "xlnet-records-part"
-PART_FORMAT_VERSION = 1
+PART_FORMAT_VERSION = 2  # 2: parts of records format 2 (they reference the shards)
 _BLOCK = 1 << 24
 
 
@@ -108,7 +110,7 @@ def _check_parts(dirs: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
         if m["parts"] != n:
             raise DataError(f"{d0} is a part of {n} but {d} a part of {m['parts']}: parts of different runs")
         for key in ("meta", "shards_manifest_sha256", "config_sha256"):
-            if m["plan"].get(key) != m0["plan"].get(key):
+            if _settings(m["plan"].get(key)) != _settings(m0["plan"].get(key)):
                 what = names[key]
                 if key == "meta" and m["plan"]["meta"].get("tokenizer_sha256") != m0["plan"]["meta"].get(
                     "tokenizer_sha256"
@@ -135,6 +137,21 @@ def _check_parts(dirs: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
     return metas
 
 
+def _settings(value: Any) -> Any:
+    """A part's plan value as the parts must agree on it: meta.json less where its part found the shards."""
+    if not isinstance(value, dict) or not isinstance(value.get("shards"), dict):
+        return value
+    return {**value, "shards": {k: v for k, v in value["shards"].items() if k not in ("path", "absolute")}}
+
+
+def _shards_for(part_dir: Path, shards: dict[str, Any], out: Path) -> dict[str, Any]:
+    """meta.json's ``shards`` for the merged records in ``out``: the shards where part 0's records would find them
+    from here (its relative path, else its absolute one), else its absolute path as it stands."""
+    near, far = part_dir / str(shards.get("path")), Path(str(shards.get("absolute")))
+    found = next((d for d in (near, far) if (d / "manifest.json").is_file()), far)
+    return {**shards, **shards_location(found, out)}
+
+
 def merge_record_parts(parts: Sequence[str | Path], out_dir: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
     """Combine the N part folders of one `xlnet preprocess --part I/N` run into the records one host would write;
     returns meta.json's content."""
@@ -144,6 +161,8 @@ def merge_record_parts(parts: Sequence[str | Path], out_dir: str | Path, *, over
     metas = _check_parts(dirs)
     d0, m0 = metas[0]
     meta = m0["plan"]["meta"]
+    if isinstance(meta.get("shards"), dict):
+        meta["shards"] = _shards_for(d0, meta["shards"], out)
     G = int(meta["global_batch_size"])
     with atomic_output_dir(out, overwrite, "records", dirs) as tmp:
         for rel in sorted(m0["sha256"]):

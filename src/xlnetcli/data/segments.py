@@ -1,11 +1,13 @@
 """The A/B split: each window ``inp`` of a row is followed by two text segments (the original ``_split_a_and_b``).
 
-    tokens, alen, label = split_block(row, seq_len, reuse_len, U, s0, s1)     # windows s0..s1 of one row
+    tokens, alen, label, bstart = split_block(row, seq_len, reuse_len, U, s0, s1)     # windows s0..s1 of one row
 
 ``[inp | A | <sep> | B | <sep> | <cls>]`` with |inp| = reuse_len and |A| + |B| = seq_len - reuse_len - 3 exactly
 (docs/xlnet.md §3): A ends at a sentence boundary after the window; B is its true continuation (label 1) or, with
 probability 1/2, a random span of the row extended to sentence boundaries (label 0); the longer of A, B is trimmed
 (``trim_lengths``). The scans are done on sentence-boundary positions, vectorised over the windows of a block.
+Window s (i = s * reuse_len) reads ``row[i : i + reuse_len + |A|]``, <sep>, ``row[bstart : bstart + |B|]``, <sep>,
+<cls> (row positions): (|A|, bstart) give the tokens back from the row (record_format.py stores only those).
 A ``Row`` is one contiguous row of a pass's token stream (shard_format.PassStream), read forward or time-reversed.
 """
 
@@ -158,11 +160,12 @@ _CHUNK = 128  # tokens read either side of a random B span to find its sentence 
 
 def split_block(
     row: Row, seq_len: int, reuse_len: int, U: np.ndarray, s0: int, s1: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A/B split of the windows s0..s1 of one row (original _split_a_and_b), vectorised over the windows.
 
     ``U`` [n, 3]: per window, the uniforms for (random B?, A's cut point, B's random begin).
-    Returns tokens [n, L] = [inp | A | <sep> | B | <sep> | <cls>], alen [n], label [n]."""
+    Returns tokens [n, L] = [inp | A | <sep> | B | <sep> | <cls>], alen [n], label [n], bstart [n] (B's first row
+    position: A's end before trimming for a true continuation, else where the random span begins)."""
     L, R = seq_len, reuse_len
     tot = L - R - 3
     n = s1 - s0
@@ -194,7 +197,7 @@ def split_block(
     out[np.arange(n), R + la] = SEP_ID
     out[:, L - 2] = SEP_ID
     out[:, L - 1] = CLS_ID
-    return out, la, (~lab0).astype(np.uint8)
+    return out, la, (~lab0).astype(np.uint8), b_begin
 
 
 def _cut_a(

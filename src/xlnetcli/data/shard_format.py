@@ -17,11 +17,13 @@ Directory::
 
 Shard .npy files have a fixed 128-byte header (written last by ``NpyStreamWriter``). ``NpyFile`` reads and writes
 any C-order .npy at element offsets with pread/pwrite (no mmap: resident memory stays bounded whatever the corpus
-size); ``PassStream`` reads the shards of one split as one token stream.
+size); ``PassStream`` reads the shards of one split as one token stream (preprocessing), ``MappedStream`` gathers any
+segments of the same stream from memory maps of the token files (records read their tokens through it).
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import struct
 from collections.abc import Iterator, Sequence
@@ -193,6 +195,44 @@ class PassStream:
             sid.close()
 
 
+class MappedStream:
+    """The token stream of one pass as ``PassStream`` orders it (token files in ``order``, empty ones skipped), read
+    from memory maps without a copy: ``span(a, n)`` is the buffers of stream positions [a, a + n), one per file, and
+    ``read_span`` appends those of any range of a span, for one ``join`` of many segments. ``maps``: the 1-D token
+    arrays in manifest order (memory maps, shared by the passes that order them differently)."""
+
+    def __init__(self, maps: Sequence[np.ndarray], order: Sequence[int]):
+        kept = [maps[k] for k in order if len(maps[k])]
+        self.views = [m.data for m in kept]  # memoryviews: sliced without numpy's per-view cost
+        self.ends: list[int] = np.cumsum([len(m) for m in kept], dtype=np.int64).tolist()
+        self.starts = [e - len(m) for e, m in zip(self.ends, kept, strict=True)]
+        self.dtype = kept[0].dtype if kept else np.dtype(np.uint16)
+
+    def span(self, a: int, n: int) -> tuple[list[int], list[memoryview]]:
+        """(where each buffer starts, relative to a; the buffers) of stream positions [a, a + n) (inside the
+        stream): one buffer per file they lie in."""
+        cuts: list[int] = []
+        parts: list[memoryview] = []
+        q, k = 0, bisect.bisect_right(self.ends, a)
+        while n > 0:
+            lo, take = a - self.starts[k], min(n, self.ends[k] - a)
+            cuts.append(q)
+            parts.append(self.views[k][lo : lo + take])
+            a, n, q, k = a + take, n - take, q + take, k + 1
+        return cuts, parts
+
+
+def read_span(out: list[Any], cuts: list[int], parts: list[memoryview], q: int, n: int) -> None:
+    """Append to ``out`` the buffers of positions [q, q + n) of a span (``MappedStream.span``; q relative to its
+    start): one per file crossed."""
+    j = bisect.bisect_right(cuts, q) - 1
+    while n > 0:
+        lo = q - cuts[j]
+        take = min(n, len(parts[j]) - lo)
+        out.append(parts[j][lo : lo + take])
+        q, n, j = q + take, n - take, j + 1
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # reading
 
@@ -349,12 +389,14 @@ def split_files(
 __all__ = [
     "FORMAT_VERSION",
     "NPY_HEADER",
+    "MappedStream",
     "NpyFile",
     "NpyStreamWriter",
     "PassStream",
     "check_shards",
     "open_shards",
     "read_manifest",
+    "read_span",
     "split_files",
     "verify_shards",
 ]
