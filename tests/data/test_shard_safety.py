@@ -1,6 +1,6 @@
 """Shards are checked and runs leave nothing behind: preprocess verifies the manifest's sha256 (a flipped byte is
 refused, naming the file); a killed `shard` / `tokenize train` leaves a temporary folder that the next run removes;
-SIGTERM cleans up as Ctrl-C does; a `shard` worker whose parent died exits quietly."""
+SIGTERM cleans up as Ctrl-C does (preprocess with helpers too); a `shard` worker whose parent died exits quietly."""
 
 from __future__ import annotations
 
@@ -198,3 +198,36 @@ def test_shard_worker_whose_parent_died_exits_quietly(big, tmp_path):
     time.sleep(0.3)
     err = (tmp_path / "err").read_text()
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+@pytest.fixture(scope="module")
+def big_shards(big, tmp_path_factory) -> Path:
+    """The big corpus sharded (seconds): enough for a preprocess that runs long enough to be interrupted."""
+    out = tmp_path_factory.mktemp("big_shards") / "shards"
+    r = subprocess.run(
+        [sys.executable, "-m", "xlnetcli", *map(str, _command("shard", big, out))],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_preprocess_sigterm_with_helpers_cleans_up_and_leaves_no_process(big_shards, tmp_path):
+    out = tmp_path / "rec"
+    args = ["preprocess", "--shards", big_shards, "--out", out, "--config", TINY, *set_args(SETS), "--workers", "2"]
+    p = _start(args, tmp_path / "err")
+    _wait_for_temp(p, out, after=1.0)
+    kids = [int(k) for k in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()]
+    assert kids  # a helper is running
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=60) == 128 + signal.SIGTERM
+    lines = [ln for ln in (tmp_path / "err").read_text().splitlines() if ln.strip()]
+    assert lines == ["xlnet: terminated (SIGTERM); partial output removed"], lines
+    assert _temps(out) == [] and not out.exists()
+    deadline = time.time() + 10
+    while any(Path(f"/proc/{k}").exists() and "Z" not in Path(f"/proc/{k}/stat").read_text().split()[2] for k in kids):
+        assert time.time() < deadline, "a helper outlived its parent"
+        time.sleep(0.1)

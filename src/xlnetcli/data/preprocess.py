@@ -25,10 +25,8 @@ job's rows (span masks sampled for all their segments at once); a random B span 
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import shutil
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -39,6 +37,8 @@ from xlnetcli.config import BatchPlan, Config, check_config, save_config, split_
 from xlnetcli.core.console import print0, step_progress
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_not_input, sha256_file
+from xlnetcli.core.signals import sigterm_as_interrupt
+from xlnetcli.core.workers import ordered_map
 from xlnetcli.data.masking import MAX_GRAM, mask_draw_width, masks_from_draws, word_start_table
 from xlnetcli.data.record_format import (
     FORMAT_VERSION,
@@ -218,7 +218,7 @@ def preprocess(
     meta["shards"] = {**shards_location(shards, out), "manifest_sha256": manifest_sha}
     G, passes = plan.global_batch_size, cfg.data.passes
     total_examples = sum(passes * G * s.steps for s in splits.values())
-    with atomic_output_dir(out, overwrite, "records") as tmp:
+    with sigterm_as_interrupt(), atomic_output_dir(out, overwrite, "records") as tmp:
         ws_path = tmp / ".word_start.npy"
         np.save(ws_path, ws_table)
         jobs = []
@@ -390,13 +390,9 @@ def _create_passes(
 
 
 def _run_jobs(jobs: list[_Job], workers: int, quiet: bool, total_examples: int) -> None:
-    """Run the jobs here or in ``workers`` forked processes, with a progress bar over the examples."""
+    """Run the jobs in ``workers`` processes (this one and ``workers - 1`` forked helpers, core/workers.py), with a
+    progress bar over the examples."""
     with step_progress(quiet) as bar:
         task = bar.add_task("preprocess", total=total_examples, info="examples")
-        if workers <= 1:
-            for job in jobs:
-                bar.advance(task, _run_job(job))
-        else:
-            with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as ex:
-                for n in ex.map(_run_job, jobs):
-                    bar.advance(task, n)
+        for n in ordered_map(_run_job, jobs, helpers=workers - 1, ahead=1):  # jobs are large: one at a time each
+            bar.advance(task, n)

@@ -22,6 +22,7 @@ from typing import Any
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_dir, sha256_file
 from xlnetcli.core.shapes import read_json_object
+from xlnetcli.core.signals import sigterm_as_interrupt
 from xlnetcli.data.record_format import checksums, create_npy, shards_location
 from xlnetcli.data.shard_format import NpyFile
 from xlnetcli.data.shard_parts import each_part_once
@@ -164,7 +165,7 @@ def merge_record_parts(parts: Sequence[str | Path], out_dir: str | Path, *, over
     if isinstance(meta.get("shards"), dict):
         meta["shards"] = _shards_for(d0, meta["shards"], out)
     G = int(meta["global_batch_size"])
-    with atomic_output_dir(out, overwrite, "records", dirs) as tmp:
+    with sigterm_as_interrupt(), atomic_output_dir(out, overwrite, "records", dirs) as tmp:
         for rel in sorted(m0["sha256"]):
             src0 = NpyFile(d0 / rel)
             shape, dtype = src0.shape, src0.dtype
