@@ -125,3 +125,16 @@ def builds(tmp_path_factory) -> Builds:
     yield b
     changed = b.changed()
     assert not changed, f"tests wrote into shared builds (copy the folder first): {changed}"
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored():
+    """Each test starts with this process's SIGTERM / SIGINT handlers as they were: a test that ends in a caught
+    preemption leaves SIGTERM ignored on purpose (core/errors.py Preempted), which must not leak into the next."""
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for s, handler in saved.items():
+        if handler is not None:
+            signal.signal(s, handler)

@@ -31,6 +31,8 @@ class Terminated(KeyboardInterrupt):
 
 class Preempted(XLNetError):
     """Training stopped on SIGTERM after writing a checkpoint; ``--resume`` continues exactly. Exit code 75
-    (EX_TEMPFAIL in sysexits.h: a temporary failure, retry later), so a job script can tell it from an error (2)."""
+    (EX_TEMPFAIL in sysexits.h: a temporary failure, retry later), so a job script can tell it from an error (2).
+    The process is leaving: a repeated SIGTERM is ignored from then on (it must not cut the exit short), so a Python
+    caller that catches this and goes on restores its own handler (``signal.signal(signal.SIGTERM, ...)``)."""
 
     exit_code = 75
