@@ -266,3 +266,30 @@ def save_with_transformers(spiece: Path, out: Path, lower: bool = False, keep_ac
     if not (out / "spiece.model").is_file():
         shutil.copyfile(spiece, out / "spiece.model")
     return out
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (Linux /proc)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live (not zombie) children of process ``pid``."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    try:
+        kids = [int(k) for k in path.read_text().split()]
+    except OSError:
+        return []
+    return [k for k in kids if _alive(k)]
+
+
+def wait_gone(pids: list[int], seconds: float = 10.0, what: str = "a helper outlived its parent") -> None:
+    """Wait until none of ``pids`` is alive; fail with ``what`` after ``seconds``."""
+    deadline = time.time() + seconds
+    while any(_alive(k) for k in pids):
+        assert time.time() < deadline, what
+        time.sleep(0.05)

@@ -10,9 +10,9 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
+from clitools import child_pids, wait_gone
 
 from xlnetcli.core.errors import XLNetError
 from xlnetcli.core.workers import ordered_map
@@ -30,18 +30,7 @@ def _here(x: int) -> tuple[int, int, str]:
 
 
 def _children() -> list[int]:
-    path = f"/proc/{os.getpid()}/task/{os.getpid()}/children"
-    if not os.path.exists(path):
-        return []
-    alive = []
-    for pid in Path(path).read_text().split():
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.append(int(pid))
-    return alive
+    return child_pids(os.getpid())
 
 
 @pytest.mark.parametrize("helpers", [0, 1, 3])
@@ -150,13 +139,8 @@ def test_sigterm_mid_stream_unwinds_and_kills_the_helpers(tmp_path):
         assert p.stdout is not None
         assert p.stdout.readline().strip() == "running"
         time.sleep(delay)
-        kids = [int(k) for k in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()]
+        kids = child_pids(p.pid)
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=30) == 143
         assert p.stdout.read().strip() == "cleaned"
-        deadline = time.time() + 10
-        while any(
-            os.path.exists(f"/proc/{k}") and "Z" not in Path(f"/proc/{k}/stat").read_text().split()[2] for k in kids
-        ):
-            assert time.time() < deadline, "a helper outlived its parent"
-            time.sleep(0.05)
+        wait_gone(kids)

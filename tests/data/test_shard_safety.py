@@ -13,7 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clitools import CORPUS, TINY, assert_one_line_error, child_env, flip_bit, run_main, set_args
+from clitools import (
+    CORPUS,
+    TINY,
+    assert_one_line_error,
+    child_env,
+    child_pids,
+    flip_bit,
+    run_main,
+    set_args,
+    wait_gone,
+)
 
 from xlnetcli.config import load_config
 from xlnetcli.core.errors import DataError
@@ -183,18 +193,10 @@ def test_shard_worker_whose_parent_died_exits_quietly(big, tmp_path):
     out = tmp_path / "out"
     p = _start(_command("shard", big, out), tmp_path / "err")
     _wait_for_temp(p, out, after=1.0)
-    children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
-    kids = [int(k) for k in children.read_text().split()] if children.exists() else []
+    kids = child_pids(p.pid)
     p.send_signal(signal.SIGKILL)  # the parent only: its workers are orphaned mid-chunk
     p.wait()
-    deadline = time.time() + 20
-    while any(
-        Path(f"/proc/{k}").exists() and "Z" not in Path(f"/proc/{k}/stat").read_text().split()[2]
-        for k in kids
-        if Path(f"/proc/{k}/stat").exists()
-    ):
-        assert time.time() < deadline, "a worker outlived its parent"
-        time.sleep(0.1)
+    wait_gone(kids, 20, "a worker outlived its parent")
     time.sleep(0.3)
     err = (tmp_path / "err").read_text()
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
@@ -220,14 +222,11 @@ def test_preprocess_sigterm_with_helpers_cleans_up_and_leaves_no_process(big_sha
     args = ["preprocess", "--shards", big_shards, "--out", out, "--config", TINY, *set_args(SETS), "--workers", "2"]
     p = _start(args, tmp_path / "err")
     _wait_for_temp(p, out, after=1.0)
-    kids = [int(k) for k in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()]
+    kids = child_pids(p.pid)
     assert kids  # a helper is running
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=60) == 128 + signal.SIGTERM
     lines = [ln for ln in (tmp_path / "err").read_text().splitlines() if ln.strip()]
     assert lines == ["xlnet: terminated (SIGTERM); partial output removed"], lines
     assert _temps(out) == [] and not out.exists()
-    deadline = time.time() + 10
-    while any(Path(f"/proc/{k}").exists() and "Z" not in Path(f"/proc/{k}/stat").read_text().split()[2] for k in kids):
-        assert time.time() < deadline, "a helper outlived its parent"
-        time.sleep(0.1)
+    wait_gone(kids)
