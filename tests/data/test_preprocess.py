@@ -272,7 +272,7 @@ def test_split_matches_original_loop(seed, mean_sent, reverse, lr):
     sid = (np.cumsum(rng.random(n) < 1.0 / mean_sent) % 2).astype(np.uint8)
     row = Row(ArrayStream(tok, sid), 0, n, reverse)
     steps = (n - L) // R + 1
-    p = _Params(L, R, 4, 6, 1, "word", 0, "uint16")
+    p = _Params(L, R, 4, 6, 1, "word", 0)
     out, alen, label, _, bstart = build_row(row, steps, p, np.random.default_rng(seed), np.ones(100, bool))
     U = np.random.default_rng(seed).random((steps, 3))
     rt, rs = (tok[::-1], sid[::-1]) if reverse else (tok, sid)

@@ -45,7 +45,6 @@ def reference(shard_dir: Path, meta: dict, split: str, pass_id: int) -> dict[str
         meta["mask_beta"],
         meta["mask_mode"],
         meta["seed"],
-        meta["dtype"],
         meta["max_gram"],
     )
     ws = word_start_table(shard_dir / "tokenizer", meta["word_rule"])

@@ -1,5 +1,5 @@
-"""Processes and signals: SIGTERM unwinding like Ctrl-C, whether a pid is alive, and pool workers that stop with their
-parent."""
+"""Processes and signals: SIGTERM unwinding like Ctrl-C, whether a pid is alive, and helper processes that stop with
+their parent."""
 
 from __future__ import annotations
 
@@ -70,8 +70,9 @@ def die_with_parent(parent: int) -> None:
 
 
 def quiet_pool_worker(parent: int | None) -> None:
-    """Signals in a pool worker: the parent handles Ctrl-C / SIGTERM (cleanup) and terminates the pool, so the worker
-    ignores SIGINT, dies on SIGTERM without a traceback and, given the ``parent`` pid, dies with it."""
+    """Signals in a helper process (core/workers.py): the parent handles Ctrl-C / SIGTERM (cleanup) and kills its
+    helpers, so the helper ignores SIGINT, dies on SIGTERM without a traceback and, given the ``parent`` pid, dies with
+    it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if parent is not None:

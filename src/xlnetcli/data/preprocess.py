@@ -70,7 +70,6 @@ class _Params:
     beta: int
     mode: str
     seed: int
-    dtype: str
     max_gram: int = MAX_GRAM
 
 
@@ -212,7 +211,7 @@ def preprocess(
     tok_dir = shards / "tokenizer"
     ws_table = _word_starts(tok_dir, vocab, cfg.data.word_rule)
     dtype = manifest["dtype"]  # uint16 | uint32 (read_manifest checks it)
-    params = _params(cfg, dtype)
+    params = _params(cfg)
     splits = _split_layouts(shards, manifest, plan.forward_rows, cfg.data.seq_len, cfg.model.reuse_len)
     meta = _records_meta(cfg, plan, sha, vocab, dtype)
     meta["shards"] = {**shards_location(shards, out), "manifest_sha256": manifest_sha}
@@ -254,8 +253,8 @@ def _word_starts(tok_dir: Path, vocab: int, rule: str) -> np.ndarray:
     return ws_table
 
 
-def _params(cfg: Config, dtype: str) -> _Params:
-    """The settings a worker needs to build records, from ``cfg`` and the shards' token dtype."""
+def _params(cfg: Config) -> _Params:
+    """The settings a worker needs to build records, from ``cfg``."""
     return _Params(
         cfg.data.seq_len,
         cfg.model.reuse_len,
@@ -264,7 +263,6 @@ def _params(cfg: Config, dtype: str) -> _Params:
         cfg.data.mask_beta,
         cfg.data.mask_mode,
         cfg.data.seed,
-        dtype,
         cfg.data.max_gram,
     )
 
