@@ -251,7 +251,11 @@ def run_row(row: str, args, dev, peak_tflops, results: list, done_hf: set) -> No
                     r = time_steps(
                         model, loss_fn, batch, dev, args.warmup, args.steps, not args.smoke or dev.type == "cuda"
                     )
-                    if args.profile:
+                    if (
+                        args.profile
+                        and engine == "ours"
+                        and (not args.profile_rows or row in args.profile_rows.split(","))
+                    ):
                         profile(model, loss_fn, batch, dev, args.profile)
             finally:
                 torch.use_deterministic_algorithms(prev)
@@ -307,6 +311,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--json", default=None, help="write all figures here")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest kernels of each row")
+    ap.add_argument("--tiles", default="", help="triton kernel tiles, fwd=BMxWARPS,bwd=BMxWARPS (gpu_attention.py)")
+    ap.add_argument("--profile-rows", default="", help="only these rows (comma-separated) with --profile")
     ap.add_argument(
         "--smoke", action="store_true", help="tiny sizes on whatever device is there (CPU: checks the code)"
     )
@@ -318,9 +324,14 @@ def main() -> None:
         raise SystemExit("no CUDA device: run with --smoke to check the script on CPU")
     from xlnetcli.model.flops import peak_tflops
 
+    if args.tiles:
+        from gpu_attention import set_tiles
+
+        set_tiles(args.tiles)
+
     name = name_of(dev)
     peak = peak_tflops(name)
-    print(f"device {name}, bf16 peak {peak} TFLOP/s, torch {torch.__version__}", flush=True)
+    print(f"device {name}, bf16 peak {peak} TFLOP/s, torch {torch.__version__}, tiles {args.tiles}", flush=True)
     results: list = []
     done_hf: set = set()
     for row in args.rows.split(","):

@@ -24,7 +24,12 @@ from xlnetcli.model import XLNetLMHeadModel  # noqa: E402
 CUDA = torch.device("cuda")
 TOL_FP32 = 1e-5
 TOL_BF16 = 3e-2  # relative (‖ours - ref‖ / ‖ref‖) for logits and gradients under bf16 autocast
-IMPLS = ["fused", "sdpa", "flex"]
+try:
+    import triton  # noqa: F401
+
+    IMPLS = ["fused", "sdpa", "flex", "triton"]  # triton: model/triton_attention.py's compiled kernels
+except ImportError:
+    IMPLS = ["fused", "sdpa", "flex"]
 
 
 def gpu_cfg(**kw):
@@ -187,11 +192,13 @@ def test_deterministic_mode_is_bit_exact(impl):
     assert torch.equal(la, lb) and all(torch.equal(ga[k], gb[k]) for k in ga)
 
 
-@pytest.mark.parametrize("compile_", [False, True])
-def test_pretrain_on_cuda_resumes_exactly(builds, tmp_path, compile_):
-    """`pretrain` end to end on the GPU in bf16 (fused AdamW; attn_impl auto: sdpa eager, einsum compiled; dropout
-    on; train.deterministic as shipped); stopping after a checkpoint and resuming gives bit-identical losses and
-    weights to an uninterrupted run."""
+@pytest.mark.parametrize("compile_,impl", [(False, "auto"), (True, "auto"), (False, "triton")])
+def test_pretrain_on_cuda_resumes_exactly(builds, tmp_path, compile_, impl):
+    """`pretrain` end to end on the GPU in bf16 (fused AdamW; attn_impl auto: sdpa eager, einsum compiled; or the
+    triton kernel; dropout on; train.deterministic as shipped); stopping after a checkpoint and resuming gives
+    bit-identical losses and weights to an uninterrupted run."""
+    if impl == "triton" and "triton" not in IMPLS:
+        pytest.skip("triton is not installed")
     from clitools import FAST_PRETRAIN, TINY, step_weights, train_losses
 
     from xlnetcli.config import load_config
@@ -205,6 +212,7 @@ def test_pretrain_on_cuda_resumes_exactly(builds, tmp_path, compile_):
         "train.eval_every=4",
         "train.precision=bf16",
         f"train.compile={str(compile_).lower()}",
+        f"model.attn_impl={impl}",
     ]
     cfg = load_config(TINY, over)
     a = pretrain(cfg, rec, tmp_path / "a", device="cuda", quiet=True)

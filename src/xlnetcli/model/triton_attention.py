@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-NEG_INF = -1e30  # kernels.NEG_INF (kernels.py imports this module lazily, so the value is repeated)
+NEG_INF = tl.constexpr(-1e30)  # kernels.NEG_INF (kernels.py imports this module lazily); constexpr: kernels read it
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # what @triton.jit reads: the kernels below are interpreted
 
 
@@ -363,9 +363,17 @@ def _dkr_kernel(
 # Launchers and the custom op
 
 
-def _blocks(device: torch.device, D: int) -> tuple[int, int]:
-    """(tile size BM = BN = BR, BD): 16 under the interpreter (its cost grows with the tile), 64 on a GPU."""
-    return (64 if device.type == "cuda" else 16), max(16, triton.next_power_of_2(D))
+# Per kernel on a GPU: (BM = BN = BR, the rows and keys of a tile, BM + BN a power of two for the band; warps).
+# 32-row tiles keep every kernel in registers on sm_90; 64-row tiles spill 0.4-2.2 KB per thread with 4 warps and
+# 0.2-0.9 KB with 8 (ptxas via triton 3.6's compile for sm_90, `cuobjdump --dump-resource-usage`). Benchmarks may
+# set other tiles here (benchmarks/gpu_pretrain.py --kernel).
+GPU_TILES = {"fwd": (32, 4), "dq": (32, 8), "dkdv": (32, 8), "dkr": (32, 8)}
+
+
+def _blocks(device: torch.device, D: int, kernel: str) -> tuple[int, int, int]:
+    """(tile size BM = BN = BR, BD, warps): 16 rows under the interpreter (its cost grows with the tile)."""
+    bm, warps = GPU_TILES[kernel] if device.type == "cuda" else (16, 1)
+    return bm, max(16, triton.next_power_of_2(D)), warps
 
 
 def _or_dummy(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -380,7 +388,7 @@ def _shapes(qw, k, kr, n_content: int):
 
 def _forward(qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, seed, debug_keep):
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
-    BM, BD = _blocks(qw.device, D)
+    BM, BD, warps = _blocks(qw.device, D, "fwd")
     out = torch.empty_like(qw)
     stats = torch.empty(B, H, N, 2, dtype=torch.float32, device=qw.device)
     drop = p_drop > 0
@@ -391,14 +399,13 @@ def _forward(qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, 
             _fwd_kernel[(triton.cdiv(row_end - row0, BM), B * H)](
                 *ins, out, stats, keep, H, N, K, R, L, D, P, B // G, row0, row_end, 1.0 / math.sqrt(D), seed, p_drop,
                 QUERY=query, HAS_SEG=ef is not None, HAS_MASK=mask is not None, DROP=drop, DEBUG_KEEP=debug_keep,
-                BM=BM, BN=BM, BD=BD,
+                BM=BM, BN=BM, BD=BD, num_warps=warps,
             )  # fmt: skip
     return out, stats, keep
 
 
 def _backward(do, out, stats, qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, seed):
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
-    BM, BD = _blocks(qw.device, D)
     f32 = dict(dtype=torch.float32, device=qw.device)
     delta = (do.float() * out.float()).sum(-1)  # delta_i = do_i·out_i = sum_j p_ij dp_ij
     dqw, dqr = torch.empty(B, H, N, D, **f32), torch.empty(B, H, N, D, **f32)
@@ -408,23 +415,28 @@ def _backward(do, out, stats, qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_
     dkr = torch.zeros(G, H, R, D, **f32)
     d_same, d_mask = _or_dummy(same, rows), _or_dummy(mask, rows)
     ins = (qw, qr, k, v, kr, _or_dummy(bdq, qw), _or_dummy(ef, qw), d_same, d_mask, rows)
-    flags = dict(HAS_SEG=ef is not None, HAS_MASK=mask is not None, DROP=p_drop > 0, BM=BM, BN=BM, BD=BD)
+    flags = dict(HAS_SEG=ef is not None, HAS_MASK=mask is not None, DROP=p_drop > 0)
     common = (H, N, K, R, L, D, P, B // G)
     scale = 1.0 / math.sqrt(D)
+    BM, BD, warps = _blocks(qw.device, D, "dq")
     for query, row0, row_end in ((False, 0, n_content), (True, n_content, N)):
         if row_end > row0:
             _dq_kernel[(triton.cdiv(row_end - row0, BM), B * H)](
                 *ins, do, stats, delta, dqw, dqr, _or_dummy(dbdq, qw), _or_dummy(def_, qw),
                 *common, row0, row_end, scale, seed, p_drop, QUERY=query, **flags,
+                BM=BM, BN=BM, BD=BD, num_warps=warps,
             )  # fmt: skip
+    BM, BD, warps = _blocks(qw.device, D, "dkdv")
     _dkdv_kernel[(triton.cdiv(K, BM), B * H)](
-        *ins, do, stats, delta, dk, dv, *common, n_content, scale, seed, p_drop, **flags
+        *ins, do, stats, delta, dk, dv, *common, n_content, scale, seed, p_drop, **flags,
+        BM=BM, BN=BM, BD=BD, num_warps=warps,
     )  # fmt: skip
     if n_content:
-        flags["BR"] = flags.pop("BN")
+        BM, BD, warps = _blocks(qw.device, D, "dkr")
         _dkr_kernel[(triton.cdiv(R, BM), G * H)](
             qw, qr, k, v, kr, _or_dummy(ef, qw), d_same, d_mask, do, stats, delta, dkr,
             H, N, K, R, L, D, B // G, n_content, scale, seed, p_drop, **flags,
+            BM=BM, BR=BM, BD=BD, num_warps=warps,
         )  # fmt: skip
     return dqw, dqr, dk, dv, dkr, dbdq, def_
 

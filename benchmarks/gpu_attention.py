@@ -1,0 +1,235 @@
+"""XLNet's relative attention core alone on a GPU: attn_impl triton (model/triton_attention.py) against the other
+kernels on the same inputs, at Base's pretraining shapes, in one run.
+
+    python benchmarks/gpu_attention.py --json gpu_attention.json          # the BENCHMARKS.md rows
+    python benchmarks/gpu_attention.py --tiles 32x4,32x8,64x8             # also time other tile sizes x warps
+    TRITON_INTERPRET=1 python benchmarks/gpu_attention.py --smoke         # CPU check of the script, no figures
+
+Inputs as one layer of `xlnet pretrain` sees them (configs/base.yaml): micro-batch 16, 12 heads of 64, seq L 512,
+memory 384 (K = 896 keys), 85 query-stream rows stacked under the 512 content rows (N = 597), bi_data's two position
+tables (R = 1408), segments, a mask with about half the keys masked, attention dropout 0.1, q/k/v/kr in bf16 and
+the biases in fp32 under bf16 autocast. A row times forward (no grad) and forward + backward (the gradient of every
+input) with CUDA events: median of --steps calls after 3 warm-up calls. TFLOP/s count the useful matrix work
+(model/flops.py's convention: 3 products of N x K x D per head forward, 3x that for forward + backward).
+
+Checks, printed before the timings: the triton kernel in bf16 against the einsum kernel in fp32 on the same inputs
+(dropout off): relative error ||a - b|| / ||b|| of the output and of each gradient; two identical triton calls with
+dropout give bit-identical gradients (deterministic backward).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+import torch
+
+NAMES = ("q", "k", "v", "kr", "r_w", "r_r", "r_s", "seg_embed")
+
+
+def make_inputs(B, H, D, L, M, P, G, dev, seed=0):
+    """Random attention inputs and their layout (kernels.AttnLayout), as one pretraining layer sees them."""
+    from xlnetcli.model.kernels import AttnLayout
+
+    g = torch.Generator().manual_seed(seed)
+    N, K = L + P, M + L
+    mk = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    ins = [mk(B, H, N, D), mk(B, H, K, D), mk(B, H, K, D), mk(G, H, K + L, D)]
+    ins += [mk(H, D) * 0.1, mk(H, D) * 0.1, mk(H, D) * 0.1, mk(2, H, D) * 0.1]
+    rows = torch.cat([torch.arange(L).expand(B, L), torch.randint(0, L, (B, P), generator=g)], 1)
+    rel = (L - rows)[:, None, :, None] + torch.arange(K)
+    same = torch.rand(B, 1, N, K, generator=g) > 0.5
+    mask = torch.rand(B, 1, N, K, generator=g) > 0.5
+    mask[:, :, :, :M] = False  # memory is visible to every row, as in pretraining
+    on = lambda t: t.to(dev)  # noqa: E731
+    return [on(t) for t in ins], AttnLayout(L, on(rows), on(rel), on(same), on(mask))
+
+
+def call(impl: str, ins, layout, p_drop: float, compiled=None):
+    """One attention call of ``impl`` (einsum / sdpa / fused / flex / triton, or compiled: a torch.compile'd einsum)."""
+    import dataclasses
+
+    from xlnetcli.model.kernels import additive_mask, relative_attention
+
+    q, k, v, kr, r_w, r_r, r_s, seg = ins
+    base = "einsum" if impl == "einsum:compile" else impl
+    lay = layout
+    if base in ("einsum", "sdpa"):
+        lay = dataclasses.replace(layout, mask_bias=additive_mask(layout.mask, base, q.dtype))
+    fn = compiled or relative_attention
+    return fn(q, k, v, kr, (r_w, r_r, r_s), seg, lay, p_drop, p_drop > 0, base)
+
+
+def timed(fn, steps: int, dev) -> float:
+    """Median seconds of fn() over ``steps`` calls after 3 warm-up calls (CUDA events; wall clock on CPU)."""
+    import time
+
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(steps):
+        if dev.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def rel_err(a, b) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def check(ins, layout, dev) -> dict:
+    """triton in bf16 against einsum in fp32 (dropout off), and triton's backward run twice with dropout. On CPU
+    (the interpreter, whose tl.dot on bf16 is unreliable) fp16 without autocast instead of bf16."""
+    go = torch.randn(ins[0].shape, generator=torch.Generator().manual_seed(1)).to(dev)
+    low = torch.bfloat16 if dev.type == "cuda" else torch.float16
+    res = {}
+    outs = {}
+    for impl, dtype in (("einsum", torch.float32), ("triton", low)):
+        xs = [t.to(dtype if i < 4 else torch.float32).requires_grad_(True) for i, t in enumerate(ins)]
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == low and dev.type == "cuda"):
+            out = call(impl, xs, layout, 0.0)
+        outs[impl] = (out, torch.autograd.grad(out, xs, go.to(out.dtype)))
+    (oe, ge), (ot, gt) = outs["einsum"], outs["triton"]
+    res["out"] = rel_err(ot, oe)
+    for name, a, b in zip(NAMES, gt, ge, strict=True):
+        res[name] = rel_err(a, b)
+    grads = []
+    for _ in range(2):
+        xs = [t.to(low if i < 4 else torch.float32).requires_grad_(True) for i, t in enumerate(ins)]
+        torch.manual_seed(3)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            out = call("triton", xs, layout, 0.1)
+        grads.append(torch.autograd.grad(out, xs, go.to(out.dtype)))
+    res["deterministic"] = all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+    return res
+
+
+def bench(impl: str, ins, layout, p_drop: float, steps: int, dev, compiled=None) -> dict:
+    xs = [t.to(torch.bfloat16 if i < 4 else torch.float32).requires_grad_(True) for i, t in enumerate(ins)]
+    go = torch.randn(xs[0].shape, device=dev, dtype=torch.bfloat16)
+
+    def fwd():
+        with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16):
+            call(impl, xs, layout, p_drop, compiled)
+
+    def fwd_bwd():
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            out = call(impl, xs, layout, p_drop, compiled)
+        torch.autograd.grad(out, xs, go.to(out.dtype))
+
+    r = dict(fwd_s=timed(fwd, steps, dev))
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    r["fwd_bwd_s"] = timed(fwd_bwd, steps, dev)
+    if dev.type == "cuda":
+        r["peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+    return r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--impls", default="triton,einsum,einsum:compile,sdpa,fused")
+    ap.add_argument("--tiles", default="", help="also time triton with these tiles (BMxWARPS, comma-separated)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--micro", type=int, default=16)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--best", default=None, help="write the fastest tiles here (fwd=BMxW,bwd=BMxW)")
+    ap.add_argument("--smoke", action="store_true", help="small shapes (CPU: under TRITON_INTERPRET=1)")
+    args = ap.parse_args()
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cpu" and not args.smoke:
+        raise SystemExit("no CUDA device: run with --smoke (and TRITON_INTERPRET=1) to check the script on CPU")
+    from xlnetcli.model import triton_attention as ta
+    from xlnetcli.model.kernels import relative_attention
+
+    B, H, D, L, M, P, G = (2, 2, 16, 24, 8, 4, 2) if args.smoke else (args.micro, 12, 64, 512, 384, 85, 2)
+    steps = 2 if args.smoke else args.steps
+    ins, layout = make_inputs(B, H, D, L, M, P, G, dev)
+    N, K = L + P, M + L
+    flops_fwd = 3 * 2 * B * H * N * K * D
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    print(f"device {name}, torch {torch.__version__}; B {B} H {H} D {D} L {L} M {M} P {P} G {G}", flush=True)
+    out = dict(device=name, torch=torch.__version__, shape=dict(B=B, H=H, D=D, L=L, M=M, P=P, G=G), rows=[])
+    out["check"] = check(ins, layout, dev)
+    print("check (triton bf16 vs einsum fp32, relative error):", json.dumps(out["check"]), flush=True)
+
+    def row(label, impl, compiled=None):
+        try:
+            r = bench(impl, ins, layout, 0.1, steps, dev, compiled)
+        except Exception as e:  # noqa: BLE001 - a failing row is reported, the others still run
+            r = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        r["row"] = label
+        if "fwd_s" in r:
+            r["fwd_tflops"] = flops_fwd / r["fwd_s"] / 1e12
+            r["fwd_bwd_tflops"] = 3 * flops_fwd / r["fwd_bwd_s"] / 1e12
+            print(
+                f"{label:<22} fwd {r['fwd_s'] * 1e3:8.2f} ms ({r['fwd_tflops']:6.1f} TFLOP/s)  fwd+bwd "
+                f"{r['fwd_bwd_s'] * 1e3:8.2f} ms ({r['fwd_bwd_tflops']:6.1f} TFLOP/s)  "
+                f"peak {r.get('peak_gib', float('nan')):6.2f} GiB",
+                flush=True,
+            )
+        else:
+            print(f"{label:<22} {r['error']}", flush=True)
+        out["rows"].append(r)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+
+    impls = args.impls.split(",")
+    default = dict(ta.GPU_TILES)
+    tried = []  # (forward tiles, backward tiles, row): the shipped tiles, then --tiles (the same for every kernel)
+    if "triton" in impls:
+        row("triton", "triton")
+        tried.append((default["fwd"], default["dq"], out["rows"][-1]))
+    for t in filter(None, args.tiles.split(",")):
+        bm, warps = (int(x) for x in t.split("x"))
+        ta.GPU_TILES.update(dict.fromkeys(ta.GPU_TILES, (bm, warps)))
+        row(f"triton tiles {t}", "triton")
+        tried.append(((bm, warps), (bm, warps), out["rows"][-1]))
+    ta.GPU_TILES.update(default)
+    ok = [t for t in tried if "fwd_s" in t[2]]
+    if ok:  # the fastest forward tiles, and the fastest backward ones (fwd+bwd - fwd)
+        fwd = min(ok, key=lambda t: t[2]["fwd_s"])[0]
+        bwd = min(ok, key=lambda t: t[2]["fwd_bwd_s"] - t[2]["fwd_s"])[1]
+        out["best_tiles"] = best = f"fwd={fwd[0]}x{fwd[1]},bwd={bwd[0]}x{bwd[1]}"
+        print(f"best tiles: {best}", flush=True)
+        if args.best:
+            with open(args.best, "w") as f:
+                f.write(best)
+    for impl in impls:  # the other kernels on the same inputs
+        if impl == "einsum:compile":
+            row(impl, impl, torch.compile(relative_attention, dynamic=False))
+        elif impl != "triton":
+            row(impl, impl)
+
+
+def set_tiles(spec: str) -> None:
+    """``fwd=BMxWARPS,bwd=BMxWARPS`` (gpu_attention.py's best tiles) -> triton_attention.GPU_TILES."""
+    from xlnetcli.model import triton_attention as ta
+
+    for part in filter(None, spec.split(",")):
+        which, t = part.split("=")
+        bm, warps = (int(x) for x in t.split("x"))
+        for k in ("fwd",) if which == "fwd" else ("dq", "dkdv", "dkr"):
+            ta.GPU_TILES[k] = (bm, warps)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issue 23's measurements on a lent GPU in one call, most valuable first; each step under its own limit and all
+# of them inside BUDGET seconds; logs and JSON under $OUT (the device tool brings back at most 8 files).
+#   OUT=/tmp/gpu BUDGET=570 bash benchmarks/gpu_session.sh
+set -u
+OUT=${OUT:-/tmp/gpu_session}; mkdir -p "$OUT"
+BUDGET=${BUDGET:-570}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false
+start=$(date +%s)
+step() {  # step SECONDS NAME COMMAND...: run under min(SECONDS, what is left), log to $OUT/NAME.log
+    local want=$1 name=$2; shift 2
+    local left=$((BUDGET - ($(date +%s) - start)))
+    local secs=$((want < left ? want : left))
+    if [ "$secs" -lt 20 ]; then echo "=== $name skipped: ${left}s left"; return; fi
+    echo "=== $name (limit ${secs}s, t=$(($(date +%s) - start))s)"
+    timeout -k 5 "$secs" "$@" >"$OUT/$name.log" 2>&1
+    echo "=== $name rc $? (t=$(($(date +%s) - start))s)"
+}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+  python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
+} >"$OUT/env.log" 2>&1
+cat "$OUT/env.log"
+step 150 attention python3 benchmarks/gpu_attention.py --json "$OUT/attention.json" --tiles 32x8,64x8,64x4 \
+    --best "$OUT/tiles.txt"
+grep "^check\|^triton\|^einsum\|^sdpa\|^fused\|^best\|Error" "$OUT/attention.log" | tail -n 14
+TILES=$(cat "$OUT/tiles.txt" 2>/dev/null)
+step 270 pretrain python3 benchmarks/gpu_pretrain.py --hf --json "$OUT/pretrain.json" --profile 14 --tiles "$TILES" \
+    --profile-rows base:16:triton:compile \
+    --rows base:16:triton,base:16:triton:compile,base:16:einsum:compile,large:8:triton,base:16:einsum:static:graphs
+grep "^base\|^large\|^  base\|^  large\|profile:\|^device" "$OUT/pretrain.log" | tail -n 16
+XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
+step 300 tests python3 -m pytest -p no:cacheprovider $XDIST -q -rfEs --durations=8 tests/test_gpu.py \
+    tests/model/test_triton_attention.py
+tail -n 30 "$OUT/tests.log"
