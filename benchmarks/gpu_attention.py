@@ -150,7 +150,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--micro", type=int, default=16)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--best", default=None, help="write the fastest tiles here (fwd=BMxW,bwd=BMxW)")
+    ap.add_argument("--best", default=None, help="write the fastest setting here (pos=..,fwd=BMxW,bwd=BMxW)")
+    ap.add_argument("--breakdown", action="store_true", help="device time per kernel of the fastest setting")
     ap.add_argument("--smoke", action="store_true", help="small shapes (CPU: under TRITON_INTERPRET=1)")
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -167,8 +168,10 @@ def main() -> None:
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}; B {B} H {H} D {D} L {L} M {M} P {P} G {G}", flush=True)
     out = dict(device=name, torch=torch.__version__, shape=dict(B=B, H=H, D=D, L=L, M=M, P=P, G=G), rows=[])
-    out["check"] = check(ins, layout, dev)
-    print("check (triton bf16 vs einsum fp32, relative error):", json.dumps(out["check"]), flush=True)
+    for pos in ("band", "table"):
+        ta.CONTENT_POSITIONS = pos
+        out[f"check_{pos}"] = c = check(ins, layout, dev)
+        print(f"check {pos} (triton bf16 vs einsum fp32, relative error):", json.dumps(c), flush=True)
 
     def row(label, impl, compiled=None):
         try:
@@ -194,38 +197,83 @@ def main() -> None:
 
     impls = args.impls.split(",")
     default = dict(ta.GPU_TILES)
-    tried = []  # (forward tiles, backward tiles, row): the shipped tiles, then --tiles (the same for every kernel)
-    if "triton" in impls:
-        row("triton", "triton")
-        tried.append((default["fwd"], default["dq"], out["rows"][-1]))
-    for t in filter(None, args.tiles.split(",")):
-        bm, warps = (int(x) for x in t.split("x"))
-        ta.GPU_TILES.update(dict.fromkeys(ta.GPU_TILES, (bm, warps)))
-        row(f"triton tiles {t}", "triton")
-        tried.append(((bm, warps), (bm, warps), out["rows"][-1]))
-    ta.GPU_TILES.update(default)
-    ok = [t for t in tried if "fwd_s" in t[2]]
-    if ok:  # the fastest forward tiles, and the fastest backward ones (fwd+bwd - fwd)
-        fwd = min(ok, key=lambda t: t[2]["fwd_s"])[0]
-        bwd = min(ok, key=lambda t: t[2]["fwd_bwd_s"] - t[2]["fwd_s"])[1]
-        out["best_tiles"] = best = f"fwd={fwd[0]}x{fwd[1]},bwd={bwd[0]}x{bwd[1]}"
-        print(f"best tiles: {best}", flush=True)
-        if args.best:
-            with open(args.best, "w") as f:
-                f.write(best)
+    if "triton" in impls:  # the two ways of the content rows' position scores, then tiles for the faster one
+        for pos in ("band", "table"):
+            ta.CONTENT_POSITIONS = pos
+            row(f"triton {pos}", "triton")
+        done = [r for r in out["rows"][-2:] if "fwd_bwd_s" in r]
+        pos = min(done, key=lambda r: r["fwd_bwd_s"])["row"].split()[1] if done else "band"
+        ta.CONTENT_POSITIONS = pos
+        tried = [(default["fwd"], default["dq"], r) for r in done if r["row"] == f"triton {pos}"]
+        for t in filter(None, args.tiles.split(",")):
+            bm, warps = (int(x) for x in t.split("x"))
+            ta.GPU_TILES.update(dict.fromkeys(ta.GPU_TILES, (bm, warps)))
+            row(f"triton {pos} tiles {t}", "triton")
+            tried.append(((bm, warps), (bm, warps), out["rows"][-1]))
+        ta.GPU_TILES.update(default)
+        ok = [t for t in tried if "fwd_s" in t[2]]
+        if ok:  # the fastest forward tiles, and the fastest backward ones (fwd+bwd - fwd)
+            fwd = min(ok, key=lambda t: t[2]["fwd_s"])[0]
+            bwd = min(ok, key=lambda t: t[2]["fwd_bwd_s"] - t[2]["fwd_s"])[1]
+            out["best"] = best = f"pos={pos},fwd={fwd[0]}x{fwd[1]},bwd={bwd[0]}x{bwd[1]}"
+            print(f"best: {best}", flush=True)
+            if args.best:
+                with open(args.best, "w") as f:
+                    f.write(best)
+            set_tiles(best)
+            if args.breakdown and dev.type == "cuda":
+                for p_drop in (0.1, 0.0):
+                    out.setdefault("breakdown", {})[str(p_drop)] = breakdown(ins, layout, p_drop, dev)
     for impl in impls:  # the other kernels on the same inputs
         if impl == "einsum:compile":
             row(impl, impl, torch.compile(relative_attention, dynamic=False))
         elif impl != "triton":
             row(impl, impl)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+def breakdown(ins, layout, p_drop: float, dev) -> dict:
+    """Device time per kernel of one triton forward + backward (torch profiler, mean of 3 calls after one)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    xs = [t.to(torch.bfloat16 if i < 4 else torch.float32).requires_grad_(True) for i, t in enumerate(ins)]
+    go = torch.randn(xs[0].shape, device=dev, dtype=torch.bfloat16)
+
+    def once():
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            out = call("triton", xs, layout, p_drop)
+        torch.autograd.grad(out, xs, go.to(out.dtype))
+
+    once()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            once()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", 0) or 0
+        if t > 0:
+            per[e.key[:60]] = t / 3 / 1e3  # ms per call
+    top = dict(sorted(per.items(), key=lambda kv: -kv[1])[:10])
+    print(f"breakdown, dropout {p_drop} (ms per fwd+bwd, total {sum(per.values()):.2f}):", flush=True)
+    for k, v in top.items():
+        print(f"  {v:7.3f}  {k}", flush=True)
+    return per
 
 
 def set_tiles(spec: str) -> None:
-    """``fwd=BMxWARPS,bwd=BMxWARPS`` (gpu_attention.py's best tiles) -> triton_attention.GPU_TILES."""
+    """``pos=band|table,fwd=BMxWARPS,bwd=BMxWARPS`` (this script's best) -> triton_attention's CONTENT_POSITIONS and
+    GPU_TILES."""
     from xlnetcli.model import triton_attention as ta
 
     for part in filter(None, spec.split(",")):
         which, t = part.split("=")
+        if which == "pos":
+            ta.CONTENT_POSITIONS = t
+            continue
         bm, warps = (int(x) for x in t.split("x"))
         for k in ("fwd",) if which == "fwd" else ("dq", "dkdv", "dkr"):
             ta.GPU_TILES[k] = (bm, warps)

@@ -135,7 +135,9 @@ def build_hf(m, dev):
     return model, loss_fn
 
 
-def time_steps(model, loss_fn, batch, dev, warmup: int, steps: int, precision_bf16: bool) -> dict:
+def time_steps(model, loss_fn, batch, dev, warmup: int, steps: int, precision_bf16: bool, graphs=False) -> dict:
+    """Median step time; peak memory over the timed steps, or from the first step with ``graphs`` (CUDA graphs
+    allocate their memory pool while warming up, and replays allocate nothing)."""
     fused = dev.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-6, fused=fused)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -150,11 +152,14 @@ def time_steps(model, loss_fn, batch, dev, warmup: int, steps: int, precision_bf
         return loss
 
     t_first = time.perf_counter()
+    if graphs and dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     for _ in range(warmup):
         loss = step()
     if dev.type == "cuda":
         torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        if not graphs:
+            torch.cuda.reset_peak_memory_stats()
     warm_s = time.perf_counter() - t_first
     times = []
     for _ in range(steps):
@@ -249,7 +254,14 @@ def run_row(row: str, args, dev, peak_tflops, results: list, done_hf: set) -> No
             try:
                 with sdpa_backend("cudnn" in opts):
                     r = time_steps(
-                        model, loss_fn, batch, dev, args.warmup, args.steps, not args.smoke or dev.type == "cuda"
+                        model,
+                        loss_fn,
+                        batch,
+                        dev,
+                        args.warmup,
+                        args.steps,
+                        not args.smoke or dev.type == "cuda",
+                        graphs="graphs" in opts and engine == "ours",
                     )
                     if (
                         args.profile

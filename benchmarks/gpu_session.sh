@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Issue 23's measurements on a lent GPU in one call, most valuable first; each step under its own limit and all
 # of them inside BUDGET seconds; logs and JSON under $OUT (the device tool brings back at most 8 files).
-#   OUT=/tmp/gpu BUDGET=570 bash benchmarks/gpu_session.sh
+#   OUT=/tmp/gpu BUDGET=330 bash benchmarks/gpu_session.sh
+# ROWS (gpu_pretrain.py rows), SWEEP (tiles tried after the shipped ones) and TESTS (pytest -k, empty: all of
+# tests/test_gpu.py and tests/model/test_triton_attention.py) choose what runs.
 set -u
 OUT=${OUT:-/tmp/gpu_session}; mkdir -p "$OUT"
-BUDGET=${BUDGET:-570}
+BUDGET=${BUDGET:-330}
+ROWS=${ROWS:-base:16:triton,base:16:triton:compile,base:16:einsum:compile,large:8:triton}
+SWEEP=${SWEEP:-32x8,64x8}
+TESTS=${TESTS-triton}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false
 start=$(date +%s)
 step() {  # step SECONDS NAME COMMAND...: run under min(SECONDS, what is left), log to $OUT/NAME.log
@@ -20,15 +25,14 @@ step() {  # step SECONDS NAME COMMAND...: run under min(SECONDS, what is left), 
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
 } >"$OUT/env.log" 2>&1
 cat "$OUT/env.log"
-step 150 attention python3 benchmarks/gpu_attention.py --json "$OUT/attention.json" --tiles 32x8,64x8,64x4 \
-    --best "$OUT/tiles.txt"
-grep "^check\|^triton\|^einsum\|^sdpa\|^fused\|^best\|Error" "$OUT/attention.log" | tail -n 14
+step 130 attention python3 benchmarks/gpu_attention.py --json "$OUT/attention.json" --tiles "$SWEEP" \
+    --best "$OUT/tiles.txt" --breakdown --impls triton,einsum,sdpa,einsum:compile
+grep "^check\|^triton\|^einsum\|^sdpa\|^fused\|^best\|^breakdown\|^   \|Error" "$OUT/attention.log" | tail -n 40
 TILES=$(cat "$OUT/tiles.txt" 2>/dev/null)
-step 270 pretrain python3 benchmarks/gpu_pretrain.py --hf --json "$OUT/pretrain.json" --profile 14 --tiles "$TILES" \
-    --profile-rows base:16:triton:compile \
-    --rows base:16:triton,base:16:triton:compile,base:16:einsum:compile,large:8:triton,base:16:einsum:static:graphs
+step 160 pretrain python3 benchmarks/gpu_pretrain.py --hf --json "$OUT/pretrain.json" --profile 14 --tiles "$TILES" \
+    --profile-rows base:16:triton:compile --rows "$ROWS"
 grep "^base\|^large\|^  base\|^  large\|profile:\|^device" "$OUT/pretrain.log" | tail -n 16
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
-step 300 tests python3 -m pytest -p no:cacheprovider $XDIST -q -rfEs --durations=8 tests/test_gpu.py \
-    tests/model/test_triton_attention.py
-tail -n 30 "$OUT/tests.log"
+step 300 tests python3 -m pytest -p no:cacheprovider $XDIST -q -rfEs --durations=5 ${TESTS:+-k "$TESTS"} \
+    tests/test_gpu.py tests/model/test_triton_attention.py
+grep -v "DEBUG\|^  \|^$" "$OUT/tests.log" | tail -n 12

@@ -91,11 +91,18 @@ def check(ins, layout: AttnLayout, p=0.0, tol=TOL32, dtype=torch.float32):
     return keep
 
 
+@pytest.fixture(params=["band", "table"])
+def positions(request, monkeypatch):
+    """Both ways of the content rows' position scores (triton_attention.CONTENT_POSITIONS)."""
+    monkeypatch.setattr(ta, "CONTENT_POSITIONS", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize(
     "M,P,G,seg,mask",
     [(8, 4, 1, True, True), (0, 4, 2, True, True), (8, 0, 2, False, True), (0, 0, 1, True, False)],
 )
-def test_core_matches_float64_einsum(M, P, G, seg, mask):
+def test_core_matches_float64_einsum(M, P, G, seg, mask, positions):
     ins, layout = case(M=M, P=P, G=G, seg=seg, mask=mask)
     check(ins, layout)
 
@@ -116,7 +123,7 @@ def test_query_rows_only():
     check(ins, layout.query_rows())
 
 
-def test_dropout_through_the_debug_keep_mask():
+def test_dropout_through_the_debug_keep_mask(positions):
     """The kernel's Philox keep mask: the rate, reproducible under torch.manual_seed, and the same mask regenerated
     in backward (the gradients match the reference given that mask)."""
     ins, layout = case(M=8, P=4, G=2)
@@ -146,7 +153,7 @@ def run_model(cfg, batch, mems):
 
 
 @pytest.mark.parametrize("bi_data", [True, pytest.param(False, marks=pytest.mark.slow)])
-def test_model_matches_einsum(bi_data):
+def test_model_matches_einsum(bi_data, positions):
     """XLNetLMHeadModel (tiny: d_head 8, padded to a 16-wide tile) with memory, segments, perm masks and padded
     target rows: loss and every parameter's gradient, triton against einsum (both fp32)."""
     cfg = tiny_cfg(bi_data=bi_data)
@@ -177,3 +184,26 @@ def test_activation_checkpointing_recomputes_the_same_dropout():
         grads.append(torch.autograd.grad(out.square().sum(), xs))
     for a, b in zip(*grads, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_compiled_layers_match_eager(positions):
+    """Per-layer torch.compile (train.compile) around the custom op: the same loss and gradients as eager (the op is
+    one node to inductor; its bool mask inputs go in as they are)."""
+    from modeltools import twins
+
+    from xlnetcli.model.parallel import compile_layers
+
+    cfg = tiny_cfg(dropout=0.0, dropatt=0.0, attn_impl="triton", d_head=16)
+    ids, tt, perm, tmap = (t.to(DEVICE) for t in plm_batch(2, 3, np.random.default_rng(0)))
+    eager, comp = (m.to(DEVICE) for m in twins(cfg))
+    compile_layers(comp)
+    res = []
+    for m in (eager, comp):
+        o = m(ids, tt, None, perm, target_mapping=tmap, labels=tmap.argmax(-1),
+              label_mask=(tmap.sum(-1) > 0).float(), need_hidden=False)  # fmt: skip
+        o.loss.backward()
+        res.append((o.loss.detach(), {k.replace("._orig_mod", ""): p.grad for k, p in m.named_parameters()}))
+    (l0, g0), (l1, g1) = res
+    assert maxdiff(l0, l1) <= 1e-6
+    assert g0.keys() == g1.keys() and max(maxdiff(g0[k], g1[k]) for k in g0) <= 1e-6

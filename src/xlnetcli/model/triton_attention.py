@@ -368,6 +368,10 @@ def _dkr_kernel(
 # 0.2-0.9 KB with 8 (ptxas via triton 3.6's compile for sm_90, `cuobjdump --dump-resource-usage`). Benchmarks may
 # set other tiles here (benchmarks/gpu_pretrain.py --kernel).
 GPU_TILES = {"fwd": (32, 4), "dq": (32, 8), "dkdv": (32, 8), "dkr": (32, 8)}
+# Where the content rows' position scores come from: "band" (the kr band multiplied and skewed inside the tile, no
+# [N, R] tensor) or "table" (qr·kr^T [B,H,L,R] by one matmul, read by index like the query rows' and recomputed in
+# backward, whose gradient goes back through two matmuls: no band products and no dkr kernel).
+CONTENT_POSITIONS = "band"
 
 
 def _blocks(device: torch.device, D: int, kernel: str) -> tuple[int, int, int]:
@@ -386,8 +390,21 @@ def _shapes(qw, k, kr, n_content: int):
     return B, H, N, D, k.shape[2], G, R, N - n_content
 
 
-def _forward(qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, seed, debug_keep):
+def _table(qr: torch.Tensor, kr: torch.Tensor, n_band: int) -> torch.Tensor | None:
+    """The position scores of the rows after the band rows, qr·kr^T [B,H,P,R] in qr's dtype (table g for the g-th
+    B/G of the batch); None when every row takes the band."""
+    B, H, N, D = qr.shape
+    G, _, R, _ = kr.shape
+    P = N - n_band
+    if not P:
+        return None
+    qrq = qr[:, :, n_band:].reshape(G, B // G, H, P, D)
+    return torch.matmul(qrq, kr[:, None].transpose(-1, -2)).reshape(B, H, P, R)
+
+
+def _forward(qw, qr, k, v, kr, ef, rows, same, mask, L, n_content, p_drop, seed, debug_keep):
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
+    bdq = _table(qr, kr, n_content)
     BM, BD, warps = _blocks(qw.device, D, "fwd")
     out = torch.empty_like(qw)
     stats = torch.empty(B, H, N, 2, dtype=torch.float32, device=qw.device)
@@ -404,12 +421,13 @@ def _forward(qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, 
     return out, stats, keep
 
 
-def _backward(do, out, stats, qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, seed):
+def _backward(do, out, stats, qw, qr, k, v, kr, ef, rows, same, mask, L, n_content, p_drop, seed):
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
     f32 = dict(dtype=torch.float32, device=qw.device)
     delta = (do.float() * out.float()).sum(-1)  # delta_i = do_i·out_i = sum_j p_ij dp_ij
     dqw, dqr = torch.empty(B, H, N, D, **f32), torch.empty(B, H, N, D, **f32)
-    dbdq = torch.zeros(B, H, P, R, **f32) if bdq is not None else None
+    bdq = _table(qr, kr, n_content)  # recomputed (one matmul) rather than kept from forward
+    dbdq = torch.zeros(B, H, P, R, dtype=qr.dtype, device=qr.device) if P else None
     def_ = torch.empty(B, H, N, 2, **f32) if ef is not None else None
     dk, dv = torch.empty(B, H, K, D, **f32), torch.empty(B, H, K, D, **f32)
     dkr = torch.zeros(G, H, R, D, **f32)
@@ -438,7 +456,11 @@ def _backward(do, out, stats, qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_
             H, N, K, R, L, D, B // G, n_content, scale, seed, p_drop, **flags,
             BM=BM, BR=BM, BD=BD, num_warps=warps,
         )  # fmt: skip
-    return dqw, dqr, dk, dv, dkr, dbdq, def_
+    if P:  # the table's gradient, one entry per (row, key), to its two factors
+        dt = dbdq.reshape(G, B // G, H, P, R)
+        dqr[:, :, n_content:] += torch.matmul(dt, kr[:, None]).reshape(B, H, P, D)
+        dkr += torch.matmul(dt.transpose(-1, -2), qr[:, :, n_content:].reshape(G, B // G, H, P, D)).sum(1)
+    return dqw, dqr, dk, dv, dkr, def_
 
 
 @torch.library.custom_op("xlnet::rel_attn", mutates_args=())
@@ -448,7 +470,6 @@ def rel_attn(
     k: torch.Tensor,
     v: torch.Tensor,
     kr: torch.Tensor,
-    bdq: torch.Tensor | None,
     ef: torch.Tensor | None,
     rows: torch.Tensor,
     same: torch.Tensor | None,
@@ -461,11 +482,11 @@ def rel_attn(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused core on prepared inputs (see triton_rel_attention): (out [B,H,N,D], stats [B,H,N,2] fp32 (the
     softmax's row max and sum), keep [B,H,N,K] int8 with debug_keep and dropout, else [1])."""
-    return _forward(qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, int(seed), debug_keep)
+    return _forward(qw, qr, k, v, kr, ef, rows, same, mask, L, n_content, p_drop, int(seed), debug_keep)
 
 
 @rel_attn.register_fake
-def _(qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, seed, debug_keep):
+def _(qw, qr, k, v, kr, ef, rows, same, mask, L, n_content, p_drop, seed, debug_keep):
     B, H, N, _ = qw.shape
     keep_shape = (B, H, N, k.shape[2]) if debug_keep and p_drop > 0 else (1,)
     return (
@@ -485,7 +506,6 @@ def rel_attn_backward(
     k: torch.Tensor,
     v: torch.Tensor,
     kr: torch.Tensor,
-    bdq: torch.Tensor | None,
     ef: torch.Tensor | None,
     rows: torch.Tensor,
     same: torch.Tensor | None,
@@ -495,32 +515,32 @@ def rel_attn_backward(
     p_drop: float,
     seed: torch.Tensor,
 ) -> list[torch.Tensor]:
-    """Gradients (fp32) of qw, qr, k, v, kr, bdq, ef (the last two [0] when absent)."""
-    grads = _backward(do.contiguous(), out, stats, qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content,
+    """Gradients (fp32) of qw, qr, k, v, kr, ef (the last [0] when absent)."""
+    grads = _backward(do.contiguous(), out, stats, qw, qr, k, v, kr, ef, rows, same, mask, L, n_content,
                       p_drop, int(seed))  # fmt: skip
     return [qw.new_zeros(0, dtype=torch.float32) if g is None else g for g in grads]
 
 
 @rel_attn_backward.register_fake
-def _(do, out, stats, qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, seed):
+def _(do, out, stats, qw, qr, k, v, kr, ef, rows, same, mask, L, n_content, p_drop, seed):
     f = lambda t: qw.new_empty(t.shape if t is not None else (0,), dtype=torch.float32)  # noqa: E731
-    return [f(t) for t in (qw, qr, k, v, kr, bdq, ef)]
+    return [f(t) for t in (qw, qr, k, v, kr, ef)]
 
 
 def _setup_context(ctx, inputs, output):
-    qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, seed, _ = inputs
+    qw, qr, k, v, kr, ef, rows, same, mask, L, n_content, p_drop, seed, _ = inputs
     out, stats, _ = output
-    ctx.save_for_backward(out, stats, qw, qr, k, v, kr, bdq, ef, rows, same, mask, seed)
+    ctx.save_for_backward(out, stats, qw, qr, k, v, kr, ef, rows, same, mask, seed)
     ctx.args = (L, n_content, p_drop)
 
 
 def _rel_attn_grad(ctx, dout, _dstats, _dkeep):
-    out, stats, qw, qr, k, v, kr, bdq, ef, rows, same, mask, seed = ctx.saved_tensors
+    out, stats, qw, qr, k, v, kr, ef, rows, same, mask, seed = ctx.saved_tensors
     L, n_content, p_drop = ctx.args
-    grads = rel_attn_backward(dout, out, stats, qw, qr, k, v, kr, bdq, ef, rows, same, mask, L, n_content, p_drop, seed)
-    ins = (qw, qr, k, v, kr, bdq, ef)
-    dqw, dqr, dk, dv, dkr, dbdq, def_ = (None if t is None else g.to(t.dtype) for g, t in zip(grads, ins, strict=True))
-    return dqw, dqr, dk, dv, dkr, dbdq, def_, None, None, None, None, None, None, None, None
+    grads = rel_attn_backward(dout, out, stats, qw, qr, k, v, kr, ef, rows, same, mask, L, n_content, p_drop, seed)
+    ins = (qw, qr, k, v, kr, ef)
+    dqw, dqr, dk, dv, dkr, def_ = (None if t is None else g.to(t.dtype) for g, t in zip(grads, ins, strict=True))
+    return dqw, dqr, dk, dv, dkr, def_, None, None, None, None, None, None, None, None
 
 
 rel_attn.register_autograd(_rel_attn_grad, setup_context=_setup_context)
@@ -531,29 +551,23 @@ def triton_rel_attention(
 ):
     """kernels.relative_attention's arguments -> (out [B,H,N,D], keep mask [B,H,N,K] bool or None (debug_keep)).
 
-    Torch ops add the biases (qw = q + r_w, qr = q + r_r), compute the two segment scalars per row ef =
-    (q + r_s)·seg_embed [B,H,N,2] and the query rows' position table bdq = qr·kr^T [B,H,P,R] (G tables: the first
-    B/G rows read table 0); autograd carries the op's gradients of these back to q, the biases, seg_embed and kr.
-    ``content``: the first L rows are the content stream (positions 0..L-1); the rest are query rows at ``rows``."""
+    Torch ops add the biases (qw = q + r_w, qr = q + r_r) and compute the two segment scalars per row ef =
+    (q + r_s)·seg_embed [B,H,N,2]; autograd carries the op's gradients of these back to q, the biases and seg_embed.
+    ``content``: the first L rows are the content stream (positions 0..L-1); the rest are query rows at ``rows``.
+    The content rows take their position scores from the band, or from the table with CONTENT_POSITIONS "table"."""
     r_w, r_r, r_s = biases
-    B, H, N, D = q.shape
-    G, _, R, _ = kr.shape
-    n_content = L if content else 0
-    P = N - n_content
+    n_band = L if content and CONTENT_POSITIONS == "band" else 0
     ct = torch.get_autocast_dtype(q.device.type) if torch.is_autocast_enabled(q.device.type) else q.dtype
     with torch.autocast(q.device.type, enabled=False):
         q, k, v, kr, r_w, r_r = (t.to(ct) for t in (q, k, v, kr, r_w, r_r))
         qw, qr = (q + r_w[:, None]).contiguous(), (q + r_r[:, None]).contiguous()
-        bdq = ef = None
-        if P:
-            qrq = qr[:, :, n_content:].reshape(G, B // G, H, P, D)
-            bdq = torch.matmul(qrq, kr[:, None].transpose(-1, -2)).reshape(B, H, P, R).float().contiguous()
+        ef = None
         if seg_same is not None:
             ef = torch.matmul(q + r_s.to(ct)[:, None], seg_embed.to(ct).permute(1, 2, 0)).float().contiguous()
-        flat = lambda t: None if t is None else t[:, 0].contiguous().view(torch.uint8)  # noqa: E731
+        flat = lambda t: None if t is None else t[:, 0].contiguous()  # noqa: E731 - [B,N,K] bool, shared by heads
         seed = torch.randint(0, 2**31 - 1, ()) if p_drop > 0 else torch.zeros((), dtype=torch.int64)
         out, _, keep = rel_attn(
-            qw, qr, k.contiguous(), v.contiguous(), kr.contiguous(), bdq, ef, rows.to(torch.int32).contiguous(),
-            flat(seg_same), flat(mask), L, n_content, float(p_drop), seed, debug_keep,
+            qw, qr, k.contiguous(), v.contiguous(), kr.contiguous(), ef, rows.to(torch.int32).contiguous(),
+            flat(seg_same), flat(mask), L, n_band, float(p_drop), seed, debug_keep,
         )  # fmt: skip
     return out, (keep.bool() if debug_keep and p_drop > 0 else None)
