@@ -215,7 +215,8 @@ def profile(model, loss_fn, batch, dev, top: int) -> None:
         wall = time.perf_counter() - t0
     key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
     events = prof.key_averages()
-    busy = sum(getattr(e, "self_device_time_total", 0) or 0 for e in events) / 1e6 / 2
+    # device-busy: the kernels' own time (the device rows); a custom op's CPU row also reports its kernels' time
+    busy = sum(e.self_device_time_total for e in events if e.device_type != torch.autograd.DeviceType.CPU) / 1e6 / 2
     print(f"  profile: {wall / 2 * 1e3:.1f} ms wall per step, {busy * 1e3:.1f} ms device-busy per step")
     print(events.table(sort_by=key, row_limit=top, max_name_column_width=70))
 

@@ -33,6 +33,6 @@ step 160 pretrain python3 benchmarks/gpu_pretrain.py --hf --json "$OUT/pretrain.
     --profile-rows base:16:triton:compile --rows "$ROWS"
 grep "^base\|^large\|^  base\|^  large\|profile:\|^device" "$OUT/pretrain.log" | tail -n 16
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
-step 300 tests python3 -m pytest -p no:cacheprovider $XDIST -q -rfEs --durations=5 ${TESTS:+-k "$TESTS"} \
+step 300 tests python3 -m pytest -p no:cacheprovider $XDIST -v -rfEs --durations=5 ${TESTS:+-k "$TESTS"} \
     tests/test_gpu.py tests/model/test_triton_attention.py
-grep -v "DEBUG\|^  \|^$" "$OUT/tests.log" | tail -n 12
+grep -c " PASSED" "$OUT/tests.log"; grep " FAILED\|ERROR \|passed\|failed" "$OUT/tests.log" | tail -n 12

@@ -18,7 +18,14 @@ from modeltools import maxdiff, plm_batch, tiny_cfg
 
 from xlnetcli.core.errors import XLNetError
 from xlnetcli.model import XLNetLMHeadModel
-from xlnetcli.model.kernels import AttnLayout, _position_segment_bias, additive_mask, relative_attention, resolve_impl
+from xlnetcli.model.kernels import (
+    AttnLayout,
+    _position_segment_bias,
+    additive_mask,
+    mask_flags,
+    relative_attention,
+    resolve_impl,
+)
 
 pytest.importorskip("triton")
 from triton.runtime.jit import JITFunction
@@ -67,8 +74,9 @@ def reference(ins, layout: AttnLayout, keep=None, p=0.0):
 def run_triton(ins, layout: AttnLayout, p=0.0):
     q, k, v, kr, r_w, r_r, r_s, seg = ins
     seg = seg if layout.seg_same is not None else None
+    flags = mask_flags(layout.mask, layout.seg_same)
     return ta.triton_rel_attention(
-        q, k, v, kr, (r_w, r_r, r_s), seg, layout.rows, layout.L, layout.content, layout.seg_same, layout.mask, p,
+        q, k, v, kr, (r_w, r_r, r_s), seg, layout.rows, layout.L, layout.content, flags, layout.mask is not None, p,
         debug_keep=p > 0,
     )  # fmt: skip
 

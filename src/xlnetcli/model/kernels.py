@@ -71,6 +71,20 @@ def additive_mask(mask: torch.Tensor | None, impl: str, dtype: torch.dtype) -> t
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, NEG_INF)
 
 
+def mask_flags(mask: torch.Tensor | None, seg_same: torch.Tensor | None) -> torch.Tensor | None:
+    """The mask and the same-segment bits ([B,1,N,K] bool) as one [B,1,N,K] uint8 tensor, bit 0 = cannot attend,
+    bit 1 = same segment, which the triton kernel reads once per score; None when there are neither."""
+    if mask is None and seg_same is None:
+        return None
+    like = mask if mask is not None else seg_same
+    flags = torch.zeros(like.shape, dtype=torch.uint8, device=like.device)
+    if mask is not None:
+        flags |= mask.to(torch.uint8)
+    if seg_same is not None:
+        flags |= seg_same.to(torch.uint8) << 1
+    return flags
+
+
 def activation(name: str):
     if name == "gelu":
         return F.gelu
@@ -96,6 +110,7 @@ class AttnLayout:
     seg_same: torch.Tensor | None
     mask: torch.Tensor | None
     mask_bias: torch.Tensor | None = None
+    flags: torch.Tensor | None = None  # mask_flags(mask, seg_same), built only for the triton kernel
     content: bool = True  # the first L rows are the content stream (positions 0..L-1); False: query rows only
 
     def query_rows(self) -> AttnLayout:
@@ -109,6 +124,7 @@ class AttnLayout:
             cut(self.seg_same),
             cut(self.mask),
             cut(self.mask_bias),
+            cut(self.flags),
             content=False,
         )
 
@@ -129,8 +145,9 @@ def relative_attention(
         )
     if impl == "triton":
         p = dropatt if training else 0.0
-        return _triton_attention()(q, k, v, kr, biases, seg, layout.rows, layout.L, layout.content, layout.seg_same,
-                                   layout.mask, p)[0]  # fmt: skip
+        flags = layout.flags if layout.flags is not None else mask_flags(layout.mask, layout.seg_same)
+        return _triton_attention()(q, k, v, kr, biases, seg, layout.rows, layout.L, layout.content, flags,
+                                   layout.mask is not None, p)[0]  # fmt: skip
     if impl == "flex":
         return _flex_attention(q, k, v, kr, r_w, r_r, r_s, seg, layout, dropatt if training else 0.0)
     bias = _position_segment_bias(q, kr, r_r, r_s, seg, layout)

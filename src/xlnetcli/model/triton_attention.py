@@ -20,8 +20,8 @@ do_i·out_i, ds = p (dp - delta). No [N,K] or [N,R] score tensor is written:
   bdq = qr·kr^T computed by torch and read by index; backward stores each table entry's gradient once (no atomics);
 - the segment term: per row the two scalars ef_i, chosen per key by the same-segment bits; the mask bits are
   [B,N,K] bytes shared by the heads;
-- attention dropout: keep_ij = philox(seed, ((b·H + h)·N + i)·K + j) >= p (tl.rand), regenerated in backward;
-  nothing is stored (a debug flag returns the keep mask for tests).
+- attention dropout: keep_ij = (number j % 4 of philox(seed, (((b·H + h)·N + i)·K4 + j) / 4)) >= p (tl.rand4x: one
+  draw serves four keys), regenerated in backward; nothing is stored (a debug flag returns the keep mask for tests).
 
 Backward is deterministic: no atomics, every gradient written by one program that sums in a fixed order. One
 kernel per row tile (dqw, dqr, the two segment-scalar gradients, the query rows' table gradient), one per key
@@ -75,31 +75,46 @@ def _unskew(ds, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _keep(seed, b, h, H, N, K, i, j, p_drop):
-    """The dropout keep bits of rows i [BM] and keys j [1|BM, BN] from Philox: the same in forward and backward."""
-    off = ((b * H + h) * N + i[:, None]) * K + j
-    return tl.rand(seed, off) >= p_drop
+def _keep_tile(seed, b, h, H, N, K, i, j0, p_drop, BN: tl.constexpr):
+    """The dropout keep bits of rows i [BM] and keys j0 .. j0+BN-1 (j0 a multiple of 4): element (i, j) is uniform
+    number j % 4 of the Philox draw at counter (((b·H + h)·N + i)·K4 + j) / 4, K4 = K rounded up to a multiple of 4;
+    one draw of four numbers serves four keys (tl.rand would draw four and keep one)."""
+    K4 = (K + 3) // 4 * 4
+    c = (((b * H + h) * N + i[:, None]) * K4 + j0) // 4 + tl.arange(0, BN // 4)[None, :]
+    u0, u1, u2, u3 = tl.rand4x(seed, c)
+    u = tl.reshape(tl.join(tl.join(u0, u2), tl.join(u1, u3)), [i.shape[0], BN])  # [.., t, lane] -> key 4t + lane
+    return u >= p_drop
 
 
 @triton.jit
-def _extras(s, b, i, j, ok, ef_ptr, bh, same_ptr, mask_ptr, N, K, scale, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr):
+def _keep_any(seed, b, h, H, N, K, i, j, p_drop):
+    """_keep_tile's bits at any keys j [BM, BR] of rows i [BM] (the dkr kernel walks diagonals): one draw each."""
+    K4 = (K + 3) // 4 * 4
+    off = ((b * H + h) * N + i[:, None]) * K4 + j
+    u0, u1, u2, u3 = tl.rand4x(seed, off // 4)
+    lane = off % 4
+    return tl.where(lane == 0, u0, tl.where(lane == 1, u1, tl.where(lane == 2, u2, u3))) >= p_drop
+
+
+@triton.jit
+def _extras(s, b, i, j, ok, ef_ptr, bh, flags_ptr, N, K, scale, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr):
     """Segment term, 1/sqrt(D) and the mask on a tile of raw scores s [BM, BN] (i [BM] rows, j [BM, BN] keys);
     entries outside the keys (not ok) become -inf (no weight at all)."""
+    if HAS_SEG or HAS_MASK:  # bit 0: masked, bit 1: same segment
+        fl = tl.load(flags_ptr + (b * N + i[:, None]) * K + j, mask=ok, other=0)
     if HAS_SEG:
-        same = tl.load(same_ptr + (b * N + i[:, None]) * K + j, mask=ok, other=0)
         ef0 = tl.load(ef_ptr + (bh * N + i) * 2, mask=i < N, other=0.0)
         ef1 = tl.load(ef_ptr + (bh * N + i) * 2 + 1, mask=i < N, other=0.0)
-        s += tl.where(same != 0, ef0[:, None], ef1[:, None])
+        s += tl.where((fl & 2) != 0, ef0[:, None], ef1[:, None])
     s = s * scale
     if HAS_MASK:
-        masked = tl.load(mask_ptr + (b * N + i[:, None]) * K + j, mask=ok, other=0)
-        s = tl.where(masked != 0, NEG_INF, s)
+        s = tl.where((fl & 1) != 0, NEG_INF, s)
     return tl.where(ok, s, float("-inf"))
 
 
 @triton.jit
 def _scores(
-    qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr,
+    qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, flags_ptr,
     H, N, K, R, L, D, P, row0, scale,
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
@@ -115,7 +130,7 @@ def _scores(
     else:  # content rows: the band of kr rows, multiplied once and skewed
         band = _load_rows(kr_ptr + (g * H + h) * R * D, L - i0 - (BM - 1) + j0, R, D, BM + BN, BD)
         s += _skew(tl.dot(qr, tl.trans(band), input_precision="ieee"), BM, BN)
-    return _extras(s, b, i, j[None, :], ok, ef_ptr, b * H + h, same_ptr, mask_ptr, N, K, scale, HAS_SEG, HAS_MASK)
+    return _extras(s, b, i, j[None, :], ok, ef_ptr, b * H + h, flags_ptr, N, K, scale, HAS_SEG, HAS_MASK)
 
 
 @triton.jit
@@ -138,7 +153,7 @@ def _row_tile(
 
 @triton.jit
 def _fwd_kernel(
-    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr, rows_ptr,
+    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr,
     out_ptr, stats_ptr, keep_ptr,
     H, N, K, R, L, D, P, GB, row0, row_end, scale, seed, p_drop,
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr, DEBUG_KEEP: tl.constexpr,
@@ -156,7 +171,7 @@ def _fwd_kernel(
     acc = tl.zeros([BM, BD], tl.float32)
     for j0 in range(0, K, BN):
         k = _load_rows(k_ptr + bh * K * D, j0, K, D, BN, BD)
-        s = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr,
+        s = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, flags_ptr,
                     H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, BM, BN, BD)  # fmt: skip
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
@@ -164,7 +179,7 @@ def _fwd_kernel(
         den = den * alpha + tl.sum(p, 1)
         if DROP:
             j = j0 + tl.arange(0, BN)
-            keep = _keep(seed, b, h, H, N, K, i, j[None, :], p_drop)
+            keep = _keep_tile(seed, b, h, H, N, K, i, j0, p_drop, BN)
             if DEBUG_KEEP:
                 ok = (i < N)[:, None] & (j < K)[None, :]
                 tl.store(keep_ptr + (bh * N + i[:, None]) * K + j[None, :], keep.to(tl.int8), mask=ok)
@@ -198,7 +213,7 @@ def _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM: tl
 
 @triton.jit
 def _dq_kernel(
-    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr, rows_ptr,
+    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr,
     do_ptr, stats_ptr, delta_ptr, dqw_ptr, dqr_ptr, dbdq_ptr, def_ptr,
     H, N, K, R, L, D, P, GB, row0, row_end, scale, seed, p_drop,
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
@@ -222,12 +237,12 @@ def _dq_kernel(
         ok = (i < N)[:, None] & (j < K)[None, :]
         k = _load_rows(k_ptr + bh * K * D, j0, K, D, BN, BD)
         v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
-        s = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr,
+        s = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, flags_ptr,
                     H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, BM, BN, BD)  # fmt: skip
         p = tl.exp(s - m[:, None]) / den[:, None]
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
         if DROP:
-            dp = tl.where(_keep(seed, b, h, H, N, K, i, j[None, :], p_drop), dp / (1.0 - p_drop), 0.0)
+            dp = tl.where(_keep_tile(seed, b, h, H, N, K, i, j0, p_drop, BN), dp / (1.0 - p_drop), 0.0)
         ds = p * (dp - delta[:, None]) * scale
         dqw += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
         if QUERY:
@@ -237,7 +252,7 @@ def _dq_kernel(
             band = _load_rows(kr_ptr + (g * H + h) * R * D, L - i0 - (BM - 1) + j0, R, D, BM + BN, BD)
             dqr += tl.dot(_unskew(ds, BM, BN).to(band.dtype), band, input_precision="ieee")
         if HAS_SEG:
-            same = tl.load(same_ptr + (b * N + i[:, None]) * K + j[None, :], mask=ok, other=0) != 0
+            same = (tl.load(flags_ptr + (b * N + i[:, None]) * K + j[None, :], mask=ok, other=0) & 2) != 0
             de0 += tl.sum(tl.where(same, ds, 0.0), 1)
             de1 += tl.sum(tl.where(same, 0.0, ds), 1)
     d = tl.arange(0, BD)
@@ -252,7 +267,7 @@ def _dq_kernel(
 @triton.jit
 def _dkdv_step(
     dk, dv, k, v, i0, j0, row0, row_end, b, h, g, GB,
-    qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr, rows_ptr, do_ptr, stats_ptr, delta_ptr,
+    qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr, delta_ptr,
     H, N, K, R, L, D, P, scale, seed, p_drop,
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
@@ -262,13 +277,13 @@ def _dkdv_step(
     bh = b * H + h
     i, pos, qw, qr = _row_tile(qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D, i0, row_end, QUERY, BM, BD)
     do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD)
-    s = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr,
+    s = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, flags_ptr,
                 H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, BM, BN, BD)  # fmt: skip
     p = tl.exp(s - m[:, None]) / den[:, None]
     dp = tl.dot(do, tl.trans(v), input_precision="ieee")
     pd = p
     if DROP:
-        keep = _keep(seed, b, h, H, N, K, i, (j0 + tl.arange(0, BN))[None, :], p_drop)
+        keep = _keep_tile(seed, b, h, H, N, K, i, j0, p_drop, BN)
         pd = tl.where(keep, p / (1.0 - p_drop), 0.0)
         dp = tl.where(keep, dp / (1.0 - p_drop), 0.0)
     dv += tl.dot(tl.trans(pd).to(do.dtype), do, input_precision="ieee")
@@ -279,7 +294,7 @@ def _dkdv_step(
 
 @triton.jit
 def _dkdv_kernel(
-    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr, rows_ptr,
+    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr,
     do_ptr, stats_ptr, delta_ptr, dk_ptr, dv_ptr,
     H, N, K, R, L, D, P, GB, n_content, scale, seed, p_drop,
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
@@ -296,12 +311,12 @@ def _dkdv_kernel(
     dv = tl.zeros([BN, BD], tl.float32)
     for i0 in range(0, n_content, BM):
         dk, dv = _dkdv_step(dk, dv, k, v, i0, j0, 0, n_content, b, h, g, GB,
-                            qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr, rows_ptr, do_ptr, stats_ptr,
+                            qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr,
                             delta_ptr, H, N, K, R, L, D, P, scale, seed, p_drop,
                             False, HAS_SEG, HAS_MASK, DROP, BM, BN, BD)  # fmt: skip
     for i0 in range(n_content, N, BM):
         dk, dv = _dkdv_step(dk, dv, k, v, i0, j0, n_content, N, b, h, g, GB,
-                            qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, same_ptr, mask_ptr, rows_ptr, do_ptr, stats_ptr,
+                            qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr,
                             delta_ptr, H, N, K, R, L, D, P, scale, seed, p_drop,
                             True, HAS_SEG, HAS_MASK, DROP, BM, BN, BD)  # fmt: skip
     j = j0 + tl.arange(0, BN)
@@ -320,7 +335,7 @@ def _diag(T, BM: tl.constexpr, BR: tl.constexpr):
 
 @triton.jit
 def _dkr_kernel(
-    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, ef_ptr, same_ptr, mask_ptr,
+    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, ef_ptr, flags_ptr,
     do_ptr, stats_ptr, delta_ptr, dkr_ptr,
     H, N, K, R, L, D, GB, n_content, scale, seed, p_drop,
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
@@ -347,12 +362,12 @@ def _dkr_kernel(
             kb = _load_rows(k_ptr + bh * K * D, i0 + r0 - L, K, D, BM + BR, BD)
             s = _diag(tl.dot(qw, tl.trans(kb), input_precision="ieee"), BM, BR)
             s += tl.dot(qr, tl.trans(kr), input_precision="ieee")
-            s = _extras(s, b, i, j, ok, ef_ptr, bh, same_ptr, mask_ptr, N, K, scale, HAS_SEG, HAS_MASK)
+            s = _extras(s, b, i, j, ok, ef_ptr, bh, flags_ptr, N, K, scale, HAS_SEG, HAS_MASK)
             p = tl.exp(s - m[:, None]) / den[:, None]
             vb = _load_rows(v_ptr + bh * K * D, i0 + r0 - L, K, D, BM + BR, BD)
             dp = _diag(tl.dot(do, tl.trans(vb), input_precision="ieee"), BM, BR)
             if DROP:
-                dp = tl.where(_keep(seed, b, h, H, N, K, i, j, p_drop), dp / (1.0 - p_drop), 0.0)
+                dp = tl.where(_keep_any(seed, b, h, H, N, K, i, j, p_drop), dp / (1.0 - p_drop), 0.0)
             ds = p * (dp - delta[:, None]) * scale
             dkr += tl.dot(tl.trans(ds).to(qr.dtype), qr, input_precision="ieee")
     d = tl.arange(0, BD)
@@ -364,14 +379,16 @@ def _dkr_kernel(
 
 
 # Per kernel on a GPU: (BM = BN = BR, the rows and keys of a tile, BM + BN a power of two for the band; warps).
-# 32-row tiles keep every kernel in registers on sm_90; 64-row tiles spill 0.4-2.2 KB per thread with 4 warps and
-# 0.2-0.9 KB with 8 (ptxas via triton 3.6's compile for sm_90, `cuobjdump --dump-resource-usage`). Benchmarks may
-# set other tiles here (benchmarks/gpu_pretrain.py --kernel).
-GPU_TILES = {"fwd": (32, 4), "dq": (32, 8), "dkdv": (32, 8), "dkr": (32, 8)}
-# Where the content rows' position scores come from: "band" (the kr band multiplied and skewed inside the tile, no
-# [N, R] tensor) or "table" (qr·kr^T [B,H,L,R] by one matmul, read by index like the query rows' and recomputed in
-# backward, whose gradient goes back through two matmuls: no band products and no dkr kernel).
-CONTENT_POSITIONS = "band"
+# Measured on an H100 (benchmarks/gpu_attention.py, Base shapes, BENCHMARKS.md): forward 32 x 4 warps (1.37 ms;
+# 64 x 8: 2.06 ms), backward 64 x 8 (5.5 ms; 32 x 8: 6.3 ms), though 64-row tiles spill 0.2-0.9 KB per thread to
+# local memory (ptxas through triton 3.6 for sm_90); the band mode's dkr kernel spills 2 KB at 64 rows: 32 x 8.
+GPU_TILES = {"fwd": (32, 4), "dq": (64, 8), "dkdv": (64, 8), "dkr": (32, 8)}
+# Where the content rows' position scores come from: "table" (qr·kr^T [B,H,L,R] by one matmul, read by index like
+# the query rows', recomputed in backward, its gradient taken back through two matmuls) or "band" (the kr band
+# multiplied and skewed inside each tile: no [N, R] tensor, but two extra tile products, a gather and a dkr kernel).
+# On an H100 at Base shapes the table is faster (forward + backward 7.9 ms against 12.4) for 0.5 GiB more transient
+# memory per layer call.
+CONTENT_POSITIONS = "table"
 
 
 def _blocks(device: torch.device, D: int, kernel: str) -> tuple[int, int, int]:
@@ -402,7 +419,7 @@ def _table(qr: torch.Tensor, kr: torch.Tensor, n_band: int) -> torch.Tensor | No
     return torch.matmul(qrq, kr[:, None].transpose(-1, -2)).reshape(B, H, P, R)
 
 
-def _forward(qw, qr, k, v, kr, ef, rows, same, mask, L, n_content, p_drop, seed, debug_keep):
+def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed, debug_keep):
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
     bdq = _table(qr, kr, n_content)
     BM, BD, warps = _blocks(qw.device, D, "fwd")
@@ -410,18 +427,18 @@ def _forward(qw, qr, k, v, kr, ef, rows, same, mask, L, n_content, p_drop, seed,
     stats = torch.empty(B, H, N, 2, dtype=torch.float32, device=qw.device)
     drop = p_drop > 0
     keep = qw.new_zeros((B, H, N, K) if drop and debug_keep else (1,), dtype=torch.int8)
-    ins = (qw, qr, k, v, kr, _or_dummy(bdq, qw), _or_dummy(ef, qw), _or_dummy(same, rows), _or_dummy(mask, rows), rows)
+    ins = (qw, qr, k, v, kr, _or_dummy(bdq, qw), _or_dummy(ef, qw), _or_dummy(flags, rows), rows)
     for query, row0, row_end in ((False, 0, n_content), (True, n_content, N)):
         if row_end > row0:
             _fwd_kernel[(triton.cdiv(row_end - row0, BM), B * H)](
                 *ins, out, stats, keep, H, N, K, R, L, D, P, B // G, row0, row_end, 1.0 / math.sqrt(D), seed, p_drop,
-                QUERY=query, HAS_SEG=ef is not None, HAS_MASK=mask is not None, DROP=drop, DEBUG_KEEP=debug_keep,
+                QUERY=query, HAS_SEG=ef is not None, HAS_MASK=has_mask, DROP=drop, DEBUG_KEEP=debug_keep,
                 BM=BM, BN=BM, BD=BD, num_warps=warps,
             )  # fmt: skip
     return out, stats, keep
 
 
-def _backward(do, out, stats, qw, qr, k, v, kr, ef, rows, same, mask, L, n_content, p_drop, seed):
+def _backward(do, out, stats, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
     f32 = dict(dtype=torch.float32, device=qw.device)
     delta = (do.float() * out.float()).sum(-1)  # delta_i = do_i·out_i = sum_j p_ij dp_ij
@@ -431,9 +448,9 @@ def _backward(do, out, stats, qw, qr, k, v, kr, ef, rows, same, mask, L, n_conte
     def_ = torch.empty(B, H, N, 2, **f32) if ef is not None else None
     dk, dv = torch.empty(B, H, K, D, **f32), torch.empty(B, H, K, D, **f32)
     dkr = torch.zeros(G, H, R, D, **f32)
-    d_same, d_mask = _or_dummy(same, rows), _or_dummy(mask, rows)
-    ins = (qw, qr, k, v, kr, _or_dummy(bdq, qw), _or_dummy(ef, qw), d_same, d_mask, rows)
-    flags = dict(HAS_SEG=ef is not None, HAS_MASK=mask is not None, DROP=p_drop > 0)
+    d_flags = _or_dummy(flags, rows)
+    ins = (qw, qr, k, v, kr, _or_dummy(bdq, qw), _or_dummy(ef, qw), d_flags, rows)
+    opts = dict(HAS_SEG=ef is not None, HAS_MASK=has_mask, DROP=p_drop > 0)
     common = (H, N, K, R, L, D, P, B // G)
     scale = 1.0 / math.sqrt(D)
     BM, BD, warps = _blocks(qw.device, D, "dq")
@@ -441,19 +458,19 @@ def _backward(do, out, stats, qw, qr, k, v, kr, ef, rows, same, mask, L, n_conte
         if row_end > row0:
             _dq_kernel[(triton.cdiv(row_end - row0, BM), B * H)](
                 *ins, do, stats, delta, dqw, dqr, _or_dummy(dbdq, qw), _or_dummy(def_, qw),
-                *common, row0, row_end, scale, seed, p_drop, QUERY=query, **flags,
+                *common, row0, row_end, scale, seed, p_drop, QUERY=query, **opts,
                 BM=BM, BN=BM, BD=BD, num_warps=warps,
             )  # fmt: skip
     BM, BD, warps = _blocks(qw.device, D, "dkdv")
     _dkdv_kernel[(triton.cdiv(K, BM), B * H)](
-        *ins, do, stats, delta, dk, dv, *common, n_content, scale, seed, p_drop, **flags,
+        *ins, do, stats, delta, dk, dv, *common, n_content, scale, seed, p_drop, **opts,
         BM=BM, BN=BM, BD=BD, num_warps=warps,
     )  # fmt: skip
     if n_content:
         BM, BD, warps = _blocks(qw.device, D, "dkr")
         _dkr_kernel[(triton.cdiv(R, BM), G * H)](
-            qw, qr, k, v, kr, _or_dummy(ef, qw), d_same, d_mask, do, stats, delta, dkr,
-            H, N, K, R, L, D, B // G, n_content, scale, seed, p_drop, **flags,
+            qw, qr, k, v, kr, _or_dummy(ef, qw), d_flags, do, stats, delta, dkr,
+            H, N, K, R, L, D, B // G, n_content, scale, seed, p_drop, **opts,
             BM=BM, BR=BM, BD=BD, num_warps=warps,
         )  # fmt: skip
     if P:  # the table's gradient, one entry per (row, key), to its two factors
@@ -472,8 +489,8 @@ def rel_attn(
     kr: torch.Tensor,
     ef: torch.Tensor | None,
     rows: torch.Tensor,
-    same: torch.Tensor | None,
-    mask: torch.Tensor | None,
+    flags: torch.Tensor | None,
+    has_mask: bool,
     L: int,
     n_content: int,
     p_drop: float,
@@ -482,11 +499,11 @@ def rel_attn(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused core on prepared inputs (see triton_rel_attention): (out [B,H,N,D], stats [B,H,N,2] fp32 (the
     softmax's row max and sum), keep [B,H,N,K] int8 with debug_keep and dropout, else [1])."""
-    return _forward(qw, qr, k, v, kr, ef, rows, same, mask, L, n_content, p_drop, int(seed), debug_keep)
+    return _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, int(seed), debug_keep)
 
 
 @rel_attn.register_fake
-def _(qw, qr, k, v, kr, ef, rows, same, mask, L, n_content, p_drop, seed, debug_keep):
+def _(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed, debug_keep):
     B, H, N, _ = qw.shape
     keep_shape = (B, H, N, k.shape[2]) if debug_keep and p_drop > 0 else (1,)
     return (
@@ -508,36 +525,36 @@ def rel_attn_backward(
     kr: torch.Tensor,
     ef: torch.Tensor | None,
     rows: torch.Tensor,
-    same: torch.Tensor | None,
-    mask: torch.Tensor | None,
+    flags: torch.Tensor | None,
+    has_mask: bool,
     L: int,
     n_content: int,
     p_drop: float,
     seed: torch.Tensor,
 ) -> list[torch.Tensor]:
     """Gradients (fp32) of qw, qr, k, v, kr, ef (the last [0] when absent)."""
-    grads = _backward(do.contiguous(), out, stats, qw, qr, k, v, kr, ef, rows, same, mask, L, n_content,
+    grads = _backward(do.contiguous(), out, stats, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content,
                       p_drop, int(seed))  # fmt: skip
     return [qw.new_zeros(0, dtype=torch.float32) if g is None else g for g in grads]
 
 
 @rel_attn_backward.register_fake
-def _(do, out, stats, qw, qr, k, v, kr, ef, rows, same, mask, L, n_content, p_drop, seed):
+def _(do, out, stats, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
     f = lambda t: qw.new_empty(t.shape if t is not None else (0,), dtype=torch.float32)  # noqa: E731
     return [f(t) for t in (qw, qr, k, v, kr, ef)]
 
 
 def _setup_context(ctx, inputs, output):
-    qw, qr, k, v, kr, ef, rows, same, mask, L, n_content, p_drop, seed, _ = inputs
+    qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed, _ = inputs
     out, stats, _ = output
-    ctx.save_for_backward(out, stats, qw, qr, k, v, kr, ef, rows, same, mask, seed)
-    ctx.args = (L, n_content, p_drop)
+    ctx.save_for_backward(out, stats, qw, qr, k, v, kr, ef, rows, flags, seed)
+    ctx.args = (has_mask, L, n_content, p_drop)
 
 
 def _rel_attn_grad(ctx, dout, _dstats, _dkeep):
-    out, stats, qw, qr, k, v, kr, ef, rows, same, mask, seed = ctx.saved_tensors
-    L, n_content, p_drop = ctx.args
-    grads = rel_attn_backward(dout, out, stats, qw, qr, k, v, kr, ef, rows, same, mask, L, n_content, p_drop, seed)
+    out, stats, qw, qr, k, v, kr, ef, rows, flags, seed = ctx.saved_tensors
+    has_mask, L, n_content, p_drop = ctx.args
+    grads = rel_attn_backward(dout, out, stats, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed)
     ins = (qw, qr, k, v, kr, ef)
     dqw, dqr, dk, dv, dkr, def_ = (None if t is None else g.to(t.dtype) for g, t in zip(grads, ins, strict=True))
     return dqw, dqr, dk, dv, dkr, def_, None, None, None, None, None, None, None, None
@@ -547,14 +564,16 @@ rel_attn.register_autograd(_rel_attn_grad, setup_context=_setup_context)
 
 
 def triton_rel_attention(
-    q, k, v, kr, biases, seg_embed, rows, L: int, content: bool, seg_same, mask, p_drop: float, debug_keep=False
+    q, k, v, kr, biases, seg_embed, rows, L: int, content: bool, flags, has_mask: bool, p_drop: float, debug_keep=False
 ):
     """kernels.relative_attention's arguments -> (out [B,H,N,D], keep mask [B,H,N,K] bool or None (debug_keep)).
 
     Torch ops add the biases (qw = q + r_w, qr = q + r_r) and compute the two segment scalars per row ef =
     (q + r_s)·seg_embed [B,H,N,2]; autograd carries the op's gradients of these back to q, the biases and seg_embed.
     ``content``: the first L rows are the content stream (positions 0..L-1); the rest are query rows at ``rows``.
-    The content rows take their position scores from the band, or from the table with CONTENT_POSITIONS "table"."""
+    ``flags`` [B,1,N,K] uint8: kernels.mask_flags of the mask (``has_mask``) and the same-segment bits (used when
+    ``seg_embed`` is given). The content rows take their position scores from the table, or from the band with
+    CONTENT_POSITIONS "band"."""
     r_w, r_r, r_s = biases
     n_band = L if content and CONTENT_POSITIONS == "band" else 0
     ct = torch.get_autocast_dtype(q.device.type) if torch.is_autocast_enabled(q.device.type) else q.dtype
@@ -562,12 +581,12 @@ def triton_rel_attention(
         q, k, v, kr, r_w, r_r = (t.to(ct) for t in (q, k, v, kr, r_w, r_r))
         qw, qr = (q + r_w[:, None]).contiguous(), (q + r_r[:, None]).contiguous()
         ef = None
-        if seg_same is not None:
+        if seg_embed is not None:
             ef = torch.matmul(q + r_s.to(ct)[:, None], seg_embed.to(ct).permute(1, 2, 0)).float().contiguous()
-        flat = lambda t: None if t is None else t[:, 0].contiguous()  # noqa: E731 - [B,N,K] bool, shared by heads
+        flags = None if flags is None else flags[:, 0].contiguous()  # [B,N,K], shared by the heads
         seed = torch.randint(0, 2**31 - 1, ()) if p_drop > 0 else torch.zeros((), dtype=torch.int64)
         out, _, keep = rel_attn(
             qw, qr, k.contiguous(), v.contiguous(), kr.contiguous(), ef, rows.to(torch.int32).contiguous(),
-            flat(seg_same), flat(mask), L, n_band, float(p_drop), seed, debug_keep,
+            flags, has_mask, L, n_band, float(p_drop), seed, debug_keep,
         )  # fmt: skip
     return out, (keep.bool() if debug_keep and p_drop > 0 else None)

@@ -35,6 +35,7 @@ from xlnetcli.model.kernels import (
     dropout_fn,
     feed_forward,
     lm_head,
+    mask_flags,
     relative_attention,
     resolve_impl,
 )
@@ -227,6 +228,8 @@ class XLNetModel(nn.Module):
             mask,
             additive_mask(mask, impl, self.mask_emb.dtype),
         )
+        if impl == "triton":  # the mask and segment bits as one byte per score, made once for every layer
+            layout.flags = mask_flags(layout.mask, layout.seg_same)
         drop = dropout_fn(impl)
         h, g = self._two_streams(input_ids, P, drop)
         x = h if g is None else torch.cat([h, g], dim=1)

@@ -1,0 +1,126 @@
+"""Compile model/triton_attention.py's kernels for a CUDA GPU on a machine without one, and print what each needs.
+
+    python benchmarks/triton_resources.py                    # sm_90 (H100/H200), the shipped tiles, bf16
+    python benchmarks/triton_resources.py --tiles 64x8       # other tiles (BMxWARPS, every kernel)
+
+Triton's front end and the ptxas bundled with the triton wheel compile every kernel variant the launchers use
+(content and query rows, dropout on and off, segments and mask on) for the chosen architecture, with no GPU and no
+CUDA driver; cuobjdump (also in the wheel) reads each one's registers, local-memory stack (spills), shared memory
+and its tensor-core instructions (HGMMA: Hopper's wgmma; HMMA: mma.sync). A kernel that does not compile for the GPU
+(it may still run in the interpreter) fails here. Must run without TRITON_INTERPRET (the kernels are compiled, not
+interpreted, when the module is imported). tests/model/test_triton_compile.py runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    raise SystemExit("run without TRITON_INTERPRET=1: the kernels must be compiled, not interpreted")
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from xlnetcli.model import triton_attention as ta
+
+FLOATS = {"scale", "p_drop"}
+INTS = {"rows_ptr": "*i32", "flags_ptr": "*u8", "keep_ptr": "*i8"}
+FP32 = {"ef_ptr", "stats_ptr", "delta_ptr", "dqw_ptr", "dqr_ptr", "def_ptr", "dk_ptr", "dv_ptr", "dkr_ptr"}
+TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def signature(fn, consts: dict, dtype: str) -> dict:
+    """Triton's signature of ``fn``: pointers to ``dtype`` (q, k, v, kr, tables, out, do) or their fixed types."""
+    sig = {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name in INTS:
+            sig[name] = INTS[name]
+        elif name.endswith("_ptr"):
+            sig[name] = "*fp32" if name in FP32 else f"*{dtype}"
+        else:
+            sig[name] = "fp32" if name in FLOATS else "i32"
+    return sig
+
+
+def variants(tiles: dict, drops=(False, True)) -> list[tuple[str, object, dict, int]]:
+    """(label, kernel, constexprs, warps) of every launch the launchers make, segments and mask on."""
+    out = []
+    common = dict(HAS_SEG=True, HAS_MASK=True, BD=64)
+    for drop in drops:
+        bm, w = tiles["fwd"]
+        for query in (False, True):
+            c = dict(QUERY=query, DROP=drop, DEBUG_KEEP=False, BM=bm, BN=bm, **common)
+            out.append((f"fwd {'query' if query else 'band '} drop={int(drop)}", ta._fwd_kernel, c, w))
+        bm, w = tiles["dq"]
+        for query in (False, True):
+            c = dict(QUERY=query, DROP=drop, BM=bm, BN=bm, **common)
+            out.append((f"dq  {'query' if query else 'band '} drop={int(drop)}", ta._dq_kernel, c, w))
+        bm, w = tiles["dkdv"]
+        out.append((f"dkdv        drop={int(drop)}", ta._dkdv_kernel, dict(DROP=drop, BM=bm, BN=bm, **common), w))
+        bm, w = tiles["dkr"]
+        out.append((f"dkr (band)  drop={int(drop)}", ta._dkr_kernel, dict(DROP=drop, BM=bm, BR=bm, **common), w))
+    return out
+
+
+def resources(cubin: bytes) -> dict:
+    """Registers, stack, shared memory and instruction counts of a compiled kernel (cuobjdump)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "--dump-resource-usage", f.name],
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        sass = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "--dump-sass", f.name],
+                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+    fields = dict(w.split(":") for line in usage.splitlines() if "REG:" in line for w in line.split() if ":" in w)
+    return dict(
+        regs=int(fields["REG"]),
+        stack=int(fields["STACK"]),
+        instructions=sum(1 for line in sass.splitlines() if line.strip().startswith("/*") and ";" in line),
+        hgmma=sass.count("HGMMA"),
+        hmma=sass.count("HMMA"),
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
+    ap.add_argument("--tiles", default="", help="BMxWARPS for every kernel (default: triton_attention.GPU_TILES)")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    ap.add_argument("--quick", action="store_true", help="only the dropout variants (they hold the others' code)")
+    args = ap.parse_args()
+    tiles = dict(ta.GPU_TILES)
+    if args.tiles:
+        bm, warps = (int(x) for x in args.tiles.split("x"))
+        tiles = dict.fromkeys(tiles, (bm, warps))
+    target = GPUTarget("cuda", args.arch, 32)
+    print(f"triton {triton.__version__}, sm_{args.arch}, {args.dtype}, tiles {tiles}")
+    print(f"{'kernel':<24} {'tile':>5} {'regs':>5} {'spill B':>8} {'instr':>7} {'HGMMA':>6} {'HMMA':>5}")
+    failed = 0
+    for label, fn, consts, warps in variants(tiles, (True,) if args.quick else (False, True)):
+        try:
+            k = triton.compile(ASTSource(fn, signature(fn, consts, args.dtype), constexprs=consts), target=target,
+                               options={"num_warps": warps})  # fmt: skip
+            r = resources(k.asm["cubin"])
+        except Exception as e:  # noqa: BLE001 - every variant is reported; the exit code says whether any failed
+            failed += 1
+            cause = e.__cause__ or e  # a CompilationError's own text ends with the source line and a caret
+            print(f"{label:<24} FAILED: {type(cause).__name__}: {str(cause).splitlines()[0][:200]}")
+            continue
+        print(
+            f"{label:<24} {consts['BM']:>2}x{warps:<2} {r['regs']:>5} {r['stack']:>8} {r['instructions']:>7} "
+            f"{r['hgmma']:>6} {r['hmma']:>5}"
+        )
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
