@@ -42,8 +42,8 @@ DEFAULT_ROWS = (
     "base:16:einsum:compile,base:16:einsum:compile:det,base:16:einsum:compile:dropatt0,"
     "base:8:einsum:compile,base:32:einsum:compile,base:16:sdpa,base:16:sdpa:det,"
     "large:8:einsum:compile,large:8:einsum:compile:ac,large:16:einsum:compile:ac,"
-    "base:16:triton,base:16:triton:compile,large:8:triton:compile,"  # issue 23's fused kernel: not yet measured
-    "base:16:einsum:static:graphs,base:8:einsum:static:graphs"  # issue 23's static shapes + graphs: not yet measured
+    "base:16:triton,base:16:triton:compile,large:8:triton,large:8:triton:compile,"  # issue 23's fused kernel
+    "base:16:einsum:static:graphs,base:8:einsum:static:graphs"  # issue 23's static shapes + CUDA graphs
 )
 SIZES = {"base": "configs/base.yaml", "large": "configs/large.yaml", "tiny": "configs/tiny.yaml"}
 

@@ -74,9 +74,9 @@ def additive_mask(mask: torch.Tensor | None, impl: str, dtype: torch.dtype) -> t
 def mask_flags(mask: torch.Tensor | None, seg_same: torch.Tensor | None) -> torch.Tensor | None:
     """The mask and the same-segment bits ([B,1,N,K] bool) as one [B,1,N,K] uint8 tensor, bit 0 = cannot attend,
     bit 1 = same segment, which the triton kernel reads once per score; None when there are neither."""
-    if mask is None and seg_same is None:
-        return None
     like = mask if mask is not None else seg_same
+    if like is None:
+        return None
     flags = torch.zeros(like.shape, dtype=torch.uint8, device=like.device)
     if mask is not None:
         flags |= mask.to(torch.uint8)

@@ -473,7 +473,7 @@ def _backward(do, out, stats, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_
             H, N, K, R, L, D, B // G, n_content, scale, seed, p_drop, **opts,
             BM=BM, BR=BM, BD=BD, num_warps=warps,
         )  # fmt: skip
-    if P:  # the table's gradient, one entry per (row, key), to its two factors
+    if dbdq is not None:  # the table's gradient, one entry per (row, key), to its two factors
         dt = dbdq.reshape(G, B // G, H, P, R)
         dqr[:, :, n_content:] += torch.matmul(dt, kr[:, None]).reshape(B, H, P, D)
         dkr += torch.matmul(dt.transpose(-1, -2), qr[:, :, n_content:].reshape(G, B // G, H, P, D)).sum(1)
