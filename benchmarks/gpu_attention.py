@@ -146,7 +146,7 @@ def bench(impl: str, ins, layout, p_drop: float, steps: int, dev, compiled=None)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--impls", default="triton,einsum,einsum:compile,sdpa,fused")
-    ap.add_argument("--tiles", default="", help="also time triton with these tiles (BMxWARPS, comma-separated)")
+    ap.add_argument("--tiles", default="", help="also time triton with these tiles (BMxWARPS[xSTAGES], comma-sep.)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--micro", type=int, default=16)
     ap.add_argument("--json", default=None)
@@ -206,16 +206,16 @@ def main() -> None:
         ta.CONTENT_POSITIONS = pos
         tried = [(default["fwd"], default["dq"], r) for r in done if r["row"] == f"triton {pos}"]
         for t in filter(None, args.tiles.split(",")):
-            bm, warps = (int(x) for x in t.split("x"))
-            ta.GPU_TILES.update(dict.fromkeys(ta.GPU_TILES, (bm, warps)))
+            tile = parse_tile(t)
+            ta.GPU_TILES.update(dict.fromkeys(ta.GPU_TILES, tile))
             row(f"triton {pos} tiles {t}", "triton")
-            tried.append(((bm, warps), (bm, warps), out["rows"][-1]))
+            tried.append((tile, tile, out["rows"][-1]))
         ta.GPU_TILES.update(default)
         ok = [t for t in tried if "fwd_s" in t[2]]
         if ok:  # the fastest forward tiles, and the fastest backward ones (fwd+bwd - fwd)
             fwd = min(ok, key=lambda t: t[2]["fwd_s"])[0]
             bwd = min(ok, key=lambda t: t[2]["fwd_bwd_s"] - t[2]["fwd_s"])[1]
-            out["best"] = best = f"pos={pos},fwd={fwd[0]}x{fwd[1]},bwd={bwd[0]}x{bwd[1]}"
+            out["best"] = best = f"pos={pos},fwd={'x'.join(map(str, fwd))},bwd={'x'.join(map(str, bwd))}"
             print(f"best: {best}", flush=True)
             if args.best:
                 with open(args.best, "w") as f:
@@ -264,9 +264,15 @@ def breakdown(ins, layout, p_drop: float, dev) -> dict:
     return per
 
 
+def parse_tile(t: str) -> tuple[int, int, int]:
+    """``BMxWARPS`` or ``BMxWARPSxSTAGES`` (3 stages, Triton's default, when not given) -> (BM, warps, stages)."""
+    parts = [int(x) for x in t.split("x")]
+    return (parts[0], parts[1], parts[2] if len(parts) > 2 else 3)
+
+
 def set_tiles(spec: str) -> None:
-    """``pos=band|table,fwd=BMxWARPS,bwd=BMxWARPS`` (this script's best) -> triton_attention's CONTENT_POSITIONS and
-    GPU_TILES."""
+    """``pos=band|table,fwd=TILE,bwd=TILE`` (this script's best; TILE as parse_tile reads it) -> triton_attention's
+    CONTENT_POSITIONS and GPU_TILES."""
     from xlnetcli.model import triton_attention as ta
 
     for part in filter(None, spec.split(",")):
@@ -274,9 +280,8 @@ def set_tiles(spec: str) -> None:
         if which == "pos":
             ta.CONTENT_POSITIONS = t
             continue
-        bm, warps = (int(x) for x in t.split("x"))
         for k in ("fwd",) if which == "fwd" else ("dq", "dkdv", "dkr"):
-            ta.GPU_TILES[k] = (bm, warps)
+            ta.GPU_TILES[k] = parse_tile(t)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,17 @@
 # of them inside BUDGET seconds; logs and JSON under $OUT (the device tool brings back at most 8 files).
 #   OUT=/tmp/gpu BUDGET=330 bash benchmarks/gpu_session.sh
 # ROWS (gpu_pretrain.py rows), SWEEP (tiles tried after the shipped ones) and TESTS (pytest -k, empty: all of
-# tests/test_gpu.py and tests/model/test_triton_attention.py) choose what runs.
+# tests/test_gpu.py and tests/model/test_triton_attention.py) choose what runs. Before a lent GPU, check the script
+# here: SMOKE=1 runs every step on the CPU (Triton's interpreter, tiny shapes, no figures; about 2 minutes).
 set -u
+SMOKE=${SMOKE:-}
+if [ -n "$SMOKE" ]; then
+    export TRITON_INTERPRET=1 ROWS=${ROWS:-base:2:triton,base:2:einsum} SWEEP=${SWEEP:-16x4} TESTS=${TESTS-"dropout and band"}
+fi
 OUT=${OUT:-/tmp/gpu_session}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-330}
 ROWS=${ROWS:-base:16:triton,base:16:triton:compile,base:16:einsum:compile,large:8:triton}
-SWEEP=${SWEEP:-32x8,64x8}
+SWEEP=${SWEEP:-64x8x2,64x8x4,32x4x4,32x8}
 TESTS=${TESTS-triton}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false
 start=$(date +%s)
@@ -26,13 +31,13 @@ step() {  # step SECONDS NAME COMMAND...: run under min(SECONDS, what is left), 
 } >"$OUT/env.log" 2>&1
 cat "$OUT/env.log"
 step 130 attention python3 benchmarks/gpu_attention.py --json "$OUT/attention.json" --tiles "$SWEEP" \
-    --best "$OUT/tiles.txt" --breakdown --impls triton,einsum,sdpa,einsum:compile
+    --best "$OUT/tiles.txt" --breakdown --impls triton,einsum,sdpa,einsum:compile ${SMOKE:+--smoke}
 grep "^check\|^triton\|^einsum\|^sdpa\|^fused\|^best\|^breakdown\|^   \|Error" "$OUT/attention.log" | tail -n 40
 TILES=$(cat "$OUT/tiles.txt" 2>/dev/null)
 step 160 pretrain python3 benchmarks/gpu_pretrain.py --hf --json "$OUT/pretrain.json" --profile 14 --tiles "$TILES" \
-    --profile-rows base:16:triton:compile --rows "$ROWS"
+    --profile-rows base:16:triton:compile --rows "$ROWS" ${SMOKE:+--smoke}
 grep "^base\|^large\|^  base\|^  large\|profile:\|^device" "$OUT/pretrain.log" | tail -n 16
-XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
-step 300 tests python3 -m pytest -p no:cacheprovider $XDIST -v -rfEs --durations=5 ${TESTS:+-k "$TESTS"} \
+XDIST=$(python3 -c "import xdist" 2>/dev/null && [ -z "$SMOKE" ] && echo "-n 4")
+step 300 tests python3 -m pytest -p no:cacheprovider $XDIST -vv -rfEs --durations=5 ${TESTS:+-k "$TESTS"} \
     tests/test_gpu.py tests/model/test_triton_attention.py
 grep -c " PASSED" "$OUT/tests.log"; grep " FAILED\|ERROR \|passed\|failed" "$OUT/tests.log" | tail -n 12

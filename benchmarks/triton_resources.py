@@ -20,11 +20,13 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.dirname(__file__))
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     raise SystemExit("run without TRITON_INTERPRET=1: the kernels must be compiled, not interpreted")
 
 import triton
+from gpu_attention import parse_tile
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -51,22 +53,22 @@ def signature(fn, consts: dict, dtype: str) -> dict:
     return sig
 
 
-def variants(tiles: dict, drops=(False, True)) -> list[tuple[str, object, dict, int]]:
-    """(label, kernel, constexprs, warps) of every launch the launchers make, segments and mask on."""
+def variants(tiles: dict, drops=(False, True)) -> list[tuple[str, object, dict, tuple]]:
+    """(label, kernel, constexprs, (warps, stages)) of every launch the launchers make, segments and mask on."""
     out = []
     common = dict(HAS_SEG=True, HAS_MASK=True, BD=64)
     for drop in drops:
-        bm, w = tiles["fwd"]
+        bm, *w = tiles["fwd"]
         for query in (False, True):
             c = dict(QUERY=query, DROP=drop, DEBUG_KEEP=False, BM=bm, BN=bm, **common)
             out.append((f"fwd {'query' if query else 'band '} drop={int(drop)}", ta._fwd_kernel, c, w))
-        bm, w = tiles["dq"]
+        bm, *w = tiles["dq"]
         for query in (False, True):
             c = dict(QUERY=query, DROP=drop, BM=bm, BN=bm, **common)
             out.append((f"dq  {'query' if query else 'band '} drop={int(drop)}", ta._dq_kernel, c, w))
-        bm, w = tiles["dkdv"]
+        bm, *w = tiles["dkdv"]
         out.append((f"dkdv        drop={int(drop)}", ta._dkdv_kernel, dict(DROP=drop, BM=bm, BN=bm, **common), w))
-        bm, w = tiles["dkr"]
+        bm, *w = tiles["dkr"]
         out.append((f"dkr (band)  drop={int(drop)}", ta._dkr_kernel, dict(DROP=drop, BM=bm, BR=bm, **common), w))
     return out
 
@@ -93,22 +95,21 @@ def resources(cubin: bytes) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
-    ap.add_argument("--tiles", default="", help="BMxWARPS for every kernel (default: triton_attention.GPU_TILES)")
+    ap.add_argument("--tiles", default="", help="BMxWARPS[xSTAGES] for every kernel (default: GPU_TILES)")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--quick", action="store_true", help="only the dropout variants (they hold the others' code)")
     args = ap.parse_args()
     tiles = dict(ta.GPU_TILES)
     if args.tiles:
-        bm, warps = (int(x) for x in args.tiles.split("x"))
-        tiles = dict.fromkeys(tiles, (bm, warps))
+        tiles = dict.fromkeys(tiles, parse_tile(args.tiles))
     target = GPUTarget("cuda", args.arch, 32)
     print(f"triton {triton.__version__}, sm_{args.arch}, {args.dtype}, tiles {tiles}")
-    print(f"{'kernel':<24} {'tile':>5} {'regs':>5} {'spill B':>8} {'instr':>7} {'HGMMA':>6} {'HMMA':>5}")
+    print(f"{'kernel':<24} {'tile':>7} {'regs':>5} {'spill B':>8} {'instr':>7} {'HGMMA':>6} {'HMMA':>5}")
     failed = 0
-    for label, fn, consts, warps in variants(tiles, (True,) if args.quick else (False, True)):
+    for label, fn, consts, (warps, stages) in variants(tiles, (True,) if args.quick else (False, True)):
         try:
             k = triton.compile(ASTSource(fn, signature(fn, consts, args.dtype), constexprs=consts), target=target,
-                               options={"num_warps": warps})  # fmt: skip
+                               options={"num_warps": warps, "num_stages": stages})  # fmt: skip
             r = resources(k.asm["cubin"])
         except Exception as e:  # noqa: BLE001 - every variant is reported; the exit code says whether any failed
             failed += 1
@@ -116,7 +117,7 @@ def main() -> None:
             print(f"{label:<24} FAILED: {type(cause).__name__}: {str(cause).splitlines()[0][:200]}")
             continue
         print(
-            f"{label:<24} {consts['BM']:>2}x{warps:<2} {r['regs']:>5} {r['stack']:>8} {r['instructions']:>7} "
+            f"{label:<24} {consts['BM']:>3}x{warps}x{stages} {r['regs']:>5} {r['stack']:>8} {r['instructions']:>7} "
             f"{r['hgmma']:>6} {r['hmma']:>5}"
         )
     sys.exit(1 if failed else 0)
