@@ -4,6 +4,7 @@ kernels on the same inputs, at Base's pretraining shapes, in one run.
     python benchmarks/gpu_attention.py --json gpu_attention.json          # the BENCHMARKS.md rows
     python benchmarks/gpu_attention.py --tiles 32x4,32x8,64x8             # also time other tile sizes x warps
     TRITON_INTERPRET=1 python benchmarks/gpu_attention.py --smoke         # CPU check of the script, no figures
+    ncu -k regex:_fwd_kernel python benchmarks/gpu_attention.py --once ""  # two calls only, for a profiler
 
 Inputs as one layer of `xlnet pretrain` sees them (configs/base.yaml): micro-batch 16, 12 heads of 64, seq L 512,
 memory 384 (K = 896 keys), 85 query-stream rows stacked under the 512 content rows (N = 597), bi_data's two position
@@ -153,6 +154,7 @@ def main() -> None:
     ap.add_argument("--best", default=None, help="write the fastest setting here (pos=..,fwd=BMxW,bwd=BMxW)")
     ap.add_argument("--breakdown", action="store_true", help="device time per kernel of the fastest setting")
     ap.add_argument("--smoke", action="store_true", help="small shapes (CPU: under TRITON_INTERPRET=1)")
+    ap.add_argument("--once", default=None, metavar="SETTING", help="only two triton calls at SETTING (set_tiles)")
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cpu" and not args.smoke:
@@ -167,6 +169,14 @@ def main() -> None:
     flops_fwd = 3 * 2 * B * H * N * K * D
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}; B {B} H {H} D {D} L {L} M {M} P {P} G {G}", flush=True)
+    if args.once is not None:  # for a profiler (ncu): the triton core twice, forward and backward, nothing else
+        set_tiles(args.once)
+        xs = [t.to(torch.bfloat16 if i < 4 else torch.float32).requires_grad_(True) for i, t in enumerate(ins)]
+        for _ in range(2):
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+                o = call("triton", xs, layout, 0.1)
+            torch.autograd.grad(o, xs, torch.ones_like(o))
+        return
     out = dict(device=name, torch=torch.__version__, shape=dict(B=B, H=H, D=D, L=L, M=M, P=P, G=G), rows=[])
     for pos in ("band", "table"):
         ta.CONTENT_POSITIONS = pos

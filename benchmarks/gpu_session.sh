@@ -34,6 +34,13 @@ step 130 attention python3 benchmarks/gpu_attention.py --json "$OUT/attention.js
     --best "$OUT/tiles.txt" --breakdown --impls triton,einsum,sdpa,einsum:compile ${SMOKE:+--smoke}
 grep "^check\|^triton\|^einsum\|^sdpa\|^fused\|^best\|^breakdown\|^   \|Error" "$OUT/attention.log" | tail -n 40
 TILES=$(cat "$OUT/tiles.txt" 2>/dev/null)
+if command -v ncu >/dev/null; then  # the second call's three kernels: what limits each (Nsight Compute)
+    step 90 ncu ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section MemoryWorkloadAnalysis --section WarpStateStats -k "regex:_fwd_kernel|_dq_kernel|_dkdv_kernel" \
+        --launch-skip 3 --launch-count 3 python3 benchmarks/gpu_attention.py --once "$TILES"
+    grep -E "^  _|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Local Memory" \
+        "$OUT/ncu.log" | head -n 30
+fi
 step 160 pretrain python3 benchmarks/gpu_pretrain.py --hf --json "$OUT/pretrain.json" --profile 14 --tiles "$TILES" \
     --profile-rows base:16:triton:compile --rows "$ROWS" ${SMOKE:+--smoke}
 grep "^base\|^large\|^  base\|^  large\|profile:\|^device" "$OUT/pretrain.log" | tail -n 16
