@@ -11,24 +11,30 @@ a fully masked row attends uniformly to every key and passes gradient through), 
 The kernels follow FlashAttention-2 (Dao 2023, arXiv:2307.08691): per tile of BM rows an online softmax over
 tiles of BN keys (running max m, sum l, rescaled accumulator); m and l are kept per row (not their log-sum-exp:
 in a fully masked row m = -1e30 absorbs log l) and backward recomputes p = exp(s - m) / l, with delta_i =
-do_i·out_i, ds = p (dp - delta). No [N,K] or [N,R] score tensor is written:
+do_i·out_i, ds = p (dp - delta). No [N,K] score tensor is written. The position term comes one of two ways:
 
-- content rows (pos_i = i): the position term of a (row tile i0, key tile j0) reads the band of kr rows
-  rb = L - i0 - (BM-1) + j0 ... rb + BM + BN - 1 (Transformer-XL's rel-shift: column L - i + j), multiplies
-  it once (T = qr·band^T, [BM, BM+BN]) and skews it in registers, S[a, c] = T[a, c - a + BM - 1] (tl.gather);
-- query-stream rows (P targets at arbitrary positions): their position scores come from a small [B,H,P,R] table
-  bdq = qr·kr^T computed by torch and read by index; backward stores each table entry's gradient once (no atomics);
-- the segment term: per row the two scalars ef_i, chosen per key by the same-segment bits; the mask bits are
-  [B,N,K] bytes shared by the heads;
+- a table (every query-stream row, and the content rows with CONTENT_POSITIONS "table", the default): bdq =
+  qr·kr^T [B,H,rows,R] by one matmul inside the op (recomputed in backward), read by index at column
+  L - pos_i + j (Transformer-XL's rel-shift); backward stores each entry's gradient once (no atomics) and two
+  matmuls take it to qr and kr;
+- a band (content rows, pos_i = i, with CONTENT_POSITIONS "band"): the position term of a (row tile i0, key tile j0)
+  reads the kr rows rb = L - i0 - (BM-1) + j0 ... rb + BM + BN - 1, multiplies them once (T = qr·band^T,
+  [BM, BM+BN]) and skews the product in registers, S[a, c] = T[a, c - a + BM - 1] (tl.gather): no [N,R] tensor
+  either, at the cost of two extra tile products, the gather and a dkr kernel (slower on an H100: BENCHMARKS.md);
+
+and per score:
+
+- the segment term: per row the two scalars ef_i, chosen per key by the same-segment bit; that bit and the mask bit
+  are one byte per (row, key) shared by the heads (kernels.mask_flags);
 - attention dropout: keep_ij = (number j % 4 of philox(seed, (((b·H + h)·N + i)·K4 + j) / 4)) >= p (tl.rand4x: one
   draw serves four keys), regenerated in backward; nothing is stored (a debug flag returns the keep mask for tests).
 
 Backward is deterministic: no atomics, every gradient written by one program that sums in a fixed order. One
-kernel per row tile (dqw, dqr, the two segment-scalar gradients, the query rows' table gradient), one per key
-tile (dk, dv), and one per tile of relative positions (dkr from the content rows, walking the rows in (i, r)
-space, where key j = i + r - L: the content and value products are then the skewed band ones).
+kernel per row tile (dqw, the band rows' dqr, the two segment-scalar gradients, the table's gradient), one per key
+tile (dk, dv), and for band rows one per tile of relative positions (dkr, walking the rows in (i, r) space, where
+key j = i + r - L: the content and value products are then the skewed band ones).
 
-The torch side (``triton_rel_attention``) adds the biases, computes ef and bdq with ordinary ops, and calls the
+The torch side (``triton_rel_attention``) adds the biases, computes ef with ordinary ops, and calls the
 custom op ``xlnet::rel_attn`` (torch.library.custom_op, its backward registered with register_autograd), so that
 torch.compile and activation checkpointing see one node. The kernels run on CUDA, or on CPU tensors under Triton's
 interpreter (TRITON_INTERPRET=1, read when this module is imported)."""
