@@ -108,7 +108,13 @@ def positions(request, monkeypatch):
 
 @pytest.mark.parametrize(
     "M,P,G,seg,mask",
-    [(8, 4, 1, True, True), (0, 4, 2, True, True), (8, 0, 2, False, True), (0, 0, 1, True, False)],
+    [
+        (8, 4, 1, True, True),
+        (0, 4, 2, True, True),
+        (8, 0, 2, False, True),
+        (0, 0, 1, True, False),
+        (8, 4, 2, False, False),
+    ],
 )
 def test_core_matches_float64_einsum(M, P, G, seg, mask, positions):
     ins, layout = case(M=M, P=P, G=G, seg=seg, mask=mask)

@@ -105,9 +105,11 @@ def _keep_any(seed, b, h, H, N, K, i, j, p_drop):
 @triton.jit
 def _extras(s, b, i, j, ok, ef_ptr, bh, flags_ptr, N, K, scale, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr):
     """Segment term, 1/sqrt(D) and the mask on a tile of raw scores s [BM, BN] (i [BM] rows, j [BM, BN] keys);
-    entries outside the keys (not ok) become -inf (no weight at all)."""
+    entries outside the keys (not ok) become -inf (no weight at all). Returns the scores and the flags tile."""
     if HAS_SEG or HAS_MASK:  # bit 0: masked, bit 1: same segment
         fl = tl.load(flags_ptr + (b * N + i[:, None]) * K + j, mask=ok, other=0)
+    else:
+        fl = tl.zeros(s.shape, tl.uint8)
     if HAS_SEG:
         ef0 = tl.load(ef_ptr + (bh * N + i) * 2, mask=i < N, other=0.0)
         ef1 = tl.load(ef_ptr + (bh * N + i) * 2 + 1, mask=i < N, other=0.0)
@@ -115,7 +117,7 @@ def _extras(s, b, i, j, ok, ef_ptr, bh, flags_ptr, N, K, scale, HAS_SEG: tl.cons
     s = s * scale
     if HAS_MASK:
         s = tl.where((fl & 1) != 0, NEG_INF, s)
-    return tl.where(ok, s, float("-inf"))
+    return tl.where(ok, s, float("-inf")), fl
 
 
 @triton.jit
@@ -125,7 +127,8 @@ def _scores(
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
-    """The scores of rows i (tile start i0) against keys j0 .. j0+BN-1 (k: their [BN, BD] tile): [BM, BN]."""
+    """The scores of rows i (tile start i0) against keys j0 .. j0+BN-1 (k: their [BN, BD] tile): [BM, BN], and
+    the flags tile (_extras)."""
     j = j0 + tl.arange(0, BN)
     ok = (i < N)[:, None] & (j < K)[None, :]
     s = tl.dot(qw, tl.trans(k), input_precision="ieee")
@@ -177,7 +180,7 @@ def _fwd_kernel(
     acc = tl.zeros([BM, BD], tl.float32)
     for j0 in range(0, K, BN):
         k = _load_rows(k_ptr + bh * K * D, j0, K, D, BN, BD)
-        s = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, flags_ptr,
+        s, _ = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, flags_ptr,
                     H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, BM, BN, BD)  # fmt: skip
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
@@ -243,7 +246,7 @@ def _dq_kernel(
         ok = (i < N)[:, None] & (j < K)[None, :]
         k = _load_rows(k_ptr + bh * K * D, j0, K, D, BN, BD)
         v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
-        s = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, flags_ptr,
+        s, fl = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, flags_ptr,
                     H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, BM, BN, BD)  # fmt: skip
         p = tl.exp(s - m[:, None]) / den[:, None]
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
@@ -258,7 +261,7 @@ def _dq_kernel(
             band = _load_rows(kr_ptr + (g * H + h) * R * D, L - i0 - (BM - 1) + j0, R, D, BM + BN, BD)
             dqr += tl.dot(_unskew(ds, BM, BN).to(band.dtype), band, input_precision="ieee")
         if HAS_SEG:
-            same = (tl.load(flags_ptr + (b * N + i[:, None]) * K + j[None, :], mask=ok, other=0) & 2) != 0
+            same = (fl & 2) != 0
             de0 += tl.sum(tl.where(same, ds, 0.0), 1)
             de1 += tl.sum(tl.where(same, 0.0, ds), 1)
     d = tl.arange(0, BD)
@@ -283,7 +286,7 @@ def _dkdv_step(
     bh = b * H + h
     i, pos, qw, qr = _row_tile(qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D, i0, row_end, QUERY, BM, BD)
     do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD)
-    s = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, flags_ptr,
+    s, _ = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, flags_ptr,
                 H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, BM, BN, BD)  # fmt: skip
     p = tl.exp(s - m[:, None]) / den[:, None]
     dp = tl.dot(do, tl.trans(v), input_precision="ieee")
@@ -368,7 +371,7 @@ def _dkr_kernel(
             kb = _load_rows(k_ptr + bh * K * D, i0 + r0 - L, K, D, BM + BR, BD)
             s = _diag(tl.dot(qw, tl.trans(kb), input_precision="ieee"), BM, BR)
             s += tl.dot(qr, tl.trans(kr), input_precision="ieee")
-            s = _extras(s, b, i, j, ok, ef_ptr, bh, flags_ptr, N, K, scale, HAS_SEG, HAS_MASK)
+            s, _ = _extras(s, b, i, j, ok, ef_ptr, bh, flags_ptr, N, K, scale, HAS_SEG, HAS_MASK)
             p = tl.exp(s - m[:, None]) / den[:, None]
             vb = _load_rows(v_ptr + bh * K * D, i0 + r0 - L, K, D, BM + BR, BD)
             dp = _diag(tl.dot(do, tl.trans(vb), input_precision="ieee"), BM, BR)
