@@ -147,7 +147,7 @@ def bench(impl: str, ins, layout, p_drop: float, steps: int, dev, compiled=None)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--impls", default="triton,einsum,einsum:compile,sdpa,fused")
-    ap.add_argument("--tiles", default="", help="also time triton with these tiles (BMxWARPS[xSTAGES], comma-sep.)")
+    ap.add_argument("--tiles", default="", help="also time triton with these tiles (parse_tile's, comma-separated)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--micro", type=int, default=16)
     ap.add_argument("--json", default=None)
@@ -225,7 +225,7 @@ def main() -> None:
         if ok:  # the fastest forward tiles, and the fastest backward ones (fwd+bwd - fwd)
             fwd = min(ok, key=lambda t: t[2]["fwd_s"])[0]
             bwd = min(ok, key=lambda t: t[2]["fwd_bwd_s"] - t[2]["fwd_s"])[1]
-            out["best"] = best = f"pos={pos},fwd={'x'.join(map(str, fwd))},bwd={'x'.join(map(str, bwd))}"
+            out["best"] = best = f"pos={pos},fwd={tile_name(fwd)},bwd={tile_name(bwd)}"
             print(f"best: {best}", flush=True)
             if args.best:
                 with open(args.best, "w") as f:
@@ -274,10 +274,17 @@ def breakdown(ins, layout, p_drop: float, dev) -> dict:
     return per
 
 
-def parse_tile(t: str) -> tuple[int, int, int]:
-    """``BMxWARPS`` or ``BMxWARPSxSTAGES`` (3 stages, Triton's default, when not given) -> (BM, warps, stages)."""
-    parts = [int(x) for x in t.split("x")]
-    return (parts[0], parts[1], parts[2] if len(parts) > 2 else 3)
+def parse_tile(t: str) -> tuple[int, int, int, int]:
+    """``BM[/BN]xWARPS[xSTAGES]`` -> (BM, BN, warps, stages): BN = BM and 3 stages (Triton's default) unless given."""
+    rows, *rest = t.split("x")
+    bm, bn = (int(x) for x in rows.split("/")) if "/" in rows else (int(rows), int(rows))
+    return (bm, bn, int(rest[0]), int(rest[1]) if len(rest) > 1 else 3)
+
+
+def tile_name(t: tuple) -> str:
+    """parse_tile's inverse."""
+    bm, bn, warps, stages = t
+    return f"{bm}{'' if bn == bm else f'/{bn}'}x{warps}x{stages}"
 
 
 def set_tiles(spec: str) -> None:

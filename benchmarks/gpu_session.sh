@@ -13,7 +13,7 @@ fi
 OUT=${OUT:-/tmp/gpu_session}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-330}
 ROWS=${ROWS:-base:16:triton,base:16:triton:compile,base:16:einsum:compile,large:8:triton}
-SWEEP=${SWEEP:-64x8x2,64x8x4,32x4x4,32x8}
+SWEEP=${SWEEP:-64/32x8,64/32x8x4,64/16x4,128/32x8,64x8x4,32x4x4}
 TESTS=${TESTS-triton}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false
 start=$(date +%s)

@@ -26,7 +26,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     raise SystemExit("run without TRITON_INTERPRET=1: the kernels must be compiled, not interpreted")
 
 import triton
-from gpu_attention import parse_tile
+from gpu_attention import parse_tile, tile_name
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -54,22 +54,25 @@ def signature(fn, consts: dict, dtype: str) -> dict:
 
 
 def variants(tiles: dict, drops=(False, True)) -> list[tuple[str, object, dict, tuple]]:
-    """(label, kernel, constexprs, (warps, stages)) of every launch the launchers make, segments and mask on."""
+    """(label, kernel, constexprs, (BM, warps, stages)) of every launch the launchers make, segments and mask on:
+    table rows with the tile's BN, band rows with BN = BM."""
     out = []
     common = dict(HAS_SEG=True, HAS_MASK=True, BD=64)
     for drop in drops:
-        bm, *w = tiles["fwd"]
-        for query in (False, True):
-            c = dict(QUERY=query, DROP=drop, DEBUG_KEEP=False, BM=bm, BN=bm, **common)
-            out.append((f"fwd {'query' if query else 'band '} drop={int(drop)}", ta._fwd_kernel, c, w))
-        bm, *w = tiles["dq"]
-        for query in (False, True):
-            c = dict(QUERY=query, DROP=drop, BM=bm, BN=bm, **common)
-            out.append((f"dq  {'query' if query else 'band '} drop={int(drop)}", ta._dq_kernel, c, w))
-        bm, *w = tiles["dkdv"]
-        out.append((f"dkdv        drop={int(drop)}", ta._dkdv_kernel, dict(DROP=drop, BM=bm, BN=bm, **common), w))
-        bm, *w = tiles["dkr"]
-        out.append((f"dkr (band)  drop={int(drop)}", ta._dkr_kernel, dict(DROP=drop, BM=bm, BR=bm, **common), w))
+        for name, fn in (("fwd", ta._fwd_kernel), ("dq", ta._dq_kernel)):
+            bm, bn, *launch = tiles[name]
+            for query in (False, True):
+                c = dict(QUERY=query, DROP=drop, BM=bm, BN=bn if query else bm, **common)
+                if name == "fwd":
+                    c["DEBUG_KEEP"] = False
+                out.append((f"{name:<4} {'table' if query else 'band '} drop={int(drop)}", fn, c, (bm, *launch)))
+        bm, bn, *launch = tiles["dkdv"]
+        for band in (False, True):
+            c = dict(DROP=drop, HAS_BAND=band, BM=bm, BN=bm if band else bn, **common)
+            out.append((f"dkdv {'band ' if band else 'table'} drop={int(drop)}", ta._dkdv_kernel, c, (bm, *launch)))
+        bm, _, *launch = tiles["dkr"]
+        c = dict(DROP=drop, BM=bm, BR=bm, **common)
+        out.append((f"dkr  band  drop={int(drop)}", ta._dkr_kernel, c, (bm, *launch)))
     return out
 
 
@@ -95,7 +98,7 @@ def resources(cubin: bytes) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
-    ap.add_argument("--tiles", default="", help="BMxWARPS[xSTAGES] for every kernel (default: GPU_TILES)")
+    ap.add_argument("--tiles", default="", help="BM[/BN]xWARPS[xSTAGES] for every kernel (default: GPU_TILES)")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--quick", action="store_true", help="only the dropout variants (they hold the others' code)")
     args = ap.parse_args()
@@ -104,9 +107,9 @@ def main() -> None:
         tiles = dict.fromkeys(tiles, parse_tile(args.tiles))
     target = GPUTarget("cuda", args.arch, 32)
     print(f"triton {triton.__version__}, sm_{args.arch}, {args.dtype}, tiles {tiles}")
-    print(f"{'kernel':<24} {'tile':>7} {'regs':>5} {'spill B':>8} {'instr':>7} {'HGMMA':>6} {'HMMA':>5}")
+    print(f"{'kernel':<24} {'tile':>9} {'regs':>5} {'spill B':>8} {'instr':>7} {'HGMMA':>6} {'HMMA':>5}")
     failed = 0
-    for label, fn, consts, (warps, stages) in variants(tiles, (True,) if args.quick else (False, True)):
+    for label, fn, consts, (_, warps, stages) in variants(tiles, (True,) if args.quick else (False, True)):
         try:
             k = triton.compile(ASTSource(fn, signature(fn, consts, args.dtype), constexprs=consts), target=target,
                                options={"num_warps": warps, "num_stages": stages})  # fmt: skip
@@ -116,9 +119,10 @@ def main() -> None:
             cause = e.__cause__ or e  # a CompilationError's own text ends with the source line and a caret
             print(f"{label:<24} FAILED: {type(cause).__name__}: {str(cause).splitlines()[0][:200]}")
             continue
+        tile = tile_name((consts["BM"], consts.get("BN", consts["BM"]), warps, stages))
         print(
-            f"{label:<24} {consts['BM']:>3}x{warps}x{stages} {r['regs']:>5} {r['stack']:>8} {r['instructions']:>7} "
-            f"{r['hgmma']:>6} {r['hmma']:>5}"
+            f"{label:<24} {tile:>9} {r['regs']:>5} {r['stack']:>8} {r['instructions']:>7} {r['hgmma']:>6} "
+            f"{r['hmma']:>5}"
         )
     sys.exit(1 if failed else 0)
 

@@ -226,3 +226,15 @@ def test_compiled_layers_match_eager():
     (l0, g0), (l1, g1) = res
     assert maxdiff(l0, l1) <= 1e-6
     assert g0.keys() == g1.keys() and max(maxdiff(g0[k], g1[k]) for k in g0) <= 1e-6
+
+
+@pytest.mark.parametrize(
+    "tile,positions", [((32, 16), "table"), ((16, 32), "table"), ((32, 16), "band")], indirect=["positions"]
+)
+def test_row_and_key_tiles_may_differ(tile, positions, monkeypatch):
+    """Table rows run with BM rows by BN keys per tile (GPU_TILES' BN); band rows keep BN = BM (the band's BM + BN
+    rows must be a power of two): both, with dropout, against float64 given the kernel's keep mask."""
+    monkeypatch.setattr(ta, "INTERPRETER_TILE", tile)
+    ins, layout = case(L=20, M=8, P=6, G=2, seed=3)
+    torch.manual_seed(2)
+    check(ins, layout, p=0.3)

@@ -306,10 +306,10 @@ def _dkdv_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr,
     do_ptr, stats_ptr, delta_ptr, dk_ptr, dv_ptr,
     H, N, K, R, L, D, P, GB, n_content, scale, seed, p_drop,
-    HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
+    HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr, HAS_BAND: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
-    """Per key tile: walk the content row tiles, then the query row tiles, in order."""
+    """Per key tile: walk the band rows' tiles (HAS_BAND: n_content > 0, then BM == BN), then the table rows'."""
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
     g = b // GB
@@ -318,11 +318,12 @@ def _dkdv_kernel(
     v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
     dk = tl.zeros([BN, BD], tl.float32)
     dv = tl.zeros([BN, BD], tl.float32)
-    for i0 in range(0, n_content, BM):
-        dk, dv = _dkdv_step(dk, dv, k, v, i0, j0, 0, n_content, b, h, g, GB,
-                            qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr,
-                            delta_ptr, H, N, K, R, L, D, P, scale, seed, p_drop,
-                            False, HAS_SEG, HAS_MASK, DROP, BM, BN, BD)  # fmt: skip
+    if HAS_BAND:
+        for i0 in range(0, n_content, BM):
+            dk, dv = _dkdv_step(dk, dv, k, v, i0, j0, 0, n_content, b, h, g, GB,
+                                qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr,
+                                delta_ptr, H, N, K, R, L, D, P, scale, seed, p_drop,
+                                False, HAS_SEG, HAS_MASK, DROP, BM, BN, BD)  # fmt: skip
     for i0 in range(n_content, N, BM):
         dk, dv = _dkdv_step(dk, dv, k, v, i0, j0, n_content, N, b, h, g, GB,
                             qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr,
@@ -387,12 +388,12 @@ def _dkr_kernel(
 # Launchers and the custom op
 
 
-# Per kernel on a GPU: (BM = BN = BR, the rows and keys of a tile, BM + BN a power of two for the band; warps;
-# software-pipelining stages of the key loop, 3 = Triton's default on NVIDIA).
+# Per kernel on a GPU: (BM rows and BN keys of a tile; warps; software-pipelining stages of the loop, 3 = Triton's
+# default on NVIDIA). Band rows take BN = BM (BM + BN, the band's rows, must be a power of two; dkr: BR = BM).
 # Measured on an H100 (benchmarks/gpu_attention.py, Base shapes, BENCHMARKS.md): forward 32 x 4 warps (1.37 ms;
 # 64 x 8: 2.06 ms), backward 64 x 8 (5.5 ms; 32 x 8: 6.3 ms), though 64-row tiles spill 0.2-0.9 KB per thread to
 # local memory (ptxas through triton 3.6 for sm_90); the band mode's dkr kernel spills 2 KB at 64 rows: 32 x 8.
-GPU_TILES = {"fwd": (32, 4, 3), "dq": (64, 8, 3), "dkdv": (64, 8, 3), "dkr": (32, 8, 3)}
+GPU_TILES = {"fwd": (32, 32, 4, 3), "dq": (64, 64, 8, 3), "dkdv": (64, 64, 8, 3), "dkr": (32, 32, 8, 3)}
 # Where the content rows' position scores come from: "table" (qr·kr^T [B,H,L,R] by one matmul, read by index like
 # the query rows', recomputed in backward, its gradient taken back through two matmuls) or "band" (the kr band
 # multiplied and skewed inside each tile: no [N, R] tensor, but two extra tile products, a gather and a dkr kernel).
@@ -401,10 +402,13 @@ GPU_TILES = {"fwd": (32, 4, 3), "dq": (64, 8, 3), "dkdv": (64, 8, 3), "dkr": (32
 CONTENT_POSITIONS = "table"
 
 
-def _blocks(device: torch.device, D: int, kernel: str) -> tuple[int, int, dict]:
-    """(tile size BM = BN = BR, BD, launch options): 16 rows under the interpreter (its cost grows with the tile)."""
-    bm, warps, stages = GPU_TILES[kernel] if device.type == "cuda" else (16, 1, 1)
-    return bm, max(16, triton.next_power_of_2(D)), dict(num_warps=warps, num_stages=stages)
+INTERPRETER_TILE = (16, 16)  # (BM, BN) under the interpreter, whose cost grows with the tile
+
+
+def _blocks(device: torch.device, D: int, kernel: str) -> tuple[int, int, int, dict]:
+    """(BM, BN, BD, launch options) of ``kernel``."""
+    bm, bn, warps, stages = GPU_TILES[kernel] if device.type == "cuda" else (*INTERPRETER_TILE, 1, 1)
+    return bm, bn, max(16, triton.next_power_of_2(D)), dict(num_warps=warps, num_stages=stages)
 
 
 def _or_dummy(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -432,7 +436,7 @@ def _table(qr: torch.Tensor, kr: torch.Tensor, n_band: int) -> torch.Tensor | No
 def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed, debug_keep):
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
     bdq = _table(qr, kr, n_content)
-    BM, BD, launch = _blocks(qw.device, D, "fwd")
+    BM, BN, BD, launch = _blocks(qw.device, D, "fwd")
     out = torch.empty_like(qw)
     stats = torch.empty(B, H, N, 2, dtype=torch.float32, device=qw.device)
     drop = p_drop > 0
@@ -443,7 +447,7 @@ def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, 
             _fwd_kernel[(triton.cdiv(row_end - row0, BM), B * H)](
                 *ins, out, stats, keep, H, N, K, R, L, D, P, B // G, row0, row_end, 1.0 / math.sqrt(D), seed, p_drop,
                 QUERY=query, HAS_SEG=ef is not None, HAS_MASK=has_mask, DROP=drop, DEBUG_KEEP=debug_keep,
-                BM=BM, BN=BM, BD=BD, **launch,
+                BM=BM, BN=BN if query else BM, BD=BD, **launch,
             )  # fmt: skip
     return out, stats, keep
 
@@ -463,21 +467,22 @@ def _backward(do, out, stats, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_
     opts = dict(HAS_SEG=ef is not None, HAS_MASK=has_mask, DROP=p_drop > 0)
     common = (H, N, K, R, L, D, P, B // G)
     scale = 1.0 / math.sqrt(D)
-    BM, BD, launch = _blocks(qw.device, D, "dq")
+    BM, BN, BD, launch = _blocks(qw.device, D, "dq")
     for query, row0, row_end in ((False, 0, n_content), (True, n_content, N)):
         if row_end > row0:
             _dq_kernel[(triton.cdiv(row_end - row0, BM), B * H)](
                 *ins, do, stats, delta, dqw, dqr, _or_dummy(dbdq, qw), _or_dummy(def_, qw),
                 *common, row0, row_end, scale, seed, p_drop, QUERY=query, **opts,
-                BM=BM, BN=BM, BD=BD, **launch,
+                BM=BM, BN=BN if query else BM, BD=BD, **launch,
             )  # fmt: skip
-    BM, BD, launch = _blocks(qw.device, D, "dkdv")
-    _dkdv_kernel[(triton.cdiv(K, BM), B * H)](
-        *ins, do, stats, delta, dk, dv, *common, n_content, scale, seed, p_drop, **opts,
-        BM=BM, BN=BM, BD=BD, **launch,
+    BM, BN, BD, launch = _blocks(qw.device, D, "dkdv")
+    BN = BM if n_content else BN
+    _dkdv_kernel[(triton.cdiv(K, BN), B * H)](
+        *ins, do, stats, delta, dk, dv, *common, n_content, scale, seed, p_drop, **opts, HAS_BAND=n_content > 0,
+        BM=BM, BN=BN, BD=BD, **launch,
     )  # fmt: skip
     if n_content:
-        BM, BD, launch = _blocks(qw.device, D, "dkr")
+        BM, _, BD, launch = _blocks(qw.device, D, "dkr")
         _dkr_kernel[(triton.cdiv(R, BM), G * H)](
             qw, qr, k, v, kr, _or_dummy(ef, qw), d_flags, do, stats, delta, dkr,
             H, N, K, R, L, D, B // G, n_content, scale, seed, p_drop, **opts,
