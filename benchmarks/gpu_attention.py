@@ -51,6 +51,12 @@ def make_inputs(B, H, D, L, M, P, G, dev, seed=0):
     return [on(t) for t in ins], AttnLayout(L, on(rows), on(rel), on(same), on(mask))
 
 
+def leaves(ins, dtype) -> list:
+    """The inputs as leaves with gradients: q, k, v, kr in ``dtype`` (activations), the biases and seg_embed in fp32
+    (parameters, as under autocast)."""
+    return [t.to(dtype if i < 4 else torch.float32).requires_grad_(True) for i, t in enumerate(ins)]
+
+
 def call(impl: str, ins, layout, p_drop: float, compiled=None):
     """One attention call of ``impl`` (einsum / sdpa / fused / flex / triton, or compiled: a torch.compile'd einsum)."""
     import dataclasses
@@ -101,7 +107,7 @@ def check(ins, layout, dev) -> dict:
     res = {}
     outs = {}
     for impl, dtype in (("einsum", torch.float32), ("triton", low)):
-        xs = [t.to(dtype if i < 4 else torch.float32).requires_grad_(True) for i, t in enumerate(ins)]
+        xs = leaves(ins, dtype)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == low and dev.type == "cuda"):
             out = call(impl, xs, layout, 0.0)
         outs[impl] = (out, torch.autograd.grad(out, xs, go.to(out.dtype)))
@@ -111,7 +117,7 @@ def check(ins, layout, dev) -> dict:
         res[name] = rel_err(a, b)
     grads = []
     for _ in range(2):
-        xs = [t.to(low if i < 4 else torch.float32).requires_grad_(True) for i, t in enumerate(ins)]
+        xs = leaves(ins, low)
         torch.manual_seed(3)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             out = call("triton", xs, layout, 0.1)
@@ -121,7 +127,7 @@ def check(ins, layout, dev) -> dict:
 
 
 def bench(impl: str, ins, layout, p_drop: float, steps: int, dev, compiled=None) -> dict:
-    xs = [t.to(torch.bfloat16 if i < 4 else torch.float32).requires_grad_(True) for i, t in enumerate(ins)]
+    xs = leaves(ins, torch.bfloat16)
     go = torch.randn(xs[0].shape, device=dev, dtype=torch.bfloat16)
 
     def fwd():
@@ -171,7 +177,7 @@ def main() -> None:
     print(f"device {name}, torch {torch.__version__}; B {B} H {H} D {D} L {L} M {M} P {P} G {G}", flush=True)
     if args.once is not None:  # for a profiler (ncu): the triton core twice, forward and backward, nothing else
         set_tiles(args.once)
-        xs = [t.to(torch.bfloat16 if i < 4 else torch.float32).requires_grad_(True) for i, t in enumerate(ins)]
+        xs = leaves(ins, torch.bfloat16)
         for _ in range(2):
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
                 o = call("triton", xs, layout, 0.1)
@@ -248,7 +254,7 @@ def breakdown(ins, layout, p_drop: float, dev) -> dict:
     """Device time per kernel of one triton forward + backward (torch profiler, mean of 3 calls after one)."""
     from torch.profiler import ProfilerActivity, profile
 
-    xs = [t.to(torch.bfloat16 if i < 4 else torch.float32).requires_grad_(True) for i, t in enumerate(ins)]
+    xs = leaves(ins, torch.bfloat16)
     go = torch.randn(xs[0].shape, device=dev, dtype=torch.bfloat16)
 
     def once():
