@@ -87,9 +87,8 @@ def stored_rows(rows: Any, bi_data: bool, mb: int, mb_records: int) -> np.ndarra
     rows = np.asarray(rows, dtype=np.int64)
     if not bi_data:
         return rows
-    half, half_rec = mb // 2, mb_records // 2
-    block, k = np.divmod(rows, mb)
-    f, rev = block * half + k % half, k >= half
+    f, rev = row_sources(rows, bi_data, mb)
+    half_rec = mb_records // 2  # row_sources' inverse under the records' micro-batch size
     return f // half_rec * mb_records + f % half_rec + rev * half_rec
 
 
