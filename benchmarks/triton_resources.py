@@ -33,7 +33,7 @@ from triton.compiler import ASTSource
 from xlnetcli.model import triton_attention as ta
 
 FLOATS = {"scale", "p_drop"}
-INTS = {"rows_ptr": "*i32", "flags_ptr": "*u8", "keep_ptr": "*i8"}
+INTS = {"rows_ptr": "*i32", "flags_ptr": "*u8", "keep_ptr": "*u8"}
 FP32 = {"ef_ptr", "stats_ptr", "delta_ptr", "dqw_ptr", "dqr_ptr", "def_ptr", "dk_ptr", "dv_ptr", "dkr_ptr"}
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
@@ -57,14 +57,12 @@ def variants(tiles: dict, drops=(False, True)) -> list[tuple[str, object, dict, 
     """(label, kernel, constexprs, (BM, warps, stages)) of every launch the launchers make, segments and mask on:
     table rows with the tile's BN, band rows with BN = BM."""
     out = []
-    common = dict(HAS_SEG=True, HAS_MASK=True, BD=64)
+    common = dict(HAS_SEG=True, HAS_MASK=True, D=64, BD=64)
     for drop in drops:
         for name, fn in (("fwd", ta._fwd_kernel), ("dq", ta._dq_kernel)):
             bm, bn, *launch = tiles[name]
             for query in (False, True):
                 c = dict(QUERY=query, DROP=drop, BM=bm, BN=bn if query else bm, **common)
-                if name == "fwd":
-                    c["DEBUG_KEEP"] = False
                 out.append((f"{name:<4} {'table' if query else 'band '} drop={int(drop)}", fn, c, (bm, *launch)))
         bm, bn, *launch = tiles["dkdv"]
         for band in (False, True):

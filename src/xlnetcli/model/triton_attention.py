@@ -26,8 +26,10 @@ and per score:
 
 - the segment term: per row the two scalars ef_i, chosen per key by the same-segment bit; that bit and the mask bit
   are one byte per (row, key) shared by the heads (kernels.mask_flags);
-- attention dropout: keep_ij = (number j % 4 of philox(seed, (((b·H + h)·N + i)·K4 + j) / 4)) >= p (tl.rand4x: one
-  draw serves four keys), regenerated in backward; nothing is stored (a debug flag returns the keep mask for tests).
+- attention dropout: keep_ij = (number j % 4 of philox(seed, ((b·H + h)·N + i)·K4/4 + j/4)) >= p (tl.rand4x: one
+  draw serves four keys), drawn once in forward and kept for backward as bits, four keys to a byte ([B,H,N,K/4]:
+  an eighth of a bf16 score matrix). FlashAttention draws them again in backward; here, on an H200 at Base shapes,
+  drawing them again made up 30-40% of the two backward kernels' time (BENCHMARKS.md).
 
 Backward is deterministic: no atomics, every gradient written by one program that sums in a fixed order. One
 kernel per row tile (dqw, the band rows' dqr, the two segment-scalar gradients, the table's gradient), one per key
@@ -55,11 +57,14 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # what @triton.jit read
 
 
 @triton.jit
-def _load_rows(ptr, start, n, D, W: tl.constexpr, BD: tl.constexpr):
-    """Rows start .. start+W-1 of a row-major [n, D] matrix at ptr: [W, BD], zero outside."""
+def _load_rows(ptr, start, n, D: tl.constexpr, W: tl.constexpr, BD: tl.constexpr):
+    """Rows start .. start+W-1 of a row-major [n, D] matrix at ptr: [W, BD], zero outside. With D == BD (head sizes
+    16, 32, 64, 128) the mask is per row, so the loads are vectorised along D."""
     t = start + tl.arange(0, W)
     d = tl.arange(0, BD)
     ok = (t >= 0) & (t < n)
+    if D == BD:
+        return tl.load(ptr + t[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
     return tl.load(ptr + t[:, None] * D + d[None, :], mask=ok[:, None] & (d < D)[None, :], other=0.0)
 
 
@@ -81,25 +86,24 @@ def _unskew(ds, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _keep_tile(seed, b, h, H, N, K, i, j0, p_drop, BN: tl.constexpr):
+def _keep_tile(seed, bh, N, K4, i, j0, p_drop, BN: tl.constexpr):
     """The dropout keep bits of rows i [BM] and keys j0 .. j0+BN-1 (j0 a multiple of 4): element (i, j) is uniform
-    number j % 4 of the Philox draw at counter (((b·H + h)·N + i)·K4 + j) / 4, K4 = K rounded up to a multiple of 4;
-    one draw of four numbers serves four keys (tl.rand would draw four and keep one)."""
-    K4 = (K + 3) // 4 * 4
-    c = (((b * H + h) * N + i[:, None]) * K4 + j0) // 4 + tl.arange(0, BN // 4)[None, :]
+    number j % 4 of the Philox draw at counter (bh·N + i)·K4/4 + j/4, K4 = K rounded up to a multiple of 4; one
+    draw of four numbers serves four keys (tl.rand would draw four and keep one). Returns keep [BM, BN] and the
+    same bits packed four keys to a byte [BM, BN/4] (bit j % 4 of byte j / 4: what backward reads, _keep_bits)."""
+    c = (bh * N + i[:, None]) * (K4 // 4) + j0 // 4 + tl.arange(0, BN // 4)[None, :]
     u0, u1, u2, u3 = tl.rand4x(seed, c)
-    u = tl.reshape(tl.join(tl.join(u0, u2), tl.join(u1, u3)), [i.shape[0], BN])  # [.., t, lane] -> key 4t + lane
-    return u >= p_drop
+    k0, k1, k2, k3 = u0 >= p_drop, u1 >= p_drop, u2 >= p_drop, u3 >= p_drop
+    packed = k0.to(tl.uint8) | (k1.to(tl.uint8) << 1) | (k2.to(tl.uint8) << 2) | (k3.to(tl.uint8) << 3)
+    keep = tl.reshape(tl.join(tl.join(k0, k2), tl.join(k1, k3)), [i.shape[0], BN])  # [.., t, lane] -> key 4t + lane
+    return keep, packed
 
 
 @triton.jit
-def _keep_any(seed, b, h, H, N, K, i, j, p_drop):
-    """_keep_tile's bits at any keys j [BM, BR] of rows i [BM] (the dkr kernel walks diagonals): one draw each."""
-    K4 = (K + 3) // 4 * 4
-    off = ((b * H + h) * N + i[:, None]) * K4 + j
-    u0, u1, u2, u3 = tl.rand4x(seed, off // 4)
-    lane = off % 4
-    return tl.where(lane == 0, u0, tl.where(lane == 1, u1, tl.where(lane == 2, u2, u3))) >= p_drop
+def _keep_bits(keep_ptr, bh, N, K4, i, j, ok):
+    """The forward's keep bits at rows i [BM] and any keys j [BM, BN] (ok: inside), read from the packed bytes."""
+    byte = tl.load(keep_ptr + (bh * N + i[:, None]) * (K4 // 4) + j // 4, mask=ok, other=0)
+    return ((byte >> (j % 4).to(tl.uint8)) & 1) != 0
 
 
 @triton.jit
@@ -123,7 +127,7 @@ def _extras(s, b, i, j, ok, ef_ptr, bh, flags_ptr, N, K, scale, HAS_SEG: tl.cons
 @triton.jit
 def _scores(
     qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, flags_ptr,
-    H, N, K, R, L, D, P, row0, scale,
+    H, N, K, R, L, D: tl.constexpr, P, row0, scale,
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -144,7 +148,8 @@ def _scores(
 
 @triton.jit
 def _row_tile(
-    qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D, i0, row_end, QUERY: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr
+    qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D: tl.constexpr, i0, row_end, QUERY: tl.constexpr, BM: tl.constexpr,
+    BD: tl.constexpr,
 ):
     """Rows i0 .. i0+BM-1 (those < row_end): their indices, positions, qw and qr tiles."""
     i = i0 + tl.arange(0, BM)
@@ -164,12 +169,12 @@ def _row_tile(
 def _fwd_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr,
     out_ptr, stats_ptr, keep_ptr,
-    H, N, K, R, L, D, P, GB, row0, row_end, scale, seed, p_drop,
-    QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr, DEBUG_KEEP: tl.constexpr,
+    H, N, K, R, L, D: tl.constexpr, P, GB, row0, row_end, scale, seed, p_drop,
+    QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     """One tile of BM rows of one (batch, head): online softmax over the key tiles, out = sum_j p_ij keep_ij v_j /
-    (1 - p_drop); the row's softmax statistics (m_i, l_i)."""
+    (1 - p_drop); the row's softmax statistics (m_i, l_i); with dropout, the keep bits [.., K4/4] for backward."""
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
     g = b // GB
@@ -187,11 +192,11 @@ def _fwd_kernel(
         p = tl.exp(s - m_new[:, None])
         den = den * alpha + tl.sum(p, 1)
         if DROP:
-            j = j0 + tl.arange(0, BN)
-            keep = _keep_tile(seed, b, h, H, N, K, i, j0, p_drop, BN)
-            if DEBUG_KEEP:
-                ok = (i < N)[:, None] & (j < K)[None, :]
-                tl.store(keep_ptr + (bh * N + i[:, None]) * K + j[None, :], keep.to(tl.int8), mask=ok)
+            K4 = (K + 3) // 4 * 4
+            keep, packed = _keep_tile(seed, bh, N, K4, i, j0, p_drop, BN)
+            t = j0 // 4 + tl.arange(0, BN // 4)
+            tl.store(keep_ptr + (bh * N + i[:, None]) * (K4 // 4) + t[None, :], packed,
+                     mask=(i < N)[:, None] & (t < K4 // 4)[None, :])  # fmt: skip
             p = tl.where(keep, p, 0.0)
         v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
@@ -211,7 +216,9 @@ def _fwd_kernel(
 
 
 @triton.jit
-def _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM: tl.constexpr, BD: tl.constexpr):
+def _row_grads_in(
+    do_ptr, stats_ptr, delta_ptr, bh, N, D: tl.constexpr, i, i0, row_end, BM: tl.constexpr, BD: tl.constexpr
+):
     """What backward reads per row tile: do [BM, BD], the softmax's row max m and sum l, delta [BM]."""
     do = _load_rows(do_ptr + bh * N * D, i0, row_end, D, BM, BD)
     m = tl.load(stats_ptr + (bh * N + i) * 2, mask=i < N, other=0.0)
@@ -223,8 +230,8 @@ def _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM: tl
 @triton.jit
 def _dq_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr,
-    do_ptr, stats_ptr, delta_ptr, dqw_ptr, dqr_ptr, dbdq_ptr, def_ptr,
-    H, N, K, R, L, D, P, GB, row0, row_end, scale, seed, p_drop,
+    do_ptr, stats_ptr, delta_ptr, keep_ptr, dqw_ptr, dqr_ptr, dbdq_ptr, def_ptr,
+    H, N, K, R, L, D: tl.constexpr, P, GB, row0, row_end, scale, p_drop,
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -251,7 +258,8 @@ def _dq_kernel(
         p = tl.exp(s - m[:, None]) / den[:, None]
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
         if DROP:
-            dp = tl.where(_keep_tile(seed, b, h, H, N, K, i, j0, p_drop, BN), dp / (1.0 - p_drop), 0.0)
+            keep = _keep_bits(keep_ptr, bh, N, (K + 3) // 4 * 4, i, j[None, :], ok)
+            dp = tl.where(keep, dp / (1.0 - p_drop), 0.0)
         ds = p * (dp - delta[:, None]) * scale
         dqw += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
         if QUERY:
@@ -276,8 +284,8 @@ def _dq_kernel(
 @triton.jit
 def _dkdv_step(
     dk, dv, k, v, i0, j0, row0, row_end, b, h, g, GB,
-    qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr, delta_ptr,
-    H, N, K, R, L, D, P, scale, seed, p_drop,
+    qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr, delta_ptr, keep_ptr,
+    H, N, K, R, L, D: tl.constexpr, P, scale, p_drop,
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -292,7 +300,9 @@ def _dkdv_step(
     dp = tl.dot(do, tl.trans(v), input_precision="ieee")
     pd = p
     if DROP:
-        keep = _keep_tile(seed, b, h, H, N, K, i, j0, p_drop, BN)
+        j = j0 + tl.arange(0, BN)
+        ok = (i < N)[:, None] & (j < K)[None, :]
+        keep = _keep_bits(keep_ptr, bh, N, (K + 3) // 4 * 4, i, j[None, :], ok)
         pd = tl.where(keep, p / (1.0 - p_drop), 0.0)
         dp = tl.where(keep, dp / (1.0 - p_drop), 0.0)
     dv += tl.dot(tl.trans(pd).to(do.dtype), do, input_precision="ieee")
@@ -302,10 +312,59 @@ def _dkdv_step(
 
 
 @triton.jit
+def _dkdv_step_t(
+    dk, dv, k, v, i0, j0, row0, b, h, GB,
+    qw_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr, delta_ptr, keep_ptr,
+    H, N, K, R, L, D: tl.constexpr, P, scale, p_drop,
+    HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    """_dkdv_step for table rows, on the transposed tile (keys down, rows across: s^T = k·qw^T [BN, BM]), so that
+    dv += (p keep)^T do and dk += ds^T qw take their left factor as it is, with no transpose of a register tile."""
+    bh = b * H + h
+    i = i0 + tl.arange(0, BM)
+    i = tl.where(i < N, i, N)
+    j = j0 + tl.arange(0, BN)
+    ok = (j < K)[:, None] & (i < N)[None, :]
+    qw = _load_rows(qw_ptr + bh * N * D, i0, N, D, BM, BD)
+    do = _load_rows(do_ptr + bh * N * D, i0, N, D, BM, BD)
+    m = tl.load(stats_ptr + (bh * N + i) * 2, mask=i < N, other=0.0)
+    den = tl.load(stats_ptr + (bh * N + i) * 2 + 1, mask=i < N, other=1.0)
+    delta = tl.load(delta_ptr + bh * N + i, mask=i < N, other=0.0)
+    pos = tl.load(rows_ptr + b * N + i, mask=i < N, other=0)
+    s = tl.dot(k, tl.trans(qw), input_precision="ieee")
+    col = L - pos[None, :] + j[:, None]
+    s += tl.load(bdq_ptr + (bh * P + (i - row0)[None, :]) * R + col, mask=ok, other=0.0)
+    if HAS_SEG or HAS_MASK:
+        fl = tl.load(flags_ptr + (b * N + i[None, :]) * K + j[:, None], mask=ok, other=0)
+    if HAS_SEG:
+        ef0 = tl.load(ef_ptr + (bh * N + i) * 2, mask=i < N, other=0.0)
+        ef1 = tl.load(ef_ptr + (bh * N + i) * 2 + 1, mask=i < N, other=0.0)
+        s += tl.where((fl & 2) != 0, ef0[None, :], ef1[None, :])
+    s = s * scale
+    if HAS_MASK:
+        s = tl.where((fl & 1) != 0, NEG_INF, s)
+    s = tl.where(ok, s, float("-inf"))
+    p = tl.exp(s - m[None, :]) / den[None, :]
+    dp = tl.dot(v, tl.trans(do), input_precision="ieee")
+    pd = p
+    if DROP:
+        K4 = (K + 3) // 4 * 4
+        keep = tl.load(keep_ptr + (bh * N + i[None, :]) * (K4 // 4) + j[:, None] // 4, mask=ok, other=0)
+        keep = ((keep >> (j[:, None] % 4).to(tl.uint8)) & 1) != 0
+        pd = tl.where(keep, p / (1.0 - p_drop), 0.0)
+        dp = tl.where(keep, dp / (1.0 - p_drop), 0.0)
+    dv += tl.dot(pd.to(do.dtype), do, input_precision="ieee")
+    ds = p * (dp - delta[None, :]) * scale
+    dk += tl.dot(ds.to(qw.dtype), qw, input_precision="ieee")
+    return dk, dv
+
+
+@triton.jit
 def _dkdv_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr,
-    do_ptr, stats_ptr, delta_ptr, dk_ptr, dv_ptr,
-    H, N, K, R, L, D, P, GB, n_content, scale, seed, p_drop,
+    do_ptr, stats_ptr, delta_ptr, keep_ptr, dk_ptr, dv_ptr,
+    H, N, K, R, L, D: tl.constexpr, P, GB, n_content, scale, p_drop,
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr, HAS_BAND: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -322,13 +381,12 @@ def _dkdv_kernel(
         for i0 in range(0, n_content, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, i0, j0, 0, n_content, b, h, g, GB,
                                 qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr,
-                                delta_ptr, H, N, K, R, L, D, P, scale, seed, p_drop,
+                                delta_ptr, keep_ptr, H, N, K, R, L, D, P, scale, p_drop,
                                 False, HAS_SEG, HAS_MASK, DROP, BM, BN, BD)  # fmt: skip
     for i0 in range(n_content, N, BM):
-        dk, dv = _dkdv_step(dk, dv, k, v, i0, j0, n_content, N, b, h, g, GB,
-                            qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr,
-                            delta_ptr, H, N, K, R, L, D, P, scale, seed, p_drop,
-                            True, HAS_SEG, HAS_MASK, DROP, BM, BN, BD)  # fmt: skip
+        dk, dv = _dkdv_step_t(dk, dv, k, v, i0, j0, n_content, b, h, GB,
+                              qw_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr, delta_ptr, keep_ptr,
+                              H, N, K, R, L, D, P, scale, p_drop, HAS_SEG, HAS_MASK, DROP, BM, BN, BD)  # fmt: skip
     j = j0 + tl.arange(0, BN)
     d = tl.arange(0, BD)
     ok = (j < K)[:, None] & (d < D)[None, :]
@@ -346,8 +404,8 @@ def _diag(T, BM: tl.constexpr, BR: tl.constexpr):
 @triton.jit
 def _dkr_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, ef_ptr, flags_ptr,
-    do_ptr, stats_ptr, delta_ptr, dkr_ptr,
-    H, N, K, R, L, D, GB, n_content, scale, seed, p_drop,
+    do_ptr, stats_ptr, delta_ptr, keep_ptr, dkr_ptr,
+    H, N, K, R, L, D: tl.constexpr, GB, n_content, scale, p_drop,
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -377,7 +435,7 @@ def _dkr_kernel(
             vb = _load_rows(v_ptr + bh * K * D, i0 + r0 - L, K, D, BM + BR, BD)
             dp = _diag(tl.dot(do, tl.trans(vb), input_precision="ieee"), BM, BR)
             if DROP:
-                dp = tl.where(_keep_any(seed, b, h, H, N, K, i, j, p_drop), dp / (1.0 - p_drop), 0.0)
+                dp = tl.where(_keep_bits(keep_ptr, bh, N, (K + 3) // 4 * 4, i, j, ok), dp / (1.0 - p_drop), 0.0)
             ds = p * (dp - delta[:, None]) * scale
             dkr += tl.dot(tl.trans(ds).to(qr.dtype), qr, input_precision="ieee")
     d = tl.arange(0, BD)
@@ -390,10 +448,10 @@ def _dkr_kernel(
 
 # Per kernel on a GPU: (BM rows and BN keys of a tile; warps; software-pipelining stages of the loop, 3 = Triton's
 # default on NVIDIA). Band rows take BN = BM (BM + BN, the band's rows, must be a power of two; dkr: BR = BM).
-# Measured on an H100 (benchmarks/gpu_attention.py, Base shapes, BENCHMARKS.md): forward 32 x 4 warps (1.37 ms;
-# 64 x 8: 2.06 ms), backward 64 x 8 (5.5 ms; 32 x 8: 6.3 ms), though 64-row tiles spill 0.2-0.9 KB per thread to
-# local memory (ptxas through triton 3.6 for sm_90); the band mode's dkr kernel spills 2 KB at 64 rows: 32 x 8.
-GPU_TILES = {"fwd": (32, 32, 4, 3), "dq": (64, 64, 8, 3), "dkdv": (64, 64, 8, 3), "dkr": (32, 32, 8, 3)}
+# Measured on an H200 (benchmarks/gpu_attention.py, Base shapes, BENCHMARKS.md): forward 64 rows x 32 keys x 8
+# warps (1.31 ms; 32 x 32 x 4: 1.56), backward 64 x 16 x 4 (forward + backward 4.88 ms; 64 x 64 x 8: 5.55); none
+# spills (ptxas through triton 3.6 for sm_90). The band mode's dkr kernel spills 2 KB at 64 rows: 32 x 8.
+GPU_TILES = {"fwd": (64, 32, 8, 3), "dq": (64, 16, 4, 3), "dkdv": (64, 16, 4, 3), "dkr": (32, 32, 8, 3)}
 # Where the content rows' position scores come from: "table" (qr·kr^T [B,H,L,R] by one matmul, read by index like
 # the query rows', recomputed in backward, its gradient taken back through two matmuls) or "band" (the kr band
 # multiplied and skewed inside each tile: no [N, R] tensor, but two extra tile products, a gather and a dkr kernel).
@@ -433,26 +491,26 @@ def _table(qr: torch.Tensor, kr: torch.Tensor, n_band: int) -> torch.Tensor | No
     return torch.matmul(qrq, kr[:, None].transpose(-1, -2)).reshape(B, H, P, R)
 
 
-def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed, debug_keep):
+def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
     bdq = _table(qr, kr, n_content)
     BM, BN, BD, launch = _blocks(qw.device, D, "fwd")
     out = torch.empty_like(qw)
     stats = torch.empty(B, H, N, 2, dtype=torch.float32, device=qw.device)
     drop = p_drop > 0
-    keep = qw.new_zeros((B, H, N, K) if drop and debug_keep else (1,), dtype=torch.int8)
+    keep = qw.new_empty(_keep_shape(B, H, N, K, p_drop), dtype=torch.uint8)
     ins = (qw, qr, k, v, kr, _or_dummy(bdq, qw), _or_dummy(ef, qw), _or_dummy(flags, rows), rows)
     for query, row0, row_end in ((False, 0, n_content), (True, n_content, N)):
         if row_end > row0:
             _fwd_kernel[(triton.cdiv(row_end - row0, BM), B * H)](
                 *ins, out, stats, keep, H, N, K, R, L, D, P, B // G, row0, row_end, 1.0 / math.sqrt(D), seed, p_drop,
-                QUERY=query, HAS_SEG=ef is not None, HAS_MASK=has_mask, DROP=drop, DEBUG_KEEP=debug_keep,
+                QUERY=query, HAS_SEG=ef is not None, HAS_MASK=has_mask, DROP=drop,
                 BM=BM, BN=BN if query else BM, BD=BD, **launch,
             )  # fmt: skip
     return out, stats, keep
 
 
-def _backward(do, out, stats, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
+def _backward(do, out, stats, keep, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop):
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
     f32 = dict(dtype=torch.float32, device=qw.device)
     delta = (do.float() * out.float()).sum(-1)  # delta_i = do_i·out_i = sum_j p_ij dp_ij
@@ -471,21 +529,21 @@ def _backward(do, out, stats, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_
     for query, row0, row_end in ((False, 0, n_content), (True, n_content, N)):
         if row_end > row0:
             _dq_kernel[(triton.cdiv(row_end - row0, BM), B * H)](
-                *ins, do, stats, delta, dqw, dqr, _or_dummy(dbdq, qw), _or_dummy(def_, qw),
-                *common, row0, row_end, scale, seed, p_drop, QUERY=query, **opts,
+                *ins, do, stats, delta, keep, dqw, dqr, _or_dummy(dbdq, qw), _or_dummy(def_, qw),
+                *common, row0, row_end, scale, p_drop, QUERY=query, **opts,
                 BM=BM, BN=BN if query else BM, BD=BD, **launch,
             )  # fmt: skip
     BM, BN, BD, launch = _blocks(qw.device, D, "dkdv")
     BN = BM if n_content else BN
     _dkdv_kernel[(triton.cdiv(K, BN), B * H)](
-        *ins, do, stats, delta, dk, dv, *common, n_content, scale, seed, p_drop, **opts, HAS_BAND=n_content > 0,
+        *ins, do, stats, delta, keep, dk, dv, *common, n_content, scale, p_drop, **opts, HAS_BAND=n_content > 0,
         BM=BM, BN=BN, BD=BD, **launch,
     )  # fmt: skip
     if n_content:
         BM, _, BD, launch = _blocks(qw.device, D, "dkr")
         _dkr_kernel[(triton.cdiv(R, BM), G * H)](
-            qw, qr, k, v, kr, _or_dummy(ef, qw), d_flags, do, stats, delta, dkr,
-            H, N, K, R, L, D, B // G, n_content, scale, seed, p_drop, **opts,
+            qw, qr, k, v, kr, _or_dummy(ef, qw), d_flags, do, stats, delta, keep, dkr,
+            H, N, K, R, L, D, B // G, n_content, scale, p_drop, **opts,
             BM=BM, BR=BM, BD=BD, **launch,
         )  # fmt: skip
     if dbdq is not None:  # the table's gradient, one entry per (row, key), to its two factors
@@ -493,6 +551,17 @@ def _backward(do, out, stats, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_
         dqr[:, :, n_content:] += torch.matmul(dt, kr[:, None]).reshape(B, H, P, D)
         dkr += torch.matmul(dt.transpose(-1, -2), qr[:, :, n_content:].reshape(G, B // G, H, P, D)).sum(1)
     return dqw, dqr, dk, dv, dkr, def_
+
+
+def _keep_shape(B: int, H: int, N: int, K: int, p_drop: float) -> tuple[int, ...]:
+    """The forward's keep bits: [B,H,N,K4/4] bytes (four keys per byte, K4 = K rounded up to 4), [1] without dropout."""
+    return (B, H, N, (K + 3) // 4) if p_drop > 0 else (1,)
+
+
+def unpack_keep(keep: torch.Tensor, K: int) -> torch.Tensor:
+    """The keep bits [B,H,N,K4/4] uint8 -> the keep mask [B,H,N,K] bool (bit j % 4 of byte j / 4)."""
+    bits = (keep[..., None] >> torch.arange(4, dtype=torch.uint8, device=keep.device)) & 1
+    return bits.flatten(-2)[..., :K].bool()
 
 
 @torch.library.custom_op("xlnet::rel_attn", mutates_args=())
@@ -510,21 +579,20 @@ def rel_attn(
     n_content: int,
     p_drop: float,
     seed: torch.Tensor,
-    debug_keep: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused core on prepared inputs (see triton_rel_attention): (out [B,H,N,D], stats [B,H,N,2] fp32 (the
-    softmax's row max and sum), keep [B,H,N,K] int8 with debug_keep and dropout, else [1])."""
-    return _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, int(seed), debug_keep)
+    softmax's row max and sum), the dropout keep bits [B,H,N,K4/4] uint8 (four keys per byte; [1] without
+    dropout): drawn once here, read by backward instead of drawn again)."""
+    return _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, int(seed))
 
 
 @rel_attn.register_fake
-def _(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed, debug_keep):
+def _(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
     B, H, N, _ = qw.shape
-    keep_shape = (B, H, N, k.shape[2]) if debug_keep and p_drop > 0 else (1,)
     return (
         torch.empty_like(qw),
         qw.new_empty(B, H, N, 2, dtype=torch.float32),
-        qw.new_empty(keep_shape, dtype=torch.int8),
+        qw.new_empty(_keep_shape(B, H, N, k.shape[2], p_drop), dtype=torch.uint8),
     )
 
 
@@ -533,6 +601,7 @@ def rel_attn_backward(
     do: torch.Tensor,
     out: torch.Tensor,
     stats: torch.Tensor,
+    keep: torch.Tensor,
     qw: torch.Tensor,
     qr: torch.Tensor,
     k: torch.Tensor,
@@ -545,34 +614,33 @@ def rel_attn_backward(
     L: int,
     n_content: int,
     p_drop: float,
-    seed: torch.Tensor,
 ) -> list[torch.Tensor]:
     """Gradients (fp32) of qw, qr, k, v, kr, ef (the last [0] when absent)."""
-    grads = _backward(do.contiguous(), out, stats, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content,
-                      p_drop, int(seed))  # fmt: skip
+    grads = _backward(do.contiguous(), out, stats, keep, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content,
+                      p_drop)  # fmt: skip
     return [qw.new_zeros(0, dtype=torch.float32) if g is None else g for g in grads]
 
 
 @rel_attn_backward.register_fake
-def _(do, out, stats, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
+def _(do, out, stats, keep, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop):
     f = lambda t: qw.new_empty(t.shape if t is not None else (0,), dtype=torch.float32)  # noqa: E731
     return [f(t) for t in (qw, qr, k, v, kr, ef)]
 
 
 def _setup_context(ctx, inputs, output):
-    qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed, _ = inputs
-    out, stats, _ = output
-    ctx.save_for_backward(out, stats, qw, qr, k, v, kr, ef, rows, flags, seed)
+    qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, _ = inputs
+    out, stats, keep = output
+    ctx.save_for_backward(out, stats, keep, qw, qr, k, v, kr, ef, rows, flags)
     ctx.args = (has_mask, L, n_content, p_drop)
 
 
 def _rel_attn_grad(ctx, dout, _dstats, _dkeep):
-    out, stats, qw, qr, k, v, kr, ef, rows, flags, seed = ctx.saved_tensors
+    out, stats, keep, qw, qr, k, v, kr, ef, rows, flags = ctx.saved_tensors
     has_mask, L, n_content, p_drop = ctx.args
-    grads = rel_attn_backward(dout, out, stats, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed)
+    grads = rel_attn_backward(dout, out, stats, keep, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop)
     ins = (qw, qr, k, v, kr, ef)
     dqw, dqr, dk, dv, dkr, def_ = (None if t is None else g.to(t.dtype) for g, t in zip(grads, ins, strict=True))
-    return dqw, dqr, dk, dv, dkr, def_, None, None, None, None, None, None, None, None
+    return dqw, dqr, dk, dv, dkr, def_, None, None, None, None, None, None, None
 
 
 rel_attn.register_autograd(_rel_attn_grad, setup_context=_setup_context)
@@ -602,6 +670,6 @@ def triton_rel_attention(
         seed = torch.randint(0, 2**31 - 1, ()) if p_drop > 0 else torch.zeros((), dtype=torch.int64)
         out, _, keep = rel_attn(
             qw, qr, k.contiguous(), v.contiguous(), kr.contiguous(), ef, rows.to(torch.int32).contiguous(),
-            flags, has_mask, L, n_band, float(p_drop), seed, debug_keep,
+            flags, has_mask, L, n_band, float(p_drop), seed,
         )  # fmt: skip
-    return out, (keep.bool() if debug_keep and p_drop > 0 else None)
+    return out, (unpack_keep(keep, k.shape[2]) if debug_keep and p_drop > 0 else None)
