@@ -157,7 +157,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--micro", type=int, default=16)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--best", default=None, help="write the fastest setting here (pos=..,fwd=BMxW,bwd=BMxW)")
+    ap.add_argument("--best", default=None, help="write the fastest setting here (pos=..,fwd=..,dq=..,dkdv=..)")
     ap.add_argument("--breakdown", action="store_true", help="device time per kernel of the fastest setting")
     ap.add_argument("--smoke", action="store_true", help="small shapes (CPU: under TRITON_INTERPRET=1)")
     ap.add_argument("--once", default=None, metavar="SETTING", help="only two triton calls at SETTING (set_tiles)")
@@ -220,23 +220,35 @@ def main() -> None:
         done = [r for r in out["rows"][-2:] if "fwd_bwd_s" in r]
         pos = min(done, key=lambda r: r["fwd_bwd_s"])["row"].split()[1] if done else "band"
         ta.CONTENT_POSITIONS = pos
-        tried = [(default["fwd"], default["dq"], r) for r in done if r["row"] == f"triton {pos}"]
-        for t in filter(None, args.tiles.split(",")):
-            tile = parse_tile(t)
-            ta.GPU_TILES.update(dict.fromkeys(ta.GPU_TILES, tile))
-            row(f"triton {pos} tiles {t}", "triton")
-            tried.append((tile, tile, out["rows"][-1]))
+        # each setting's time per kernel (profiler), then per kernel the fastest tile: the forward, dq and dk/dv
+        # kernels share nothing but the inputs, so their tiles are chosen apart
+        per_kernel = {}  # kernel -> [(ms, tile)]
+        settings = [("shipped", None)] + [(t, parse_tile(t)) for t in filter(None, args.tiles.split(","))]
+        for t, tile in settings:
+            ta.GPU_TILES.update(default if tile is None else dict.fromkeys(ta.GPU_TILES, tile))
+            if tile is not None:
+                row(f"triton {pos} tiles {t}", "triton")
+                if "fwd_s" not in out["rows"][-1]:
+                    continue
+            if dev.type == "cuda":
+                ms = breakdown(ins, layout, 0.1, dev, quiet=True)
+                for kernel in ("fwd", "dq", "dkdv"):
+                    got = [v for k, v in ms.items() if k.startswith(f"_{kernel}_kernel")]
+                    if got:
+                        per_kernel.setdefault(kernel, []).append((sum(got), ta.GPU_TILES[kernel]))
         ta.GPU_TILES.update(default)
-        ok = [t for t in tried if "fwd_s" in t[2]]
-        if ok:  # the fastest forward tiles, and the fastest backward ones (fwd+bwd - fwd)
-            fwd = min(ok, key=lambda t: t[2]["fwd_s"])[0]
-            bwd = min(ok, key=lambda t: t[2]["fwd_bwd_s"] - t[2]["fwd_s"])[1]
-            out["best"] = best = f"pos={pos},fwd={tile_name(fwd)},bwd={tile_name(bwd)}"
+        if per_kernel:
+            out["per_kernel_ms"] = {k: [(ms, tile_name(t)) for ms, t in v] for k, v in per_kernel.items()}
+            best = f"pos={pos}," + ",".join(f"{k}={tile_name(min(v)[1])}" for k, v in per_kernel.items())
+            out["best"] = best
             print(f"best: {best}", flush=True)
+            for k, v in per_kernel.items():
+                print(f"  {k}: " + ", ".join(f"{tile_name(t)} {ms:.3f} ms" for ms, t in sorted(v)), flush=True)
             if args.best:
                 with open(args.best, "w") as f:
                     f.write(best)
             set_tiles(best)
+            row(f"triton {pos} best", "triton")
             if args.breakdown and dev.type == "cuda":
                 for p_drop in (0.1, 0.0):
                     out.setdefault("breakdown", {})[str(p_drop)] = breakdown(ins, layout, p_drop, dev)
@@ -250,7 +262,7 @@ def main() -> None:
             json.dump(out, f, indent=1)
 
 
-def breakdown(ins, layout, p_drop: float, dev) -> dict:
+def breakdown(ins, layout, p_drop: float, dev, quiet: bool = False) -> dict:
     """Device time per kernel of one triton forward + backward (torch profiler, mean of 3 calls after one)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -273,6 +285,8 @@ def breakdown(ins, layout, p_drop: float, dev) -> dict:
         t = getattr(e, "self_device_time_total", 0) or 0
         if t > 0:
             per[e.key[:60]] = t / 3 / 1e3  # ms per call
+    if quiet:
+        return per
     top = dict(sorted(per.items(), key=lambda kv: -kv[1])[:10])
     print(f"breakdown, dropout {p_drop} (ms per fwd+bwd, total {sum(per.values()):.2f}):", flush=True)
     for k, v in top.items():
@@ -294,8 +308,8 @@ def tile_name(t: tuple) -> str:
 
 
 def set_tiles(spec: str) -> None:
-    """``pos=band|table,fwd=TILE,bwd=TILE`` (this script's best; TILE as parse_tile reads it) -> triton_attention's
-    CONTENT_POSITIONS and GPU_TILES."""
+    """``pos=band|table,fwd=TILE,dq=TILE,dkdv=TILE`` (this script's best; TILE as parse_tile reads it; bwd=TILE sets
+    dq, dkdv and dkr) -> triton_attention's CONTENT_POSITIONS and GPU_TILES."""
     from xlnetcli.model import triton_attention as ta
 
     for part in filter(None, spec.split(",")):
@@ -303,7 +317,7 @@ def set_tiles(spec: str) -> None:
         if which == "pos":
             ta.CONTENT_POSITIONS = t
             continue
-        for k in ("fwd",) if which == "fwd" else ("dq", "dkdv", "dkr"):
+        for k in ("dq", "dkdv", "dkr") if which == "bwd" else (which,):
             ta.GPU_TILES[k] = parse_tile(t)
 
 

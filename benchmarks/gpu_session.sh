@@ -10,10 +10,10 @@ SMOKE=${SMOKE:-}
 if [ -n "$SMOKE" ]; then
     export TRITON_INTERPRET=1 ROWS=${ROWS:-base:2:triton,base:2:einsum} SWEEP=${SWEEP:-16x4} TESTS=${TESTS-"dropout and band"}
 fi
-OUT=${OUT:-/tmp/gpu_session}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/gpu_session}; mkdir -p "$OUT"; rm -f "$OUT/tiles.txt"
 BUDGET=${BUDGET:-330}
 ROWS=${ROWS:-base:16:triton,base:16:triton:compile,base:16:einsum:compile,large:8:triton}
-SWEEP=${SWEEP:-64/32x8,64/32x8x4,64/16x4,128/32x8,64x8x4,32x4x4}
+SWEEP=${SWEEP:-64/32x4,32/64x4,16/64x4,32/128x8,128/32x8,64/32x8x4,64/64x8}
 TESTS=${TESTS-triton}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false
 start=$(date +%s)
@@ -30,7 +30,7 @@ step() {  # step SECONDS NAME COMMAND...: run under min(SECONDS, what is left), 
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
 } >"$OUT/env.log" 2>&1
 cat "$OUT/env.log"
-step 130 attention python3 benchmarks/gpu_attention.py --json "$OUT/attention.json" --tiles "$SWEEP" \
+step 150 attention python3 benchmarks/gpu_attention.py --json "$OUT/attention.json" --tiles "$SWEEP" \
     --best "$OUT/tiles.txt" --breakdown --impls triton,einsum,sdpa,einsum:compile ${SMOKE:+--smoke}
 grep "^check\|^triton\|^einsum\|^sdpa\|^fused\|^best\|^breakdown\|^   \|Error" "$OUT/attention.log" | tail -n 40
 TILES=$(cat "$OUT/tiles.txt" 2>/dev/null)

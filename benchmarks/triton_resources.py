@@ -57,15 +57,15 @@ def variants(tiles: dict, drops=(False, True)) -> list[tuple[str, object, dict, 
     """(label, kernel, constexprs, (BM, warps, stages)) of every launch the launchers make, segments and mask on:
     table rows with the tile's BN, band rows with BN = BM."""
     out = []
-    common = dict(HAS_SEG=True, HAS_MASK=True, D=64, BD=64)
+    common = dict(HAS_SEG=os.environ.get("SEG", "1") == "1", HAS_MASK=os.environ.get("MASK", "1") == "1", D=64, BD=64)
     for drop in drops:
         for name, fn in (("fwd", ta._fwd_kernel), ("dq", ta._dq_kernel)):
-            bm, bn, *launch = tiles[name]
             for query in (False, True):
+                bm, bn, *launch = tiles[name if query else "band"]
                 c = dict(QUERY=query, DROP=drop, BM=bm, BN=bn if query else bm, **common)
                 out.append((f"{name:<4} {'table' if query else 'band '} drop={int(drop)}", fn, c, (bm, *launch)))
-        bm, bn, *launch = tiles["dkdv"]
         for band in (False, True):
+            bm, bn, *launch = tiles["band" if band else "dkdv"]
             c = dict(DROP=drop, HAS_BAND=band, BM=bm, BN=bm if band else bn, **common)
             out.append((f"dkdv {'band ' if band else 'table'} drop={int(drop)}", ta._dkdv_kernel, c, (bm, *launch)))
         bm, _, *launch = tiles["dkr"]

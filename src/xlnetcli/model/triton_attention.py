@@ -107,21 +107,25 @@ def _keep_bits(keep_ptr, bh, N, K4, i, j, ok):
 
 
 @triton.jit
-def _extras(s, b, i, j, ok, ef_ptr, bh, flags_ptr, N, K, scale, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr):
-    """Segment term, 1/sqrt(D) and the mask on a tile of raw scores s [BM, BN] (i [BM] rows, j [BM, BN] keys);
-    entries outside the keys (not ok) become -inf (no weight at all). Returns the scores and the flags tile."""
+def _bias(tab, b, i, j, ok, ef_ptr, bh, flags_ptr, N, K, scale, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr):
+    """What a tile's scores add to the scaled content product qw·k^T / sqrt(D): (tab (the position term, or 0) +
+    the segment term) / sqrt(D), NEG_INF where masked, -inf outside the keys (not ok: no weight at all); i [BM]
+    rows, j [BM, BN] keys. Returns it and the flags tile. Every term comes from memory, so Triton computes the
+    bias in the loads' layout and converts one fp32 tile to the product's (adding the flags to the product itself
+    made it compute the softmax twice, once in each layout). Adding NEG_INF = -1e30 to a score of normal size gives
+    -1e30 exactly in fp32, as replacing it does."""
     if HAS_SEG or HAS_MASK:  # bit 0: masked, bit 1: same segment
         fl = tl.load(flags_ptr + (b * N + i[:, None]) * K + j, mask=ok, other=0)
     else:
-        fl = tl.zeros(s.shape, tl.uint8)
+        fl = tl.zeros(tab.shape, tl.uint8)
     if HAS_SEG:
         ef0 = tl.load(ef_ptr + (bh * N + i) * 2, mask=i < N, other=0.0)
         ef1 = tl.load(ef_ptr + (bh * N + i) * 2 + 1, mask=i < N, other=0.0)
-        s += tl.where((fl & 2) != 0, ef0[:, None], ef1[:, None])
-    s = s * scale
+        tab += tl.where((fl & 2) != 0, ef0[:, None], ef1[:, None])
+    tab = tab * scale
     if HAS_MASK:
-        s = tl.where((fl & 1) != 0, NEG_INF, s)
-    return tl.where(ok, s, float("-inf")), fl
+        tab = tl.where((fl & 1) != 0, NEG_INF, tab)
+    return tl.where(ok, tab, float("-inf")), fl
 
 
 @triton.jit
@@ -132,18 +136,21 @@ def _scores(
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     """The scores of rows i (tile start i0) against keys j0 .. j0+BN-1 (k: their [BN, BD] tile): [BM, BN], and
-    the flags tile (_extras)."""
+    the flags tile (_bias)."""
     j = j0 + tl.arange(0, BN)
     ok = (i < N)[:, None] & (j < K)[None, :]
     s = tl.dot(qw, tl.trans(k), input_precision="ieee")
     if QUERY:  # the [B,H,P,R] table at column L - pos_i + j
         col = L - pos[:, None] + j[None, :]
         p = i - row0
-        s += tl.load(bdq_ptr + ((b * H + h) * P + p[:, None]) * R + col, mask=ok & (p < P)[:, None], other=0.0)
+        tab = tl.load(bdq_ptr + ((b * H + h) * P + p[:, None]) * R + col, mask=ok & (p < P)[:, None], other=0.0)
+        tab = tab.to(tl.float32)
     else:  # content rows: the band of kr rows, multiplied once and skewed
         band = _load_rows(kr_ptr + (g * H + h) * R * D, L - i0 - (BM - 1) + j0, R, D, BM + BN, BD)
         s += _skew(tl.dot(qr, tl.trans(band), input_precision="ieee"), BM, BN)
-    return _extras(s, b, i, j[None, :], ok, ef_ptr, b * H + h, flags_ptr, N, K, scale, HAS_SEG, HAS_MASK)
+        tab = tl.zeros([BM, BN], tl.float32)
+    bias, fl = _bias(tab, b, i, j[None, :], ok, ef_ptr, b * H + h, flags_ptr, N, K, scale, HAS_SEG, HAS_MASK)
+    return s * scale + bias, fl
 
 
 @triton.jit
@@ -180,17 +187,19 @@ def _fwd_kernel(
     g = b // GB
     i0 = row0 + tl.program_id(0) * BM
     i, pos, qw, qr = _row_tile(qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D, i0, row_end, QUERY, BM, BD)
-    m = tl.full([BM], -3.0e38, tl.float32)  # finite: rows past the range (all -inf) give no inf - inf
-    den = tl.zeros([BM], tl.float32)
+    # m and den as [BM, 1] columns: kept in the products' layout (as [BM] vectors, Triton carried them in the
+    # loads' layout and computed the softmax in both)
+    m = tl.full([BM, 1], -3.0e38, tl.float32)  # finite: rows past the range (all -inf) give no inf - inf
+    den = tl.zeros([BM, 1], tl.float32)
     acc = tl.zeros([BM, BD], tl.float32)
     for j0 in range(0, K, BN):
         k = _load_rows(k_ptr + bh * K * D, j0, K, D, BN, BD)
         s, _ = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, flags_ptr,
                     H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, BM, BN, BD)  # fmt: skip
-        m_new = tl.maximum(m, tl.max(s, 1))
+        m_new = tl.maximum(m, tl.max(s, 1, keep_dims=True))
         alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        den = den * alpha + tl.sum(p, 1)
+        p = tl.exp(s - m_new)
+        den = den * alpha + tl.sum(p, 1, keep_dims=True)
         if DROP:
             K4 = (K + 3) // 4 * 4
             keep, packed = _keep_tile(seed, bh, N, K4, i, j0, p_drop, BN)
@@ -199,16 +208,16 @@ def _fwd_kernel(
                      mask=(i < N)[:, None] & (t < K4 // 4)[None, :])  # fmt: skip
             p = tl.where(keep, p, 0.0)
         v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        acc = acc * alpha + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m = m_new
     if DROP:
         acc = acc / (1.0 - p_drop)
-    out = acc / tl.where(den > 0, den, 1.0)[:, None]
+    out = acc / tl.where(den > 0, den, 1.0)
     d = tl.arange(0, BD)
     ok = (i < N)[:, None] & (d < D)[None, :]
     tl.store(out_ptr + (bh * N + i[:, None]) * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
-    tl.store(stats_ptr + (bh * N + i) * 2, m, mask=i < N)
-    tl.store(stats_ptr + (bh * N + i) * 2 + 1, den, mask=i < N)
+    tl.store(stats_ptr + (bh * N + i[:, None]) * 2, m, mask=(i < N)[:, None])
+    tl.store(stats_ptr + (bh * N + i[:, None]) * 2 + 1, den, mask=(i < N)[:, None])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -246,8 +255,9 @@ def _dq_kernel(
     do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD)
     dqw = tl.zeros([BM, BD], tl.float32)
     dqr = tl.zeros([BM, BD], tl.float32)
-    de0 = tl.zeros([BM], tl.float32)
-    de1 = tl.zeros([BM], tl.float32)
+    de0 = tl.zeros([BM, 1], tl.float32)  # [BM, 1]: carried in the products' layout (see _fwd_kernel)
+    de1 = tl.zeros([BM, 1], tl.float32)
+    m, rden, delta = m[:, None], 1.0 / den[:, None], delta[:, None]
     for j0 in range(0, K, BN):
         j = j0 + tl.arange(0, BN)
         ok = (i < N)[:, None] & (j < K)[None, :]
@@ -255,12 +265,12 @@ def _dq_kernel(
         v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
         s, fl = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, flags_ptr,
                     H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, BM, BN, BD)  # fmt: skip
-        p = tl.exp(s - m[:, None]) / den[:, None]
+        p = tl.exp(s - m) * rden
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
         if DROP:
             keep = _keep_bits(keep_ptr, bh, N, (K + 3) // 4 * 4, i, j[None, :], ok)
             dp = tl.where(keep, dp / (1.0 - p_drop), 0.0)
-        ds = p * (dp - delta[:, None]) * scale
+        ds = p * (dp - delta) * scale
         dqw += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
         if QUERY:
             col = L - pos[:, None] + j[None, :]
@@ -270,15 +280,15 @@ def _dq_kernel(
             dqr += tl.dot(_unskew(ds, BM, BN).to(band.dtype), band, input_precision="ieee")
         if HAS_SEG:
             same = (fl & 2) != 0
-            de0 += tl.sum(tl.where(same, ds, 0.0), 1)
-            de1 += tl.sum(tl.where(same, 0.0, ds), 1)
+            de0 += tl.sum(tl.where(same, ds, 0.0), 1, keep_dims=True)
+            de1 += tl.sum(tl.where(same, 0.0, ds), 1, keep_dims=True)
     d = tl.arange(0, BD)
     ok = (i < N)[:, None] & (d < D)[None, :]
     tl.store(dqw_ptr + (bh * N + i[:, None]) * D + d[None, :], dqw, mask=ok)
     tl.store(dqr_ptr + (bh * N + i[:, None]) * D + d[None, :], dqr, mask=ok)
     if HAS_SEG:
-        tl.store(def_ptr + (bh * N + i) * 2, de0, mask=i < N)
-        tl.store(def_ptr + (bh * N + i) * 2 + 1, de1, mask=i < N)
+        tl.store(def_ptr + (bh * N + i[:, None]) * 2, de0, mask=(i < N)[:, None])
+        tl.store(def_ptr + (bh * N + i[:, None]) * 2 + 1, de1, mask=(i < N)[:, None])
 
 
 @triton.jit
@@ -332,20 +342,20 @@ def _dkdv_step_t(
     den = tl.load(stats_ptr + (bh * N + i) * 2 + 1, mask=i < N, other=1.0)
     delta = tl.load(delta_ptr + bh * N + i, mask=i < N, other=0.0)
     pos = tl.load(rows_ptr + b * N + i, mask=i < N, other=0)
-    s = tl.dot(k, tl.trans(qw), input_precision="ieee")
     col = L - pos[None, :] + j[:, None]
-    s += tl.load(bdq_ptr + (bh * P + (i - row0)[None, :]) * R + col, mask=ok, other=0.0)
+    bias = tl.load(bdq_ptr + (bh * P + (i - row0)[None, :]) * R + col, mask=ok, other=0.0).to(tl.float32)
     if HAS_SEG or HAS_MASK:
         fl = tl.load(flags_ptr + (b * N + i[None, :]) * K + j[:, None], mask=ok, other=0)
     if HAS_SEG:
         ef0 = tl.load(ef_ptr + (bh * N + i) * 2, mask=i < N, other=0.0)
         ef1 = tl.load(ef_ptr + (bh * N + i) * 2 + 1, mask=i < N, other=0.0)
-        s += tl.where((fl & 2) != 0, ef0[None, :], ef1[None, :])
-    s = s * scale
+        bias += tl.where((fl & 2) != 0, ef0[None, :], ef1[None, :])
+    bias = bias * scale
     if HAS_MASK:
-        s = tl.where((fl & 1) != 0, NEG_INF, s)
-    s = tl.where(ok, s, float("-inf"))
-    p = tl.exp(s - m[None, :]) / den[None, :]
+        bias = tl.where((fl & 1) != 0, NEG_INF, bias)
+    bias = tl.where(ok, bias, float("-inf"))
+    s = tl.dot(k, tl.trans(qw), input_precision="ieee") * scale + bias
+    p = tl.exp(s - m[None, :]) * (1.0 / den)[None, :]
     dp = tl.dot(v, tl.trans(do), input_precision="ieee")
     pd = p
     if DROP:
@@ -430,7 +440,9 @@ def _dkr_kernel(
             kb = _load_rows(k_ptr + bh * K * D, i0 + r0 - L, K, D, BM + BR, BD)
             s = _diag(tl.dot(qw, tl.trans(kb), input_precision="ieee"), BM, BR)
             s += tl.dot(qr, tl.trans(kr), input_precision="ieee")
-            s, _ = _extras(s, b, i, j, ok, ef_ptr, bh, flags_ptr, N, K, scale, HAS_SEG, HAS_MASK)
+            bias, _ = _bias(tl.zeros([BM, BR], tl.float32), b, i, j, ok, ef_ptr, bh, flags_ptr, N, K, scale,
+                            HAS_SEG, HAS_MASK)  # fmt: skip
+            s = s * scale + bias
             p = tl.exp(s - m[:, None]) / den[:, None]
             vb = _load_rows(v_ptr + bh * K * D, i0 + r0 - L, K, D, BM + BR, BD)
             dp = _diag(tl.dot(do, tl.trans(vb), input_precision="ieee"), BM, BR)
@@ -448,10 +460,16 @@ def _dkr_kernel(
 
 # Per kernel on a GPU: (BM rows and BN keys of a tile; warps; software-pipelining stages of the loop, 3 = Triton's
 # default on NVIDIA). Band rows take BN = BM (BM + BN, the band's rows, must be a power of two; dkr: BR = BM).
-# Measured on an H200 (benchmarks/gpu_attention.py, Base shapes, BENCHMARKS.md): forward 64 rows x 32 keys x 8
-# warps (1.31 ms; 32 x 32 x 4: 1.56), backward 64 x 16 x 4 (forward + backward 4.88 ms; 64 x 64 x 8: 5.55); none
-# spills (ptxas through triton 3.6 for sm_90). The band mode's dkr kernel spills 2 KB at 64 rows: 32 x 8.
-GPU_TILES = {"fwd": (64, 32, 8, 3), "dq": (64, 16, 4, 3), "dkdv": (64, 16, 4, 3), "dkr": (32, 32, 8, 3)}
+# Forward and dq measured on an H200 (benchmarks/gpu_attention.py, Base shapes, BENCHMARKS.md): forward 64 rows x
+# 32 keys x 8 warps (1.31 ms; 32 x 32 x 4: 1.56), dq 64 x 16 x 4. dk/dv takes the transposed tile, 16 rows x 128
+# keys (fewest instructions per score of the tiles compiled for sm_90, benchmarks/triton_resources.py). None spills.
+GPU_TILES = {
+    "fwd": (64, 32, 8, 3),
+    "dq": (64, 16, 4, 3),
+    "dkdv": (16, 128, 8, 3),  # 16 rows x 128 keys: the transposed tile's product has 128 rows for the wgmma
+    "band": (32, 32, 4, 3),  # every launch with band rows (CONTENT_POSITIONS "band"; BN = BM): 64 rows spill
+    "dkr": (32, 32, 8, 3),
+}
 # Where the content rows' position scores come from: "table" (qr·kr^T [B,H,L,R] by one matmul, read by index like
 # the query rows', recomputed in backward, its gradient taken back through two matmuls) or "band" (the kr band
 # multiplied and skewed inside each tile: no [N, R] tensor, but two extra tile products, a gather and a dkr kernel).
@@ -464,8 +482,9 @@ INTERPRETER_TILE = (16, 16)  # (BM, BN) under the interpreter, whose cost grows 
 
 
 def _blocks(device: torch.device, D: int, kernel: str) -> tuple[int, int, int, dict]:
-    """(BM, BN, BD, launch options) of ``kernel``."""
+    """(BM, BN, BD, launch options) of ``kernel`` ("band": BN = BM)."""
     bm, bn, warps, stages = GPU_TILES[kernel] if device.type == "cuda" else (*INTERPRETER_TILE, 1, 1)
+    bn = bm if kernel == "band" else bn
     return bm, bn, max(16, triton.next_power_of_2(D)), dict(num_warps=warps, num_stages=stages)
 
 
@@ -494,18 +513,18 @@ def _table(qr: torch.Tensor, kr: torch.Tensor, n_band: int) -> torch.Tensor | No
 def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
     bdq = _table(qr, kr, n_content)
-    BM, BN, BD, launch = _blocks(qw.device, D, "fwd")
     out = torch.empty_like(qw)
     stats = torch.empty(B, H, N, 2, dtype=torch.float32, device=qw.device)
     drop = p_drop > 0
     keep = qw.new_empty(_keep_shape(B, H, N, K, p_drop), dtype=torch.uint8)
     ins = (qw, qr, k, v, kr, _or_dummy(bdq, qw), _or_dummy(ef, qw), _or_dummy(flags, rows), rows)
     for query, row0, row_end in ((False, 0, n_content), (True, n_content, N)):
+        BM, BN, BD, launch = _blocks(qw.device, D, "fwd" if query else "band")
         if row_end > row0:
             _fwd_kernel[(triton.cdiv(row_end - row0, BM), B * H)](
                 *ins, out, stats, keep, H, N, K, R, L, D, P, B // G, row0, row_end, 1.0 / math.sqrt(D), seed, p_drop,
                 QUERY=query, HAS_SEG=ef is not None, HAS_MASK=has_mask, DROP=drop,
-                BM=BM, BN=BN if query else BM, BD=BD, **launch,
+                BM=BM, BN=BN, BD=BD, **launch,
             )  # fmt: skip
     return out, stats, keep
 
@@ -525,16 +544,15 @@ def _backward(do, out, stats, keep, qw, qr, k, v, kr, ef, rows, flags, has_mask,
     opts = dict(HAS_SEG=ef is not None, HAS_MASK=has_mask, DROP=p_drop > 0)
     common = (H, N, K, R, L, D, P, B // G)
     scale = 1.0 / math.sqrt(D)
-    BM, BN, BD, launch = _blocks(qw.device, D, "dq")
     for query, row0, row_end in ((False, 0, n_content), (True, n_content, N)):
+        BM, BN, BD, launch = _blocks(qw.device, D, "dq" if query else "band")
         if row_end > row0:
             _dq_kernel[(triton.cdiv(row_end - row0, BM), B * H)](
                 *ins, do, stats, delta, keep, dqw, dqr, _or_dummy(dbdq, qw), _or_dummy(def_, qw),
                 *common, row0, row_end, scale, p_drop, QUERY=query, **opts,
-                BM=BM, BN=BN if query else BM, BD=BD, **launch,
+                BM=BM, BN=BN, BD=BD, **launch,
             )  # fmt: skip
-    BM, BN, BD, launch = _blocks(qw.device, D, "dkdv")
-    BN = BM if n_content else BN
+    BM, BN, BD, launch = _blocks(qw.device, D, "band" if n_content else "dkdv")
     _dkdv_kernel[(triton.cdiv(K, BN), B * H)](
         *ins, do, stats, delta, keep, dk, dv, *common, n_content, scale, p_drop, **opts, HAS_BAND=n_content > 0,
         BM=BM, BN=BN, BD=BD, **launch,
