@@ -324,7 +324,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--json", default=None, help="write all figures here")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest kernels of each row")
-    ap.add_argument("--tiles", default="", help="triton kernel tiles, pos=..,fwd=..,dq=..,dkdv=.. (gpu_attention.py set_tiles)")
+    ap.add_argument("--tiles", default="", help="triton tiles, pos=..,fwd=..,dq=..,dkdv=.. (gpu_attention.set_tiles)")
     ap.add_argument("--profile-rows", default="", help="only these rows (comma-separated) with --profile")
     ap.add_argument(
         "--smoke", action="store_true", help="tiny sizes on whatever device is there (CPU: checks the code)"

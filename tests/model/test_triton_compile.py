@@ -1,7 +1,8 @@
 """The triton kernels compile for the GPU (sm_90, bf16) on a machine without one: benchmarks/triton_resources.py
 runs Triton's compiler and the ptxas bundled with the triton wheel. The interpreter tests (test_triton_attention.py)
 check the maths; this catches what only the compiler refuses (a module global that is not a constexpr did once).
-The shipped forward tiles stay in registers (GPU_TILES: no local-memory spills)."""
+The shipped forward tiles stay (nearly) in registers: the measured-fastest forward tile on an H200 spills up to a
+few hundred bytes per thread with dropout; the 64-row x 4-warp tiles that spilled 1.5-2 KB were the slow ones."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ pytest.importorskip("triton")
 
 
 @pytest.mark.slow
-def test_every_kernel_compiles_for_sm90_and_the_forward_does_not_spill():
+def test_every_kernel_compiles_for_sm90_and_the_forward_barely_spills():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "triton_resources.py"), "--quick"],
@@ -29,4 +30,4 @@ def test_every_kernel_compiles_for_sm90_and_the_forward_does_not_spill():
         assert row[-3].isdigit() and int(row[-3]) > 0, row  # instructions
         assert int(row[-2]) + int(row[-1]) > 0, row  # tensor-core instructions (HGMMA or HMMA)
     forward_spills = [int(row[-4]) for row in rows if row[0] == "fwd"]
-    assert forward_spills == [0, 0]
+    assert max(forward_spills) <= 512, forward_spills

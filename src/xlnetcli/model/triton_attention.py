@@ -155,7 +155,18 @@ def _scores(
 
 @triton.jit
 def _row_tile(
-    qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D: tl.constexpr, i0, row_end, QUERY: tl.constexpr, BM: tl.constexpr,
+    qw_ptr,
+    qr_ptr,
+    rows_ptr,
+    b,
+    h,
+    H,
+    N,
+    D: tl.constexpr,
+    i0,
+    row_end,
+    QUERY: tl.constexpr,
+    BM: tl.constexpr,
     BD: tl.constexpr,
 ):
     """Rows i0 .. i0+BM-1 (those < row_end): their indices, positions, qw and qr tiles."""
@@ -460,13 +471,13 @@ def _dkr_kernel(
 
 # Per kernel on a GPU: (BM rows and BN keys of a tile; warps; software-pipelining stages of the loop, 3 = Triton's
 # default on NVIDIA). Band rows take BN = BM (BM + BN, the band's rows, must be a power of two; dkr: BR = BM).
-# Forward and dq measured on an H200 (benchmarks/gpu_attention.py, Base shapes, BENCHMARKS.md): forward 64 rows x
-# 32 keys x 8 warps (1.31 ms; 32 x 32 x 4: 1.56), dq 64 x 16 x 4. dk/dv takes the transposed tile, 16 rows x 128
-# keys (fewest instructions per score of the tiles compiled for sm_90, benchmarks/triton_resources.py). None spills.
+# Measured on an H200 (benchmarks/gpu_attention.py, Base shapes, per kernel its fastest of 8 tiles; BENCHMARKS.md):
+# forward 32 rows x 64 keys x 4 warps, dq 64 x 32 x 4, dk/dv (the transposed tile) 32 x 64 x 4: forward + backward
+# 4.33 ms (the previous 64 x 32 x 8 / 64 x 16 x 4 / 16 x 128 x 8: 5.35).
 GPU_TILES = {
-    "fwd": (64, 32, 8, 3),
-    "dq": (64, 16, 4, 3),
-    "dkdv": (16, 128, 8, 3),  # 16 rows x 128 keys: the transposed tile's product has 128 rows for the wgmma
+    "fwd": (32, 64, 4, 3),
+    "dq": (64, 32, 4, 3),
+    "dkdv": (32, 64, 4, 3),
     "band": (32, 32, 4, 3),  # every launch with band rows (CONTENT_POSITIONS "band"; BN = BM): 64 rows spill
     "dkr": (32, 32, 8, 3),
 }
