@@ -155,20 +155,9 @@ def _scores(
 
 @triton.jit
 def _row_tile(
-    qw_ptr,
-    qr_ptr,
-    rows_ptr,
-    b,
-    h,
-    H,
-    N,
-    D: tl.constexpr,
-    i0,
-    row_end,
-    QUERY: tl.constexpr,
-    BM: tl.constexpr,
-    BD: tl.constexpr,
-):
+    qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D: tl.constexpr, i0, row_end,
+    QUERY: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
     """Rows i0 .. i0+BM-1 (those < row_end): their indices, positions, qw and qr tiles."""
     i = i0 + tl.arange(0, BM)
     i = tl.where(i < row_end, i, N)  # rows past the range read as row N: out of bounds, masked everywhere
