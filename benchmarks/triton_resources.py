@@ -57,7 +57,7 @@ def variants(tiles: dict, drops=(False, True)) -> list[tuple[str, object, dict, 
     """(label, kernel, constexprs, (BM, warps, stages)) of every launch the launchers make, segments and mask on:
     table rows with the tile's BN, band rows with BN = BM."""
     out = []
-    common = dict(HAS_SEG=os.environ.get("SEG", "1") == "1", HAS_MASK=os.environ.get("MASK", "1") == "1", D=64, BD=64)
+    common = dict(HAS_SEG=True, HAS_MASK=True, D=64, BD=64)
     for drop in drops:
         for name, fn in (("fwd", ta._fwd_kernel), ("dq", ta._dq_kernel)):
             for query in (False, True):

@@ -100,28 +100,28 @@ def _keep_tile(seed, bh, N, K4, i, j0, p_drop, BN: tl.constexpr):
 
 
 @triton.jit
-def _keep_bits(keep_ptr, bh, N, K4, i, j, ok):
-    """The forward's keep bits at rows i [BM] and any keys j [BM, BN] (ok: inside), read from the packed bytes."""
-    byte = tl.load(keep_ptr + (bh * N + i[:, None]) * (K4 // 4) + j // 4, mask=ok, other=0)
-    return ((byte >> (j % 4).to(tl.uint8)) & 1) != 0
+def _keep_bits(keep_ptr, bh, N, K4, ri, kj, ok):
+    """The forward's keep bits (_keep_tile's packed bytes) at rows ri and keys kj, 2-D and broadcast to the tile
+    ([BM, 1] and [1, BN], or transposed, or any keys [BM, BN]); ok: inside."""
+    byte = tl.load(keep_ptr + (bh * N + ri) * (K4 // 4) + kj // 4, mask=ok, other=0)
+    return ((byte >> (kj % 4).to(tl.uint8)) & 1) != 0
 
 
 @triton.jit
-def _bias(tab, b, i, j, ok, ef_ptr, bh, flags_ptr, N, K, scale, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr):
+def _bias(tab, b, bh, ri, kj, ok, ef_ptr, flags_ptr, N, K, scale, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr):
     """What a tile's scores add to the scaled content product qw·k^T / sqrt(D): (tab (the position term, or 0) +
-    the segment term) / sqrt(D), NEG_INF where masked, -inf outside the keys (not ok: no weight at all); i [BM]
-    rows, j [BM, BN] keys. Returns it and the flags tile. Every term comes from memory, so Triton computes the
-    bias in the loads' layout and converts one fp32 tile to the product's (adding the flags to the product itself
-    made it compute the softmax twice, once in each layout). Adding NEG_INF = -1e30 to a score of normal size gives
-    -1e30 exactly in fp32, as replacing it does."""
+    the segment term) / sqrt(D), NEG_INF where masked, -inf outside (not ok: no weight at all). Rows ri and keys kj
+    are 2-D and broadcast to the tile ([BM, 1] and [1, BN]; the transposed tile: [1, BM] and [BN, 1]; any keys
+    [BM, BN]). Returns it and the flags tile. Every term comes from memory: one fp32 tile meets the product. Adding
+    NEG_INF = -1e30 to a score of normal size gives -1e30 exactly in fp32, as replacing it does."""
     if HAS_SEG or HAS_MASK:  # bit 0: masked, bit 1: same segment
-        fl = tl.load(flags_ptr + (b * N + i[:, None]) * K + j, mask=ok, other=0)
+        fl = tl.load(flags_ptr + (b * N + ri) * K + kj, mask=ok, other=0)
     else:
         fl = tl.zeros(tab.shape, tl.uint8)
     if HAS_SEG:
-        ef0 = tl.load(ef_ptr + (bh * N + i) * 2, mask=i < N, other=0.0)
-        ef1 = tl.load(ef_ptr + (bh * N + i) * 2 + 1, mask=i < N, other=0.0)
-        tab += tl.where((fl & 2) != 0, ef0[:, None], ef1[:, None])
+        ef0 = tl.load(ef_ptr + (bh * N + ri) * 2, mask=ri < N, other=0.0)
+        ef1 = tl.load(ef_ptr + (bh * N + ri) * 2 + 1, mask=ri < N, other=0.0)
+        tab += tl.where((fl & 2) != 0, ef0, ef1)
     tab = tab * scale
     if HAS_MASK:
         tab = tl.where((fl & 1) != 0, NEG_INF, tab)
@@ -149,7 +149,7 @@ def _scores(
         band = _load_rows(kr_ptr + (g * H + h) * R * D, L - i0 - (BM - 1) + j0, R, D, BM + BN, BD)
         s += _skew(tl.dot(qr, tl.trans(band), input_precision="ieee"), BM, BN)
         tab = tl.zeros([BM, BN], tl.float32)
-    bias, fl = _bias(tab, b, i, j[None, :], ok, ef_ptr, b * H + h, flags_ptr, N, K, scale, HAS_SEG, HAS_MASK)
+    bias, fl = _bias(tab, b, b * H + h, i[:, None], j[None, :], ok, ef_ptr, flags_ptr, N, K, scale, HAS_SEG, HAS_MASK)
     return s * scale + bias, fl
 
 
@@ -258,6 +258,7 @@ def _dq_kernel(
     de0 = tl.zeros([BM, 1], tl.float32)  # [BM, 1]: carried in the products' layout (see _fwd_kernel)
     de1 = tl.zeros([BM, 1], tl.float32)
     m, rden, delta = m[:, None], 1.0 / den[:, None], delta[:, None]
+    keep_scale = 1.0 / (1.0 - p_drop)
     for j0 in range(0, K, BN):
         j = j0 + tl.arange(0, BN)
         ok = (i < N)[:, None] & (j < K)[None, :]
@@ -268,8 +269,8 @@ def _dq_kernel(
         p = tl.exp(s - m) * rden
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
         if DROP:
-            keep = _keep_bits(keep_ptr, bh, N, (K + 3) // 4 * 4, i, j[None, :], ok)
-            dp = tl.where(keep, dp / (1.0 - p_drop), 0.0)
+            keep = _keep_bits(keep_ptr, bh, N, (K + 3) // 4 * 4, i[:, None], j[None, :], ok)
+            dp = tl.where(keep, dp * keep_scale, 0.0)
         ds = p * (dp - delta) * scale
         dqw += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
         if QUERY:
@@ -295,12 +296,12 @@ def _dq_kernel(
 def _dkdv_step(
     dk, dv, k, v, i0, j0, row0, row_end, b, h, g, GB,
     qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr, delta_ptr, keep_ptr,
-    H, N, K, R, L, D: tl.constexpr, P, scale, p_drop,
+    H, N, K, R, L, D: tl.constexpr, P, scale, keep_scale,
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     """One row tile's share of a key tile's gradients: dv_j += sum_i p_ij keep_ij/(1-p) do_i, dk_j += sum_i ds_ij
-    qw_i."""
+    qw_i (keep_scale = 1/(1-p))."""
     bh = b * H + h
     i, pos, qw, qr = _row_tile(qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D, i0, row_end, QUERY, BM, BD)
     do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD)
@@ -312,9 +313,9 @@ def _dkdv_step(
     if DROP:
         j = j0 + tl.arange(0, BN)
         ok = (i < N)[:, None] & (j < K)[None, :]
-        keep = _keep_bits(keep_ptr, bh, N, (K + 3) // 4 * 4, i, j[None, :], ok)
-        pd = tl.where(keep, p / (1.0 - p_drop), 0.0)
-        dp = tl.where(keep, dp / (1.0 - p_drop), 0.0)
+        keep = _keep_bits(keep_ptr, bh, N, (K + 3) // 4 * 4, i[:, None], j[None, :], ok)
+        pd = tl.where(keep, p * keep_scale, 0.0)
+        dp = tl.where(keep, dp * keep_scale, 0.0)
     dv += tl.dot(tl.trans(pd).to(do.dtype), do, input_precision="ieee")
     ds = p * (dp - delta[:, None]) * scale
     dk += tl.dot(tl.trans(ds).to(qw.dtype), qw, input_precision="ieee")
@@ -325,7 +326,7 @@ def _dkdv_step(
 def _dkdv_step_t(
     dk, dv, k, v, i0, j0, row0, b, h, GB,
     qw_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr, delta_ptr, keep_ptr,
-    H, N, K, R, L, D: tl.constexpr, P, scale, p_drop,
+    H, N, K, R, L, D: tl.constexpr, P, scale, keep_scale,
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -337,33 +338,19 @@ def _dkdv_step_t(
     j = j0 + tl.arange(0, BN)
     ok = (j < K)[:, None] & (i < N)[None, :]
     qw = _load_rows(qw_ptr + bh * N * D, i0, N, D, BM, BD)
-    do = _load_rows(do_ptr + bh * N * D, i0, N, D, BM, BD)
-    m = tl.load(stats_ptr + (bh * N + i) * 2, mask=i < N, other=0.0)
-    den = tl.load(stats_ptr + (bh * N + i) * 2 + 1, mask=i < N, other=1.0)
-    delta = tl.load(delta_ptr + bh * N + i, mask=i < N, other=0.0)
+    do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, N, BM, BD)
     pos = tl.load(rows_ptr + b * N + i, mask=i < N, other=0)
     col = L - pos[None, :] + j[:, None]
-    bias = tl.load(bdq_ptr + (bh * P + (i - row0)[None, :]) * R + col, mask=ok, other=0.0).to(tl.float32)
-    if HAS_SEG or HAS_MASK:
-        fl = tl.load(flags_ptr + (b * N + i[None, :]) * K + j[:, None], mask=ok, other=0)
-    if HAS_SEG:
-        ef0 = tl.load(ef_ptr + (bh * N + i) * 2, mask=i < N, other=0.0)
-        ef1 = tl.load(ef_ptr + (bh * N + i) * 2 + 1, mask=i < N, other=0.0)
-        bias += tl.where((fl & 2) != 0, ef0[None, :], ef1[None, :])
-    bias = bias * scale
-    if HAS_MASK:
-        bias = tl.where((fl & 1) != 0, NEG_INF, bias)
-    bias = tl.where(ok, bias, float("-inf"))
+    tab = tl.load(bdq_ptr + (bh * P + (i - row0)[None, :]) * R + col, mask=ok, other=0.0).to(tl.float32)
+    bias, _ = _bias(tab, b, bh, i[None, :], j[:, None], ok, ef_ptr, flags_ptr, N, K, scale, HAS_SEG, HAS_MASK)
     s = tl.dot(k, tl.trans(qw), input_precision="ieee") * scale + bias
     p = tl.exp(s - m[None, :]) * (1.0 / den)[None, :]
     dp = tl.dot(v, tl.trans(do), input_precision="ieee")
     pd = p
     if DROP:
-        K4 = (K + 3) // 4 * 4
-        keep = tl.load(keep_ptr + (bh * N + i[None, :]) * (K4 // 4) + j[:, None] // 4, mask=ok, other=0)
-        keep = ((keep >> (j[:, None] % 4).to(tl.uint8)) & 1) != 0
-        pd = tl.where(keep, p / (1.0 - p_drop), 0.0)
-        dp = tl.where(keep, dp / (1.0 - p_drop), 0.0)
+        keep = _keep_bits(keep_ptr, bh, N, (K + 3) // 4 * 4, i[None, :], j[:, None], ok)
+        pd = tl.where(keep, p * keep_scale, 0.0)
+        dp = tl.where(keep, dp * keep_scale, 0.0)
     dv += tl.dot(pd.to(do.dtype), do, input_precision="ieee")
     ds = p * (dp - delta[None, :]) * scale
     dk += tl.dot(ds.to(qw.dtype), qw, input_precision="ieee")
@@ -387,16 +374,17 @@ def _dkdv_kernel(
     v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
     dk = tl.zeros([BN, BD], tl.float32)
     dv = tl.zeros([BN, BD], tl.float32)
+    keep_scale = 1.0 / (1.0 - p_drop)
     if HAS_BAND:
         for i0 in range(0, n_content, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, i0, j0, 0, n_content, b, h, g, GB,
                                 qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr,
-                                delta_ptr, keep_ptr, H, N, K, R, L, D, P, scale, p_drop,
+                                delta_ptr, keep_ptr, H, N, K, R, L, D, P, scale, keep_scale,
                                 False, HAS_SEG, HAS_MASK, DROP, BM, BN, BD)  # fmt: skip
     for i0 in range(n_content, N, BM):
         dk, dv = _dkdv_step_t(dk, dv, k, v, i0, j0, n_content, b, h, GB,
                               qw_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr, delta_ptr, keep_ptr,
-                              H, N, K, R, L, D, P, scale, p_drop, HAS_SEG, HAS_MASK, DROP, BM, BN, BD)  # fmt: skip
+                              H, N, K, R, L, D, P, scale, keep_scale, HAS_SEG, HAS_MASK, DROP, BM, BN, BD)  # fmt: skip
     j = j0 + tl.arange(0, BN)
     d = tl.arange(0, BD)
     ok = (j < K)[:, None] & (d < D)[None, :]
@@ -428,6 +416,7 @@ def _dkr_kernel(
     r = r0 + tl.arange(0, BR)
     kr = _load_rows(kr_ptr + gh * R * D, r0, R, D, BR, BD)
     dkr = tl.zeros([BR, BD], tl.float32)
+    keep_scale = 1.0 / (1.0 - p_drop)
     for bb in range(GB):
         b = g * GB + bb
         bh = b * H + h
@@ -440,14 +429,15 @@ def _dkr_kernel(
             kb = _load_rows(k_ptr + bh * K * D, i0 + r0 - L, K, D, BM + BR, BD)
             s = _diag(tl.dot(qw, tl.trans(kb), input_precision="ieee"), BM, BR)
             s += tl.dot(qr, tl.trans(kr), input_precision="ieee")
-            bias, _ = _bias(tl.zeros([BM, BR], tl.float32), b, i, j, ok, ef_ptr, bh, flags_ptr, N, K, scale,
+            bias, _ = _bias(tl.zeros([BM, BR], tl.float32), b, bh, i[:, None], j, ok, ef_ptr, flags_ptr, N, K, scale,
                             HAS_SEG, HAS_MASK)  # fmt: skip
             s = s * scale + bias
             p = tl.exp(s - m[:, None]) / den[:, None]
             vb = _load_rows(v_ptr + bh * K * D, i0 + r0 - L, K, D, BM + BR, BD)
             dp = _diag(tl.dot(do, tl.trans(vb), input_precision="ieee"), BM, BR)
             if DROP:
-                dp = tl.where(_keep_bits(keep_ptr, bh, N, (K + 3) // 4 * 4, i, j, ok), dp / (1.0 - p_drop), 0.0)
+                keep = _keep_bits(keep_ptr, bh, N, (K + 3) // 4 * 4, i[:, None], j, ok)
+                dp = tl.where(keep, dp * keep_scale, 0.0)
             ds = p * (dp - delta[:, None]) * scale
             dkr += tl.dot(tl.trans(ds).to(qr.dtype), qr, input_precision="ieee")
     d = tl.arange(0, BD)
