@@ -5,9 +5,11 @@
 
 Triton's front end and the ptxas bundled with the triton wheel compile every kernel variant the launchers use
 (content and query rows, dropout on and off, segments and mask on) for the chosen architecture, with no GPU and no
-CUDA driver; cuobjdump (also in the wheel) reads each one's registers, local-memory stack (spills), shared memory
-and its tensor-core instructions (HGMMA: Hopper's wgmma; HMMA: mma.sync). A kernel that does not compile for the GPU
-(it may still run in the interpreter) fails here. Must run without TRITON_INTERPRET (the kernels are compiled, not
+CUDA driver; cuobjdump (also in the wheel) reads each one's registers, local-memory stack (spills), its tensor-core
+instructions (HGMMA: Hopper's wgmma; HMMA: mma.sync) and the instructions per score of its loop over tiles
+(loop/score: thread instructions of one iteration / the tile's scores; at head size 64 the products are a small
+share: it is what the element-wise work costs). A kernel that does not compile for the GPU (it may still run in the
+interpreter) fails here. Must run without TRITON_INTERPRET (the kernels are compiled, not
 interpreted, when the module is imported). tests/model/test_triton_compile.py runs it.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -74,8 +77,27 @@ def variants(tiles: dict, drops=(False, True)) -> list[tuple[str, object, dict, 
     return out
 
 
+def _longest_loop(sass: str) -> int:
+    """Instructions in the longest loop body of a SASS listing (from a backward branch's target to the branch): the
+    kernel's walk over key (or row) tiles, what each tile costs every thread."""
+    addrs, texts = [], []
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            addrs.append(int(m.group(1), 16))
+            texts.append(m.group(2))
+    index = {a: n for n, a in enumerate(addrs)}
+    best = 0
+    for n, text in enumerate(texts):
+        target = re.search(r"BRA.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) in index and int(target.group(1), 16) < addrs[n]:
+            best = max(best, n - index[int(target.group(1), 16)] + 1)
+    return best
+
+
 def resources(cubin: bytes) -> dict:
-    """Registers, stack, shared memory and instruction counts of a compiled kernel (cuobjdump)."""
+    """Registers, stack, instruction counts (all, the longest loop's, tensor-core ones) of a compiled kernel
+    (cuobjdump)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
@@ -85,6 +107,7 @@ def resources(cubin: bytes) -> dict:
                               capture_output=True, text=True, check=True).stdout  # fmt: skip
     fields = dict(w.split(":") for line in usage.splitlines() if "REG:" in line for w in line.split() if ":" in w)
     return dict(
+        loop=_longest_loop(sass),
         regs=int(fields["REG"]),
         stack=int(fields["STACK"]),
         instructions=sum(1 for line in sass.splitlines() if line.strip().startswith("/*") and ";" in line),
@@ -105,7 +128,10 @@ def main() -> None:
         tiles = dict.fromkeys(tiles, parse_tile(args.tiles))
     target = GPUTarget("cuda", args.arch, 32)
     print(f"triton {triton.__version__}, sm_{args.arch}, {args.dtype}, tiles {tiles}")
-    print(f"{'kernel':<24} {'tile':>9} {'regs':>5} {'spill B':>8} {'instr':>7} {'HGMMA':>6} {'HMMA':>5}")
+    print(
+        f"{'kernel':<24} {'tile':>9} {'regs':>5} {'spill B':>8} {'instr':>7} {'HGMMA':>6} {'HMMA':>5} "
+        f"{'loop/score':>10}"
+    )
     failed = 0
     for label, fn, consts, (_, warps, stages) in variants(tiles, (True,) if args.quick else (False, True)):
         try:
@@ -117,10 +143,12 @@ def main() -> None:
             cause = e.__cause__ or e  # a CompilationError's own text ends with the source line and a caret
             print(f"{label:<24} FAILED: {type(cause).__name__}: {str(cause).splitlines()[0][:200]}")
             continue
-        tile = tile_name((consts["BM"], consts.get("BN", consts["BM"]), warps, stages))
+        bm, bn = consts["BM"], consts.get("BN", consts.get("BR", consts["BM"]))
+        tile = tile_name((bm, bn, warps, stages))
+        per_score = r["loop"] * 32 * warps / (bm * bn)  # thread instructions per score of one loop iteration's tile
         print(
             f"{label:<24} {tile:>9} {r['regs']:>5} {r['stack']:>8} {r['instructions']:>7} {r['hgmma']:>6} "
-            f"{r['hmma']:>5}"
+            f"{r['hmma']:>5} {per_score:>10.1f}"
         )
     sys.exit(1 if failed else 0)
 

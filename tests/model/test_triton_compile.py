@@ -26,8 +26,10 @@ def test_every_kernel_compiles_for_sm90_and_the_forward_barely_spills():
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [line.split() for line in r.stdout.splitlines() if "drop=1" in line]
     assert [row[0] for row in rows] == ["fwd", "fwd", "dq", "dq", "dkdv", "dkdv", "dkr"]
-    for row in rows:
-        assert row[-3].isdigit() and int(row[-3]) > 0, row  # instructions
-        assert int(row[-2]) + int(row[-1]) > 0, row  # tensor-core instructions (HGMMA or HMMA)
-    forward_spills = [int(row[-4]) for row in rows if row[0] == "fwd"]
+    for row in rows:  # ... regs, spill B, instr, HGMMA, HMMA, loop/score
+        instr, hgmma, hmma, per_score = row[-4:]
+        assert instr.isdigit() and int(instr) > 0, row
+        assert int(hgmma) + int(hmma) > 0, row  # tensor-core instructions
+        assert 0 < float(per_score) < int(instr), row  # a loop over the tiles was found
+    forward_spills = [int(row[-5]) for row in rows if row[0] == "fwd"]
     assert max(forward_spills) <= 512, forward_spills

@@ -59,7 +59,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # what @triton.jit read
 @triton.jit
 def _load_rows(ptr, start, n, D: tl.constexpr, W: tl.constexpr, BD: tl.constexpr):
     """Rows start .. start+W-1 of a row-major [n, D] matrix at ptr: [W, BD], zero outside. With D == BD (head sizes
-    16, 32, 64, 128) the mask is per row, so the loads are vectorised along D."""
+    16, 32, 64, 128) the mask is per row, so the loads can be vectorised along D."""
     t = start + tl.arange(0, W)
     d = tl.arange(0, BD)
     ok = (t >= 0) & (t < n)
