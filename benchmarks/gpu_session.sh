@@ -2,7 +2,7 @@
 # Issue 23's measurements on a lent GPU in one call, most valuable first; each step under its own limit and all
 # of them inside BUDGET seconds; logs and JSON under $OUT (the device tool brings back at most 8 files).
 #   OUT=/tmp/gpu BUDGET=330 bash benchmarks/gpu_session.sh
-# ROWS (gpu_pretrain.py rows), SWEEP (tiles tried after the shipped ones) and TESTS (pytest -k, empty: all of
+# ROWS (gpu_pretrain.py rows), PROFILE_ROWS (those of them profiled), SWEEP (tiles tried after the shipped ones) and TESTS (pytest -k, empty: all of
 # tests/test_gpu.py and tests/model/test_triton_attention.py) choose what runs. Before a lent GPU, check the script
 # here: SMOKE=1 runs every step on the CPU (Triton's interpreter, tiny shapes, no figures; about 2 minutes).
 set -u
@@ -15,6 +15,7 @@ BUDGET=${BUDGET:-330}
 ROWS=${ROWS:-base:16:triton,base:16:triton:compile,base:16:einsum:compile,large:8:triton}
 SWEEP=${SWEEP:-64/32x4,32/64x4,16/64x4,32/128x8,128/32x8,64/32x8x4,64/64x8}
 TESTS=${TESTS-triton}
+PROFILE_ROWS=${PROFILE_ROWS:-base:16:triton:compile}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false
 start=$(date +%s)
 step() {  # step SECONDS NAME COMMAND...: run under min(SECONDS, what is left), log to $OUT/NAME.log
@@ -42,7 +43,7 @@ if command -v ncu >/dev/null; then  # the second call's three kernels: what limi
         "$OUT/ncu.log" | head -n 30
 fi
 step 160 pretrain python3 benchmarks/gpu_pretrain.py --hf --json "$OUT/pretrain.json" --profile 14 --tiles "$TILES" \
-    --profile-rows base:16:triton:compile --rows "$ROWS" ${SMOKE:+--smoke}
+    --profile-rows "$PROFILE_ROWS" --rows "$ROWS" ${SMOKE:+--smoke}
 grep "^base\|^large\|^  base\|^  large\|profile:\|^device" "$OUT/pretrain.log" | tail -n 16
 XDIST=$(python3 -c "import xdist" 2>/dev/null && [ -z "$SMOKE" ] && echo "-n 4")
 step 300 tests python3 -m pytest -p no:cacheprovider $XDIST -vv -rfEs --durations=5 ${TESTS:+-k "$TESTS"} \
