@@ -37,6 +37,10 @@ from xlnetcli.model import triton_attention as ta
 
 FLOATS = {"scale", "p_drop"}
 INTS = {"rows_ptr": "*i32", "flags_ptr": "*u8", "keep_ptr": "*u8"}
+# The integer arguments at Base's pretraining shapes (gpu_attention.py: K = 896 keys, N = 597 rows, R = 1408
+# positions, all rows on the table): the launch specializes on them as Triton's JIT does (divisible by 16: aligned;
+# 1: a constant), so the compiled code is the one the GPU runs.
+BASE = dict(H=12, N=597, K=896, R=1408, L=512, P=597, GB=8, row0=0, row_end=597, n_content=0, seed=1234)
 FP32 = {"ef_ptr", "stats_ptr", "delta_ptr", "dqw_ptr", "dqr_ptr", "def_ptr", "dk_ptr", "dv_ptr", "dkr_ptr"}
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
@@ -54,6 +58,19 @@ def signature(fn, consts: dict, dtype: str) -> dict:
         else:
             sig[name] = "fp32" if name in FLOATS else "i32"
     return sig
+
+
+def specialization(fn, consts: dict, sig: dict) -> tuple[dict, dict]:
+    """Triton's JIT specialization at the BASE shapes: pointers 16-byte aligned, integers divisible by 16 marked so,
+    integers equal to 1 turned into constants. Returns (constexprs, attrs) for ASTSource."""
+    consts = dict(consts)
+    attrs = {}
+    for n, name in enumerate(fn.arg_names):
+        if sig[name].startswith("*") or (sig[name] == "i32" and BASE[name] % 16 == 0):
+            attrs[(n,)] = [["tt.divisibility", 16]]
+        elif sig[name] == "i32" and BASE[name] == 1:
+            consts[name] = 1
+    return consts, attrs
 
 
 def variants(tiles: dict, drops=(False, True)) -> list[tuple[str, object, dict, tuple]]:
@@ -135,7 +152,10 @@ def main() -> None:
     failed = 0
     for label, fn, consts, (_, warps, stages) in variants(tiles, (True,) if args.quick else (False, True)):
         try:
-            k = triton.compile(ASTSource(fn, signature(fn, consts, args.dtype), constexprs=consts), target=target,
+            sig = signature(fn, consts, args.dtype)
+            specialized, attrs = specialization(fn, consts, sig)
+            sig = {k: "constexpr" if k in specialized else v for k, v in sig.items()}
+            k = triton.compile(ASTSource(fn, sig, constexprs=specialized, attrs=attrs), target=target,
                                options={"num_warps": warps, "num_stages": stages})  # fmt: skip
             r = resources(k.asm["cubin"])
         except Exception as e:  # noqa: BLE001 - every variant is reported; the exit code says whether any failed
