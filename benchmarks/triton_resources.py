@@ -35,12 +35,12 @@ from triton.compiler import ASTSource
 
 from xlnetcli.model import triton_attention as ta
 
-FLOATS = {"scale", "p_drop"}
-INTS = {"rows_ptr": "*i32", "flags_ptr": "*u8", "keep_ptr": "*u8"}
+FLOATS = {"scale", "keep_scale"}
+INTS = {"rows_ptr": "*i32", "flags_ptr": "*u8"}
 # The integer arguments at Base's pretraining shapes (gpu_attention.py: K = 896 keys, N = 597 rows, R = 1408
 # positions, all rows on the table): the launch specializes on them as Triton's JIT does (divisible by 16: aligned;
 # 1: a constant), so the compiled code is the one the GPU runs.
-BASE = dict(H=12, N=597, K=896, R=1408, L=512, P=597, GB=8, row0=0, row_end=597, n_content=0, seed=1234)
+BASE = dict(H=12, N=597, K=896, R=1408, L=512, P=597, GB=8, row0=0, row_end=597, n_content=0, seed=1234, drop_thr=1677722)
 FP32 = {"ef_ptr", "stats_ptr", "delta_ptr", "dqw_ptr", "dqr_ptr", "def_ptr", "dk_ptr", "dv_ptr", "dkr_ptr"}
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
@@ -78,6 +78,8 @@ def variants(tiles: dict, drops=(False, True)) -> list[tuple[str, object, dict, 
     table rows with the tile's BN, band rows with BN = BM."""
     out = []
     common = dict(HAS_SEG=True, HAS_MASK=True, D=64, BD=64)
+    bm, bn, *launch = tiles["bias"]
+    out.append(("bias table", ta._bias_kernel, dict(HAS_SEG=True, HAS_MASK=True, BM=bm, BN=bn), (bm, *launch)))
     for drop in drops:
         for name, fn in (("fwd", ta._fwd_kernel), ("dq", ta._dq_kernel)):
             for query in (False, True):

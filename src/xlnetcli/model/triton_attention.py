@@ -86,25 +86,29 @@ def _unskew(ds, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _keep_tile(seed, bh, N, K4, i, j0, p_drop, BN: tl.constexpr):
-    """The dropout keep bits of rows i [BM] and keys j0 .. j0+BN-1 (j0 a multiple of 4): element (i, j) is uniform
-    number j % 4 of the Philox draw at counter (bh·N + i)·K4/4 + j/4, K4 = K rounded up to a multiple of 4; one
-    draw of four numbers serves four keys (tl.rand would draw four and keep one). Returns keep [BM, BN] and the
-    same bits packed four keys to a byte [BM, BN/4] (bit j % 4 of byte j / 4: what backward reads, _keep_bits)."""
-    c = (bh * N + i[:, None]) * (K4 // 4) + j0 // 4 + tl.arange(0, BN // 4)[None, :]
-    u0, u1, u2, u3 = tl.rand4x(seed, c)
-    k0, k1, k2, k3 = u0 >= p_drop, u1 >= p_drop, u2 >= p_drop, u3 >= p_drop
-    packed = k0.to(tl.uint8) | (k1.to(tl.uint8) << 1) | (k2.to(tl.uint8) << 2) | (k3.to(tl.uint8) << 3)
-    keep = tl.reshape(tl.join(tl.join(k0, k2), tl.join(k1, k3)), [i.shape[0], BN])  # [.., t, lane] -> key 4t + lane
-    return keep, packed
+def _hash(x):
+    """lowbias32 (C. Wellons' hash prospector): a bijection of uint32 with full avalanche, two multiply-xorshift
+    rounds. keep_mask below is the same function in torch."""
+    x ^= x >> 16
+    x *= 0x7FEB352D
+    x ^= x >> 15
+    x *= 0x846CA68B
+    x ^= x >> 16
+    return x
 
 
 @triton.jit
-def _keep_bits(keep_ptr, bh, N, K4, ri, kj, ok):
-    """The forward's keep bits (_keep_tile's packed bytes) at rows ri and keys kj, 2-D and broadcast to the tile
-    ([BM, 1] and [1, BN], or transposed, or any keys [BM, BN]); ok: inside."""
-    byte = tl.load(keep_ptr + (bh * N + ri) * (K4 // 4) + kj // 4, mask=ok, other=0)
-    return ((byte >> (kj % 4).to(tl.uint8)) & 1) != 0
+def _row_key(seed, bh, N, ri):
+    """Dropout's per-row key of rows ri (any shape): hash(hash(bh·N + i) ^ seed)."""
+    return _hash(_hash((bh * N + ri).to(tl.uint32)) ^ seed.to(tl.uint32))
+
+
+@triton.jit
+def _keep(row_key, kj, drop_thr):
+    """Dropout's keep bits at (row, key): hash(row_key + j) >= drop_thr·2^8 (a 24-bit threshold: p rounded to a
+    multiple of 2^-24). row_key and kj broadcast to the tile; every kernel recomputes them (a few integer ops per
+    score, no memory)."""
+    return _hash(row_key + kj.to(tl.uint32)) >= (drop_thr.to(tl.uint32) << 8)
 
 
 @triton.jit
@@ -130,42 +134,63 @@ def _bias(tab, b, bh, ri, kj, ok, ef_ptr, flags_ptr, N, K, scale, HAS_SEG: tl.co
 
 @triton.jit
 def _scores(
-    qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, flags_ptr,
+    qw, qr, k, i, i0, j0, b, h, g, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
     H, N, K, R, L, D: tl.constexpr, P, row0, scale,
-    QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr,
+    QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, FLAGS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     """The scores of rows i (tile start i0) against keys j0 .. j0+BN-1 (k: their [BN, BD] tile): [BM, BN], and
-    the flags tile (_bias)."""
+    the flags tile (band rows: _bias's; table rows: read when FLAGS, else zeros)."""
     j = j0 + tl.arange(0, BN)
     ok = (i < N)[:, None] & (j < K)[None, :]
     s = tl.dot(qw, tl.trans(k), input_precision="ieee")
-    if QUERY:  # the [B,H,P,R] table at column L - pos_i + j
-        col = L - pos[:, None] + j[None, :]
-        p = i - row0
-        tab = tl.load(bdq_ptr + ((b * H + h) * P + p[:, None]) * R + col, mask=ok & (p < P)[:, None], other=0.0)
-        tab = tab.to(tl.float32)
+    if QUERY:  # the table rows' bias [B,H,P,K], made once per call (_bias_kernel): one contiguous tile
+        bias = tl.load(bias_ptr + ((b * H + h) * P + (i - row0)[:, None]) * K + j[None, :], mask=ok,
+                       other=float("-inf")).to(tl.float32)  # fmt: skip
+        if FLAGS:
+            fl = tl.load(flags_ptr + (b * N + i[:, None]) * K + j[None, :], mask=ok, other=0)
+        else:
+            fl = tl.zeros([BM, BN], tl.uint8)
     else:  # content rows: the band of kr rows, multiplied once and skewed
         band = _load_rows(kr_ptr + (g * H + h) * R * D, L - i0 - (BM - 1) + j0, R, D, BM + BN, BD)
         s += _skew(tl.dot(qr, tl.trans(band), input_precision="ieee"), BM, BN)
-        tab = tl.zeros([BM, BN], tl.float32)
-    bias, fl = _bias(tab, b, b * H + h, i[:, None], j[None, :], ok, ef_ptr, flags_ptr, N, K, scale, HAS_SEG, HAS_MASK)
+        bias, fl = _bias(tl.zeros([BM, BN], tl.float32), b, b * H + h, i[:, None], j[None, :], ok, ef_ptr, flags_ptr,
+                         N, K, scale, HAS_SEG, HAS_MASK)  # fmt: skip
     return s * scale + bias, fl
 
 
 @triton.jit
 def _row_tile(
-    qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D: tl.constexpr, i0, row_end,
-    QUERY: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
+    qw_ptr, qr_ptr, b, h, H, N, D: tl.constexpr, i0, row_end, BM: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
-    """Rows i0 .. i0+BM-1 (those < row_end): their indices, positions, qw and qr tiles."""
+    """Rows i0 .. i0+BM-1 (those < row_end): their indices, qw and qr tiles."""
     i = i0 + tl.arange(0, BM)
     i = tl.where(i < row_end, i, N)  # rows past the range read as row N: out of bounds, masked everywhere
     base = (b * H + h) * N * D
     qw = _load_rows(qw_ptr + base, i0, row_end, D, BM, BD)
     qr = _load_rows(qr_ptr + base, i0, row_end, D, BM, BD)
-    pos = tl.load(rows_ptr + b * N + i, mask=i < N, other=0) if QUERY else i
-    return i, pos, qw, qr
+    return i, qw, qr
+
+
+@triton.jit
+def _bias_kernel(
+    bdq_ptr, ef_ptr, flags_ptr, rows_ptr, bias_ptr, H, N, K, R, L, P, row0, scale,
+    HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    """The table rows' bias [B,H,P,K] (row p = stacked row row0 + p at position pos): (bdq[p, L - pos + j] + the
+    segment term) / sqrt(D), NEG_INF where masked: Transformer-XL's rel-shift, the segment choice and the mask,
+    done once per call so that the attention kernels read one contiguous tile per step."""
+    bh = tl.program_id(2)
+    b = bh // H
+    p = tl.program_id(0) * BM + tl.arange(0, BM)
+    j = tl.program_id(1) * BN + tl.arange(0, BN)
+    i = row0 + p
+    ok = (p < P)[:, None] & (j < K)[None, :]
+    pos = tl.load(rows_ptr + b * N + i, mask=p < P, other=0)
+    tab = tl.load(bdq_ptr + (bh * P + p[:, None]) * R + L - pos[:, None] + j[None, :], mask=ok, other=0.0)
+    bias, _ = _bias(tab.to(tl.float32), b, bh, i[:, None], j[None, :], ok, ef_ptr, flags_ptr, N, K, scale, HAS_SEG,
+                    HAS_MASK)  # fmt: skip
+    tl.store(bias_ptr + (bh * P + p[:, None]) * K + j[None, :], bias.to(bias_ptr.dtype.element_ty), mask=ok)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -174,19 +199,19 @@ def _row_tile(
 
 @triton.jit
 def _fwd_kernel(
-    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr,
-    out_ptr, stats_ptr, keep_ptr,
-    H, N, K, R, L, D: tl.constexpr, P, GB, row0, row_end, scale, seed, p_drop,
+    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bias_ptr, ef_ptr, flags_ptr, out_ptr, stats_ptr,
+    H, N, K, R, L, D: tl.constexpr, P, GB, row0, row_end, scale, seed, drop_thr, keep_scale,
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     """One tile of BM rows of one (batch, head): online softmax over the key tiles, out = sum_j p_ij keep_ij v_j /
-    (1 - p_drop); the row's softmax statistics (m_i, l_i); with dropout, the keep bits [.., K4/4] for backward."""
+    (1 - p_drop) (keep_scale); the row's softmax statistics (m_i, l_i)."""
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
     g = b // GB
     i0 = row0 + tl.program_id(0) * BM
-    i, pos, qw, qr = _row_tile(qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D, i0, row_end, QUERY, BM, BD)
+    i, qw, qr = _row_tile(qw_ptr, qr_ptr, b, h, H, N, D, i0, row_end, BM, BD)
+    row_key = _row_key(seed, bh, N, i[:, None])
     # m and den as [BM, 1] columns: kept in the products' layout (as [BM] vectors, Triton carried them in the
     # loads' layout and computed the softmax in both)
     m = tl.full([BM, 1], -3.0e38, tl.float32)  # finite: rows past the range (all -inf) give no inf - inf
@@ -194,24 +219,19 @@ def _fwd_kernel(
     acc = tl.zeros([BM, BD], tl.float32)
     for j0 in range(0, K, BN):
         k = _load_rows(k_ptr + bh * K * D, j0, K, D, BN, BD)
-        s, _ = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, flags_ptr,
-                    H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, BM, BN, BD)  # fmt: skip
+        s, _ = _scores(qw, qr, k, i, i0, j0, b, h, g, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
+                       H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, False, BM, BN, BD)  # fmt: skip
         m_new = tl.maximum(m, tl.max(s, 1, keep_dims=True))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new)
         den = den * alpha + tl.sum(p, 1, keep_dims=True)
         if DROP:
-            K4 = (K + 3) // 4 * 4
-            keep, packed = _keep_tile(seed, bh, N, K4, i, j0, p_drop, BN)
-            t = j0 // 4 + tl.arange(0, BN // 4)
-            tl.store(keep_ptr + (bh * N + i[:, None]) * (K4 // 4) + t[None, :], packed,
-                     mask=(i < N)[:, None] & (t < K4 // 4)[None, :])  # fmt: skip
-            p = tl.where(keep, p, 0.0)
+            p = tl.where(_keep(row_key, j0 + tl.arange(0, BN)[None, :], drop_thr), p, 0.0)
         v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
         acc = acc * alpha + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m = m_new
     if DROP:
-        acc = acc / (1.0 - p_drop)
+        acc = acc * keep_scale
     out = acc / tl.where(den > 0, den, 1.0)
     d = tl.arange(0, BD)
     ok = (i < N)[:, None] & (d < D)[None, :]
@@ -238,44 +258,43 @@ def _row_grads_in(
 
 @triton.jit
 def _dq_kernel(
-    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr,
-    do_ptr, stats_ptr, delta_ptr, keep_ptr, dqw_ptr, dqr_ptr, dbdq_ptr, def_ptr,
-    H, N, K, R, L, D: tl.constexpr, P, GB, row0, row_end, scale, p_drop,
+    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
+    do_ptr, stats_ptr, delta_ptr, dqw_ptr, dqr_ptr, dbias_ptr, def_ptr,
+    H, N, K, R, L, D: tl.constexpr, P, GB, row0, row_end, scale, seed, drop_thr, keep_scale,
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     """Per row tile: dqw_i = sum_j ds_ij k_j; dqr_i = sum_j ds_ij kr[L - i + j] (content rows, through the band) or
-    the table gradient dbdq[i, L - pos_i + j] = ds_ij (query rows, one store per entry); the two segment scalars'
-    gradients sum_j ds_ij [same_ij] and sum_j ds_ij [not same_ij]."""
+    the bias's gradient dbias[i, j] = ds_ij (table rows; the launcher takes it back to the table); the two segment
+    scalars' gradients sum_j ds_ij [same_ij] and sum_j ds_ij [not same_ij]."""
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
     g = b // GB
     i0 = row0 + tl.program_id(0) * BM
-    i, pos, qw, qr = _row_tile(qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D, i0, row_end, QUERY, BM, BD)
+    i, qw, qr = _row_tile(qw_ptr, qr_ptr, b, h, H, N, D, i0, row_end, BM, BD)
     do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD)
+    row_key = _row_key(seed, bh, N, i[:, None])
     dqw = tl.zeros([BM, BD], tl.float32)
     dqr = tl.zeros([BM, BD], tl.float32)
     de0 = tl.zeros([BM, 1], tl.float32)  # [BM, 1]: carried in the products' layout (see _fwd_kernel)
     de1 = tl.zeros([BM, 1], tl.float32)
     m, rden, delta = m[:, None], 1.0 / den[:, None], delta[:, None]
-    keep_scale = 1.0 / (1.0 - p_drop)
     for j0 in range(0, K, BN):
         j = j0 + tl.arange(0, BN)
         ok = (i < N)[:, None] & (j < K)[None, :]
         k = _load_rows(k_ptr + bh * K * D, j0, K, D, BN, BD)
         v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
-        s, fl = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, flags_ptr,
-                    H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, BM, BN, BD)  # fmt: skip
+        s, fl = _scores(qw, qr, k, i, i0, j0, b, h, g, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
+                        H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, HAS_SEG, BM, BN, BD)  # fmt: skip
         p = tl.exp(s - m) * rden
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
         if DROP:
-            keep = _keep_bits(keep_ptr, bh, N, (K + 3) // 4 * 4, i[:, None], j[None, :], ok)
-            dp = tl.where(keep, dp * keep_scale, 0.0)
+            dp = tl.where(_keep(row_key, j[None, :], drop_thr), dp * keep_scale, 0.0)
         ds = p * (dp - delta) * scale
         dqw += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
         if QUERY:
-            col = L - pos[:, None] + j[None, :]
-            tl.store(dbdq_ptr + (bh * P + (i - row0)[:, None]) * R + col, ds, mask=ok)
+            tl.store(dbias_ptr + (bh * P + (i - row0)[:, None]) * K + j[None, :],
+                     ds.to(dbias_ptr.dtype.element_ty), mask=ok)  # fmt: skip
         else:
             band = _load_rows(kr_ptr + (g * H + h) * R * D, L - i0 - (BM - 1) + j0, R, D, BM + BN, BD)
             dqr += tl.dot(_unskew(ds, BM, BN).to(band.dtype), band, input_precision="ieee")
@@ -294,26 +313,24 @@ def _dq_kernel(
 
 @triton.jit
 def _dkdv_step(
-    dk, dv, k, v, i0, j0, row0, row_end, b, h, g, GB,
-    qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr, delta_ptr, keep_ptr,
-    H, N, K, R, L, D: tl.constexpr, P, scale, keep_scale,
-    QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
+    dk, dv, k, v, i0, j0, row_end, b, h, g,
+    qw_ptr, qr_ptr, kr_ptr, ef_ptr, flags_ptr, do_ptr, stats_ptr, delta_ptr,
+    H, N, K, R, L, D: tl.constexpr, scale, seed, drop_thr, keep_scale,
+    HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
-    """One row tile's share of a key tile's gradients: dv_j += sum_i p_ij keep_ij/(1-p) do_i, dk_j += sum_i ds_ij
-    qw_i (keep_scale = 1/(1-p))."""
+    """One band row tile's share of a key tile's gradients: dv_j += sum_i p_ij keep_ij/(1-p) do_i, dk_j += sum_i
+    ds_ij qw_i (keep_scale = 1/(1-p))."""
     bh = b * H + h
-    i, pos, qw, qr = _row_tile(qw_ptr, qr_ptr, rows_ptr, b, h, H, N, D, i0, row_end, QUERY, BM, BD)
+    i, qw, qr = _row_tile(qw_ptr, qr_ptr, b, h, H, N, D, i0, row_end, BM, BD)
     do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD)
-    s, _ = _scores(qw, qr, k, i, i0, j0, b, h, g, pos, kr_ptr, bdq_ptr, ef_ptr, flags_ptr,
-                H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, BM, BN, BD)  # fmt: skip
+    s, _ = _scores(qw, qr, k, i, i0, j0, b, h, g, kr_ptr, qw_ptr, ef_ptr, flags_ptr,
+                   H, N, K, R, L, D, 0, 0, scale, False, HAS_SEG, HAS_MASK, False, BM, BN, BD)  # fmt: skip
     p = tl.exp(s - m[:, None]) / den[:, None]
     dp = tl.dot(do, tl.trans(v), input_precision="ieee")
     pd = p
     if DROP:
-        j = j0 + tl.arange(0, BN)
-        ok = (i < N)[:, None] & (j < K)[None, :]
-        keep = _keep_bits(keep_ptr, bh, N, (K + 3) // 4 * 4, i[:, None], j[None, :], ok)
+        keep = _keep(_row_key(seed, bh, N, i[:, None]), j0 + tl.arange(0, BN)[None, :], drop_thr)
         pd = tl.where(keep, p * keep_scale, 0.0)
         dp = tl.where(keep, dp * keep_scale, 0.0)
     dv += tl.dot(tl.trans(pd).to(do.dtype), do, input_precision="ieee")
@@ -324,13 +341,12 @@ def _dkdv_step(
 
 @triton.jit
 def _dkdv_step_t(
-    dk, dv, k, v, i0, j0, row0, b, h, GB,
-    qw_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr, delta_ptr, keep_ptr,
-    H, N, K, R, L, D: tl.constexpr, P, scale, keep_scale,
-    HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+    dk, dv, k, v, i0, j0, row0, b, h,
+    qw_ptr, bias_ptr, do_ptr, stats_ptr, delta_ptr,
+    H, N, K, D: tl.constexpr, P, scale, seed, drop_thr, keep_scale,
+    DROP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
-    """_dkdv_step for table rows, on the transposed tile (keys down, rows across: s^T = k·qw^T [BN, BM]), so that
+    """The same for table rows, on the transposed tile (keys down, rows across: s^T = k·qw^T [BN, BM]), so that
     dv += (p keep)^T do and dk += ds^T qw take their left factor as it is, with no transpose of a register tile."""
     bh = b * H + h
     i = i0 + tl.arange(0, BM)
@@ -339,16 +355,13 @@ def _dkdv_step_t(
     ok = (j < K)[:, None] & (i < N)[None, :]
     qw = _load_rows(qw_ptr + bh * N * D, i0, N, D, BM, BD)
     do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, N, BM, BD)
-    pos = tl.load(rows_ptr + b * N + i, mask=i < N, other=0)
-    col = L - pos[None, :] + j[:, None]
-    tab = tl.load(bdq_ptr + (bh * P + (i - row0)[None, :]) * R + col, mask=ok, other=0.0).to(tl.float32)
-    bias, _ = _bias(tab, b, bh, i[None, :], j[:, None], ok, ef_ptr, flags_ptr, N, K, scale, HAS_SEG, HAS_MASK)
-    s = tl.dot(k, tl.trans(qw), input_precision="ieee") * scale + bias
+    bias = tl.load(bias_ptr + (bh * P + (i - row0)[None, :]) * K + j[:, None], mask=ok, other=float("-inf"))
+    s = tl.dot(k, tl.trans(qw), input_precision="ieee") * scale + bias.to(tl.float32)
     p = tl.exp(s - m[None, :]) * (1.0 / den)[None, :]
     dp = tl.dot(v, tl.trans(do), input_precision="ieee")
     pd = p
     if DROP:
-        keep = _keep_bits(keep_ptr, bh, N, (K + 3) // 4 * 4, i[None, :], j[:, None], ok)
+        keep = _keep(_row_key(seed, bh, N, i[None, :]), j[:, None], drop_thr)
         pd = tl.where(keep, p * keep_scale, 0.0)
         dp = tl.where(keep, dp * keep_scale, 0.0)
     dv += tl.dot(pd.to(do.dtype), do, input_precision="ieee")
@@ -359,9 +372,9 @@ def _dkdv_step_t(
 
 @triton.jit
 def _dkdv_kernel(
-    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr,
-    do_ptr, stats_ptr, delta_ptr, keep_ptr, dk_ptr, dv_ptr,
-    H, N, K, R, L, D: tl.constexpr, P, GB, n_content, scale, p_drop,
+    qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
+    do_ptr, stats_ptr, delta_ptr, dk_ptr, dv_ptr,
+    H, N, K, R, L, D: tl.constexpr, P, GB, n_content, scale, seed, drop_thr, keep_scale,
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr, HAS_BAND: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -374,17 +387,15 @@ def _dkdv_kernel(
     v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
     dk = tl.zeros([BN, BD], tl.float32)
     dv = tl.zeros([BN, BD], tl.float32)
-    keep_scale = 1.0 / (1.0 - p_drop)
     if HAS_BAND:
         for i0 in range(0, n_content, BM):
-            dk, dv = _dkdv_step(dk, dv, k, v, i0, j0, 0, n_content, b, h, g, GB,
-                                qw_ptr, qr_ptr, kr_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr,
-                                delta_ptr, keep_ptr, H, N, K, R, L, D, P, scale, keep_scale,
-                                False, HAS_SEG, HAS_MASK, DROP, BM, BN, BD)  # fmt: skip
+            dk, dv = _dkdv_step(dk, dv, k, v, i0, j0, n_content, b, h, g,
+                                qw_ptr, qr_ptr, kr_ptr, ef_ptr, flags_ptr, do_ptr, stats_ptr, delta_ptr,
+                                H, N, K, R, L, D, scale, seed, drop_thr, keep_scale,
+                                HAS_SEG, HAS_MASK, DROP, BM, BN, BD)  # fmt: skip
     for i0 in range(n_content, N, BM):
-        dk, dv = _dkdv_step_t(dk, dv, k, v, i0, j0, n_content, b, h, GB,
-                              qw_ptr, bdq_ptr, ef_ptr, flags_ptr, rows_ptr, do_ptr, stats_ptr, delta_ptr, keep_ptr,
-                              H, N, K, R, L, D, P, scale, keep_scale, HAS_SEG, HAS_MASK, DROP, BM, BN, BD)  # fmt: skip
+        dk, dv = _dkdv_step_t(dk, dv, k, v, i0, j0, n_content, b, h, qw_ptr, bias_ptr, do_ptr, stats_ptr, delta_ptr,
+                              H, N, K, D, P, scale, seed, drop_thr, keep_scale, DROP, BM, BN, BD)  # fmt: skip
     j = j0 + tl.arange(0, BN)
     d = tl.arange(0, BD)
     ok = (j < K)[:, None] & (d < D)[None, :]
@@ -402,8 +413,8 @@ def _diag(T, BM: tl.constexpr, BR: tl.constexpr):
 @triton.jit
 def _dkr_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, ef_ptr, flags_ptr,
-    do_ptr, stats_ptr, delta_ptr, keep_ptr, dkr_ptr,
-    H, N, K, R, L, D: tl.constexpr, GB, n_content, scale, p_drop,
+    do_ptr, stats_ptr, delta_ptr, dkr_ptr,
+    H, N, K, R, L, D: tl.constexpr, GB, n_content, scale, seed, drop_thr, keep_scale,
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -416,12 +427,11 @@ def _dkr_kernel(
     r = r0 + tl.arange(0, BR)
     kr = _load_rows(kr_ptr + gh * R * D, r0, R, D, BR, BD)
     dkr = tl.zeros([BR, BD], tl.float32)
-    keep_scale = 1.0 / (1.0 - p_drop)
     for bb in range(GB):
         b = g * GB + bb
         bh = b * H + h
         for i0 in range(0, n_content, BM):
-            i, _, qw, qr = _row_tile(qw_ptr, qr_ptr, qr_ptr, b, h, H, N, D, i0, n_content, False, BM, BD)
+            i, qw, qr = _row_tile(qw_ptr, qr_ptr, b, h, H, N, D, i0, n_content, BM, BD)
             do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, n_content, BM, BD)
             j = i[:, None] + r[None, :] - L
             ok = (i < N)[:, None] & (j >= 0) & (j < K) & (r < R)[None, :]
@@ -436,7 +446,7 @@ def _dkr_kernel(
             vb = _load_rows(v_ptr + bh * K * D, i0 + r0 - L, K, D, BM + BR, BD)
             dp = _diag(tl.dot(do, tl.trans(vb), input_precision="ieee"), BM, BR)
             if DROP:
-                keep = _keep_bits(keep_ptr, bh, N, (K + 3) // 4 * 4, i[:, None], j, ok)
+                keep = _keep(_row_key(seed, bh, N, i[:, None]), j, drop_thr)
                 dp = tl.where(keep, dp * keep_scale, 0.0)
             ds = p * (dp - delta[:, None]) * scale
             dkr += tl.dot(tl.trans(ds).to(qr.dtype), qr, input_precision="ieee")
@@ -454,6 +464,7 @@ def _dkr_kernel(
 # forward 32 rows x 64 keys x 4 warps, dq 64 x 32 x 4, dk/dv (the transposed tile) 32 x 64 x 4: forward + backward
 # 4.33 ms (the previous 64 x 32 x 8 / 64 x 16 x 4 / 16 x 128 x 8: 5.35).
 GPU_TILES = {
+    "bias": (32, 128, 4, 1),  # _bias_kernel: a streaming pass, no loop
     "fwd": (32, 64, 4, 3),
     "dq": (64, 32, 4, 3),
     "dkdv": (32, 64, 4, 3),
@@ -502,74 +513,119 @@ def _table(qr: torch.Tensor, kr: torch.Tensor, n_band: int) -> torch.Tensor | No
 
 def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
-    bdq = _table(qr, kr, n_content)
+    bias = _table_bias(qr, kr, ef, rows, flags, has_mask, L, n_content, K)
     out = torch.empty_like(qw)
     stats = torch.empty(B, H, N, 2, dtype=torch.float32, device=qw.device)
-    drop = p_drop > 0
-    keep = qw.new_empty(_keep_shape(B, H, N, K, p_drop), dtype=torch.uint8)
-    ins = (qw, qr, k, v, kr, _or_dummy(bdq, qw), _or_dummy(ef, qw), _or_dummy(flags, rows), rows)
+    thr, keep_scale = dropout_threshold(p_drop)
+    ins = (qw, qr, k, v, kr, _or_dummy(bias, qw), _or_dummy(ef, qw), _or_dummy(flags, rows))
     for query, row0, row_end in ((False, 0, n_content), (True, n_content, N)):
         BM, BN, BD, launch = _blocks(qw.device, D, "fwd" if query else "band")
         if row_end > row0:
             _fwd_kernel[(triton.cdiv(row_end - row0, BM), B * H)](
-                *ins, out, stats, keep, H, N, K, R, L, D, P, B // G, row0, row_end, 1.0 / math.sqrt(D), seed, p_drop,
-                QUERY=query, HAS_SEG=ef is not None, HAS_MASK=has_mask, DROP=drop,
+                *ins, out, stats, H, N, K, R, L, D, P, B // G, row0, row_end, 1.0 / math.sqrt(D), seed, thr,
+                keep_scale, QUERY=query, HAS_SEG=ef is not None, HAS_MASK=has_mask, DROP=thr > 0,
                 BM=BM, BN=BN, BD=BD, **launch,
             )  # fmt: skip
-    return out, stats, keep
+    return out, stats, _or_dummy(bias, qw)
 
 
-def _backward(do, out, stats, keep, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop):
+def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
     f32 = dict(dtype=torch.float32, device=qw.device)
     delta = (do.float() * out.float()).sum(-1)  # delta_i = do_i·out_i = sum_j p_ij dp_ij
     dqw, dqr = torch.empty(B, H, N, D, **f32), torch.empty(B, H, N, D, **f32)
-    bdq = _table(qr, kr, n_content)  # recomputed (one matmul) rather than kept from forward
-    dbdq = torch.zeros(B, H, P, R, dtype=qr.dtype, device=qr.device) if P else None
+    dbias = torch.empty(B, H, P, K, dtype=qw.dtype, device=qw.device) if P else None  # dq writes every entry
     def_ = torch.empty(B, H, N, 2, **f32) if ef is not None else None
     dk, dv = torch.empty(B, H, K, D, **f32), torch.empty(B, H, K, D, **f32)
     dkr = torch.zeros(G, H, R, D, **f32)
     d_flags = _or_dummy(flags, rows)
-    ins = (qw, qr, k, v, kr, _or_dummy(bdq, qw), _or_dummy(ef, qw), d_flags, rows)
-    opts = dict(HAS_SEG=ef is not None, HAS_MASK=has_mask, DROP=p_drop > 0)
-    common = (H, N, K, R, L, D, P, B // G)
+    ins = (qw, qr, k, v, kr, bias, _or_dummy(ef, qw), d_flags)
+    thr, keep_scale = dropout_threshold(p_drop)
+    opts = dict(HAS_SEG=ef is not None, HAS_MASK=has_mask, DROP=thr > 0)
+    drop = (seed, thr, keep_scale)
     scale = 1.0 / math.sqrt(D)
     for query, row0, row_end in ((False, 0, n_content), (True, n_content, N)):
         BM, BN, BD, launch = _blocks(qw.device, D, "dq" if query else "band")
         if row_end > row0:
             _dq_kernel[(triton.cdiv(row_end - row0, BM), B * H)](
-                *ins, do, stats, delta, keep, dqw, dqr, _or_dummy(dbdq, qw), _or_dummy(def_, qw),
-                *common, row0, row_end, scale, p_drop, QUERY=query, **opts,
+                *ins, do, stats, delta, dqw, dqr, _or_dummy(dbias, qw), _or_dummy(def_, qw),
+                H, N, K, R, L, D, P, B // G, row0, row_end, scale, *drop, QUERY=query, **opts,
                 BM=BM, BN=BN, BD=BD, **launch,
             )  # fmt: skip
     BM, BN, BD, launch = _blocks(qw.device, D, "band" if n_content else "dkdv")
     _dkdv_kernel[(triton.cdiv(K, BN), B * H)](
-        *ins, do, stats, delta, keep, dk, dv, *common, n_content, scale, p_drop, **opts, HAS_BAND=n_content > 0,
-        BM=BM, BN=BN, BD=BD, **launch,
+        *ins, do, stats, delta, dk, dv, H, N, K, R, L, D, P, B // G, n_content, scale, *drop, **opts,
+        HAS_BAND=n_content > 0, BM=BM, BN=BN, BD=BD, **launch,
     )  # fmt: skip
     if n_content:
         BM, _, BD, launch = _blocks(qw.device, D, "dkr")
         _dkr_kernel[(triton.cdiv(R, BM), G * H)](
-            qw, qr, k, v, kr, _or_dummy(ef, qw), d_flags, do, stats, delta, keep, dkr,
-            H, N, K, R, L, D, B // G, n_content, scale, p_drop, **opts,
+            qw, qr, k, v, kr, _or_dummy(ef, qw), d_flags, do, stats, delta, dkr,
+            H, N, K, R, L, D, B // G, n_content, scale, *drop, **opts,
             BM=BM, BR=BM, BD=BD, **launch,
         )  # fmt: skip
-    if dbdq is not None:  # the table's gradient, one entry per (row, key), to its two factors
-        dt = dbdq.reshape(G, B // G, H, P, R)
+    if dbias is not None:  # the bias's gradient back to the table (one entry per (row, key)), then to its factors
+        col = (L - rows[:, n_content:, None].long() + torch.arange(K, device=rows.device))[:, None]
+        dt = torch.zeros(B, H, P, R, dtype=dbias.dtype, device=dbias.device).scatter_(3, col.expand(B, H, P, K), dbias)
+        dt = dt.reshape(G, B // G, H, P, R)
         dqr[:, :, n_content:] += torch.matmul(dt, kr[:, None]).reshape(B, H, P, D)
         dkr += torch.matmul(dt.transpose(-1, -2), qr[:, :, n_content:].reshape(G, B // G, H, P, D)).sum(1)
     return dqw, dqr, dk, dv, dkr, def_
 
 
-def _keep_shape(B: int, H: int, N: int, K: int, p_drop: float) -> tuple[int, ...]:
-    """The forward's keep bits: [B,H,N,K4/4] bytes (four keys per byte, K4 = K rounded up to 4), [1] without dropout."""
-    return (B, H, N, (K + 3) // 4) if p_drop > 0 else (1,)
+def _table_bias(qr, kr, ef, rows, flags, has_mask: bool, L: int, n_band: int, K: int) -> torch.Tensor | None:
+    """The table rows' bias [B,H,P,K] (_bias_kernel, _bias_dtype): the position term read from the table qr·kr^T at
+    column L - pos + j, the segment term, / sqrt(D), NEG_INF where masked; None when every row takes the band."""
+    bdq = _table(qr, kr, n_band)
+    if bdq is None:
+        return None
+    B, H, P, R = bdq.shape
+    D = qr.shape[-1]
+    bias = torch.empty(B, H, P, K, dtype=_bias_dtype(qr.dtype), device=qr.device)
+    BM, BN, _, launch = _blocks(qr.device, D, "bias")
+    _bias_kernel[(triton.cdiv(P, BM), triton.cdiv(K, BN), B * H)](
+        bdq, _or_dummy(ef, qr), _or_dummy(flags, rows), rows, bias, H, qr.shape[2], K, R, L, P, n_band,
+        1.0 / math.sqrt(D), HAS_SEG=ef is not None, HAS_MASK=has_mask, BM=BM, BN=BN, **launch,
+    )  # fmt: skip
+    return bias
 
 
-def unpack_keep(keep: torch.Tensor, K: int) -> torch.Tensor:
-    """The keep bits [B,H,N,K4/4] uint8 -> the keep mask [B,H,N,K] bool (bit j % 4 of byte j / 4)."""
-    bits = (keep[..., None] >> torch.arange(4, dtype=torch.uint8, device=keep.device)) & 1
-    return bits.flatten(-2)[..., :K].bool()
+def _bias_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The bias's dtype: bf16 for bf16 inputs, else fp32 (fp16 cannot hold NEG_INF = -1e30)."""
+    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+
+
+def dropout_threshold(p: float) -> tuple[int, float]:
+    """Attention dropout's 24-bit threshold t = round(p·2^24) (a key is kept when its 32-bit hash >= t·2^8) and the
+    matching scale 1 / (1 - t/2^24); (0, 1.0) without dropout."""
+    t = min(round(p * 2**24), 2**24 - 1)
+    return t, 1.0 / (1.0 - t / 2**24)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x · c) mod 2^32 for uint32 values held in int64, in two 16-bit halves of c (no int64 overflow)."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _hash_torch(x: torch.Tensor) -> torch.Tensor:
+    """_hash (lowbias32) on int64 tensors holding uint32 values."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def keep_mask(seed: int, shape: tuple[int, int, int, int], p: float, device) -> torch.Tensor:
+    """The kernels' dropout keep mask [B,H,N,K] (bool), computed by torch: for tests and debug_keep."""
+    B, H, N, K = shape
+    thr, _ = dropout_threshold(p)
+    row = _hash_torch(_hash_torch(torch.arange(B * H * N, device=device) & _M32) ^ seed)
+    h = _hash_torch((row[:, None] + torch.arange(K, device=device)) & _M32)
+    return (h >= thr << 8).view(B, H, N, K)
 
 
 @torch.library.custom_op("xlnet::rel_attn", mutates_args=())
@@ -589,18 +645,19 @@ def rel_attn(
     seed: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused core on prepared inputs (see triton_rel_attention): (out [B,H,N,D], stats [B,H,N,2] fp32 (the
-    softmax's row max and sum), the dropout keep bits [B,H,N,K4/4] uint8 (four keys per byte; [1] without
-    dropout): drawn once here, read by backward instead of drawn again)."""
+    softmax's row max and sum), the table rows' bias [B,H,P,K] (_bias_dtype; [1] without table rows): made once
+    here and read again by backward)."""
     return _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, int(seed))
 
 
 @rel_attn.register_fake
 def _(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
     B, H, N, _ = qw.shape
+    P = N - n_content
     return (
         torch.empty_like(qw),
         qw.new_empty(B, H, N, 2, dtype=torch.float32),
-        qw.new_empty(_keep_shape(B, H, N, k.shape[2], p_drop), dtype=torch.uint8),
+        qw.new_empty((B, H, P, k.shape[2]) if P else (1,), dtype=_bias_dtype(qw.dtype) if P else qw.dtype),
     )
 
 
@@ -609,7 +666,7 @@ def rel_attn_backward(
     do: torch.Tensor,
     out: torch.Tensor,
     stats: torch.Tensor,
-    keep: torch.Tensor,
+    bias: torch.Tensor,
     qw: torch.Tensor,
     qr: torch.Tensor,
     k: torch.Tensor,
@@ -622,30 +679,32 @@ def rel_attn_backward(
     L: int,
     n_content: int,
     p_drop: float,
+    seed: torch.Tensor,
 ) -> list[torch.Tensor]:
     """Gradients (fp32) of qw, qr, k, v, kr, ef (the last [0] when absent)."""
-    grads = _backward(do.contiguous(), out, stats, keep, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content,
-                      p_drop)  # fmt: skip
+    grads = _backward(do.contiguous(), out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content,
+                      p_drop, int(seed))  # fmt: skip
     return [qw.new_zeros(0, dtype=torch.float32) if g is None else g for g in grads]
 
 
 @rel_attn_backward.register_fake
-def _(do, out, stats, keep, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop):
+def _(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
     f = lambda t: qw.new_empty(t.shape if t is not None else (0,), dtype=torch.float32)  # noqa: E731
     return [f(t) for t in (qw, qr, k, v, kr, ef)]
 
 
 def _setup_context(ctx, inputs, output):
-    qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, _ = inputs
-    out, stats, keep = output
-    ctx.save_for_backward(out, stats, keep, qw, qr, k, v, kr, ef, rows, flags)
+    qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed = inputs
+    out, stats, bias = output
+    ctx.save_for_backward(out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, seed)
     ctx.args = (has_mask, L, n_content, p_drop)
 
 
-def _rel_attn_grad(ctx, dout, _dstats, _dkeep):
-    out, stats, keep, qw, qr, k, v, kr, ef, rows, flags = ctx.saved_tensors
+def _rel_attn_grad(ctx, dout, _dstats, _dbias):
+    out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, seed = ctx.saved_tensors
     has_mask, L, n_content, p_drop = ctx.args
-    grads = rel_attn_backward(dout, out, stats, keep, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop)
+    grads = rel_attn_backward(dout, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content,
+                              p_drop, seed)  # fmt: skip
     ins = (qw, qr, k, v, kr, ef)
     dqw, dqr, dk, dv, dkr, def_ = (None if t is None else g.to(t.dtype) for g, t in zip(grads, ins, strict=True))
     return dqw, dqr, dk, dv, dkr, def_, None, None, None, None, None, None, None
@@ -676,8 +735,9 @@ def triton_rel_attention(
             ef = torch.matmul(q + r_s.to(ct)[:, None], seg_embed.to(ct).permute(1, 2, 0)).float().contiguous()
         flags = None if flags is None else flags[:, 0].contiguous()  # [B,N,K], shared by the heads
         seed = torch.randint(0, 2**31 - 1, ()) if p_drop > 0 else torch.zeros((), dtype=torch.int64)
-        out, _, keep = rel_attn(
+        out, _, _ = rel_attn(
             qw, qr, k.contiguous(), v.contiguous(), kr.contiguous(), ef, rows.to(torch.int32).contiguous(),
             flags, has_mask, L, n_band, float(p_drop), seed,
         )  # fmt: skip
-    return out, (unpack_keep(keep, k.shape[2]) if debug_keep and p_drop > 0 else None)
+    keep = keep_mask(int(seed), (*q.shape[:3], k.shape[2]), p_drop, q.device) if debug_keep and p_drop > 0 else None
+    return out, keep
