@@ -193,6 +193,21 @@ def _bias_kernel(
     tl.store(bias_ptr + (bh * P + p[:, None]) * K + j[None, :], bias.to(bias_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _unshift_kernel(dbias_ptr, rows_ptr, dt_ptr, H, N, K, R, L, P, row0, BM: tl.constexpr, BN: tl.constexpr):
+    """The inverse of _bias_kernel's rel-shift for the gradient: dt[p, c] = dbias[p, c - (L - pos)] where that key
+    exists, else 0. Writes every entry of the [B,H,P,R] table gradient (no zeroing pass)."""
+    bh = tl.program_id(2)
+    b = bh // H
+    p = tl.program_id(0) * BM + tl.arange(0, BM)
+    c = tl.program_id(1) * BN + tl.arange(0, BN)
+    pos = tl.load(rows_ptr + b * N + row0 + p, mask=p < P, other=0)
+    j = c[None, :] - (L - pos[:, None])
+    inside = (p < P)[:, None] & (c < R)[None, :]
+    g = tl.load(dbias_ptr + (bh * P + p[:, None]) * K + j, mask=inside & (j >= 0) & (j < K), other=0.0)
+    tl.store(dt_ptr + (bh * P + p[:, None]) * R + c[None, :], g, mask=inside)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Forward
 
@@ -278,7 +293,9 @@ def _dq_kernel(
     dqr = tl.zeros([BM, BD], tl.float32)
     de0 = tl.zeros([BM, 1], tl.float32)  # [BM, 1]: carried in the products' layout (see _fwd_kernel)
     de1 = tl.zeros([BM, 1], tl.float32)
-    m, rden, delta = m[:, None], 1.0 / den[:, None], delta[:, None]
+    # ds = p (keep dp / (1 - p_drop) - delta) / sqrt(D) = p' (keep dp - delta') with p' = p keep_scale / sqrt(D) and
+    # delta' = delta / keep_scale: the per-score factors folded into per-row ones
+    m, r, delta = m[:, None], (scale * keep_scale) / den[:, None], delta[:, None] / keep_scale
     for j0 in range(0, K, BN):
         j = j0 + tl.arange(0, BN)
         ok = (i < N)[:, None] & (j < K)[None, :]
@@ -286,11 +303,11 @@ def _dq_kernel(
         v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
         s, fl = _scores(qw, qr, k, i, i0, j0, b, h, g, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
                         H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, HAS_SEG, BM, BN, BD)  # fmt: skip
-        p = tl.exp(s - m) * rden
+        p = tl.exp(s - m) * r
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
         if DROP:
-            dp = tl.where(_keep(row_key, j[None, :], drop_thr), dp * keep_scale, 0.0)
-        ds = p * (dp - delta) * scale
+            dp = tl.where(_keep(row_key, j[None, :], drop_thr), dp, 0.0)
+        ds = p * (dp - delta)
         dqw += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
         if QUERY:
             tl.store(dbias_ptr + (bh * P + (i - row0)[:, None]) * K + j[None, :],
@@ -319,22 +336,22 @@ def _dkdv_step(
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
-    """One band row tile's share of a key tile's gradients: dv_j += sum_i p_ij keep_ij/(1-p) do_i, dk_j += sum_i
-    ds_ij qw_i (keep_scale = 1/(1-p))."""
+    """One band row tile's share of a key tile's gradients: dv_j += sum_i p'_ij keep_ij do_i (p' carries 1/sqrt(D);
+    the kernel takes it out at the end), dk_j += sum_i ds_ij qw_i; p' and delta' as in _dq_kernel."""
     bh = b * H + h
     i, qw, qr = _row_tile(qw_ptr, qr_ptr, b, h, H, N, D, i0, row_end, BM, BD)
     do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD)
     s, _ = _scores(qw, qr, k, i, i0, j0, b, h, g, kr_ptr, qw_ptr, ef_ptr, flags_ptr,
                    H, N, K, R, L, D, 0, 0, scale, False, HAS_SEG, HAS_MASK, False, BM, BN, BD)  # fmt: skip
-    p = tl.exp(s - m[:, None]) / den[:, None]
+    p = tl.exp(s - m[:, None]) * ((scale * keep_scale) / den[:, None])
     dp = tl.dot(do, tl.trans(v), input_precision="ieee")
     pd = p
     if DROP:
         keep = _keep(_row_key(seed, bh, N, i[:, None]), j0 + tl.arange(0, BN)[None, :], drop_thr)
-        pd = tl.where(keep, p * keep_scale, 0.0)
-        dp = tl.where(keep, dp * keep_scale, 0.0)
+        pd = tl.where(keep, p, 0.0)
+        dp = tl.where(keep, dp, 0.0)
     dv += tl.dot(tl.trans(pd).to(do.dtype), do, input_precision="ieee")
-    ds = p * (dp - delta[:, None]) * scale
+    ds = p * (dp - delta[:, None] / keep_scale)
     dk += tl.dot(tl.trans(ds).to(qw.dtype), qw, input_precision="ieee")
     return dk, dv
 
@@ -357,15 +374,15 @@ def _dkdv_step_t(
     do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, N, BM, BD)
     bias = tl.load(bias_ptr + (bh * P + (i - row0)[None, :]) * K + j[:, None], mask=ok, other=float("-inf"))
     s = tl.dot(k, tl.trans(qw), input_precision="ieee") * scale + bias.to(tl.float32)
-    p = tl.exp(s - m[None, :]) * (1.0 / den)[None, :]
+    p = tl.exp(s - m[None, :]) * ((scale * keep_scale) / den)[None, :]  # p' (as in _dkdv_step)
     dp = tl.dot(v, tl.trans(do), input_precision="ieee")
     pd = p
     if DROP:
         keep = _keep(_row_key(seed, bh, N, i[None, :]), j[:, None], drop_thr)
-        pd = tl.where(keep, p * keep_scale, 0.0)
-        dp = tl.where(keep, dp * keep_scale, 0.0)
+        pd = tl.where(keep, p, 0.0)
+        dp = tl.where(keep, dp, 0.0)
     dv += tl.dot(pd.to(do.dtype), do, input_precision="ieee")
-    ds = p * (dp - delta[None, :]) * scale
+    ds = p * (dp - (delta / keep_scale)[None, :])
     dk += tl.dot(ds.to(qw.dtype), qw, input_precision="ieee")
     return dk, dv
 
@@ -400,7 +417,7 @@ def _dkdv_kernel(
     d = tl.arange(0, BD)
     ok = (j < K)[:, None] & (d < D)[None, :]
     tl.store(dk_ptr + (bh * K + j[:, None]) * D + d[None, :], dk, mask=ok)
-    tl.store(dv_ptr + (bh * K + j[:, None]) * D + d[None, :], dv, mask=ok)
+    tl.store(dv_ptr + (bh * K + j[:, None]) * D + d[None, :], dv / scale, mask=ok)  # the steps' p' carries 1/sqrt(D)
 
 
 @triton.jit
@@ -464,7 +481,7 @@ def _dkr_kernel(
 # forward 32 rows x 64 keys x 4 warps, dq 64 x 32 x 4, dk/dv (the transposed tile) 32 x 64 x 4: forward + backward
 # 4.33 ms (the previous 64 x 32 x 8 / 64 x 16 x 4 / 16 x 128 x 8: 5.35).
 GPU_TILES = {
-    "bias": (32, 128, 4, 1),  # _bias_kernel: a streaming pass, no loop
+    "bias": (32, 128, 4, 1),  # _bias_kernel and _unshift_kernel: streaming passes, no loop
     "fwd": (32, 64, 4, 3),
     "dq": (64, 32, 4, 3),
     "dkdv": (32, 64, 4, 3),
@@ -565,9 +582,11 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
             BM=BM, BR=BM, BD=BD, **launch,
         )  # fmt: skip
     if dbias is not None:  # the bias's gradient back to the table (one entry per (row, key)), then to its factors
-        col = (L - rows[:, n_content:, None].long() + torch.arange(K, device=rows.device))[:, None]
-        dt = torch.zeros(B, H, P, R, dtype=dbias.dtype, device=dbias.device).scatter_(3, col.expand(B, H, P, K), dbias)
-        dt = dt.reshape(G, B // G, H, P, R)
+        dt = torch.empty(G, B // G, H, P, R, dtype=dbias.dtype, device=dbias.device)
+        BM, BN, _, launch = _blocks(qw.device, D, "bias")
+        _unshift_kernel[(triton.cdiv(P, BM), triton.cdiv(R, BN), B * H)](
+            dbias, rows, dt, H, N, K, R, L, P, n_content, BM=BM, BN=BN, **launch
+        )
         dqr[:, :, n_content:] += torch.matmul(dt, kr[:, None]).reshape(B, H, P, D)
         dkr += torch.matmul(dt.transpose(-1, -2), qr[:, :, n_content:].reshape(G, B // G, H, P, D)).sum(1)
     return dqw, dqr, dk, dv, dkr, def_
