@@ -50,6 +50,8 @@ import triton.language as tl
 
 NEG_INF = tl.constexpr(-1e30)  # kernels.NEG_INF (kernels.py imports this module lazily); constexpr: kernels read it
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # what @triton.jit reads: the kernels below are interpreted
+LOG2E = tl.constexpr(1.4426950408889634)  # the kernels keep scores in log2 units: exp(x) = 2^(x log2 e)
+FAST_EXP2 = tl.constexpr(not INTERPRETED)  # 2^x by one ex2.approx.ftz (the interpreter has no inline PTX)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -66,6 +68,17 @@ def _load_rows(ptr, start, n, D: tl.constexpr, W: tl.constexpr, BD: tl.constexpr
     if D == BD:
         return tl.load(ptr + t[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
     return tl.load(ptr + t[:, None] * D + d[None, :], mask=ok[:, None] & (d < D)[None, :], other=0.0)
+
+
+@triton.jit
+def _exp2(x):
+    """2^x in fp32. Compiled: PTX ex2.approx.ftz, one MUFU instruction (tl.exp2's ex2.approx without .ftz costs
+    four more per score: ptxas guards subnormal results, which a softmax weight below 2^-126 does not need)."""
+    if FAST_EXP2:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1)  # fmt: skip
+    else:
+        return tl.exp2(x)
 
 
 @triton.jit
@@ -139,8 +152,9 @@ def _scores(
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, FLAGS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
-    """The scores of rows i (tile start i0) against keys j0 .. j0+BN-1 (k: their [BN, BD] tile): [BM, BN], and
-    the flags tile (band rows: _bias's; table rows: read when FLAGS, else zeros)."""
+    """The scores of rows i (tile start i0) against keys j0 .. j0+BN-1 (k: their [BN, BD] tile) in log2 units
+    (scale = log2(e) / sqrt(D)): [BM, BN], and the flags tile (band rows: _bias's; table rows: read when FLAGS, else
+    zeros)."""
     j = j0 + tl.arange(0, BN)
     ok = (i < N)[:, None] & (j < K)[None, :]
     s = tl.dot(qw, tl.trans(k), input_precision="ieee")
@@ -178,8 +192,9 @@ def _bias_kernel(
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
     """The table rows' bias [B,H,P,K] (row p = stacked row row0 + p at position pos): (bdq[p, L - pos + j] + the
-    segment term) / sqrt(D), NEG_INF where masked: Transformer-XL's rel-shift, the segment choice and the mask,
-    done once per call so that the attention kernels read one contiguous tile per step."""
+    segment term) · scale (log2(e) / sqrt(D): the kernels' log2 units), NEG_INF where masked: Transformer-XL's
+    rel-shift, the segment choice and the mask, done once per call so that the attention kernels read one
+    contiguous tile per step."""
     bh = tl.program_id(2)
     b = bh // H
     p = tl.program_id(0) * BM + tl.arange(0, BM)
@@ -188,8 +203,8 @@ def _bias_kernel(
     ok = (p < P)[:, None] & (j < K)[None, :]
     pos = tl.load(rows_ptr + b * N + i, mask=p < P, other=0)
     tab = tl.load(bdq_ptr + (bh * P + p[:, None]) * R + L - pos[:, None] + j[None, :], mask=ok, other=0.0)
-    bias, _ = _bias(tab.to(tl.float32), b, bh, i[:, None], j[None, :], ok, ef_ptr, flags_ptr, N, K, scale, HAS_SEG,
-                    HAS_MASK)  # fmt: skip
+    bias, _ = _bias(tab.to(tl.float32), b, bh, i[:, None], j[None, :], ok, ef_ptr, flags_ptr, N, K, scale * LOG2E,
+                    HAS_SEG, HAS_MASK)  # fmt: skip
     tl.store(bias_ptr + (bh * P + p[:, None]) * K + j[None, :], bias.to(bias_ptr.dtype.element_ty), mask=ok)
 
 
@@ -220,7 +235,7 @@ def _fwd_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     """One tile of BM rows of one (batch, head): online softmax over the key tiles, out = sum_j p_ij keep_ij v_j /
-    (1 - p_drop) (keep_scale); the row's softmax statistics (m_i, l_i)."""
+    (1 - p_drop) (keep_scale); the row's softmax statistics (m_i in log2 units, 1 / l_i). scale = 1/sqrt(D)."""
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
     g = b // GB
@@ -232,13 +247,14 @@ def _fwd_kernel(
     m = tl.full([BM, 1], -3.0e38, tl.float32)  # finite: rows past the range (all -inf) give no inf - inf
     den = tl.zeros([BM, 1], tl.float32)
     acc = tl.zeros([BM, BD], tl.float32)
+    scale2 = scale * LOG2E
     for j0 in range(0, K, BN):
         k = _load_rows(k_ptr + bh * K * D, j0, K, D, BN, BD)
         s, _ = _scores(qw, qr, k, i, i0, j0, b, h, g, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
-                       H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, False, BM, BN, BD)  # fmt: skip
+                       H, N, K, R, L, D, P, row0, scale2, QUERY, HAS_SEG, HAS_MASK, False, BM, BN, BD)  # fmt: skip
         m_new = tl.maximum(m, tl.max(s, 1, keep_dims=True))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new)
+        alpha = _exp2(m - m_new)
+        p = _exp2(s - m_new)
         den = den * alpha + tl.sum(p, 1, keep_dims=True)
         if DROP:
             p = tl.where(_keep(row_key, j0 + tl.arange(0, BN)[None, :], drop_thr), p, 0.0)
@@ -247,12 +263,14 @@ def _fwd_kernel(
         m = m_new
     if DROP:
         acc = acc * keep_scale
-    out = acc / tl.where(den > 0, den, 1.0)
+    rden = 1.0 / tl.where(den > 0, den, 1.0)
+    out = acc * rden
     d = tl.arange(0, BD)
     ok = (i < N)[:, None] & (d < D)[None, :]
     tl.store(out_ptr + (bh * N + i[:, None]) * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
-    tl.store(stats_ptr + (bh * N + i[:, None]) * 2, m, mask=(i < N)[:, None])
-    tl.store(stats_ptr + (bh * N + i[:, None]) * 2 + 1, den, mask=(i < N)[:, None])
+    tl.store(stats_ptr + (bh * N + i[:, None]) * 3, m, mask=(i < N)[:, None])
+    tl.store(stats_ptr + (bh * N + i[:, None]) * 3 + 1, rden, mask=(i < N)[:, None])
+    tl.store(stats_ptr + (bh * N + i[:, None]) * 3 + 2, row_key.to(tl.float32, bitcast=True), mask=(i < N)[:, None])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -263,19 +281,21 @@ def _fwd_kernel(
 def _row_grads_in(
     do_ptr, stats_ptr, delta_ptr, bh, N, D: tl.constexpr, i, i0, row_end, BM: tl.constexpr, BD: tl.constexpr
 ):
-    """What backward reads per row tile: do [BM, BD], the softmax's row max m and sum l, delta [BM]."""
+    """What backward reads per row tile: do [BM, BD], the softmax's row max m (log2 units) and 1 / sum, delta [BM]
+    (delta' = delta / keep_scale: see _dq_kernel), the dropout row keys the forward stored (_row_key)."""
     do = _load_rows(do_ptr + bh * N * D, i0, row_end, D, BM, BD)
-    m = tl.load(stats_ptr + (bh * N + i) * 2, mask=i < N, other=0.0)
-    den = tl.load(stats_ptr + (bh * N + i) * 2 + 1, mask=i < N, other=1.0)
+    m = tl.load(stats_ptr + (bh * N + i) * 3, mask=i < N, other=0.0)
+    rden = tl.load(stats_ptr + (bh * N + i) * 3 + 1, mask=i < N, other=1.0)
+    row_key = tl.load(stats_ptr + (bh * N + i) * 3 + 2, mask=i < N, other=0.0).to(tl.uint32, bitcast=True)
     delta = tl.load(delta_ptr + bh * N + i, mask=i < N, other=0.0)
-    return do, m, den, delta
+    return do, m, rden, delta, row_key
 
 
 @triton.jit
 def _dq_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
     do_ptr, stats_ptr, delta_ptr, dqw_ptr, dqr_ptr, dbias_ptr, def_ptr,
-    H, N, K, R, L, D: tl.constexpr, P, GB, row0, row_end, scale, seed, drop_thr, keep_scale,
+    H, N, K, R, L, D: tl.constexpr, P, GB, row0, row_end, scale, drop_thr, keep_scale,
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -287,27 +307,28 @@ def _dq_kernel(
     g = b // GB
     i0 = row0 + tl.program_id(0) * BM
     i, qw, qr = _row_tile(qw_ptr, qr_ptr, b, h, H, N, D, i0, row_end, BM, BD)
-    do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD)
-    row_key = _row_key(seed, bh, N, i[:, None])
+    do, m, rden, delta, row_key = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD)
+    row_key = row_key[:, None]
     dqw = tl.zeros([BM, BD], tl.float32)
     dqr = tl.zeros([BM, BD], tl.float32)
     de0 = tl.zeros([BM, 1], tl.float32)  # [BM, 1]: carried in the products' layout (see _fwd_kernel)
     de1 = tl.zeros([BM, 1], tl.float32)
     # ds = p (keep dp / (1 - p_drop) - delta) / sqrt(D) = p' (keep dp - delta') with p' = p keep_scale / sqrt(D) and
-    # delta' = delta / keep_scale: the per-score factors folded into per-row ones
-    m, r, delta = m[:, None], (scale * keep_scale) / den[:, None], delta[:, None] / keep_scale
+    # delta' = delta / keep_scale (the launcher divides): the per-score factors folded into per-row ones
+    m, r, delta, scale2 = m[:, None], (scale * keep_scale) * rden[:, None], delta[:, None], scale * LOG2E
     for j0 in range(0, K, BN):
         j = j0 + tl.arange(0, BN)
         ok = (i < N)[:, None] & (j < K)[None, :]
         k = _load_rows(k_ptr + bh * K * D, j0, K, D, BN, BD)
         v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
         s, fl = _scores(qw, qr, k, i, i0, j0, b, h, g, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
-                        H, N, K, R, L, D, P, row0, scale, QUERY, HAS_SEG, HAS_MASK, HAS_SEG, BM, BN, BD)  # fmt: skip
-        p = tl.exp(s - m) * r
+                        H, N, K, R, L, D, P, row0, scale2, QUERY, HAS_SEG, HAS_MASK, HAS_SEG, BM, BN, BD)  # fmt: skip
+        p = _exp2(s - m) * r
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
-        if DROP:
-            dp = tl.where(_keep(row_key, j[None, :], drop_thr), dp, 0.0)
-        ds = p * (dp - delta)
+        if DROP:  # ds = p' (keep dp - delta') = (keep p') dp - p' delta': the keep bits used once
+            ds = tl.where(_keep(row_key, j[None, :], drop_thr), p, 0.0) * dp - p * delta
+        else:
+            ds = p * (dp - delta)
         dqw += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
         if QUERY:
             tl.store(dbias_ptr + (bh * P + (i - row0)[:, None]) * K + j[None, :],
@@ -332,7 +353,7 @@ def _dq_kernel(
 def _dkdv_step(
     dk, dv, k, v, i0, j0, row_end, b, h, g,
     qw_ptr, qr_ptr, kr_ptr, ef_ptr, flags_ptr, do_ptr, stats_ptr, delta_ptr,
-    H, N, K, R, L, D: tl.constexpr, scale, seed, drop_thr, keep_scale,
+    H, N, K, R, L, D: tl.constexpr, scale, drop_thr, keep_scale,
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -340,18 +361,18 @@ def _dkdv_step(
     the kernel takes it out at the end), dk_j += sum_i ds_ij qw_i; p' and delta' as in _dq_kernel."""
     bh = b * H + h
     i, qw, qr = _row_tile(qw_ptr, qr_ptr, b, h, H, N, D, i0, row_end, BM, BD)
-    do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD)
+    do, m, rden, delta, row_key = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD)
     s, _ = _scores(qw, qr, k, i, i0, j0, b, h, g, kr_ptr, qw_ptr, ef_ptr, flags_ptr,
-                   H, N, K, R, L, D, 0, 0, scale, False, HAS_SEG, HAS_MASK, False, BM, BN, BD)  # fmt: skip
-    p = tl.exp(s - m[:, None]) * ((scale * keep_scale) / den[:, None])
+                   H, N, K, R, L, D, 0, 0, scale * LOG2E, False, HAS_SEG, HAS_MASK, False, BM, BN, BD)  # fmt: skip
+    p = _exp2(s - m[:, None]) * ((scale * keep_scale) * rden[:, None])
     dp = tl.dot(do, tl.trans(v), input_precision="ieee")
-    pd = p
-    if DROP:
-        keep = _keep(_row_key(seed, bh, N, i[:, None]), j0 + tl.arange(0, BN)[None, :], drop_thr)
-        pd = tl.where(keep, p, 0.0)
-        dp = tl.where(keep, dp, 0.0)
+    if DROP:  # as in _dq_kernel: the keep bits used once
+        pd = tl.where(_keep(row_key[:, None], j0 + tl.arange(0, BN)[None, :], drop_thr), p, 0.0)
+        ds = pd * dp - p * delta[:, None]
+    else:
+        pd = p
+        ds = p * (dp - delta[:, None])
     dv += tl.dot(tl.trans(pd).to(do.dtype), do, input_precision="ieee")
-    ds = p * (dp - delta[:, None] / keep_scale)
     dk += tl.dot(tl.trans(ds).to(qw.dtype), qw, input_precision="ieee")
     return dk, dv
 
@@ -360,7 +381,7 @@ def _dkdv_step(
 def _dkdv_step_t(
     dk, dv, k, v, i0, j0, row0, b, h,
     qw_ptr, bias_ptr, do_ptr, stats_ptr, delta_ptr,
-    H, N, K, D: tl.constexpr, P, scale, seed, drop_thr, keep_scale,
+    H, N, K, D: tl.constexpr, P, scale, drop_thr, keep_scale,
     DROP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     """The same for table rows, on the transposed tile (keys down, rows across: s^T = k·qw^T [BN, BM]), so that
@@ -371,18 +392,18 @@ def _dkdv_step_t(
     j = j0 + tl.arange(0, BN)
     ok = (j < K)[:, None] & (i < N)[None, :]
     qw = _load_rows(qw_ptr + bh * N * D, i0, N, D, BM, BD)
-    do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, N, BM, BD)
+    do, m, rden, delta, row_key = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, N, BM, BD)
     bias = tl.load(bias_ptr + (bh * P + (i - row0)[None, :]) * K + j[:, None], mask=ok, other=float("-inf"))
-    s = tl.dot(k, tl.trans(qw), input_precision="ieee") * scale + bias.to(tl.float32)
-    p = tl.exp(s - m[None, :]) * ((scale * keep_scale) / den)[None, :]  # p' (as in _dkdv_step)
+    s = tl.dot(k, tl.trans(qw), input_precision="ieee") * (scale * LOG2E) + bias.to(tl.float32)
+    p = _exp2(s - m[None, :]) * ((scale * keep_scale) * rden)[None, :]  # p' (as in _dkdv_step)
     dp = tl.dot(v, tl.trans(do), input_precision="ieee")
-    pd = p
-    if DROP:
-        keep = _keep(_row_key(seed, bh, N, i[None, :]), j[:, None], drop_thr)
-        pd = tl.where(keep, p, 0.0)
-        dp = tl.where(keep, dp, 0.0)
+    if DROP:  # as in _dq_kernel: the keep bits used once
+        pd = tl.where(_keep(row_key[None, :], j[:, None], drop_thr), p, 0.0)
+        ds = pd * dp - p * delta[None, :]
+    else:
+        pd = p
+        ds = p * (dp - delta[None, :])
     dv += tl.dot(pd.to(do.dtype), do, input_precision="ieee")
-    ds = p * (dp - (delta / keep_scale)[None, :])
     dk += tl.dot(ds.to(qw.dtype), qw, input_precision="ieee")
     return dk, dv
 
@@ -391,7 +412,7 @@ def _dkdv_step_t(
 def _dkdv_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
     do_ptr, stats_ptr, delta_ptr, dk_ptr, dv_ptr,
-    H, N, K, R, L, D: tl.constexpr, P, GB, n_content, scale, seed, drop_thr, keep_scale,
+    H, N, K, R, L, D: tl.constexpr, P, GB, n_content, scale, drop_thr, keep_scale,
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr, HAS_BAND: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -408,11 +429,11 @@ def _dkdv_kernel(
         for i0 in range(0, n_content, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, i0, j0, n_content, b, h, g,
                                 qw_ptr, qr_ptr, kr_ptr, ef_ptr, flags_ptr, do_ptr, stats_ptr, delta_ptr,
-                                H, N, K, R, L, D, scale, seed, drop_thr, keep_scale,
+                                H, N, K, R, L, D, scale, drop_thr, keep_scale,
                                 HAS_SEG, HAS_MASK, DROP, BM, BN, BD)  # fmt: skip
     for i0 in range(n_content, N, BM):
         dk, dv = _dkdv_step_t(dk, dv, k, v, i0, j0, n_content, b, h, qw_ptr, bias_ptr, do_ptr, stats_ptr, delta_ptr,
-                              H, N, K, D, P, scale, seed, drop_thr, keep_scale, DROP, BM, BN, BD)  # fmt: skip
+                              H, N, K, D, P, scale, drop_thr, keep_scale, DROP, BM, BN, BD)  # fmt: skip
     j = j0 + tl.arange(0, BN)
     d = tl.arange(0, BD)
     ok = (j < K)[:, None] & (d < D)[None, :]
@@ -431,7 +452,7 @@ def _diag(T, BM: tl.constexpr, BR: tl.constexpr):
 def _dkr_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, ef_ptr, flags_ptr,
     do_ptr, stats_ptr, delta_ptr, dkr_ptr,
-    H, N, K, R, L, D: tl.constexpr, GB, n_content, scale, seed, drop_thr, keep_scale,
+    H, N, K, R, L, D: tl.constexpr, GB, n_content, scale, drop_thr, keep_scale,
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -449,23 +470,23 @@ def _dkr_kernel(
         bh = b * H + h
         for i0 in range(0, n_content, BM):
             i, qw, qr = _row_tile(qw_ptr, qr_ptr, b, h, H, N, D, i0, n_content, BM, BD)
-            do, m, den, delta = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, n_content, BM, BD)
+            do, m, rden, delta, rk = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, n_content, BM, BD)
             j = i[:, None] + r[None, :] - L
             ok = (i < N)[:, None] & (j >= 0) & (j < K) & (r < R)[None, :]
             j = tl.where(ok, j, 0)
             kb = _load_rows(k_ptr + bh * K * D, i0 + r0 - L, K, D, BM + BR, BD)
             s = _diag(tl.dot(qw, tl.trans(kb), input_precision="ieee"), BM, BR)
             s += tl.dot(qr, tl.trans(kr), input_precision="ieee")
-            bias, _ = _bias(tl.zeros([BM, BR], tl.float32), b, bh, i[:, None], j, ok, ef_ptr, flags_ptr, N, K, scale,
-                            HAS_SEG, HAS_MASK)  # fmt: skip
-            s = s * scale + bias
-            p = tl.exp(s - m[:, None]) / den[:, None]
+            bias, _ = _bias(tl.zeros([BM, BR], tl.float32), b, bh, i[:, None], j, ok, ef_ptr, flags_ptr, N, K,
+                            scale * LOG2E, HAS_SEG, HAS_MASK)  # fmt: skip
+            s = s * (scale * LOG2E) + bias
+            p = _exp2(s - m[:, None]) * ((scale * keep_scale) * rden[:, None])  # p' (as in _dq_kernel)
             vb = _load_rows(v_ptr + bh * K * D, i0 + r0 - L, K, D, BM + BR, BD)
             dp = _diag(tl.dot(do, tl.trans(vb), input_precision="ieee"), BM, BR)
-            if DROP:
-                keep = _keep(_row_key(seed, bh, N, i[:, None]), j, drop_thr)
-                dp = tl.where(keep, dp * keep_scale, 0.0)
-            ds = p * (dp - delta[:, None]) * scale
+            if DROP:  # as in _dq_kernel
+                ds = tl.where(_keep(rk[:, None], j, drop_thr), p, 0.0) * dp - p * delta[:, None]
+            else:
+                ds = p * (dp - delta[:, None])
             dkr += tl.dot(tl.trans(ds).to(qr.dtype), qr, input_precision="ieee")
     d = tl.arange(0, BD)
     tl.store(dkr_ptr + (gh * R + r[:, None]) * D + d[None, :], dkr, mask=(r < R)[:, None] & (d < D)[None, :])
@@ -532,7 +553,7 @@ def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, 
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
     bias = _table_bias(qr, kr, ef, rows, flags, has_mask, L, n_content, K)
     out = torch.empty_like(qw)
-    stats = torch.empty(B, H, N, 2, dtype=torch.float32, device=qw.device)
+    stats = torch.empty(B, H, N, 3, dtype=torch.float32, device=qw.device)
     thr, keep_scale = dropout_threshold(p_drop)
     ins = (qw, qr, k, v, kr, _or_dummy(bias, qw), _or_dummy(ef, qw), _or_dummy(flags, rows))
     for query, row0, row_end in ((False, 0, n_content), (True, n_content, N)):
@@ -546,10 +567,12 @@ def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, 
     return out, stats, _or_dummy(bias, qw)
 
 
-def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
+def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop):
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
     f32 = dict(dtype=torch.float32, device=qw.device)
-    delta = (do.float() * out.float()).sum(-1)  # delta_i = do_i·out_i = sum_j p_ij dp_ij
+    thr, keep_scale = dropout_threshold(p_drop)
+    delta = (do.float() * out.float()).sum(-1) / keep_scale  # delta_i = do_i·out_i = sum_j p_ij dp_ij; / keep_scale:
+    # the kernels' delta' (_dq_kernel)
     dqw, dqr = torch.empty(B, H, N, D, **f32), torch.empty(B, H, N, D, **f32)
     dbias = torch.empty(B, H, P, K, dtype=qw.dtype, device=qw.device) if P else None  # dq writes every entry
     def_ = torch.empty(B, H, N, 2, **f32) if ef is not None else None
@@ -557,9 +580,8 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
     dkr = torch.zeros(G, H, R, D, **f32)
     d_flags = _or_dummy(flags, rows)
     ins = (qw, qr, k, v, kr, bias, _or_dummy(ef, qw), d_flags)
-    thr, keep_scale = dropout_threshold(p_drop)
     opts = dict(HAS_SEG=ef is not None, HAS_MASK=has_mask, DROP=thr > 0)
-    drop = (seed, thr, keep_scale)
+    drop = (thr, keep_scale)
     scale = 1.0 / math.sqrt(D)
     for query, row0, row_end in ((False, 0, n_content), (True, n_content, N)):
         BM, BN, BD, launch = _blocks(qw.device, D, "dq" if query else "band")
@@ -663,8 +685,8 @@ def rel_attn(
     p_drop: float,
     seed: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The fused core on prepared inputs (see triton_rel_attention): (out [B,H,N,D], stats [B,H,N,2] fp32 (the
-    softmax's row max and sum), the table rows' bias [B,H,P,K] (_bias_dtype; [1] without table rows): made once
+    """The fused core on prepared inputs (see triton_rel_attention): (out [B,H,N,D], stats [B,H,N,3] fp32 (the
+    softmax's row max in log2 units, 1 / its sum, the row's dropout key as bits), the table rows' bias [B,H,P,K] (_bias_dtype; [1] without table rows): made once
     here and read again by backward)."""
     return _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, int(seed))
 
@@ -675,7 +697,7 @@ def _(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
     P = N - n_content
     return (
         torch.empty_like(qw),
-        qw.new_empty(B, H, N, 2, dtype=torch.float32),
+        qw.new_empty(B, H, N, 3, dtype=torch.float32),
         qw.new_empty((B, H, P, k.shape[2]) if P else (1,), dtype=_bias_dtype(qw.dtype) if P else qw.dtype),
     )
 
@@ -698,32 +720,31 @@ def rel_attn_backward(
     L: int,
     n_content: int,
     p_drop: float,
-    seed: torch.Tensor,
 ) -> list[torch.Tensor]:
     """Gradients (fp32) of qw, qr, k, v, kr, ef (the last [0] when absent)."""
     grads = _backward(do.contiguous(), out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content,
-                      p_drop, int(seed))  # fmt: skip
+                      p_drop)  # fmt: skip
     return [qw.new_zeros(0, dtype=torch.float32) if g is None else g for g in grads]
 
 
 @rel_attn_backward.register_fake
-def _(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
+def _(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop):
     f = lambda t: qw.new_empty(t.shape if t is not None else (0,), dtype=torch.float32)  # noqa: E731
     return [f(t) for t in (qw, qr, k, v, kr, ef)]
 
 
 def _setup_context(ctx, inputs, output):
-    qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed = inputs
+    qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, _ = inputs
     out, stats, bias = output
-    ctx.save_for_backward(out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, seed)
+    ctx.save_for_backward(out, stats, bias, qw, qr, k, v, kr, ef, rows, flags)
     ctx.args = (has_mask, L, n_content, p_drop)
 
 
 def _rel_attn_grad(ctx, dout, _dstats, _dbias):
-    out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, seed = ctx.saved_tensors
+    out, stats, bias, qw, qr, k, v, kr, ef, rows, flags = ctx.saved_tensors
     has_mask, L, n_content, p_drop = ctx.args
     grads = rel_attn_backward(dout, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content,
-                              p_drop, seed)  # fmt: skip
+                              p_drop)  # fmt: skip
     ins = (qw, qr, k, v, kr, ef)
     dqw, dqr, dk, dv, dkr, def_ = (None if t is None else g.to(t.dtype) for g, t in zip(grads, ins, strict=True))
     return dqw, dqr, dk, dv, dkr, def_, None, None, None, None, None, None, None
