@@ -209,18 +209,20 @@ def _bias_kernel(
 
 
 @triton.jit
-def _unshift_kernel(dbias_ptr, rows_ptr, dt_ptr, H, N, K, R, L, P, row0, BM: tl.constexpr, BN: tl.constexpr):
+def _unshift_kernel(dbias_ptr, rows_ptr, dt_ptr, H, N, K, R, L, P, GB, row0, BM: tl.constexpr, BN: tl.constexpr):
     """The inverse of _bias_kernel's rel-shift for the gradient: dt[p, c] = dbias[p, c - (L - pos)] where that key
-    exists, else 0. Writes every entry of the [B,H,P,R] table gradient (no zeroing pass)."""
+    exists, else 0. Writes every entry of the table gradient (no zeroing pass), laid out [G, H, B/G, P, R]: per
+    table and head one [B/G·P, R] matrix, so that one batched product per (table, head) takes it to kr."""
     bh = tl.program_id(2)
-    b = bh // H
+    b, h = bh // H, bh % H
     p = tl.program_id(0) * BM + tl.arange(0, BM)
     c = tl.program_id(1) * BN + tl.arange(0, BN)
     pos = tl.load(rows_ptr + b * N + row0 + p, mask=p < P, other=0)
     j = c[None, :] - (L - pos[:, None])
     inside = (p < P)[:, None] & (c < R)[None, :]
     g = tl.load(dbias_ptr + (bh * P + p[:, None]) * K + j, mask=inside & (j >= 0) & (j < K), other=0.0)
-    tl.store(dt_ptr + (bh * P + p[:, None]) * R + c[None, :], g, mask=inside)
+    out = (((b // GB) * H + h) * GB + b % GB) * P
+    tl.store(dt_ptr + (out + p[:, None]) * R + c[None, :], g, mask=inside)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -325,7 +327,7 @@ def _dq_kernel(
                         H, N, K, R, L, D, P, row0, scale2, QUERY, HAS_SEG, HAS_MASK, HAS_SEG, BM, BN, BD)  # fmt: skip
         p = _exp2(s - m) * r
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
-        if DROP:  # ds = p' (keep dp - delta') = (keep p') dp - p' delta': the keep bits used once
+        if DROP:  # noqa: SIM108 - ds = p' (keep dp - delta') = (keep p') dp - p' delta': the keep bits used once
             ds = tl.where(_keep(row_key, j[None, :], drop_thr), p, 0.0) * dp - p * delta
         else:
             ds = p * (dp - delta)
@@ -498,13 +500,12 @@ def _dkr_kernel(
 
 # Per kernel on a GPU: (BM rows and BN keys of a tile; warps; software-pipelining stages of the loop, 3 = Triton's
 # default on NVIDIA). Band rows take BN = BM (BM + BN, the band's rows, must be a power of two; dkr: BR = BM).
-# Measured on an H200 (benchmarks/gpu_attention.py, Base shapes, per kernel its fastest of 8 tiles; BENCHMARKS.md):
-# forward 32 rows x 64 keys x 4 warps, dq 64 x 32 x 4, dk/dv (the transposed tile) 32 x 64 x 4: forward + backward
-# 4.33 ms (the previous 64 x 32 x 8 / 64 x 16 x 4 / 16 x 128 x 8: 5.35).
+# Measured on an H200 (benchmarks/gpu_attention.py, Base shapes, per kernel its fastest of 7 tiles, BENCHMARKS.md
+# run 4): forward 64 x 64 x 4 warps (wgmma), dq 64 x 64 x 4, dk/dv (the transposed tile) 32 x 64 x 4.
 GPU_TILES = {
     "bias": (32, 128, 4, 1),  # _bias_kernel and _unshift_kernel: streaming passes, no loop
-    "fwd": (32, 64, 4, 3),
-    "dq": (64, 32, 4, 3),
+    "fwd": (64, 64, 4, 3),
+    "dq": (64, 64, 4, 3),
     "dkdv": (32, 64, 4, 3),
     "band": (32, 32, 4, 3),  # every launch with band rows (CONTENT_POSITIONS "band"; BN = BM): 64 rows spill
     "dkr": (32, 32, 8, 3),
@@ -604,13 +605,15 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
             BM=BM, BR=BM, BD=BD, **launch,
         )  # fmt: skip
     if dbias is not None:  # the bias's gradient back to the table (one entry per (row, key)), then to its factors
-        dt = torch.empty(G, B // G, H, P, R, dtype=dbias.dtype, device=dbias.device)
+        GB = B // G
+        dt = torch.empty(G, H, GB * P, R, dtype=dbias.dtype, device=dbias.device)
         BM, BN, _, launch = _blocks(qw.device, D, "bias")
         _unshift_kernel[(triton.cdiv(P, BM), triton.cdiv(R, BN), B * H)](
-            dbias, rows, dt, H, N, K, R, L, P, n_content, BM=BM, BN=BN, **launch
+            dbias, rows, dt, H, N, K, R, L, P, GB, n_content, BM=BM, BN=BN, **launch
         )
-        dqr[:, :, n_content:] += torch.matmul(dt, kr[:, None]).reshape(B, H, P, D)
-        dkr += torch.matmul(dt.transpose(-1, -2), qr[:, :, n_content:].reshape(G, B // G, H, P, D)).sum(1)
+        dqr[:, :, n_content:] += torch.matmul(dt, kr).view(G, H, GB, P, D).transpose(1, 2).reshape(B, H, P, D)
+        qr_g = qr[:, :, n_content:].reshape(G, GB, H, P, D).transpose(1, 2).reshape(G, H, GB * P, D)
+        dkr += torch.matmul(dt.transpose(-1, -2), qr_g)
     return dqw, dqr, dk, dv, dkr, def_
 
 
@@ -686,8 +689,8 @@ def rel_attn(
     seed: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused core on prepared inputs (see triton_rel_attention): (out [B,H,N,D], stats [B,H,N,3] fp32 (the
-    softmax's row max in log2 units, 1 / its sum, the row's dropout key as bits), the table rows' bias [B,H,P,K] (_bias_dtype; [1] without table rows): made once
-    here and read again by backward)."""
+    softmax's row max in log2 units, 1 / its sum, the row's dropout key as bits), the table rows' bias [B,H,P,K]
+    (_bias_dtype; [1] without table rows): made once here and read again by backward)."""
     return _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, int(seed))
 
 
