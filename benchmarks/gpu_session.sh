@@ -35,7 +35,7 @@ step 150 attention python3 benchmarks/gpu_attention.py --json "$OUT/attention.js
     --best "$OUT/tiles.txt" --breakdown --impls triton,einsum,sdpa,einsum:compile ${SMOKE:+--smoke}
 grep "^check\|^triton\|^einsum\|^sdpa\|^fused\|^best\|^breakdown\|^   \|Error" "$OUT/attention.log" | tail -n 40
 TILES=$(cat "$OUT/tiles.txt" 2>/dev/null)
-if command -v ncu >/dev/null; then  # the second call's three kernels: what limits each (Nsight Compute)
+if [ -n "${NCU-1}" ] && command -v ncu >/dev/null; then  # the three kernels' limits (Nsight Compute; NCU= skips)
     step 90 ncu ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
         --section MemoryWorkloadAnalysis --section WarpStateStats -k "regex:_fwd_kernel|_dq_kernel|_dkdv_kernel" \
         --launch-skip 3 --launch-count 3 python3 benchmarks/gpu_attention.py --once "$TILES"
