@@ -149,28 +149,43 @@ def test_compiled_layers_match_eager(impl):
     assert max(maxdiff(g1[k], g0[k]) for k in g0) <= TOL_FP32
 
 
-def test_auto_is_sdpa_eagerly_and_einsum_in_compiled_layers(monkeypatch):
-    """attn_impl auto on CUDA: SDPA eagerly; the einsum formulation inside each compiled layer (train.compile)."""
+def test_auto_runs_triton_eagerly_and_in_compiled_layers(monkeypatch):
+    """attn_impl auto on a CUDA GPU with triton and bf16: the triton kernels, eagerly and inside each compiled layer
+    (train.compile); without them: SDPA eagerly, the einsum formulation inside compiled layers."""
     import torch.nn.functional as F
 
+    from xlnetcli.model.kernels import _triton_usable
     from xlnetcli.model.parallel import compile_layers
 
-    calls = []
+    calls = {"sdpa": 0, "triton": 0}
     sdpa = F.scaled_dot_product_attention
 
-    def counted(*args, **kwargs):
-        calls.append(1)
+    def counted_sdpa(*args, **kwargs):
+        calls["sdpa"] += 1
         return sdpa(*args, **kwargs)
 
-    monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", counted_sdpa)
+    if "triton" in IMPLS:
+        from xlnetcli.model import triton_attention
+
+        fused = triton_attention.triton_rel_attention
+
+        def counted_triton(*args, **kwargs):
+            calls["triton"] += 1
+            return fused(*args, **kwargs)
+
+        monkeypatch.setattr(triton_attention, "triton_rel_attention", counted_triton)
+    want = "triton" if _triton_usable(CUDA) else "sdpa"
     eager, comp = (m.to(CUDA) for m in twins(gpu_cfg(dropout=0.0, dropatt=0.0, attn_impl="auto")))
     b = batch()
     run(eager, b, steps=1)
-    assert calls, "eager auto did not run SDPA"
-    calls.clear()
+    assert calls[want] and not calls["sdpa" if want == "triton" else "triton"], calls
+    calls.update(sdpa=0, triton=0)
     compile_layers(comp)
     run(comp, b, steps=1)
-    assert not calls, "auto inside compiled layers ran SDPA, not the einsum formulation"
+    assert not calls["sdpa"], "auto inside compiled layers ran SDPA"
+    if want == "triton":
+        assert calls["triton"], "auto inside compiled layers did not run the triton kernels"
 
 
 @pytest.mark.parametrize("impl", IMPLS)

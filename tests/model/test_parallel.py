@@ -12,7 +12,7 @@ import torch
 from modeltools import maxdiff, plm_batch, tiny_cfg, twins
 
 from xlnetcli.core import dist
-from xlnetcli.model import XLNetLayer
+from xlnetcli.model import XLNetLayer, kernels
 from xlnetcli.model.flops import forward_flops, peak_tflops, train_flops
 from xlnetcli.model.kernels import _RelShift, resolve_impl
 from xlnetcli.model.parallel import apply_activation_checkpointing, compile_layers, parallelize
@@ -98,9 +98,12 @@ def test_rel_shift_backward_is_the_gradient():
     assert torch.autograd.gradcheck(lambda t: _RelShift.apply(t, shift, K), (bd,))
 
 
-def test_kernel_choice():
+def test_kernel_choice(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setitem(kernels._TRITON_USABLE, None, False)  # no triton, or a GPU without bf16
     assert resolve_impl("auto", cpu) == "fused" and resolve_impl("auto", cuda) == "sdpa"
+    monkeypatch.setitem(kernels._TRITON_USABLE, None, True)
+    assert resolve_impl("auto", cpu) == "fused" and resolve_impl("auto", cuda) == "triton"
     assert resolve_impl("einsum", cuda) == "einsum"
     with pytest.raises(Exception, match="flex needs a CUDA device"):
         resolve_impl("flex", cpu)

@@ -138,8 +138,8 @@ def test_query_rows_only():
 
 
 def test_dropout_through_the_debug_keep_mask(positions):
-    """The kernel's Philox keep mask: the rate, reproducible under torch.manual_seed, and the same mask regenerated
-    in backward (the gradients match the reference given that mask)."""
+    """The kernels' hashed keep mask is keep_mask's (the output and gradients match the reference given the mask
+    torch computes), its rate, reproducible under torch.manual_seed, and the same mask recomputed in backward."""
     ins, layout = case(M=8, P=4, G=2)
     torch.manual_seed(5)
     keep = check(ins, layout, p=0.3)
@@ -148,6 +148,26 @@ def test_dropout_through_the_debug_keep_mask(positions):
     torch.manual_seed(5)
     again = run_triton(ins, layout, 0.3)[1]
     assert again is not None and torch.equal(keep, again)
+
+
+def test_keep_mask_statistics():
+    """The dropout hash over 4M scores: the keep rate within 5 standard deviations of 1 - p (p rounded to 24 bits),
+    neighbouring keys, rows, heads and seeds agree as often as independent draws would (p^2 + (1-p)^2), and the
+    24-bit threshold keeps p's scale exact."""
+    p = 0.1
+    keep = ta.keep_mask(12345, (4, 4, 256, 1024), p, "cpu")
+    n = keep.numel()
+    q = 1 - ta.dropout_threshold(p)[0] / 2**24
+    assert abs(keep.float().mean().item() - q) < 5 * math.sqrt(q * (1 - q) / n)
+    agree = q * q + (1 - q) * (1 - q)
+    other_seed = ta.keep_mask(12346, (4, 4, 256, 1024), p, "cpu")
+    for a, b in ((keep[..., 1:], keep[..., :-1]), (keep[:, :, 1:], keep[:, :, :-1]), (keep[:, 1:], keep[:, :-1]),
+                 (keep, other_seed)):  # fmt: skip
+        rate = (a == b).float().mean().item()
+        assert abs(rate - agree) < 5 * math.sqrt(agree * (1 - agree) / a.numel()), rate
+    t, scale = ta.dropout_threshold(p)
+    assert t == round(p * 2**24) and scale == 1 / (1 - t / 2**24)
+    assert ta.dropout_threshold(0.0) == (0, 1.0)
 
 
 def test_fp16_inputs():

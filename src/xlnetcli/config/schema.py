@@ -96,7 +96,8 @@ class ModelConfig:
     clamp_len: int = ranged(-1, "[-1, inf)")  # clip relative positions to +-clamp_len (-1 = no clipping)
     # Kept for HF config round trips: like the original and HF, it only affects attn_type "uni", and XLNet is "bi".
     same_length: bool = False
-    # attention kernel (model/kernels.py); auto = fused on CPU, sdpa on CUDA (einsum inside torch.compile)
+    # attention kernel (model/kernels.py); auto = fused on CPU, triton on CUDA (with triton and bf16; else sdpa eagerly,
+    # einsum inside torch.compile)
     attn_impl: Literal["auto", "fused", "einsum", "sdpa", "flex", "triton"] = "auto"
     # pretraining objective on the same backbone, memory and records (the paper's Table 6 ablations;
     # data/pretrain_stream.py):

@@ -9,30 +9,31 @@ masked (a masked score is replaced by NEG_INF = -1e30, as the reference's additi
 a fully masked row attends uniformly to every key and passes gradient through), softmax, dropout, · v.
 
 The kernels follow FlashAttention-2 (Dao 2023, arXiv:2307.08691): per tile of BM rows an online softmax over
-tiles of BN keys (running max m, sum l, rescaled accumulator); m and l are kept per row (not their log-sum-exp:
-in a fully masked row m = -1e30 absorbs log l) and backward recomputes p = exp(s - m) / l, with delta_i =
-do_i·out_i, ds = p (dp - delta). No [N,K] score tensor is written. The position term comes one of two ways:
+tiles of BN keys (running max m, sum l, rescaled accumulator), scores kept in log2 units (times log2 e, folded into
+the scale) so that each weight is one ex2; m and 1/l are kept per row (not their log-sum-exp: in a fully masked row
+m = -1e30 absorbs log l) and backward recomputes p = 2^(s - m) / l, with delta_i = do_i·out_i, ds = p (dp - delta).
+No probability or fp32 score tensor is written. The position term comes one of two ways:
 
 - a table (every query-stream row, and the content rows with CONTENT_POSITIONS "table", the default): bdq =
-  qr·kr^T [B,H,rows,R] by one matmul inside the op (recomputed in backward), read by index at column
-  L - pos_i + j (Transformer-XL's rel-shift); backward stores each entry's gradient once (no atomics) and two
-  matmuls take it to qr and kr;
+  qr·kr^T [B,H,rows,R] by one matmul, rel-shifted (column L - pos_i + j, Transformer-XL's rel-shift) into the rows'
+  bias [B,H,rows,K] together with the segment term and the mask by _bias_kernel, once per call; the attention
+  kernels read one contiguous bias tile per step (no per-score address arithmetic, no byte decoding), and backward
+  reads the same bias (kept from forward: 2 bytes per score in bf16). dq writes the bias's gradient densely;
+  _unshift_kernel moves it back to table columns and two batched products take it to qr and kr;
 - a band (content rows, pos_i = i, with CONTENT_POSITIONS "band"): the position term of a (row tile i0, key tile j0)
   reads the kr rows rb = L - i0 - (BM-1) + j0 ... rb + BM + BN - 1, multiplies them once (T = qr·band^T,
-  [BM, BM+BN]) and skews the product in registers, S[a, c] = T[a, c - a + BM - 1] (tl.gather): no [N,R] tensor
-  either, at the cost of two extra tile products, the gather and a dkr kernel (slower on an H100: BENCHMARKS.md);
+  [BM, BM+BN]) and skews the product in registers, S[a, c] = T[a, c - a + BM - 1] (tl.gather): no [N,R] or [N,K]
+  tensor, at the cost of two extra tile products, the gather and a dkr kernel (slower: BENCHMARKS.md); the
+  segment term (two scalars ef_i per row, chosen by the same-segment bit) and the mask bit are read per score from
+  one byte per (row, key) shared by the heads (kernels.mask_flags).
 
-and per score:
-
-- the segment term: per row the two scalars ef_i, chosen per key by the same-segment bit; that bit and the mask bit
-  are one byte per (row, key) shared by the heads (kernels.mask_flags);
-- attention dropout: keep_ij = (number j % 4 of philox(seed, ((b·H + h)·N + i)·K4/4 + j/4)) >= p (tl.rand4x: one
-  draw serves four keys), drawn once in forward and kept for backward as bits, four keys to a byte ([B,H,N,K/4]:
-  an eighth of a bf16 score matrix). FlashAttention draws them again in backward; here, on an H200 at Base shapes,
-  drawing them again made up 30-40% of the two backward kernels' time (BENCHMARKS.md).
+Attention dropout: keep_ij = hash(row_key_i + j) >= t (_hash: a 32-bit integer hash, two multiply-xorshift
+rounds; row_key_i = hash(hash(((b·H + h)·N + i)) ^ seed), stored by forward with the row's softmax statistics; t =
+p rounded to 24 bits). Every kernel recomputes the bits it needs (about ten integer instructions per score), so
+nothing of the score matrix's size is kept for dropout; keep_mask computes the same mask with torch for tests.
 
 Backward is deterministic: no atomics, every gradient written by one program that sums in a fixed order. One
-kernel per row tile (dqw, the band rows' dqr, the two segment-scalar gradients, the table's gradient), one per key
+kernel per row tile (dqw, the band rows' dqr, the two segment-scalar gradients, the bias's gradient), one per key
 tile (dk, dv), and for band rows one per tile of relative positions (dkr, walking the rows in (i, r) space, where
 key j = i + r - L: the content and value products are then the skewed band ones).
 
@@ -510,11 +511,10 @@ GPU_TILES = {
     "band": (32, 32, 4, 3),  # every launch with band rows (CONTENT_POSITIONS "band"; BN = BM): 64 rows spill
     "dkr": (32, 32, 8, 3),
 }
-# Where the content rows' position scores come from: "table" (qr·kr^T [B,H,L,R] by one matmul, read by index like
-# the query rows', recomputed in backward, its gradient taken back through two matmuls) or "band" (the kr band
-# multiplied and skewed inside each tile: no [N, R] tensor, but two extra tile products, a gather and a dkr kernel).
-# On an H100 at Base shapes the table is faster (forward + backward 7.9 ms against 12.4) for 0.5 GiB more transient
-# memory per layer call.
+# Where the content rows' position scores come from: "table" (qr·kr^T [B,H,L,R] by one matmul, rel-shifted into
+# the bias tensor like the query rows') or "band" (the kr band multiplied and skewed inside each tile: no [N, R] or
+# [N, K] tensor, but two extra tile products, a gather and a dkr kernel). On an H200 at Base shapes the table is
+# faster (forward + backward 3.2 ms against 7.2, BENCHMARKS.md) for 0.8 GiB more memory per layer call.
 CONTENT_POSITIONS = "table"
 
 

@@ -146,7 +146,7 @@ class XLNetLayer(nn.Module):
     def forward(self, x, mem, pos_emb, layout: AttnLayout, biases, impl: str, valid_rows=None, h=None):
         """``impl`` is model.attn_impl, resolved again here: a layer compiled on its own (train.compile) gets what
         ``auto`` picks inside torch.compile. The layout and dropout the model built serve all that ``auto`` picks on
-        one device (CUDA: sdpa and einsum both read the additive mask)."""
+        one device (CUDA: triton in both, or without triton sdpa and einsum, which both read the additive mask)."""
         impl = resolve_impl(impl, x.device)
         a = self.rel_attn(x, mem, pos_emb, layout, biases, impl, h)
         if valid_rows is not None:  # padding target rows: zero attention output (as HF's one-hot mapping)
