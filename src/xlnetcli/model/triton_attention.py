@@ -38,7 +38,7 @@ tile (dk, dv), and for band rows one per tile of relative positions (dkr, walkin
 key j = i + r - L: the content and value products are then the skewed band ones).
 
 The torch side (``triton_rel_attention``) adds the biases, computes ef with ordinary ops, and calls the
-custom op ``xlnet::rel_attn`` (torch.library.custom_op, its backward registered with register_autograd), so that
+custom op ``xlnet::rel_attn_v2`` (torch.library.custom_op, its backward registered with register_autograd), so that
 torch.compile and activation checkpointing see one node. The kernels run on CUDA, or on CPU tensors under Triton's
 interpreter (TRITON_INTERPRET=1, read when this module is imported)."""
 
@@ -672,7 +672,9 @@ def keep_mask(seed: int, shape: tuple[int, int, int, int], p: float, device) -> 
     return (h >= thr << 8).view(B, H, N, K)
 
 
-@torch.library.custom_op("xlnet::rel_attn", mutates_args=())
+# The ops' names carry their schema's version: inductor's on-disk cache keys a compiled graph on the ops' names, so a
+# changed signature under the same name replays graphs written for the old one. Bump both when the schema changes.
+@torch.library.custom_op("xlnet::rel_attn_v2", mutates_args=())
 def rel_attn(
     qw: torch.Tensor,
     qr: torch.Tensor,
@@ -705,7 +707,7 @@ def _(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
     )
 
 
-@torch.library.custom_op("xlnet::rel_attn_backward", mutates_args=())
+@torch.library.custom_op("xlnet::rel_attn_v2_backward", mutates_args=())
 def rel_attn_backward(
     do: torch.Tensor,
     out: torch.Tensor,
