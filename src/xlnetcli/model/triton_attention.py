@@ -282,42 +282,48 @@ def _fwd_kernel(
 
 @triton.jit
 def _row_grads_in(
-    do_ptr, stats_ptr, delta_ptr, bh, N, D: tl.constexpr, i, i0, row_end, BM: tl.constexpr, BD: tl.constexpr
-):
-    """What backward reads per row tile: do [BM, BD], the softmax's row max m (log2 units) and 1 / sum, delta [BM]
-    (delta' = delta / keep_scale: see _dq_kernel), the dropout row keys the forward stored (_row_key)."""
+    do_ptr, stats_ptr, delta_ptr, bh, N, D: tl.constexpr, i, i0, row_end, BM: tl.constexpr, BD: tl.constexpr,
+    DELTA: tl.constexpr = True,
+):  # fmt: skip
+    """What backward reads per row tile: do [BM, BD], the softmax's row max m (log2 units) and 1 / sum, delta'
+    [BM] (_dq_kernel computes and stores it: DELTA False gives zeros), the dropout row keys the forward stored
+    (_row_key)."""
     do = _load_rows(do_ptr + bh * N * D, i0, row_end, D, BM, BD)
     m = tl.load(stats_ptr + (bh * N + i) * 3, mask=i < N, other=0.0)
     rden = tl.load(stats_ptr + (bh * N + i) * 3 + 1, mask=i < N, other=1.0)
     row_key = tl.load(stats_ptr + (bh * N + i) * 3 + 2, mask=i < N, other=0.0).to(tl.uint32, bitcast=True)
-    delta = tl.load(delta_ptr + bh * N + i, mask=i < N, other=0.0)
+    delta = tl.load(delta_ptr + bh * N + i, mask=i < N, other=0.0) if DELTA else tl.zeros([BM], tl.float32)
     return do, m, rden, delta, row_key
 
 
 @triton.jit
 def _dq_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
-    do_ptr, stats_ptr, delta_ptr, dqw_ptr, dqr_ptr, dbias_ptr, def_ptr,
+    do_ptr, out_ptr, stats_ptr, delta_ptr, dqw_ptr, dqr_ptr, dbias_ptr, def_ptr,
     H, N, K, R, L, D: tl.constexpr, P, GB, row0, row_end, scale, drop_thr, keep_scale,
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     """Per row tile: dqw_i = sum_j ds_ij k_j; dqr_i = sum_j ds_ij kr[L - i + j] (content rows, through the band) or
     the bias's gradient dbias[i, j] = ds_ij (table rows; the launcher takes it back to the table); the two segment
-    scalars' gradients sum_j ds_ij [same_ij] and sum_j ds_ij [not same_ij]."""
+    scalars' gradients sum_j ds_ij [same_ij] and sum_j ds_ij [not same_ij]. First delta_i = do_i·out_i (= sum_j p_ij
+    dp_ij), stored as delta' = delta / keep_scale for the dk/dv and dkr kernels, which run after."""
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
     g = b // GB
     i0 = row0 + tl.program_id(0) * BM
     i, qw, qr = _row_tile(qw_ptr, qr_ptr, b, h, H, N, D, i0, row_end, BM, BD)
-    do, m, rden, delta, row_key = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD)
+    do, m, rden, _, row_key = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD, False)
+    out = _load_rows(out_ptr + bh * N * D, i0, row_end, D, BM, BD)
+    delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1) / keep_scale
+    tl.store(delta_ptr + bh * N + i, delta, mask=i < N)
     row_key = row_key[:, None]
     dqw = tl.zeros([BM, BD], tl.float32)
     dqr = tl.zeros([BM, BD], tl.float32)
     de0 = tl.zeros([BM, 1], tl.float32)  # [BM, 1]: carried in the products' layout (see _fwd_kernel)
     de1 = tl.zeros([BM, 1], tl.float32)
     # ds = p (keep dp / (1 - p_drop) - delta) / sqrt(D) = p' (keep dp - delta') with p' = p keep_scale / sqrt(D) and
-    # delta' = delta / keep_scale (the launcher divides): the per-score factors folded into per-row ones
+    # delta' = delta / keep_scale: the per-score factors folded into per-row ones
     m, r, delta, scale2 = m[:, None], (scale * keep_scale) * rden[:, None], delta[:, None], scale * LOG2E
     for j0 in range(0, K, BN):
         j = j0 + tl.arange(0, BN)
@@ -572,8 +578,7 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
     f32 = dict(dtype=torch.float32, device=qw.device)
     thr, keep_scale = dropout_threshold(p_drop)
-    delta = (do.float() * out.float()).sum(-1) / keep_scale  # delta_i = do_i·out_i = sum_j p_ij dp_ij; / keep_scale:
-    # the kernels' delta' (_dq_kernel)
+    delta = torch.empty(B, H, N, **f32)  # delta' per row: _dq_kernel writes it, the others read it
     dqw, dqr = torch.empty(B, H, N, D, **f32), torch.empty(B, H, N, D, **f32)
     dbias = torch.empty(B, H, P, K, dtype=qw.dtype, device=qw.device) if P else None  # dq writes every entry
     def_ = torch.empty(B, H, N, 2, **f32) if ef is not None else None
@@ -588,7 +593,7 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
         BM, BN, BD, launch = _blocks(qw.device, D, "dq" if query else "band")
         if row_end > row0:
             _dq_kernel[(triton.cdiv(row_end - row0, BM), B * H)](
-                *ins, do, stats, delta, dqw, dqr, _or_dummy(dbias, qw), _or_dummy(def_, qw),
+                *ins, do, out, stats, delta, dqw, dqr, _or_dummy(dbias, qw), _or_dummy(def_, qw),
                 H, N, K, R, L, D, P, B // G, row0, row_end, scale, *drop, QUERY=query, **opts,
                 BM=BM, BN=BN, BD=BD, **launch,
             )  # fmt: skip
