@@ -2,9 +2,11 @@
 # Issue 23's measurements on a lent GPU in one call, most valuable first; each step under its own limit and all
 # of them inside BUDGET seconds; logs and JSON under $OUT (the device tool brings back at most 8 files).
 #   OUT=/tmp/gpu BUDGET=330 bash benchmarks/gpu_session.sh
-# ROWS (gpu_pretrain.py rows), PROFILE_ROWS (those of them profiled), SWEEP (tiles tried after the shipped ones) and TESTS (pytest -k, empty: all of
-# tests/test_gpu.py and tests/model/test_triton_attention.py) choose what runs. Before a lent GPU, check the script
-# here: SMOKE=1 runs every step on the CPU (Triton's interpreter, tiny shapes, no figures; about 2 minutes).
+# ROWS (gpu_pretrain.py rows), PROFILE_ROWS (those of them profiled), SWEEP (tiles tried after the shipped ones),
+# TESTS (pytest -k, empty: all of tests/test_gpu.py and tests/model/test_triton_attention.py) and NCU (empty: no
+# Nsight Compute) choose what runs. Before a lent GPU, check the script here: SMOKE=1 runs every step on the CPU
+# (Triton's interpreter, tiny shapes, no figures; about 2 minutes). A call of everything takes about 6-7 minutes on
+# an H200 (triton compile warm-up about 80 s per compiled row).
 set -u
 SMOKE=${SMOKE:-}
 if [ -n "$SMOKE" ]; then
@@ -12,9 +14,9 @@ if [ -n "$SMOKE" ]; then
 fi
 OUT=${OUT:-/tmp/gpu_session}; mkdir -p "$OUT"; rm -f "$OUT/tiles.txt"
 BUDGET=${BUDGET:-330}
-ROWS=${ROWS:-base:16:triton,base:16:triton:compile,base:16:einsum:compile,large:8:triton}
-SWEEP=${SWEEP:-64/32x4,32/64x4,16/64x4,32/128x8,128/32x8,64/32x8x4,64/64x8}
-TESTS=${TESTS-triton}
+ROWS=${ROWS:-base:16:triton,base:16:triton:compile,base:16:einsum:compile,large:8:triton,large:8:triton:compile}
+SWEEP=${SWEEP:-64/32x4,32/64x4,128/64x8,128/32x8,64/64x8,64/64x4x2}
+TESTS=${TESTS-triton or auto}
 PROFILE_ROWS=${PROFILE_ROWS:-base:16:triton:compile}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false
 start=$(date +%s)
