@@ -120,15 +120,16 @@ def _row_key(seed, bh, N, ri):
 @triton.jit
 def _keep(row_key, kj, drop_thr):
     """Dropout's keep bits at (row, key): hash(row_key + j) >= drop_thr·2^8 (a 24-bit threshold: p rounded to a
-    multiple of 2^-24). row_key and kj broadcast to the tile; every kernel recomputes them (a few integer ops per
-    score, no memory)."""
+    multiple of 2^-24). row_key and kj broadcast to the tile; every kernel recomputes the bits it needs (about ten
+    integer instructions per score, no memory); the row keys are the forward's (stored with the stats)."""
     return _hash(row_key + kj.to(tl.uint32)) >= (drop_thr.to(tl.uint32) << 8)
 
 
 @triton.jit
 def _bias(tab, b, bh, ri, kj, ok, ef_ptr, flags_ptr, N, K, scale, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr):
-    """What a tile's scores add to the scaled content product qw·k^T / sqrt(D): (tab (the position term, or 0) +
-    the segment term) / sqrt(D), NEG_INF where masked, -inf outside (not ok: no weight at all). Rows ri and keys kj
+    """What a tile's scores add to the scaled content product qw·k^T · scale: (tab (the position term, or 0) + the
+    segment term) · scale (the callers pass log2(e) / sqrt(D)), NEG_INF where masked, -inf outside (not ok: no
+    weight at all). Rows ri and keys kj
     are 2-D and broadcast to the tile ([BM, 1] and [1, BN]; the transposed tile: [1, BM] and [BN, 1]; any keys
     [BM, BN]). Returns it and the flags tile. Every term comes from memory: one fp32 tile meets the product. Adding
     NEG_INF = -1e30 to a score of normal size gives -1e30 exactly in fp32, as replacing it does."""
