@@ -196,8 +196,36 @@ def sdpa_backend(cudnn: bool):
     return sdpa_kernel([SDPBackend.CUDNN_ATTENTION])
 
 
-def profile(model, loss_fn, batch, dev, top: int) -> None:
-    """Print the kernels that take the most device time over two training steps, and device-busy vs wall time."""
+# Where a step's device time goes: triton_attention's kernels by name, then kernel-name patterns per category, the
+# first match wins (lower-case names).
+OUR_KERNELS = {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_dkr_kernel", "_bias_kernel", "_unshift_kernel"}
+SPLIT = (
+    ("optimizer", ("adam", "multi_tensor")),
+    ("sdpa / flash", ("flash", "fmha", "efficient_attention", "cudnn")),
+    ("matmul (cuBLAS)", ("nvjet", "gemm", "xmma", "cutlass", "sm80_", "sm90_", "ampere_", "hopper_")),
+    ("inductor fused", ("triton_",)),
+    ("copies and casts", ("copy", "cast")),
+    ("elementwise and reductions (aten)", ("elementwise", "reduce", "softmax", "layer_norm", "dropout", "fill")),
+)
+
+
+def step_split(events, steps: int) -> dict:
+    """ms per step of device time by category (OUR_KERNELS, SPLIT) from a profiler's key_averages(); "other" for the
+    rest."""
+    split: dict = {}
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CPU or not e.self_device_time_total:
+            continue
+        name = e.key.lower()
+        cat = "attention (triton op)" if e.key in OUR_KERNELS else "other"
+        cat = next((c for c, pats in SPLIT if any(p in name for p in pats)), cat)
+        split[cat] = split.get(cat, 0.0) + e.self_device_time_total / 1e3 / steps
+    return dict(sorted(split.items(), key=lambda kv: -kv[1]))
+
+
+def profile(model, loss_fn, batch, dev, top: int) -> dict:
+    """Print the kernels that take the most device time over two training steps, device-busy vs wall time and the
+    split by category (step_split); returns the figures (ms per step) for the row's JSON."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -218,7 +246,11 @@ def profile(model, loss_fn, batch, dev, top: int) -> None:
     # device-busy: the kernels' own time (the device rows); a custom op's CPU row also reports its kernels' time
     busy = sum(e.self_device_time_total for e in events if e.device_type != torch.autograd.DeviceType.CPU) / 1e6 / 2
     print(f"  profile: {wall / 2 * 1e3:.1f} ms wall per step, {busy * 1e3:.1f} ms device-busy per step")
+    split = step_split(events, 2)
+    for cat, ms in split.items():
+        print(f"  split: {ms:8.2f} ms  {cat}")
     print(events.table(sort_by=key, row_limit=top, max_name_column_width=70))
+    return dict(wall_ms=wall / 2 * 1e3, busy_ms=busy * 1e3, split_ms=split)
 
 
 def run_row(row: str, args, dev, peak_tflops, results: list, done_hf: set) -> None:
@@ -269,7 +301,7 @@ def run_row(row: str, args, dev, peak_tflops, results: list, done_hf: set) -> No
                         and engine == "ours"
                         and (not args.profile_rows or row in args.profile_rows.split(","))
                     ):
-                        profile(model, loss_fn, batch, dev, args.profile)
+                        r["profile"] = profile(model, loss_fn, batch, dev, args.profile)
             finally:
                 torch.use_deterministic_algorithms(prev)
         except torch.OutOfMemoryError:

@@ -46,7 +46,7 @@ if [ -n "${NCU-1}" ] && command -v ncu >/dev/null; then  # the three kernels' li
 fi
 step 160 pretrain python3 benchmarks/gpu_pretrain.py --hf --json "$OUT/pretrain.json" --profile 14 --tiles "$TILES" \
     --profile-rows "$PROFILE_ROWS" --rows "$ROWS" ${SMOKE:+--smoke}
-grep "^base\|^large\|^  base\|^  large\|profile:\|^device" "$OUT/pretrain.log" | tail -n 16
+grep "^base\|^large\|^  base\|^  large\|profile:\|split:\|^device" "$OUT/pretrain.log" | tail -n 30
 XDIST=$(python3 -c "import xdist" 2>/dev/null && [ -z "$SMOKE" ] && echo "-n 4")
 step 300 tests python3 -m pytest -p no:cacheprovider $XDIST -vv -rfEs --durations=5 ${TESTS:+-k "$TESTS"} \
     tests/test_gpu.py tests/model/test_triton_attention.py
