@@ -15,7 +15,7 @@ fi
 OUT=${OUT:-/tmp/gpu_session}; mkdir -p "$OUT"; rm -f "$OUT/tiles.txt"
 BUDGET=${BUDGET:-330}
 ROWS=${ROWS:-base:16:triton,base:16:triton:compile,base:16:einsum:compile,large:8:triton,large:8:triton:compile}
-SWEEP=${SWEEP:-64/32x4,32/64x4,128/64x8,128/32x8,64/64x8,64/64x4x2}
+SWEEP=${SWEEP:-64/32x4,32/64x4,32/64x4x2,16/64x4,128/64x8,64/64x8,64/64x4x2}
 TESTS=${TESTS-triton or auto}
 PROFILE_ROWS=${PROFILE_ROWS:-base:16:triton:compile}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false
