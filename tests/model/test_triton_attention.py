@@ -138,7 +138,7 @@ def test_query_rows_only():
 
 
 def test_dropout_through_the_debug_keep_mask(positions):
-    """The kernels' hashed keep mask is keep_mask's (the output and gradients match the reference given the mask
+    """The kernels' hashed keep mask is hash_keep_mask's (the output and gradients match the reference given the mask
     torch computes), its rate, reproducible under torch.manual_seed, and the same mask recomputed in backward."""
     ins, layout = case(M=8, P=4, G=2)
     torch.manual_seed(5)
@@ -177,17 +177,17 @@ def test_bias_and_its_unshift_are_the_rel_shift_and_its_transpose():
     assert torch.equal(dt, want_dt)
 
 
-def test_keep_mask_statistics():
+def test_hash_keep_mask_statistics():
     """The dropout hash over 4M scores: the keep rate within 5 standard deviations of 1 - p (p rounded to 24 bits),
     neighbouring keys, rows, heads and seeds agree as often as independent draws would (p^2 + (1-p)^2), and the
     24-bit threshold keeps p's scale exact."""
     p = 0.1
-    keep = ta.keep_mask(12345, (4, 4, 256, 1024), p, "cpu")
+    keep = ta.hash_keep_mask(12345, (4, 4, 256, 1024), p, "cpu")
     n = keep.numel()
     q = 1 - ta.dropout_threshold(p)[0] / 2**24
     assert abs(keep.float().mean().item() - q) < 5 * math.sqrt(q * (1 - q) / n)
     agree = q * q + (1 - q) * (1 - q)
-    other_seed = ta.keep_mask(12346, (4, 4, 256, 1024), p, "cpu")
+    other_seed = ta.hash_keep_mask(12346, (4, 4, 256, 1024), p, "cpu")
     for a, b in ((keep[..., 1:], keep[..., :-1]), (keep[:, :, 1:], keep[:, :, :-1]), (keep[:, 1:], keep[:, :-1]),
                  (keep, other_seed)):  # fmt: skip
         rate = (a == b).float().mean().item()

@@ -1,8 +1,8 @@
 """The triton kernels compile for the GPU (sm_90, bf16) on a machine without one: benchmarks/triton_resources.py
 runs Triton's compiler and the ptxas bundled with the triton wheel. The interpreter tests (test_triton_attention.py)
 check the maths; this catches what only the compiler refuses (a module global that is not a constexpr did once).
-The shipped forward tiles stay (nearly) in registers: the measured-fastest forward tile on an H200 spills up to a
-few hundred bytes per thread with dropout; the 64-row x 4-warp tiles that spilled 1.5-2 KB were the slow ones."""
+The default (table) path's kernels and the forward stay in registers at the shipped tiles (GPU_TILES: no local-memory
+spills; dq spilled at 64 rows before the bias tile, and spills were what made tiles slow on an H200)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 
 
 @pytest.mark.slow
-def test_every_kernel_compiles_for_sm90_and_the_forward_barely_spills():
+def test_every_kernel_compiles_for_sm90_and_the_default_path_does_not_spill():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "triton_resources.py"), "--quick"],
@@ -31,5 +31,5 @@ def test_every_kernel_compiles_for_sm90_and_the_forward_barely_spills():
         assert instr.isdigit() and int(instr) > 0, row
         assert int(hgmma) + int(hmma) > 0, row  # tensor-core instructions
         assert 0 < float(per_score) < int(instr), row  # a loop over the tiles was found
-    forward_spills = [int(row[-5]) for row in rows if row[0] == "fwd"]
-    assert max(forward_spills) <= 512, forward_spills
+    spills = {(row[0], row[1]): int(row[-5]) for row in rows if row[0] == "fwd" or row[1] == "table"}
+    assert set(spills.values()) == {0}, spills  # the default path's kernels, and the forward for band rows

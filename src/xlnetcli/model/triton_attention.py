@@ -30,7 +30,7 @@ No probability or fp32 score tensor is written. The position term comes one of t
 Attention dropout: keep_ij = hash(row_key_i + j) >= t (_hash: a 32-bit integer hash, two multiply-xorshift
 rounds; row_key_i = hash(hash(((b·H + h)·N + i)) ^ seed), stored by forward with the row's softmax statistics; t =
 p rounded to 24 bits). Every kernel recomputes the bits it needs (about ten integer instructions per score), so
-nothing of the score matrix's size is kept for dropout; keep_mask computes the same mask with torch for tests.
+nothing of the score matrix's size is kept for dropout; hash_keep_mask computes the same mask with torch for tests.
 
 Backward is deterministic: no atomics, every gradient written by one program that sums in a fixed order. One
 kernel per row tile (dqw, the band rows' dqr, the two segment-scalar gradients, the bias's gradient), one per key
@@ -102,7 +102,7 @@ def _unskew(ds, BM: tl.constexpr, BN: tl.constexpr):
 @triton.jit
 def _hash(x):
     """lowbias32 (C. Wellons' hash prospector): a bijection of uint32 with full avalanche, two multiply-xorshift
-    rounds. keep_mask below is the same function in torch."""
+    rounds. hash_keep_mask below is the same function in torch."""
     x ^= x >> 16
     x *= 0x7FEB352D
     x ^= x >> 15
@@ -353,7 +353,8 @@ def _dq_kernel(
     d = tl.arange(0, BD)
     ok = (i < N)[:, None] & (d < D)[None, :]
     tl.store(dqw_ptr + (bh * N + i[:, None]) * D + d[None, :], dqw, mask=ok)
-    tl.store(dqr_ptr + (bh * N + i[:, None]) * D + d[None, :], dqr, mask=ok)
+    if not QUERY:  # table rows: the launcher writes their dqr (from the bias's gradient)
+        tl.store(dqr_ptr + (bh * N + i[:, None]) * D + d[None, :], dqr, mask=ok)
     if HAS_SEG:
         tl.store(def_ptr + (bh * N + i[:, None]) * 2, de0, mask=(i < N)[:, None])
         tl.store(def_ptr + (bh * N + i[:, None]) * 2 + 1, de1, mask=(i < N)[:, None])
@@ -584,7 +585,7 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
     dbias = torch.empty(B, H, P, K, dtype=qw.dtype, device=qw.device) if P else None  # dq writes every entry
     def_ = torch.empty(B, H, N, 2, **f32) if ef is not None else None
     dk, dv = torch.empty(B, H, K, D, **f32), torch.empty(B, H, K, D, **f32)
-    dkr = torch.zeros(G, H, R, D, **f32)
+    dkr = torch.empty(G, H, R, D, **f32) if n_content else None  # every entry: _dkr_kernel, else the table's product
     d_flags = _or_dummy(flags, rows)
     ins = (qw, qr, k, v, kr, bias, _or_dummy(ef, qw), d_flags)
     opts = dict(HAS_SEG=ef is not None, HAS_MASK=has_mask, DROP=thr > 0)
@@ -617,9 +618,10 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
         _unshift_kernel[(triton.cdiv(P, BM), triton.cdiv(R, BN), B * H)](
             dbias, rows, dt, H, N, K, R, L, P, GB, n_content, BM=BM, BN=BN, **launch
         )
-        dqr[:, :, n_content:] += torch.matmul(dt, kr).view(G, H, GB, P, D).transpose(1, 2).reshape(B, H, P, D)
+        dqr[:, :, n_content:] = torch.matmul(dt, kr).view(G, H, GB, P, D).transpose(1, 2).reshape(B, H, P, D)
         qr_g = qr[:, :, n_content:].reshape(G, GB, H, P, D).transpose(1, 2).reshape(G, H, GB * P, D)
-        dkr += torch.matmul(dt.transpose(-1, -2), qr_g)
+        dkr_t = torch.matmul(dt.transpose(-1, -2), qr_g)
+        dkr = dkr_t.float() if dkr is None else dkr.add_(dkr_t)
     return dqw, dqr, dk, dv, dkr, def_
 
 
@@ -669,7 +671,7 @@ def _hash_torch(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def keep_mask(seed: int, shape: tuple[int, int, int, int], p: float, device) -> torch.Tensor:
+def hash_keep_mask(seed: int, shape: tuple[int, int, int, int], p: float, device) -> torch.Tensor:
     """The kernels' dropout keep mask [B,H,N,K] (bool), computed by torch: for tests and debug_keep."""
     B, H, N, K = shape
     thr, _ = dropout_threshold(p)
@@ -790,5 +792,6 @@ def triton_rel_attention(
             qw, qr, k.contiguous(), v.contiguous(), kr.contiguous(), ef, rows.to(torch.int32).contiguous(),
             flags, has_mask, L, n_band, float(p_drop), seed,
         )  # fmt: skip
-    keep = keep_mask(int(seed), (*q.shape[:3], k.shape[2]), p_drop, q.device) if debug_keep and p_drop > 0 else None
-    return out, keep
+    if not (debug_keep and p_drop > 0):
+        return out, None
+    return out, hash_keep_mask(int(seed), (*q.shape[:3], k.shape[2]), p_drop, q.device)
