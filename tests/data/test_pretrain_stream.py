@@ -180,6 +180,27 @@ def test_stream_rank_world_slicing_resume_and_prefetch(records):
     assert not torch.equal(one.batch(0, 0)["perm_q_rank"], one.batch(total, 0)["perm_q_rank"])
 
 
+def _prefetch_threads() -> list:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "xlnet-prefetch" and t.is_alive()]
+
+
+def test_close_joins_the_prefetch_threads_of_open_iterators(records):
+    # a daemon thread left inside torch at interpreter shutdown aborts the process: close() must end every one
+    s = PretrainStream(records, "train", 0, 1, 4, seed=5)
+    a, b = iter(s), iter(s)
+    next(a), next(b)  # two open iterators, each with a producer running ahead (the train stream loops forever)
+    assert len(_prefetch_threads()) >= 2
+    s.close()
+    assert _prefetch_threads() == []
+    with pytest.raises(StopIteration):
+        next(a)  # a closed iterator is finished
+    assert next(iter(s))["input_ids"].shape[0] == 4  # the stream itself still reads
+    s.close()
+    assert _prefetch_threads() == []
+
+
 def test_stream_bad_input(records):
     with pytest.raises(ConfigError, match="even"):
         PretrainStream(records, "train", 0, 1, 3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +50,7 @@ def test_run_layout_eval_and_rotation(records, tmp_path):
     cfg = _cfg("train.max_steps=6", "train.save_every=2", "train.keep_last=2", "train.eval_every=3")
     res = pretrain(cfg, records, tmp_path / "run", quiet=True)
     assert res["step"] == 6
+    assert not [t for t in threading.enumerate() if t.name == "xlnet-prefetch"]  # joined, not left to the shutdown
     run = tmp_path / "run"
     assert [s for s, _ in list_checkpoints(run)] == [4, 6]  # keep_last = 2
     step = run / "step_0000006"

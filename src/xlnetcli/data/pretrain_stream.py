@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -317,6 +318,7 @@ class PretrainStream:
             prefetch,
             loop,
         )
+        self._open: weakref.WeakSet = weakref.WeakSet()  # iterators not yet finished (close() stops their threads)
         G, mb_rec = self.meta["global_batch_size"], self.meta["micro_batch_size"]
         mb = mb_rec if micro_batch_size is None else micro_batch_size
         if mb < 1 or world < 1 or not 0 <= rank < world:
@@ -398,6 +400,18 @@ class PretrainStream:
 
     # iteration ------------------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        it = self._batches()
+        self._open.add(it)
+        return it
+
+    def close(self) -> None:
+        """Finish every open iterator of this stream, joining its prefetch thread. Call it before the process exits: a
+        daemon thread still inside torch when the interpreter shuts down aborts the process ("terminate called without
+        an active exception")."""
+        for it in list(self._open):
+            it.close()
+
+    def _batches(self) -> Iterator[dict[str, Any]]:
         start = (self.step, self.micro)
         if self.prefetch <= 0:
             for st, mi in self._positions(*start):

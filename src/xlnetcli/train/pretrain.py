@@ -396,8 +396,11 @@ def _pretrain(
         resume_from=start[1] if start is not None else None,
         report_to=t.report_to,
     )
-    with _undone_on_failure(out_dir, main, lambda: engine.step == 0):
-        return _run(engine, cfg, init, init_record, sizes, meta, data_dir, out_dir, stop_after, say)
+    try:
+        with _undone_on_failure(out_dir, main, lambda: engine.step == 0):
+            return _run(engine, cfg, init, init_record, sizes, meta, data_dir, out_dir, stop_after, say)
+    finally:
+        recipe.stream.close()  # the prefetch thread ends here, not in the interpreter's shutdown
 
 
 @contextlib.contextmanager
