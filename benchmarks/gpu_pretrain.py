@@ -175,8 +175,17 @@ def time_steps(model, loss_fn, batch, dev, warmup: int, steps: int, precision_bf
             loss = step()
             times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else float("nan")
+    # the same steps back to back, one sync at the end: what a step costs when the host never waits on the device
+    # (the engine's deferred check); step_s above waits at each step's end, as a per-step check would
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    back_to_back = (time.perf_counter() - t0) / steps
     return dict(
         step_s=statistics.median(times),
+        back_to_back_s=back_to_back,
         min_s=min(times),
         max_s=max(times),
         peak_gib=peak,
@@ -344,7 +353,8 @@ def fmt(r: dict) -> str:
     mfu = f"{100 * r['mfu']:5.1f}%" if r.get("mfu") else "   n/a"
     return (
         f"{r['row']:<34} {r['step_s'] * 1e3:8.1f} ms  {r['tokens_per_s']:>10,.0f} tok/s  MFU {mfu}  "
-        f"peak {r['peak_gib']:6.2f} GiB  loss {r['loss']:.3f}  (warm-up {r['warmup_s']:.0f} s)"
+        f"peak {r['peak_gib']:6.2f} GiB  loss {r['loss']:.3f}  (warm-up {r['warmup_s']:.0f} s)  "
+        f"back to back {r['back_to_back_s'] * 1e3:.1f} ms"
     )
 
 

@@ -4,7 +4,9 @@
   memories and every gradient within 1e-5 in float32; within the documented bf16 bound under bf16 autocast;
 - torch.compile of the layers and activation checkpointing change nothing (float32, dropout on: same masks);
 - determinism: with train.deterministic (torch.use_deterministic_algorithms) two identical steps are bit-identical;
-- an end-to-end `pretrain` on CUDA in bf16 whose resume from a checkpoint is bit-exact.
+- an end-to-end `pretrain` on CUDA in bf16 whose resume from a checkpoint is bit-exact;
+- a diverging run on CUDA (fused AdamW, whose check of a step's figures comes a step late) stops with the diagnosis
+  and saves nothing after its last finite step.
 """
 
 from __future__ import annotations
@@ -238,3 +240,43 @@ def test_pretrain_on_cuda_resumes_exactly(builds, tmp_path, compile_, impl):
     wa = step_weights(tmp_path / "a" / "step_0000008")
     wb = step_weights(tmp_path / "b" / "step_0000008")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_diverging_run_on_cuda_stops_and_saves_no_later_step(builds, tmp_path):
+    """bf16 on one GPU: the engine reads a step's loss and gradient norm one step late (fused AdamW skips a non-finite
+    update on the device); the run still stops with the one-line diagnosis, and no step folder is from the diverged
+    step or later."""
+    import re
+
+    from clitools import FAST_PRETRAIN, TINY
+
+    from xlnetcli.config import load_config
+    from xlnetcli.core.errors import XLNetError
+    from xlnetcli.train.pretrain import pretrain
+
+    rec = builds.pipeline(FAST_PRETRAIN).records
+    over = ["train.max_steps=20", "train.save_every=1", "train.eval_every=0", "train.lr=1e30"]
+    over += ["train.warmup_steps=0", "train.clip_norm=0", "train.precision=bf16"]
+    cfg = load_config(TINY, [*FAST_PRETRAIN, *over])
+    with pytest.raises(XLNetError) as e:
+        pretrain(cfg, rec, tmp_path / "run", device="cuda", quiet=True)
+    msg = str(e.value)
+    found = re.search(r"training diverged at step (\d+): .*the update was not applied", msg)
+    assert found and "\n" not in msg, msg
+    saved = [int(p.name.split("_")[1]) for p in (tmp_path / "run").glob("step_*")]
+    assert all(s < int(found.group(1)) for s in saved), (saved, msg)
+
+
+def test_the_training_stream_pins_its_batches(builds):
+    """pin_memory (pretraining on CUDA): every tensor of a prefetched batch is page-locked, so that its non-blocking
+    copy to the device does not wait for the device's queue."""
+    from clitools import FAST_PRETRAIN
+
+    from xlnetcli.data.pretrain_stream import PretrainStream
+
+    stream = PretrainStream(builds.pipeline(FAST_PRETRAIN).records, "train", 0, 1, 2, dense=False, pin_memory=True)
+    try:
+        b = next(iter(stream))
+        assert all(v.is_pinned() for v in b.values() if isinstance(v, torch.Tensor))
+    finally:
+        stream.close()

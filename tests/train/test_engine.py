@@ -20,6 +20,7 @@ from xlnetcli.config import Config
 from xlnetcli.core.dist import DistEnv
 from xlnetcli.core.errors import Preempted, XLNetError
 from xlnetcli.report.metrics_log import read_metrics
+from xlnetcli.train import engine as engine_module
 from xlnetcli.train.checkpointer import load_train_state
 from xlnetcli.train.engine import Engine, Evaluation, Hints, TrainPlan, seed_everything
 from xlnetcli.train.optim import lr_factor
@@ -105,6 +106,7 @@ def make_engine(
     save_every: int = 0,
     dropout: float = 0.0,
     resume_from: Path | None = None,
+    log_every: int = 1,
 ) -> Engine:
     seed_everything(0)
     model = nn.Sequential(nn.Linear(D_IN, 8), nn.Dropout(dropout), nn.Linear(8, D_OUT))
@@ -120,7 +122,7 @@ def make_engine(
         accumulation=accum,
         seq_len=1,
         tokens_per_step=size * accum,
-        log_every=1,
+        log_every=log_every,
         save_every=save_every,
         weight_decay=0.01,
         adam_eps=1e-8,
@@ -335,3 +337,114 @@ def test_one_plan_for_both_sections():
     assert ft.schedule == "linear" and ft.activation_checkpointing is None and not ft.compile
     assert (pre.tokens_per_step, ft.tokens_per_step) == (8 * 16, 8 * 4 * 16)
     assert ft.save_on_eval and not pre.save_on_eval
+
+
+# ---- the deferred check: fused AdamW skips a non-finite step on the device, the host reads the figures a step later --
+
+
+class NanGrad(torch.autograd.Function):
+    """Identity forward; a NaN gradient backward: a finite loss whose gradients are not."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * math.nan
+
+
+class NanGradRecipe(ToyRecipe):
+    def __init__(self, *args, nan_grad_at: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.nan_grad_at = nan_grad_at
+
+    def loss(self, model: nn.Module, batch, micro: int) -> torch.Tensor:
+        x, y = batch
+        h = model[0](x)
+        if self.step == self.nan_grad_at:
+            h = NanGrad.apply(h)
+        return nn.functional.mse_loss(model[2](model[1](h)), y)
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    """The CUDA path on the CPU: AdamW's fused kernel (it honours found_inf here too); returns a switch that turns the
+    deferred check off, for the same optimizer checked before each update."""
+    monkeypatch.setattr(engine_module, "fused_adamw", lambda device: True)
+
+    def synchronous() -> None:
+        monkeypatch.setattr(engine_module, "deferred_check", lambda *a: False)
+
+    return synchronous
+
+
+def reads(engine: Engine) -> list[tuple[int, list[int]]]:
+    """(steps done, the steps whose figures are read) at each device read of ``settle``."""
+    seen: list[tuple[int, list[int]]] = []
+    settle = engine.settle
+
+    def recording(keep: int = 0) -> None:
+        ready = [f.step for f in engine.pending[: len(engine.pending) - keep]]
+        if ready:
+            seen.append((engine.step, ready))
+        settle(keep)
+
+    engine.settle = recording
+    return seen
+
+
+def test_a_deferred_check_trains_the_same_bits_and_reads_a_step_late(tmp_path, fused):
+    kw = dict(size=2, accum=2, max_steps=7, clip_norm=0.5, log_every=3, save_every=7)
+    deferred = make_engine(tmp_path / "deferred", **kw)
+    read_deferred = reads(deferred)
+    deferred.fit()
+    fused()
+    synced = make_engine(tmp_path / "synced", **kw)
+    read_synced = reads(synced)
+    synced.fit()
+    assert deferred.deferred and not synced.deferred
+    # before each update, step N's figures are read with N - 1 steps done; deferred, after it: with N done, while the
+    # host prepares step N + 1 (a train row's step is read at once, its row needs it)
+    assert read_synced == [(n - 1, [n]) for n in range(1, 8)]
+    assert read_deferred == [(n, [n]) for n in range(1, 8)]
+    for a, b in zip(params(deferred), params(synced), strict=True):
+        assert torch.equal(a, b)
+    assert rows(tmp_path / "deferred") == rows(tmp_path / "synced")  # losses and gradient norms, bit for bit
+    sa, sb = (load_train_state(tmp_path / r / "step_0000007") for r in ("deferred", "synced"))
+    assert sa["log_window"] == sb["log_window"]
+    for a, b in zip(sa["optimizer"]["state"].values(), sb["optimizer"]["state"].values(), strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in ("step", "exp_avg", "exp_avg_sq"))
+
+
+@pytest.mark.parametrize("kind", ["loss", "gradient"])
+def test_a_deferred_nonfinite_step_is_skipped_on_the_device_and_diagnosed_alike(tmp_path, fused, kind):
+    def recipe():
+        return ToyRecipe(4, 1, nan_at=1) if kind == "loss" else NanGradRecipe(4, 1, nan_grad_at=1)
+
+    deferred = make_engine(tmp_path / "deferred", recipe(), log_every=100)
+    with pytest.raises(XLNetError) as late:
+        deferred.fit()
+    # step 2 went non-finite; the host learnt it while launching step 3, whose update was applied: AdamW counts 2
+    # updates of 3 (checked before the update, 1 of 2)
+    assert {int(s["step"]) for s in deferred.optimizer.state.values()} == {2}
+    fused()
+    synced = make_engine(tmp_path / "synced", recipe(), log_every=100)
+    with pytest.raises(XLNetError) as refused:
+        synced.fit()
+    assert {int(s["step"]) for s in synced.optimizer.state.values()} == {1}
+    assert str(late.value) == str(refused.value)
+    what = (
+        "toy loss is nan on micro-batch 0 of rank 0"
+        if kind == "loss"
+        else "gradient norm is nan (first non-finite gradient: 0.weight; loss "
+    )
+    assert str(late.value).startswith(f"training diverged at step 2: {what}")
+
+
+def test_no_checkpoint_follows_a_deferred_nonfinite_step(tmp_path, fused):
+    engine = make_engine(tmp_path / "run", ToyRecipe(4, 1, nan_at=2), log_every=100, save_every=1)
+    with pytest.raises(XLNetError, match="training diverged at step 3") as e:
+        engine.fit()
+    assert [p.name for p in (tmp_path / "run").glob("step_*")] == ["step_0000002"]  # keep_last 1
+    assert "step_0000002" in str(e.value)

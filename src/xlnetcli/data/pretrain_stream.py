@@ -289,6 +289,8 @@ class PretrainStream:
     Steps run through pass 0, 1, ... and start again at pass 0 (with fresh factorisation orders) when done.
     ``dense=False`` leaves out perm_mask [B,L,L] and target_mapping [B,P,L] (build them on the device from
     ``perm_q_rank``/``perm_k_rank`` and ``target_index``: ``perm_mask_from_ranks``, ``target_mapping``).
+    ``pin_memory``: the prefetch thread pins each batch (CUDA), so that its non-blocking copy to the device does not
+    wait for the device's queue (a pageable copy may).
     ``loop=False`` stops after one run over all passes (evaluation). ``objective`` (model.objective: plm, mlm, clm)
     chooses the order and the input corruption (see the module docstring); the records are the same for all three.
     """
@@ -305,6 +307,7 @@ class PretrainStream:
         prefetch: int = 2,
         loop: bool = True,
         objective: str = "plm",
+        pin_memory: bool = False,
     ):
         if objective not in OBJECTIVES:
             raise ConfigError(f"unknown objective {objective!r} (choose from {', '.join(OBJECTIVES)})")
@@ -318,6 +321,7 @@ class PretrainStream:
             prefetch,
             loop,
         )
+        self.pin_memory = pin_memory
         self._open: weakref.WeakSet = weakref.WeakSet()  # iterators not yet finished (close() stops their threads)
         G, mb_rec = self.meta["global_batch_size"], self.meta["micro_batch_size"]
         mb = mb_rec if micro_batch_size is None else micro_batch_size
@@ -426,7 +430,10 @@ class PretrainStream:
         def produce() -> None:
             try:
                 for st, mi in self._positions(*start):
-                    item = (st, mi, self.batch(st, mi))
+                    b = self.batch(st, mi)
+                    if self.pin_memory:
+                        b = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in b.items()}
+                    item = (st, mi, b)
                     while not stop.is_set():
                         try:
                             q.put(item, timeout=0.1)

@@ -10,8 +10,11 @@ but the last micro-batch), mixed precision (autocast, and a ``GradScaler`` that 
 global-norm clipping, the AdamW step and the lr schedule (train/optim.py), the cadence of logging, evaluation and
 checkpoints, out-of-memory and non-finite diagnosis, throughput / MFU / peak memory, the progress bar (or one plain
 line per interval when stderr is not a terminal), distributed wrapping (model/parallel.py), preemption and exact resume.
-The device is synchronised once per optimizer step (loss and gradient norm, to refuse a non-finite update), never
-per micro-batch.
+A step's loss and gradient norm stay on the device (``StepFigures``) until ``settle`` reads them. With a fused AdamW
+(CUDA) and no grad scaler, in one process, a non-finite step is skipped on the device (the optimizer's ``found_inf``)
+and checked one step later: the host launches step N+1 while the device finishes step N, and waits only for the rows it
+logs, evaluations and checkpoints (issue 23: no host sync inside the step). Otherwise (CPU, fp16 with its scaler,
+several processes) the figures are read once per optimizer step, before the update; never per micro-batch.
 
 A recipe (``pretrain.PretrainRecipe``, ``finetune.FinetuneRecipe``) is what a training run plugs into the engine:
 
@@ -446,6 +449,40 @@ def oom_message(plan: TrainPlan, lengths: str, world: int, device: torch.device,
     )
 
 
+@dataclass
+class StepFigures:
+    """One optimizer step's figures, still on the device until ``Engine.settle`` reads them."""
+
+    step: int  # the step they belong to (1-based, as logged)
+    loss: torch.Tensor  # the mean loss over micro-batches and ranks
+    grad_norm: torch.Tensor  # the global gradient norm before clipping
+    losses: torch.Tensor  # this rank's micro-batch losses (to name the micro-batch that went non-finite)
+    param_norms: torch.Tensor | None = None  # per parameter (a deferred check, whose gradients are freed by then)
+
+
+def fused_adamw(device: torch.device) -> bool:
+    """AdamW's fused kernels on CUDA (one launch per parameter group, and ``found_inf``); the CPU keeps foreach."""
+    return device.type == "cuda"
+
+
+def deferred_check(fused: bool, scaler_enabled: bool, distributed: bool) -> bool:
+    """Whether a step's non-finite check may come after its update: fused AdamW skips a flagged update on the device
+    (``found_inf``), which fp16's grad scaler claims for its own inf check; several processes agree on preemption with
+    a collective each step, which syncs anyway."""
+    return fused and not scaler_enabled and not distributed
+
+
+def clip_and_norms(grads: list[torch.Tensor], max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(global norm, per-gradient norms [n]) of plain tensors, clipping them to ``max_norm`` when > 0: the arithmetic
+    of torch.nn.utils.clip_grad_norm_, keeping the per-gradient norms it computes on the way."""
+    norms = torch.stack(torch._foreach_norm(grads, 2.0)) if grads else torch.zeros(0)
+    total = torch.linalg.vector_norm(norms, 2.0)
+    if max_norm > 0 and grads:
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        torch._foreach_mul_(grads, coef.to(grads[0].device))
+    return total, norms
+
+
 def _nonfinite_grad_name(model: torch.nn.Module) -> str | None:
     for name, p in dist.unwrap(model).named_parameters():
         g = p.grad
@@ -589,7 +626,7 @@ class Engine:
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")  # no in-place use
         self.model = parallelize(self.model, env, bool(plan.activation_checkpointing), plan.compile, plan.distributed)
         self.ddp = self.model if isinstance(self.model, torch.nn.parallel.DistributedDataParallel) else None
-        self.fused = dev.type == "cuda"
+        self.fused = fused_adamw(dev)
         self.optimizer = build_optimizer(
             self.model,
             plan.lr,
@@ -601,7 +638,12 @@ class Engine:
             fused=self.fused,
         )
         self.scaler = torch.amp.GradScaler(dev.type, enabled=plan.precision == "fp16" and dev.type == "cuda")
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.deferred = deferred_check(self.fused, self.scaler.is_enabled(), env.distributed)
+        self.pending: list[StepFigures] = []  # steps whose figures the host has not read yet (settle)
+        self.last_grad_norm = float("nan")
+        named = [(n, p) for n, p in dist.unwrap(self.model).named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
+        self.param_names = [n for n, _ in named]
         self.device_peak = device_peak_tflops(dev, plan.peak_tflops)  # for the logged MFU (None on CPU)
         self.checkpointer = Checkpointer(
             self.run_dir,
@@ -681,9 +723,9 @@ class Engine:
             self._evaluate_initial_weights()
             with StepBar(self.recipe.name, self.plan.max_steps, self.step, quiet) as bar:
                 while self.step < self.plan.max_steps and (stop_after is None or self.step - first_step < stop_after):
-                    loss_v, gnorm_v, lr = self.train_step()
-                    self._count_step(loss_v)
-                    self._log_step(bar, gnorm_v, lr)
+                    lr = self.train_step()
+                    self._count_step()
+                    self._log_step(bar, lr)
                     with self.clock.paused():
                         evaluated = self.recipe.eval_due(self.step)
                         ev = self.evaluate(self.step) if evaluated else None
@@ -699,9 +741,10 @@ class Engine:
 
     # ---- one optimizer step --------------------------------------------------------------------------------------
 
-    def train_step(self) -> tuple[float, float, float]:
-        """Accumulate the step's micro-batches, clip, check, step. Returns (mean loss over ranks, grad norm before
-        clipping, lr)."""
+    def train_step(self) -> float:
+        """Accumulate the step's micro-batches, clip, step; returns the lr. The step's figures join ``pending``: read
+        and checked here before the update, or (``deferred``) after it, by ``settle``, with the update skipped on the
+        device when they are not finite."""
         plan, recipe, dev = self.plan, self.recipe, self.env.device
         accum = plan.accumulation
         factor = lr_factor(self.step, plan.warmup_steps, plan.max_steps, plan.schedule, plan.min_lr_ratio)
@@ -717,7 +760,10 @@ class Engine:
                     self.scaler.scale(loss / accum).backward()
                 losses.append(loss.detach().float())
             self.scaler.unscale_(self.optimizer)
-            if plan.clip_norm > 0:
+            param_norms = None
+            if self.deferred:  # plain tensors in one process; the per-parameter norms name a non-finite one later
+                gnorm, param_norms = clip_and_norms([p.grad for p in self.params if p.grad is not None], plan.clip_norm)
+            elif plan.clip_norm > 0:
                 gnorm = torch.nn.utils.clip_grad_norm_(self.params, plan.clip_norm, foreach=True)
             else:
                 gnorm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
@@ -725,53 +771,85 @@ class Engine:
                 gnorm = gnorm.full_tensor()
             step_losses = torch.stack(losses)
             mean_loss = dist.all_reduce_mean(step_losses.mean().clone())
-            loss_v, gnorm_v = float(mean_loss), float(gnorm)  # the one device sync of a step
-            if not math.isfinite(loss_v) or (not math.isfinite(gnorm_v) and not self.scaler.is_enabled()):
-                self._raise_nonfinite(loss_v, gnorm_v, step_losses)
-            self.scaler.step(self.optimizer)
+            self.pending.append(StepFigures(self.step + 1, mean_loss, gnorm, step_losses, param_norms))
+            if self.deferred:
+                self._step_unless_nonfinite(mean_loss, gnorm)
+                self.settle(keep=1)  # the step before this one: done on the device by now, or nearly
+            else:
+                self.settle()  # the one device sync of a step; raises before a non-finite update
+                self.scaler.step(self.optimizer)
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
         except torch.OutOfMemoryError:
             raise XLNetError(self._oom_message(f"training step {self.step + 1}")) from None
-        return loss_v, gnorm_v, lr
+        return lr
 
-    def _count_step(self, loss_v: float) -> None:
+    def _step_unless_nonfinite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """The fused AdamW step, skipped on the device (no moment, weight or step-count change) when the loss or the
+        gradient norm is not finite."""
+        self.optimizer.found_inf = (~(torch.isfinite(loss) & torch.isfinite(grad_norm))).float()  # type: ignore[attr-defined]
+        try:
+            self.optimizer.step()
+        finally:
+            del self.optimizer.found_inf  # type: ignore[attr-defined]
+
+    def settle(self, keep: int = 0) -> None:
+        """Read the figures of the pending steps but the newest ``keep`` (one device sync), check them in order and
+        count their losses into the log window. A non-finite step raises: its update was not applied."""
+        ready = self.pending[: len(self.pending) - keep]
+        if not ready:
+            return
+        del self.pending[: len(ready)]
+        values = torch.stack([torch.stack([f.loss.float(), f.grad_norm.float()]) for f in ready]).tolist()
+        for f, (loss_v, gnorm_v) in zip(ready, values, strict=True):
+            if not math.isfinite(loss_v) or (not math.isfinite(gnorm_v) and not self.scaler.is_enabled()):
+                self.pending.clear()
+                self._raise_nonfinite(f, loss_v, gnorm_v)
+            self.progress.log_window.append(loss_v)
+            self.last_grad_norm = gnorm_v
+
+    def _count_step(self) -> None:
         self.progress.step += 1
         self.progress.tokens_seen += self.plan.tokens_per_step
-        self.progress.log_window.append(loss_v)
         self.clock.tick()
 
     def _oom_message(self, where: str) -> str:
         return oom_message(self.plan, self.recipe.hints.lengths, self.env.world_size, self.env.device, where)
 
-    def _raise_nonfinite(self, loss_v: float, gnorm_v: float, step_losses: torch.Tensor) -> None:
+    def _raise_nonfinite(self, f: StepFigures, loss_v: float, gnorm_v: float) -> None:
         plan, name = self.plan, self.recipe.loss_name
         if not math.isfinite(loss_v):
-            bad = [i for i, v in enumerate(step_losses.tolist()) if not math.isfinite(v)]
+            step_losses = f.losses.tolist()
+            bad = [i for i, v in enumerate(step_losses) if not math.isfinite(v)]
             if bad:
-                what = f"{name} is {step_losses[bad[0]].item()} on micro-batch {bad[0]} of rank {self.env.rank}"
+                what = f"{name} is {step_losses[bad[0]]} on micro-batch {bad[0]} of rank {self.env.rank}"
             else:
                 what = f"{name} is {loss_v} on another rank"
         else:
-            where = _nonfinite_grad_name(self.model)
+            if f.param_norms is not None:
+                finite = torch.isfinite(f.param_norms).tolist()
+                where = next((n for n, ok in zip(self.param_names, finite, strict=True) if not ok), None)
+            else:
+                where = _nonfinite_grad_name(self.model)
             what = (
                 f"gradient norm is {gnorm_v} (first non-finite gradient: {where or 'on another rank'}; "
                 f"loss {loss_v:.4f})"
             )
         raise XLNetError(
-            f"training diverged at step {self.step + 1}: {what}; the update was not applied; "
+            f"training diverged at step {f.step}: {what}; the update was not applied; "
             f"{self.checkpointer.last_good_text()}; try a lower {plan.section}.lr (now {plan.lr:g}), "
             f"{self.recipe.hints.warmup} or {plan.section}.precision=fp32"
         )
 
     # ---- logging -------------------------------------------------------------------------------------------------
 
-    def _log_step(self, bar: StepBar, gnorm_v: float, lr: float) -> None:
+    def _log_step(self, bar: StepBar, lr: float) -> None:
         """Every log_every steps and at the last: a train row, and the bar's figures."""
         step, plan = self.step, self.plan
         if step % plan.log_every == 0 or step == plan.max_steps:
+            self.settle()  # the row's losses, and the clock's interval ends with the device's work
             tps, eta = self.clock.interval(plan.tokens_per_step, plan.max_steps - step)
-            bar.update(step, self._log(step, gnorm_v, lr, tps, eta, bar.live))
+            bar.update(step, self._log(step, self.last_grad_norm, lr, tps, eta, bar.live))
         else:
             bar.update(step)
 
@@ -813,6 +891,7 @@ class Engine:
 
     def evaluate(self, step: int) -> Evaluation | None:
         """The recipe's evaluation of the model at ``step``; its metrics go into the summary."""
+        self.settle()  # a model whose last update went non-finite is not evaluated
         try:
             ev = self.recipe.evaluate(self.model, step, self.logger.log)
         except torch.OutOfMemoryError:
@@ -844,6 +923,7 @@ class Engine:
     def save(self, step: int, with_state: bool = True) -> Path:
         """Write step folder ``step`` (with train_state.safetensors when ``with_state``); the recipe's rotation and
         pinned steps decide which folders stay. A full disk is a one-line error naming the last good checkpoint."""
+        self.settle()  # nothing is saved after a non-finite step; the loss window saved is complete
         meta = {**self.recipe.step_meta(step), "step": step, "tokens_seen": self.progress.tokens_seen}
         return self.checkpointer.save(step, with_state, meta, self.recipe.pinned_steps(with_state))
 
@@ -859,6 +939,7 @@ class Engine:
         )
 
     def _summary(self, first_step: int, stopped_early: bool) -> dict:
+        self.settle()
         elapsed = self.clock.elapsed()
         self.logger.close()
         done = self.step - first_step

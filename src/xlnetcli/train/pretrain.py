@@ -212,6 +212,7 @@ class PretrainRecipe:
             cfg.data.seed,
             dense=False,
             objective=cfg.model.objective,
+            pin_memory=env.device.type == "cuda",
         )
         static = (cfg.model.n_layer, cfg.model.d_model) if t.static_shapes else None
         self.mems = Memories(cfg.model.mem_len, [self.stream.rows(a) for a in range(accum)], env.device, static)
