@@ -280,3 +280,22 @@ def test_the_training_stream_pins_its_batches(builds):
         assert all(v.is_pinned() for v in b.values() if isinstance(v, torch.Tensor))
     finally:
         stream.close()
+
+
+def test_a_steps_figures_are_read_without_waiting_for_the_work_queued_after_them():
+    """The deferred check reads step N's loss and gradient norm while step N+1's kernels are queued: the read waits
+    for the copy queued behind step N, not for the device's whole queue (a plain .item() would)."""
+    import time
+
+    from xlnetcli.train.engine import StepFigures
+
+    values = torch.tensor([2.5, 0.75], device=CUDA) * 2
+    figures = StepFigures.on_the_way(1, values, values[:1], None)
+    torch.cuda._sleep(2_000_000_000)  # about a second of device time queued after the copy: "the next step"
+    t0 = time.perf_counter()
+    assert figures.read() == [5.0, 1.5]
+    waited = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    torch.cuda.synchronize()
+    queued = time.perf_counter() - t0
+    assert waited < 0.25 * queued, (waited, queued)

@@ -451,13 +451,32 @@ def oom_message(plan: TrainPlan, lengths: str, world: int, device: torch.device,
 
 @dataclass
 class StepFigures:
-    """One optimizer step's figures, still on the device until ``Engine.settle`` reads them."""
+    """One optimizer step's figures, until ``Engine.settle`` reads them."""
 
     step: int  # the step they belong to (1-based, as logged)
-    loss: torch.Tensor  # the mean loss over micro-batches and ranks
-    grad_norm: torch.Tensor  # the global gradient norm before clipping
+    values: torch.Tensor  # [2] fp32: the mean loss over micro-batches and ranks, the gradient norm before clipping
     losses: torch.Tensor  # this rank's micro-batch losses (to name the micro-batch that went non-finite)
     param_norms: torch.Tensor | None = None  # per parameter (a deferred check, whose gradients are freed by then)
+    copied: Any = None  # the CUDA event after which ``values`` (a pinned host copy) may be read
+
+    @classmethod
+    def on_the_way(
+        cls, step: int, values: torch.Tensor, losses: torch.Tensor, norms: torch.Tensor | None
+    ) -> StepFigures:
+        """Figures whose host copy is queued behind the step's work: reading them later waits for this step alone, not
+        for the kernels queued after it (a plain read of a device tensor waits for the whole queue)."""
+        if values.device.type != "cuda":
+            return cls(step, values, losses, norms)
+        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        host.copy_(values, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return cls(step, host, losses, norms, copied)
+
+    def read(self) -> list[float]:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.values.tolist()
 
 
 def fused_adamw(device: torch.device) -> bool:
@@ -771,11 +790,13 @@ class Engine:
                 gnorm = gnorm.full_tensor()
             step_losses = torch.stack(losses)
             mean_loss = dist.all_reduce_mean(step_losses.mean().clone())
-            self.pending.append(StepFigures(self.step + 1, mean_loss, gnorm, step_losses, param_norms))
+            values = torch.stack([mean_loss.float(), gnorm.float()])
             if self.deferred:
+                self.pending.append(StepFigures.on_the_way(self.step + 1, values, step_losses, param_norms))
                 self._step_unless_nonfinite(mean_loss, gnorm)
                 self.settle(keep=1)  # the step before this one: done on the device by now, or nearly
             else:
+                self.pending.append(StepFigures(self.step + 1, values, step_losses, param_norms))
                 self.settle()  # the one device sync of a step; raises before a non-finite update
                 self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -794,14 +815,14 @@ class Engine:
             del self.optimizer.found_inf  # type: ignore[attr-defined]
 
     def settle(self, keep: int = 0) -> None:
-        """Read the figures of the pending steps but the newest ``keep`` (one device sync), check them in order and
-        count their losses into the log window. A non-finite step raises: its update was not applied."""
+        """Read the figures of the pending steps but the newest ``keep``, check them in order and count their losses
+        into the log window. A non-finite step raises: its update was not applied."""
         ready = self.pending[: len(self.pending) - keep]
         if not ready:
             return
         del self.pending[: len(ready)]
-        values = torch.stack([torch.stack([f.loss.float(), f.grad_norm.float()]) for f in ready]).tolist()
-        for f, (loss_v, gnorm_v) in zip(ready, values, strict=True):
+        for f in ready:
+            loss_v, gnorm_v = f.read()
             if not math.isfinite(loss_v) or (not math.isfinite(gnorm_v) and not self.scaler.is_enabled()):
                 self.pending.clear()
                 self._raise_nonfinite(f, loss_v, gnorm_v)
