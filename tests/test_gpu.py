@@ -242,7 +242,7 @@ def test_pretrain_on_cuda_resumes_exactly(builds, tmp_path, compile_, impl):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_a_diverging_run_on_cuda_stops_and_saves_no_later_step(builds, tmp_path):
+def test_engine_on_cuda_stops_a_diverging_run_and_saves_no_later_step(builds, tmp_path):
     """bf16 on one GPU: the engine reads a step's loss and gradient norm one step late (fused AdamW skips a non-finite
     update on the device); the run still stops with the one-line diagnosis, and no step folder is from the diverged
     step or later."""
@@ -267,7 +267,7 @@ def test_a_diverging_run_on_cuda_stops_and_saves_no_later_step(builds, tmp_path)
     assert all(s < int(found.group(1)) for s in saved), (saved, msg)
 
 
-def test_the_training_stream_pins_its_batches(builds):
+def test_engine_stream_pins_its_batches_on_the_current_device(builds):
     """pin_memory (pretraining on CUDA): every tensor of a prefetched batch is page-locked, so that its non-blocking
     copy to the device does not wait for the device's queue."""
     from clitools import FAST_PRETRAIN
@@ -282,7 +282,7 @@ def test_the_training_stream_pins_its_batches(builds):
         stream.close()
 
 
-def test_a_steps_figures_are_read_without_waiting_for_the_work_queued_after_them():
+def test_engine_reads_a_steps_figures_without_waiting_for_the_work_queued_after_them():
     """The deferred check reads step N's loss and gradient norm while step N+1's kernels are queued: the read waits
     for the copy queued behind step N, not for the device's whole queue (a plain .item() would)."""
     import time

@@ -426,9 +426,14 @@ class PretrainStream:
         q: queue.Queue = queue.Queue(self.prefetch)
         stop = threading.Event()
         done = object()
+        # pinning runs in the current device's context: the thread's own default is device 0, which would open a
+        # context there for every rank of a multi-GPU job (torch's DataLoader sets the device in its pin thread too)
+        pin_device = torch.cuda.current_device() if self.pin_memory else None
 
         def produce() -> None:
             try:
+                if pin_device is not None:
+                    torch.cuda.set_device(pin_device)
                 for st, mi in self._positions(*start):
                     b = self.batch(st, mi)
                     if self.pin_memory:

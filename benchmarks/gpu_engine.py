@@ -1,0 +1,141 @@
+"""The product's own path on a GPU: `xlnet pretrain` (the engine, the records stream, the logged tokens/s and MFU),
+XLNet-Base shapes on the bundled corpus, with the step's figures read before each update (synced) and a step late
+(deferred: the default on one GPU without fp16), eager and compiled.
+
+    python benchmarks/gpu_engine.py --json /tmp/engine.json          # on a GPU: about 3 minutes with compile
+    python benchmarks/gpu_engine.py --smoke                          # CPU: tiny shapes, checks the script
+
+gpu_pretrain.py times the model's step alone (its own loop over one batch); this times what a user runs: records read
+and pinned by the prefetch thread, memories carried, the engine's clipping, check and logging. The figure of a row is
+the logged tokens/s over the train rows after the first ``--skip`` (compilation, warm-up), the mean over those rows.
+Base shapes: seq 512, memory 384, 85 targets, bi_data, micro-batch 16 (accumulation 1), bf16; the vocabulary is the
+bundled corpus's (8000 pieces, the preset's 32000 is too many for 1.6 MB of text): the step's FLOPs change by the
+output layer's share (logged MFU uses the run's own model FLOPs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "data" / "pydocs" / "corpus.txt"
+
+
+def xlnet(*args: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "xlnetcli", *args], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"xlnet {' '.join(args[:2])} failed: {proc.stderr.strip()[-2000:]}")
+
+
+def build_records(work: Path, smoke: bool) -> tuple[Path, list[str]]:
+    """Tokenizer, shards and records of the bundled corpus at the row's shapes; returns (records, --set items)."""
+    sets = ["tokenizer.vocab_size=8000", "model.vocab_size=8000", "train.global_batch_size=16", "data.passes=4"]
+    if smoke:  # the tiny preset's model at seq 64: the same code, seconds on a CPU
+        sets = ["tokenizer.vocab_size=1000", "model.vocab_size=1000", "train.global_batch_size=4"]
+        sets += ["train.micro_batch_size=4", "data.passes=2", "data.seq_len=64", "model.reuse_len=32"]
+        sets += ["model.mem_len=32", "data.num_predict=10", "data.perm_size=32"]
+    config = "tiny" if smoke else "base"
+
+    def only(*sections: str) -> list[str]:  # each command refuses keys it does not read
+        return [x for s in sets if s.split(".")[0] in sections for x in ("--set", s)]
+
+    xlnet("tokenize", "train", str(CORPUS), "--out", str(work / "tok"), "--config", config, *only("tokenizer"))
+    xlnet("shard", str(CORPUS), "--tokenizer", str(work / "tok"), "--out", str(work / "shards"), "--config", config)
+    pre = ("--config", config, *only("data", "train", "model"))
+    xlnet("preprocess", "--shards", str(work / "shards"), "--out", str(work / "rec"), *pre)
+    return work / "rec", [*sets, f"config={config}"]
+
+
+def run_row(records: Path, sets: list[str], out: Path, compile_: bool, deferred: bool, steps: int, dev: str) -> dict:
+    import torch
+
+    from xlnetcli.config import load_config
+    from xlnetcli.report.metrics_log import read_metrics
+    from xlnetcli.train import engine
+    from xlnetcli.train.pretrain import pretrain
+
+    config = next(s.split("=", 1)[1] for s in sets if s.startswith("config="))
+    over = [s for s in sets if not s.startswith("config=")]
+    over += [f"train.max_steps={steps}", "train.log_every=5", "train.eval_every=0", f"train.save_every={steps}"]
+    over += [f"train.compile={str(compile_).lower()}", "train.warmup_steps=10"]
+    if dev == "cpu":
+        over += ["train.precision=fp32"]
+    cfg = load_config(config, over)
+    keep = engine.deferred_check, engine.fused_adamw
+    if not deferred:
+        engine.deferred_check = lambda *a: False  # the same engine, its figures read before each update
+    elif dev == "cpu":
+        engine.fused_adamw = lambda d: True  # smoke: the deferred path runs on the CPU's fused AdamW
+    try:
+        if dev == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        res = pretrain(cfg, records, out, device=dev, quiet=True)
+    finally:
+        engine.deferred_check, engine.fused_adamw = keep
+    rows = [r for r in read_metrics(out) if r["split"] == "train"]
+    return {"rows": rows, "loss": res["loss"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=60, help="optimizer steps per row (train rows every 5)")
+    ap.add_argument("--skip", type=int, default=2, help="train rows left out of the figure (compile, warm-up)")
+    ap.add_argument("--rows", default="eager:synced,eager:deferred,compile:synced,compile:deferred")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script)")
+    args = ap.parse_args()
+    import torch
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cpu" and not args.smoke:
+        raise SystemExit("no CUDA device: run with --smoke to check the script on CPU")
+    if args.smoke:
+        args.steps, args.skip = 10, 1
+    name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
+    print(f"device {name}, torch {torch.__version__}", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="xlnet-gpu-engine-") as tmp:
+        work = Path(tmp)
+        records, sets = build_records(work, args.smoke)
+        for i, row in enumerate(args.rows.split(",")):
+            mode, check = row.split(":")
+            r = run_row(records, sets, work / f"run{i}", mode == "compile", check == "deferred", args.steps, dev)
+            timed = r["rows"][args.skip :]
+            tps = statistics.mean(x["tokens_per_s"] for x in timed)
+            mfu = [x["mfu"] for x in timed if "mfu" in x]
+            out = {
+                "row": row,
+                "tokens_per_s": tps,
+                "mfu": statistics.mean(mfu) if mfu else None,
+                "peak_gib": max(x["peak_mem_gib"] for x in timed),
+                "loss": r["loss"],
+                "steps": args.steps,
+                "rows_timed": len(timed),
+            }
+            results.append(out)
+            mfu_s = f"{100 * out['mfu']:5.1f}%" if out["mfu"] else "  n/a"
+            print(
+                f"{row:<18} {tps:>10,.0f} tok/s  MFU {mfu_s}  peak {out['peak_gib']:.2f} GiB  loss {out['loss']:.3f}",
+                flush=True,
+            )
+    by = {r["row"]: r for r in results}
+    for mode in ("eager", "compile"):
+        a, b = by.get(f"{mode}:synced"), by.get(f"{mode}:deferred")
+        if a and b:
+            print(f"{mode}: deferred / synced tokens/s {b['tokens_per_s'] / a['tokens_per_s']:.3f}")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"device": name, "torch": torch.__version__, "results": results}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
