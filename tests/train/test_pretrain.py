@@ -609,3 +609,25 @@ def test_mem_len_zero_means_no_memory_in_pretraining(records, tmp_path):
     pretrain(cfg, records, tmp_path / "run", quiet=True)
     state = load_train_state(tmp_path / "run" / "step_0000003")
     assert state["ranks"][0]["mems"]["layers"] is None
+
+
+@pytest.mark.slow
+def test_deferred_check_pretrains_the_same_bits_and_resumes_exactly(records, tmp_path, monkeypatch):
+    """The GPU's way on the CPU (fused AdamW, each step's figures read a step late): the same losses and weights as the
+    figures read before each update, and a run stopped at its checkpoint resumes to the uninterrupted run's bits."""
+    from xlnetcli.train import engine
+
+    cfg = _cfg("train.max_steps=6", "train.save_every=3", "train.eval_every=3", "train.log_every=2")
+    monkeypatch.setattr(engine, "fused_adamw", lambda device: True)
+    monkeypatch.setattr(engine, "deferred_check", lambda *a: False)
+    pretrain(cfg, records, tmp_path / "synced", quiet=True)
+    monkeypatch.undo()
+    monkeypatch.setattr(engine, "fused_adamw", lambda device: True)
+    pretrain(cfg, records, tmp_path / "deferred", quiet=True)
+    pretrain(cfg, records, tmp_path / "resumed", quiet=True, stop_after=3)
+    pretrain(cfg, records, tmp_path / "resumed", resume="latest", quiet=True)
+    runs = [tmp_path / r for r in ("synced", "deferred", "resumed")]
+    losses = [train_losses(r) for r in runs]
+    assert [s for s, _ in losses[0]] == [2, 4, 6] and losses[0] == losses[1] == losses[2]
+    weights = [step_weights(r / "step_0000006") for r in runs]
+    assert all(torch.equal(weights[0][k], w[k]) for w in weights[1:] for k in weights[0])
