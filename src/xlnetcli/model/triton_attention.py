@@ -533,11 +533,26 @@ def _blocks(device: torch.device, D: int, kernel: str) -> tuple[int, int, int, d
     """(BM, BN, BD, launch options) of ``kernel`` ("band": BN = BM)."""
     bm, bn, warps, stages = GPU_TILES[kernel] if device.type == "cuda" else (*INTERPRETER_TILE, 1, 1)
     bn = bm if kernel == "band" else bn
-    return bm, bn, max(16, triton.next_power_of_2(D)), dict(num_warps=warps, num_stages=stages)
+    return bm, bn, max(16, 1 << (D - 1).bit_length()), dict(num_warps=warps, num_stages=stages)
+
+
+# The launchers' host code runs once per layer and direction, every step: plain integer maths (triton.cdiv and
+# next_power_of_2 are constexpr functions, microseconds a call from Python) and one placeholder per device and dtype
+# (an absent input's pointer, never read: its kernel is compiled without the branch that would).
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+_PLACEHOLDERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
 def _or_dummy(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    return like.new_zeros(1) if t is None else t
+    if t is not None:
+        return t
+    key = (like.device, like.dtype)
+    if key not in _PLACEHOLDERS:
+        _PLACEHOLDERS[key] = like.new_zeros(1)
+    return _PLACEHOLDERS[key]
 
 
 def _shapes(qw, k, kr, n_content: int):
@@ -568,12 +583,12 @@ def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, 
     for query, row0, row_end in ((False, 0, n_content), (True, n_content, N)):
         BM, BN, BD, launch = _blocks(qw.device, D, "fwd" if query else "band")
         if row_end > row0:
-            _fwd_kernel[(triton.cdiv(row_end - row0, BM), B * H)](
+            _fwd_kernel[(_cdiv(row_end - row0, BM), B * H)](
                 *ins, out, stats, H, N, K, R, L, D, P, B // G, row0, row_end, 1.0 / math.sqrt(D), seed, thr,
                 keep_scale, QUERY=query, HAS_SEG=ef is not None, HAS_MASK=has_mask, DROP=thr > 0,
                 BM=BM, BN=BN, BD=BD, **launch,
             )  # fmt: skip
-    return out, stats, _or_dummy(bias, qw)
+    return out, stats, qw.new_zeros(1) if bias is None else bias  # an output: its own tensor
 
 
 def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop):
@@ -594,19 +609,19 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
     for query, row0, row_end in ((False, 0, n_content), (True, n_content, N)):
         BM, BN, BD, launch = _blocks(qw.device, D, "dq" if query else "band")
         if row_end > row0:
-            _dq_kernel[(triton.cdiv(row_end - row0, BM), B * H)](
+            _dq_kernel[(_cdiv(row_end - row0, BM), B * H)](
                 *ins, do, out, stats, delta, dqw, dqr, _or_dummy(dbias, qw), _or_dummy(def_, qw),
                 H, N, K, R, L, D, P, B // G, row0, row_end, scale, *drop, QUERY=query, **opts,
                 BM=BM, BN=BN, BD=BD, **launch,
             )  # fmt: skip
     BM, BN, BD, launch = _blocks(qw.device, D, "band" if n_content else "dkdv")
-    _dkdv_kernel[(triton.cdiv(K, BN), B * H)](
+    _dkdv_kernel[(_cdiv(K, BN), B * H)](
         *ins, do, stats, delta, dk, dv, H, N, K, R, L, D, P, B // G, n_content, scale, *drop, **opts,
         HAS_BAND=n_content > 0, BM=BM, BN=BN, BD=BD, **launch,
     )  # fmt: skip
     if n_content:
         BM, _, BD, launch = _blocks(qw.device, D, "dkr")
-        _dkr_kernel[(triton.cdiv(R, BM), G * H)](
+        _dkr_kernel[(_cdiv(R, BM), G * H)](
             qw, qr, k, v, kr, _or_dummy(ef, qw), d_flags, do, stats, delta, dkr,
             H, N, K, R, L, D, B // G, n_content, scale, *drop, **opts,
             BM=BM, BR=BM, BD=BD, **launch,
@@ -615,7 +630,7 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
         GB = B // G
         dt = torch.empty(G, H, GB * P, R, dtype=dbias.dtype, device=dbias.device)
         BM, BN, _, launch = _blocks(qw.device, D, "bias")
-        _unshift_kernel[(triton.cdiv(P, BM), triton.cdiv(R, BN), B * H)](
+        _unshift_kernel[(_cdiv(P, BM), _cdiv(R, BN), B * H)](
             dbias, rows, dt, H, N, K, R, L, P, GB, n_content, BM=BM, BN=BN, **launch
         )
         dqr[:, :, n_content:] = torch.matmul(dt, kr).view(G, H, GB, P, D).transpose(1, 2).reshape(B, H, P, D)
@@ -635,7 +650,7 @@ def _table_bias(qr, kr, ef, rows, flags, has_mask: bool, L: int, n_band: int, K:
     D = qr.shape[-1]
     bias = torch.empty(B, H, P, K, dtype=_bias_dtype(qr.dtype), device=qr.device)
     BM, BN, _, launch = _blocks(qr.device, D, "bias")
-    _bias_kernel[(triton.cdiv(P, BM), triton.cdiv(K, BN), B * H)](
+    _bias_kernel[(_cdiv(P, BM), _cdiv(K, BN), B * H)](
         bdq, _or_dummy(ef, qr), _or_dummy(flags, rows), rows, bias, H, qr.shape[2], K, R, L, P, n_band,
         1.0 / math.sqrt(D), HAS_SEG=ef is not None, HAS_MASK=has_mask, BM=BM, BN=BN, **launch,
     )  # fmt: skip
