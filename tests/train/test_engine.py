@@ -107,6 +107,7 @@ def make_engine(
     dropout: float = 0.0,
     resume_from: Path | None = None,
     log_every: int = 1,
+    env: DistEnv | None = None,
 ) -> Engine:
     seed_everything(0)
     model = nn.Sequential(nn.Linear(D_IN, 8), nn.Dropout(dropout), nn.Linear(8, D_OUT))
@@ -133,7 +134,7 @@ def make_engine(
         model,
         recipe or ToyRecipe(size, accum),
         plan,
-        DistEnv(),
+        env or DistEnv(),
         run_dir,
         Config(),
         quiet=True,
@@ -448,3 +449,24 @@ def test_no_checkpoint_follows_a_deferred_nonfinite_step(tmp_path, fused):
         engine.fit()
     assert [p.name for p in (tmp_path / "run").glob("step_*")] == ["step_0000002"]  # keep_last 1
     assert "step_0000002" in str(e.value)
+
+
+@pytest.mark.slow
+def test_under_ddp_the_deferred_check_trains_the_same_bits_and_agrees_on_sigterm_a_step_late(tmp_path):
+    """Two processes (torchrun, gloo), the fused AdamW: every rank holds the same all-reduced gradients, so the deferred
+    check skips alike everywhere and trains the same bits as the check before each update; the ranks' agreement on a
+    SIGTERM (sent to rank 1 alone during step 3) comes a step late, on both ranks at the same step."""
+    import subprocess
+
+    from clitools import BIN, child_env
+
+    worker = Path(__file__).with_name("ddp_deferred_worker.py")
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(worker), str(tmp_path)]
+    out = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ranks = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    for r in ranks:
+        assert r["deferred"] and not r["synced_deferred"]
+        assert r["same_bits"], r
+        assert r["stopped"] == {"synced": 3, "deferred": 4}, r

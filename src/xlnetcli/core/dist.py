@@ -103,30 +103,31 @@ def cleanup() -> None:
         tdist.destroy_process_group()
 
 
-def _active() -> bool:
+def in_group() -> bool:
+    """Whether this process is one of several in a process group (the collectives below are no-ops otherwise)."""
     return tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1
 
 
 def barrier() -> None:
-    if _active():
+    if in_group():
         tdist.barrier()
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """In place sum over ranks (no-op in one process); returns ``t``."""
-    if _active():
+    if in_group():
         tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
     return t
 
 
 def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
-    if _active():
+    if in_group():
         tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
     return t
 
 
 def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
-    if _active():
+    if in_group():
         tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
         t /= tdist.get_world_size()
     return t
@@ -134,7 +135,7 @@ def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank ``src``'s object on every rank (pickled)."""
-    if not _active():
+    if not in_group():
         return obj
     box = [obj]
     tdist.broadcast_object_list(box, src=src)
@@ -143,7 +144,7 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 
 def all_gather_object(obj: Any) -> list[Any]:
     """Every rank's object, in rank order, on every rank."""
-    if not _active():
+    if not in_group():
         return [obj]
     out: list[Any] = [None] * tdist.get_world_size()
     tdist.all_gather_object(out, obj)
@@ -152,7 +153,7 @@ def all_gather_object(obj: Any) -> list[Any]:
 
 def any_rank(flag: bool, device: torch.device | str = "cpu") -> bool:
     """True on every rank when ``flag`` is True on at least one (e.g. a non-finite loss or an OOM on one rank)."""
-    if not _active():
+    if not in_group():
         return flag
     t = torch.tensor([1.0 if flag else 0.0], device=device)
     all_reduce_max(t)

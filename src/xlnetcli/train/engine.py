@@ -11,10 +11,11 @@ global-norm clipping, the AdamW step and the lr schedule (train/optim.py), the c
 checkpoints, out-of-memory and non-finite diagnosis, throughput / MFU / peak memory, the progress bar (or one plain
 line per interval when stderr is not a terminal), distributed wrapping (model/parallel.py), preemption and exact resume.
 A step's loss and gradient norm stay on the device (``StepFigures``) until ``settle`` reads them. With a fused AdamW
-(CUDA) and no grad scaler, in one process, a non-finite step is skipped on the device (the optimizer's ``found_inf``)
-and checked one step later: the host launches step N+1 while the device finishes step N, and waits only for the rows it
-logs, evaluations and checkpoints (issue 23: no host sync inside the step). Otherwise (CPU, fp16 with its scaler,
-several processes) the figures are read once per optimizer step, before the update; never per micro-batch.
+(CUDA), no grad scaler and no FSDP, a non-finite step is skipped on the device (the optimizer's ``found_inf``) and
+checked one step later, as is the ranks' agreement on SIGTERM: the host launches step N+1 while the device finishes
+step N, and waits only for the rows it logs, evaluations and checkpoints (issue 23: no host sync inside the step).
+Otherwise (CPU, fp16 with its scaler, FSDP) the figures are read once per optimizer step, before the update; never
+per micro-batch.
 
 A recipe (``pretrain.PretrainRecipe``, ``finetune.FinetuneRecipe``) is what a training run plugs into the engine:
 
@@ -449,34 +450,34 @@ def oom_message(plan: TrainPlan, lengths: str, world: int, device: torch.device,
     )
 
 
+class HostCopy:
+    """A small device tensor copied to pinned host memory behind the work that made it: ``read()`` waits for that work
+    alone, not for the kernels queued after it (a plain read of a device tensor waits for the whole queue)."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.copied: Any = None
+        if t.device.type == "cuda":
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+            t = host
+        self.t = t
+
+    def read(self) -> list:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.t.tolist()
+
+
 @dataclass
 class StepFigures:
     """One optimizer step's figures, until ``Engine.settle`` reads them."""
 
     step: int  # the step they belong to (1-based, as logged)
-    values: torch.Tensor  # [2] fp32: the mean loss over micro-batches and ranks, the gradient norm before clipping
+    values: HostCopy  # [2]: the mean loss over micro-batches and ranks, the gradient norm before clipping
     losses: torch.Tensor  # this rank's micro-batch losses (to name the micro-batch that went non-finite)
     param_norms: torch.Tensor | None = None  # per parameter (a deferred check, whose gradients are freed by then)
-    copied: Any = None  # the CUDA event after which ``values`` (a pinned host copy) may be read
-
-    @classmethod
-    def on_the_way(
-        cls, step: int, values: torch.Tensor, losses: torch.Tensor, norms: torch.Tensor | None
-    ) -> StepFigures:
-        """Figures whose host copy is queued behind the step's work: reading them later waits for this step alone, not
-        for the kernels queued after it (a plain read of a device tensor waits for the whole queue)."""
-        if values.device.type != "cuda":
-            return cls(step, values, losses, norms)
-        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-        host.copy_(values, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record()
-        return cls(step, host, losses, norms, copied)
-
-    def read(self) -> list[float]:
-        if self.copied is not None:
-            self.copied.synchronize()
-        return self.values.tolist()
 
 
 def fused_adamw(device: torch.device) -> bool:
@@ -484,11 +485,11 @@ def fused_adamw(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def deferred_check(fused: bool, scaler_enabled: bool, distributed: bool) -> bool:
+def deferred_check(fused: bool, scaler_enabled: bool, sharded: bool) -> bool:
     """Whether a step's non-finite check may come after its update: fused AdamW skips a flagged update on the device
-    (``found_inf``), which fp16's grad scaler claims for its own inf check; several processes agree on preemption with
-    a collective each step, which syncs anyway."""
-    return fused and not scaler_enabled and not distributed
+    (``found_inf``), which fp16's grad scaler claims for its own inf check. Under DDP every rank holds the same
+    all-reduced gradients, so every rank skips alike; FSDP's sharded gradients keep the check before the update."""
+    return fused and not scaler_enabled and not sharded
 
 
 def clip_and_norms(grads: list[torch.Tensor], max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -524,6 +525,7 @@ class PreemptionGuard:
     def __init__(self) -> None:
         self.flag = False
         self._old: Any = None
+        self._posted: HostCopy | None = None  # requested_late: the last step's reduced flags, on their way
 
     def __enter__(self) -> PreemptionGuard:
         if threading.current_thread() is threading.main_thread():
@@ -542,7 +544,17 @@ class PreemptionGuard:
             signal.signal(signal.SIGTERM, signal.SIG_IGN if self.flag and kill else self._old)
 
     def requested(self, device: torch.device) -> bool:
+        """Whether any rank got SIGTERM, agreed now (one collective and a read per step when distributed)."""
         return dist.any_rank(self.flag, device)
+
+    def requested_late(self, device: torch.device) -> bool:
+        """The same agreement a step late (the engine's deferred check): this step's flags are reduced on the device
+        and read at the next call, so no step waits for one; every rank reads the same step's answer."""
+        if not dist.in_group():
+            return self.flag
+        agreed = dist.all_reduce_max(torch.full((1,), float(self.flag), device=device))
+        previous, self._posted = self._posted, HostCopy(agreed)
+        return previous is not None and previous.read()[0] > 0
 
 
 class StepClock:
@@ -657,7 +669,8 @@ class Engine:
             fused=self.fused,
         )
         self.scaler = torch.amp.GradScaler(dev.type, enabled=plan.precision == "fp16" and dev.type == "cuda")
-        self.deferred = deferred_check(self.fused, self.scaler.is_enabled(), env.distributed)
+        sharded = env.distributed and plan.distributed == "fsdp"
+        self.deferred = deferred_check(self.fused, self.scaler.is_enabled(), sharded)
         self.pending: list[StepFigures] = []  # steps whose figures the host has not read yet (settle)
         self.last_grad_norm = float("nan")
         named = [(n, p) for n, p in dist.unwrap(self.model).named_parameters() if p.requires_grad]
@@ -748,7 +761,8 @@ class Engine:
                     with self.clock.paused():
                         evaluated = self.recipe.eval_due(self.step)
                         ev = self.evaluate(self.step) if evaluated else None
-                        preempted = guard.requested(self.env.device)
+                        dev = self.env.device
+                        preempted = guard.requested_late(dev) if self.deferred else guard.requested(dev)
                         self._save_if_due(evaluated, ev, preempted)
                     stop = ev is not None and ev.stop
                     if preempted and not stop and self.step < self.plan.max_steps:
@@ -790,13 +804,12 @@ class Engine:
                 gnorm = gnorm.full_tensor()
             step_losses = torch.stack(losses)
             mean_loss = dist.all_reduce_mean(step_losses.mean().clone())
-            values = torch.stack([mean_loss.float(), gnorm.float()])
+            values = HostCopy(torch.stack([mean_loss.float(), gnorm.float()]))
+            self.pending.append(StepFigures(self.step + 1, values, step_losses, param_norms))
             if self.deferred:
-                self.pending.append(StepFigures.on_the_way(self.step + 1, values, step_losses, param_norms))
                 self._step_unless_nonfinite(mean_loss, gnorm)
                 self.settle(keep=1)  # the step before this one: done on the device by now, or nearly
             else:
-                self.pending.append(StepFigures(self.step + 1, values, step_losses, param_norms))
                 self.settle()  # the one device sync of a step; raises before a non-finite update
                 self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -822,7 +835,7 @@ class Engine:
             return
         del self.pending[: len(ready)]
         for f in ready:
-            loss_v, gnorm_v = f.read()
+            loss_v, gnorm_v = f.values.read()
             if not math.isfinite(loss_v) or (not math.isfinite(gnorm_v) and not self.scaler.is_enabled()):
                 self.pending.clear()
                 self._raise_nonfinite(f, loss_v, gnorm_v)

@@ -1,0 +1,51 @@
+"""Run by test_engine.py under torchrun (2 processes, gloo): the toy engine under DDP with the fused AdamW (the CUDA
+path, on the CPU), its figures read before each update (synced) and a step late (deferred). Prints one JSON line per
+rank: whether the engine deferred, whether both ways trained the same bits, and the step each stopped at after a
+SIGTERM sent to rank 1 alone during step 3."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import test_engine as te
+
+from xlnetcli.core import dist
+from xlnetcli.core.errors import Preempted
+from xlnetcli.train import engine as engine_module
+
+
+def main(out: Path) -> None:
+    torch.set_num_threads(1)
+    env = dist.init_distributed("cpu")
+    engine_module.fused_adamw = lambda device: True
+    check = engine_module.deferred_check
+
+    def run(name: str, deferred: bool, sigterm_at: int | None = None) -> te.Engine:
+        engine_module.deferred_check = check if deferred else (lambda *a: False)
+        recipe = te.ToyRecipe(4, 2, sigterm_at=sigterm_at if env.rank == 1 else None)
+        return te.make_engine(out / name, recipe, accum=2, max_steps=6, clip_norm=0.5, log_every=3, env=env)
+
+    synced, deferred = run("synced", False), run("deferred", True)
+    synced.fit()
+    deferred.fit()
+    same = all(torch.equal(a, b) for a, b in zip(te.params(synced), te.params(deferred), strict=True))
+    stopped = {}
+    for name, way in (("synced", False), ("deferred", True)):
+        engine = run(f"sigterm_{name}", way, sigterm_at=2)
+        try:
+            engine.fit()
+        except Preempted:
+            stopped[name] = engine.step
+    print(json.dumps({"rank": env.rank, "deferred": deferred.deferred, "synced_deferred": synced.deferred,
+                      "same_bits": same, "stopped": stopped}), flush=True)  # fmt: skip
+    dist.cleanup()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
