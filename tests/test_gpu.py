@@ -287,10 +287,10 @@ def test_engine_reads_a_steps_figures_without_waiting_for_the_work_queued_after_
     for the copy queued behind step N, not for the device's whole queue (a plain .item() would)."""
     import time
 
-    from xlnetcli.train.engine import StepFigures
+    from xlnetcli.train.engine import HostCopy
 
     values = torch.tensor([2.5, 0.75], device=CUDA) * 2
-    figures = StepFigures.on_the_way(1, values, values[:1], None)
+    figures = HostCopy(values)
     torch.cuda._sleep(2_000_000_000)  # about a second of device time queued after the copy: "the next step"
     t0 = time.perf_counter()
     assert figures.read() == [5.0, 1.5]

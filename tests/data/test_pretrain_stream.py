@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -199,6 +200,17 @@ def test_close_joins_the_prefetch_threads_of_open_iterators(records):
     assert next(iter(s))["input_ids"].shape[0] == 4  # the stream itself still reads
     s.close()
     assert _prefetch_threads() == []
+    # a finite stream whose producer has run to its end while the consumer stopped early: its last hand-over (the
+    # end marker, into a full queue) gives way to close() too, within the join's wait
+    n = sum(1 for _ in PretrainStream(records, "valid", 0, 1, 2, seed=5, loop=False, prefetch=0))
+    v = PretrainStream(records, "valid", 0, 1, 2, seed=5, loop=False, prefetch=1)
+    it = iter(v)
+    for _ in range(n - 1):  # the last batch waits in the queue; the end marker has no room
+        next(it)
+    time.sleep(0.5)
+    t0 = time.perf_counter()
+    v.close()
+    assert _prefetch_threads() == [] and time.perf_counter() - t0 < 2
 
 
 def test_stream_bad_input(records):

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import test_engine as te
 
 from xlnetcli.core import dist
-from xlnetcli.core.errors import Preempted
+from xlnetcli.core.errors import Preempted, XLNetError
 from xlnetcli.train import engine as engine_module
 
 
@@ -42,8 +42,19 @@ def main(out: Path) -> None:
             engine.fit()
         except Preempted:
             stopped[name] = engine.step
-    print(json.dumps({"rank": env.rank, "deferred": deferred.deferred, "synced_deferred": synced.deferred,
-                      "same_bits": same, "stopped": stopped}), flush=True)  # fmt: skip
+    # a NaN loss on rank 1 alone during step 2: the mean loss is NaN on both, both skip the update and stop alike
+    engine_module.deferred_check = check
+    recipe = te.ToyRecipe(4, 2, nan_at=1 if env.rank == 1 else None)
+    nan = te.make_engine(out / "nan", recipe, accum=2, log_every=100, env=env)
+    try:
+        nan.fit()
+        message = None
+    except XLNetError as e:
+        message = str(e).split(";")[0]
+    updates = sorted({int(s["step"]) for s in nan.optimizer.state.values()})
+    finite = all(bool(torch.isfinite(p).all()) for p in te.params(nan))
+    report = {"rank": env.rank, "deferred": deferred.deferred, "synced_deferred": synced.deferred, "same_bits": same}
+    print(json.dumps({**report, "stopped": stopped, "nan": [message, updates, finite]}), flush=True)
     dist.cleanup()
 
 

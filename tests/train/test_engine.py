@@ -108,9 +108,12 @@ def make_engine(
     resume_from: Path | None = None,
     log_every: int = 1,
     env: DistEnv | None = None,
+    unused: bool = False,
 ) -> Engine:
     seed_everything(0)
     model = nn.Sequential(nn.Linear(D_IN, 8), nn.Dropout(dropout), nn.Linear(8, D_OUT))
+    if unused:  # a trainable parameter no loss reaches (first in order): it never has a gradient
+        model.register_parameter("a_unused", nn.Parameter(torch.zeros(3)))
     plan = TrainPlan(
         section="toy",
         max_steps=max_steps,
@@ -423,14 +426,22 @@ def test_a_deferred_nonfinite_step_is_skipped_on_the_device_and_diagnosed_alike(
     def recipe():
         return ToyRecipe(4, 1, nan_at=1) if kind == "loss" else NanGradRecipe(4, 1, nan_grad_at=1)
 
-    deferred = make_engine(tmp_path / "deferred", recipe(), log_every=100)
+    # a parameter without a gradient ahead of the others: the diagnosis still names the right one
+    deferred = make_engine(tmp_path / "deferred", recipe(), log_every=100, unused=True)
     with pytest.raises(XLNetError) as late:
         deferred.fit()
     # step 2 went non-finite; the host learnt it while launching step 3, whose update was applied: AdamW counts 2
-    # updates of 3 (checked before the update, 1 of 2)
-    assert {int(s["step"]) for s in deferred.optimizer.state.values()} == {2}
+    # updates of 3 (checked before the update, 1 of 2), and nothing of the bad step reached a weight or a moment
+    state = deferred.optimizer.state.values()
+    assert {int(s["step"]) for s in state} == {2}
+    assert all(torch.isfinite(t).all() for s in state for t in (s["exp_avg"], s["exp_avg_sq"]))
+    assert all(torch.isfinite(p).all() for p in params(deferred))
+    assert deferred.confirmed_step == 1
+    with pytest.raises(XLNetError) as again:  # the engine refuses to go on: step 3's update is past the bad step
+        deferred.save(3)
+    assert str(again.value) == str(late.value) and not list((tmp_path / "deferred").glob("step_*"))
     fused()
-    synced = make_engine(tmp_path / "synced", recipe(), log_every=100)
+    synced = make_engine(tmp_path / "synced", recipe(), log_every=100, unused=True)
     with pytest.raises(XLNetError) as refused:
         synced.fit()
     assert {int(s["step"]) for s in synced.optimizer.state.values()} == {1}
@@ -470,3 +481,6 @@ def test_under_ddp_the_deferred_check_trains_the_same_bits_and_agrees_on_sigterm
         assert r["deferred"] and not r["synced_deferred"]
         assert r["same_bits"], r
         assert r["stopped"] == {"synced": 3, "deferred": 4}, r
+    where = {0: "toy loss is nan on another rank", 1: "toy loss is nan on micro-batch 0 of rank 1"}
+    for r in ranks:  # the NaN on rank 1: both ranks skip its update (2 of 3 applied) and stop at the same step
+        assert r["nan"] == [f"training diverged at step 2: {where[r['rank']]}", [2], True], r

@@ -430,6 +430,15 @@ class PretrainStream:
         # context there for every rank of a multi-GPU job (torch's DataLoader sets the device in its pin thread too)
         pin_device = torch.cuda.current_device() if self.pin_memory else None
 
+        def hand_over(item: Any) -> bool:  # False once the consumer has stopped (never blocks past that)
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
         def produce() -> None:
             try:
                 if pin_device is not None:
@@ -438,18 +447,11 @@ class PretrainStream:
                     b = self.batch(st, mi)
                     if self.pin_memory:
                         b = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in b.items()}
-                    item = (st, mi, b)
-                    while not stop.is_set():
-                        try:
-                            q.put(item, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
+                    if not hand_over((st, mi, b)):
                         return
-                q.put(done)
+                hand_over(done)
             except BaseException as e:  # noqa: BLE001 - any failure goes to the consumer, which re-raises it
-                q.put(e)
+                hand_over(e)
 
         th = threading.Thread(target=produce, name="xlnet-prefetch", daemon=True)
         th.start()

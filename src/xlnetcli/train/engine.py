@@ -477,7 +477,9 @@ class StepFigures:
     step: int  # the step they belong to (1-based, as logged)
     values: HostCopy  # [2]: the mean loss over micro-batches and ranks, the gradient norm before clipping
     losses: torch.Tensor  # this rank's micro-batch losses (to name the micro-batch that went non-finite)
-    param_norms: torch.Tensor | None = None  # per parameter (a deferred check, whose gradients are freed by then)
+    # a deferred check's per-parameter gradient norms and their parameters' names (the gradients are freed by then)
+    param_norms: torch.Tensor | None = None
+    param_names: list[str] | None = None
 
 
 def fused_adamw(device: torch.device) -> bool:
@@ -644,6 +646,7 @@ class Engine:
         self.last_loss = float("nan")
         self.result: dict[str, Any] = {"out": str(run_dir), "eval": None}
         self.relayout: str | None = None  # set by a resume with another layout (``_relayout_text``)
+        self.confirmed_step = 0  # the last step whose figures were read and found finite (or the resumed step)
 
     @property
     def step(self) -> int:
@@ -672,6 +675,7 @@ class Engine:
         sharded = env.distributed and plan.distributed == "fsdp"
         self.deferred = deferred_check(self.fused, self.scaler.is_enabled(), sharded)
         self.pending: list[StepFigures] = []  # steps whose figures the host has not read yet (settle)
+        self.diverged: str | None = None  # the message of a non-finite step found by settle
         self.last_grad_norm = float("nan")
         named = [(n, p) for n, p in dist.unwrap(self.model).named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]
@@ -698,6 +702,7 @@ class Engine:
         if self.resume_from is not None:
             self.checkpointer.load(self.resume_from)
             self.relayout = self._relayout_text()
+            self.confirmed_step = self.step
         if self.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.checkpointer.remove_stale_temp()
@@ -793,9 +798,13 @@ class Engine:
                     self.scaler.scale(loss / accum).backward()
                 losses.append(loss.detach().float())
             self.scaler.unscale_(self.optimizer)
-            param_norms = None
-            if self.deferred:  # plain tensors in one process; the per-parameter norms name a non-finite one later
-                gnorm, param_norms = clip_and_norms([p.grad for p in self.params if p.grad is not None], plan.clip_norm)
+            param_norms, names = None, None
+            if self.deferred:  # plain tensors; the per-parameter norms name a non-finite one later
+                with_grad = [
+                    (n, p.grad) for n, p in zip(self.param_names, self.params, strict=True) if p.grad is not None
+                ]
+                names = [n for n, _ in with_grad]
+                gnorm, param_norms = clip_and_norms([g for _, g in with_grad], plan.clip_norm)
             elif plan.clip_norm > 0:
                 gnorm = torch.nn.utils.clip_grad_norm_(self.params, plan.clip_norm, foreach=True)
             else:
@@ -805,7 +814,7 @@ class Engine:
             step_losses = torch.stack(losses)
             mean_loss = dist.all_reduce_mean(step_losses.mean().clone())
             values = HostCopy(torch.stack([mean_loss.float(), gnorm.float()]))
-            self.pending.append(StepFigures(self.step + 1, values, step_losses, param_norms))
+            self.pending.append(StepFigures(self.step + 1, values, step_losses, param_norms, names))
             if self.deferred:
                 self._step_unless_nonfinite(mean_loss, gnorm)
                 self.settle(keep=1)  # the step before this one: done on the device by now, or nearly
@@ -829,7 +838,10 @@ class Engine:
 
     def settle(self, keep: int = 0) -> None:
         """Read the figures of the pending steps but the newest ``keep``, check them in order and count their losses
-        into the log window. A non-finite step raises: its update was not applied."""
+        into the log window. A non-finite step raises: its update was not applied; the engine then refuses to go on
+        (a deferred check found it after the next step's update: nothing of it is saved or evaluated)."""
+        if self.diverged is not None:
+            raise XLNetError(self.diverged)
         ready = self.pending[: len(self.pending) - keep]
         if not ready:
             return
@@ -838,9 +850,11 @@ class Engine:
             loss_v, gnorm_v = f.values.read()
             if not math.isfinite(loss_v) or (not math.isfinite(gnorm_v) and not self.scaler.is_enabled()):
                 self.pending.clear()
-                self._raise_nonfinite(f, loss_v, gnorm_v)
+                self.diverged = self._nonfinite_message(f, loss_v, gnorm_v)
+                raise XLNetError(self.diverged)
             self.progress.log_window.append(loss_v)
             self.last_grad_norm = gnorm_v
+            self.confirmed_step = f.step
 
     def _count_step(self) -> None:
         self.progress.step += 1
@@ -850,7 +864,7 @@ class Engine:
     def _oom_message(self, where: str) -> str:
         return oom_message(self.plan, self.recipe.hints.lengths, self.env.world_size, self.env.device, where)
 
-    def _raise_nonfinite(self, f: StepFigures, loss_v: float, gnorm_v: float) -> None:
+    def _nonfinite_message(self, f: StepFigures, loss_v: float, gnorm_v: float) -> str:
         plan, name = self.plan, self.recipe.loss_name
         if not math.isfinite(loss_v):
             step_losses = f.losses.tolist()
@@ -860,16 +874,16 @@ class Engine:
             else:
                 what = f"{name} is {loss_v} on another rank"
         else:
-            if f.param_norms is not None:
+            if f.param_norms is not None and f.param_names is not None:
                 finite = torch.isfinite(f.param_norms).tolist()
-                where = next((n for n, ok in zip(self.param_names, finite, strict=True) if not ok), None)
+                where = next((n for n, ok in zip(f.param_names, finite, strict=True) if not ok), None)
             else:
                 where = _nonfinite_grad_name(self.model)
             what = (
                 f"gradient norm is {gnorm_v} (first non-finite gradient: {where or 'on another rank'}; "
                 f"loss {loss_v:.4f})"
             )
-        raise XLNetError(
+        return (
             f"training diverged at step {f.step}: {what}; the update was not applied; "
             f"{self.checkpointer.last_good_text()}; try a lower {plan.section}.lr (now {plan.lr:g}), "
             f"{self.recipe.hints.warmup} or {plan.section}.precision=fp32"

@@ -398,7 +398,7 @@ def _pretrain(
         report_to=t.report_to,
     )
     try:
-        with _undone_on_failure(out_dir, main, lambda: engine.step == 0):
+        with _undone_on_failure(out_dir, main, lambda: engine.confirmed_step == 0):
             return _run(engine, cfg, init, init_record, sizes, meta, data_dir, out_dir, stop_after, say)
     finally:
         recipe.stream.close()  # the prefetch thread ends here, not in the interpreter's shutdown
