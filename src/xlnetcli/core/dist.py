@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,7 +100,11 @@ def init_distributed(device: str | None = "auto", timeout_s: float = 1800.0) -> 
 
 
 def cleanup() -> None:
+    """Destroy the process group. Garbage first: DDP's backward leaves reference cycles that hold gloo work; freed
+    after the group, at the interpreter's exit, they abort the process ("terminate called without an active
+    exception", about a third of 2-process CPU runs with torch 2.13; none after collecting them here)."""
     if tdist.is_available() and tdist.is_initialized():
+        gc.collect()
         tdist.destroy_process_group()
 
 
