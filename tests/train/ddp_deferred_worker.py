@@ -1,7 +1,7 @@
 """Run by test_engine.py under torchrun (2 processes, gloo): the toy engine under DDP with the fused AdamW (the CUDA
-path, on the CPU), its figures read before each update (synced) and a step late (deferred). Prints one JSON line per
-rank: whether the engine deferred, whether both ways trained the same bits, and the step each stopped at after a
-SIGTERM sent to rank 1 alone during step 3."""
+path, on the CPU), its figures read before each update (synced) and a step late (deferred). Writes rankN.json into
+the folder it is given: whether the engine deferred, whether both ways trained the same bits, the step each stopped
+at after a SIGTERM sent to rank 1 alone during step 3, and how each met a NaN loss on rank 1 alone."""
 
 from __future__ import annotations
 
@@ -54,7 +54,9 @@ def main(out: Path) -> None:
     updates = sorted({int(s["step"]) for s in nan.optimizer.state.values()})
     finite = all(bool(torch.isfinite(p).all()) for p in te.params(nan))
     report = {"rank": env.rank, "deferred": deferred.deferred, "synced_deferred": synced.deferred, "same_bits": same}
-    print(json.dumps({**report, "stopped": stopped, "nan": [message, updates, finite]}), flush=True)
+    (out / f"rank{env.rank}.json").write_text(
+        json.dumps({**report, "stopped": stopped, "nan": [message, updates, finite]})
+    )
     dist.cleanup()
 
 
