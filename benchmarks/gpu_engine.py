@@ -47,8 +47,10 @@ def build_records(work: Path, smoke: bool) -> tuple[Path, list[str]]:
         return [x for s in sets if s.split(".")[0] in sections for x in ("--set", s)]
 
     xlnet("tokenize", "train", str(CORPUS), "--out", str(work / "tok"), "--config", config, *only("tokenizer"))
-    xlnet("shard", str(CORPUS), "--tokenizer", str(work / "tok"), "--out", str(work / "shards"), "--config", config)
-    pre = ("--config", config, *only("data", "train", "model"))
+    workers = ("--workers", str(min(8, os.cpu_count() or 1)))  # the output is the same for any number
+    shards = ("--out", str(work / "shards"), "--config", config, *workers)
+    xlnet("shard", str(CORPUS), "--tokenizer", str(work / "tok"), *shards)
+    pre = ("--config", config, *only("data", "train", "model"), *workers)
     xlnet("preprocess", "--shards", str(work / "shards"), "--out", str(work / "rec"), *pre)
     return work / "rec", [*sets, f"config={config}"]
 

@@ -45,7 +45,7 @@ step 160 pretrain python3 benchmarks/gpu_pretrain.py --hf --json "$OUT/pretrain.
     --profile-rows "$PROFILE_ROWS" --rows "$ROWS" ${SMOKE:+--smoke}
 grep "^base\|^large\|^  base\|^  large\|profile:\|split:\|^device" "$OUT/pretrain.log" | tail -n 30
 if [ -n "$ENGINE" ]; then  # `xlnet pretrain` itself: the engine's logged tokens/s, figures read synced / deferred
-    step 200 engine python3 benchmarks/gpu_engine.py --rows "$ENGINE" --json "$OUT/engine.json" ${SMOKE:+--smoke}
+    step 240 engine python3 benchmarks/gpu_engine.py --rows "$ENGINE" --json "$OUT/engine.json" ${SMOKE:+--smoke}
     grep "^device\|^eager\|^compile\|Error\|error" "$OUT/engine.log" | tail -n 12
 fi
 step 150 attention python3 benchmarks/gpu_attention.py --json "$OUT/attention.json" --tiles "$SWEEP" \
