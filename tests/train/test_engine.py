@@ -484,3 +484,25 @@ def test_under_ddp_the_deferred_check_trains_the_same_bits_and_agrees_on_sigterm
     where = {0: "toy loss is nan on another rank", 1: "toy loss is nan on micro-batch 0 of rank 1"}
     for r in ranks:  # the NaN on rank 1: both ranks skip its update (2 of 3 applied) and stop at the same step
         assert r["nan"] == [f"training diverged at step 2: {where[r['rank']]}", [2], True], r
+
+
+@pytest.mark.parametrize("max_norm", [0.0, 0.5, 1e6])
+def test_clip_and_norms_is_torchs_clipping_bit_for_bit(max_norm):
+    """The engine clips plain gradients itself to keep the per-parameter norms: the same bits as clip_grad_norm_ (or
+    get_total_norm without clipping), and the norms are each gradient's."""
+    gen = torch.Generator().manual_seed(3)
+    grads = [torch.randn(s, generator=gen) * 10 for s in ((8, 4), (8,), (2, 8), (2,))]
+    ours = [g.clone() for g in grads]
+    params = [nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g.clone()
+    total, norms = engine_module.clip_and_norms(ours, max_norm, torch.device("cpu"))
+    if max_norm > 0:
+        ref = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    else:
+        ref = torch.nn.utils.get_total_norm([p.grad for p in params])
+    assert torch.equal(total, ref)
+    assert all(torch.equal(a, p.grad) for a, p in zip(ours, params, strict=True))
+    assert torch.equal(norms, torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    unchanged = all(torch.equal(a, g) for a, g in zip(ours, grads, strict=True))
+    assert unchanged == (max_norm != 0.5)  # clipped only below the norm; 0 = no clipping

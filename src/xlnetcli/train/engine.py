@@ -452,11 +452,12 @@ def oom_message(plan: TrainPlan, lengths: str, world: int, device: torch.device,
 
 class HostCopy:
     """A small device tensor copied to pinned host memory behind the work that made it: ``read()`` waits for that work
-    alone, not for the kernels queued after it (a plain read of a device tensor waits for the whole queue)."""
+    alone, not for the kernels queued after it (a plain read of a device tensor waits for the whole queue).
+    ``later=False``: it is read at once, so it stays where it is (the read is the sync)."""
 
-    def __init__(self, t: torch.Tensor) -> None:
+    def __init__(self, t: torch.Tensor, later: bool = True) -> None:
         self.copied: Any = None
-        if t.device.type == "cuda":
+        if later and t.device.type == "cuda":
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             host.copy_(t, non_blocking=True)
             self.copied = torch.cuda.Event()
@@ -494,10 +495,12 @@ def deferred_check(fused: bool, scaler_enabled: bool, sharded: bool) -> bool:
     return fused and not scaler_enabled and not sharded
 
 
-def clip_and_norms(grads: list[torch.Tensor], max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(global norm, per-gradient norms [n]) of plain tensors, clipping them to ``max_norm`` when > 0: the arithmetic
-    of torch.nn.utils.clip_grad_norm_, keeping the per-gradient norms it computes on the way."""
-    norms = torch.stack(torch._foreach_norm(grads, 2.0)) if grads else torch.zeros(0)
+def clip_and_norms(
+    grads: list[torch.Tensor], max_norm: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(global norm, per-gradient norms [n]) of plain tensors on ``device``, clipping them to ``max_norm`` when > 0:
+    the arithmetic of torch.nn.utils.clip_grad_norm_, keeping the per-gradient norms it computes on the way."""
+    norms = torch.stack(torch._foreach_norm(grads, 2.0)) if grads else torch.zeros(0, device=device)
     total = torch.linalg.vector_norm(norms, 2.0)
     if max_norm > 0 and grads:
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
@@ -672,8 +675,8 @@ class Engine:
             fused=self.fused,
         )
         self.scaler = torch.amp.GradScaler(dev.type, enabled=plan.precision == "fp16" and dev.type == "cuda")
-        sharded = env.distributed and plan.distributed == "fsdp"
-        self.deferred = deferred_check(self.fused, self.scaler.is_enabled(), sharded)
+        self.sharded = env.distributed and plan.distributed == "fsdp"  # gradients are DTensor shards
+        self.deferred = deferred_check(self.fused, self.scaler.is_enabled(), self.sharded)
         self.pending: list[StepFigures] = []  # steps whose figures the host has not read yet (settle)
         self.diverged: str | None = None  # the message of a non-finite step found by settle
         self.last_grad_norm = float("nan")
@@ -798,25 +801,14 @@ class Engine:
                     self.scaler.scale(loss / accum).backward()
                 losses.append(loss.detach().float())
             self.scaler.unscale_(self.optimizer)
-            param_norms, names = None, None
-            if self.deferred:  # plain tensors; the per-parameter norms name a non-finite one later
-                with_grad = [
-                    (n, p.grad) for n, p in zip(self.param_names, self.params, strict=True) if p.grad is not None
-                ]
-                names = [n for n, _ in with_grad]
-                gnorm, param_norms = clip_and_norms([g for _, g in with_grad], plan.clip_norm)
-            elif plan.clip_norm > 0:
-                gnorm = torch.nn.utils.clip_grad_norm_(self.params, plan.clip_norm, foreach=True)
-            else:
-                gnorm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
-            if hasattr(gnorm, "full_tensor"):
-                gnorm = gnorm.full_tensor()
+            gnorm, param_norms, names = self._clip()
             step_losses = torch.stack(losses)
             mean_loss = dist.all_reduce_mean(step_losses.mean().clone())
-            values = HostCopy(torch.stack([mean_loss.float(), gnorm.float()]))
+            figures = torch.stack([mean_loss.float(), gnorm.float()])
+            values = HostCopy(figures, later=self.deferred)
             self.pending.append(StepFigures(self.step + 1, values, step_losses, param_norms, names))
             if self.deferred:
-                self._step_unless_nonfinite(mean_loss, gnorm)
+                self._step_unless_nonfinite(figures)
                 self.settle(keep=1)  # the step before this one: done on the device by now, or nearly
             else:
                 self.settle()  # the one device sync of a step; raises before a non-finite update
@@ -827,10 +819,25 @@ class Engine:
             raise XLNetError(self._oom_message(f"training step {self.step + 1}")) from None
         return lr
 
-    def _step_unless_nonfinite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        """The fused AdamW step, skipped on the device (no moment, weight or step-count change) when the loss or the
-        gradient norm is not finite."""
-        self.optimizer.found_inf = (~(torch.isfinite(loss) & torch.isfinite(grad_norm))).float()  # type: ignore[attr-defined]
+    def _clip(self) -> tuple[torch.Tensor, torch.Tensor | None, list[str] | None]:
+        """The global gradient norm before clipping (the gradients clipped to plan.clip_norm when > 0) and, for plain
+        tensors, the per-parameter norms with their parameters' names: they name a non-finite gradient after the
+        gradients are freed. FSDP's sharded gradients (DTensors) take torch's clip_grad_norm_ and no names."""
+        plan = self.plan
+        if self.sharded:
+            if plan.clip_norm > 0:
+                gnorm = torch.nn.utils.clip_grad_norm_(self.params, plan.clip_norm, foreach=True)
+            else:
+                gnorm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+            return gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm, None, None
+        with_grad = [(n, p.grad) for n, p in zip(self.param_names, self.params, strict=True) if p.grad is not None]
+        gnorm, norms = clip_and_norms([g for _, g in with_grad], plan.clip_norm, self.env.device)
+        return gnorm, norms, [n for n, _ in with_grad]
+
+    def _step_unless_nonfinite(self, figures: torch.Tensor) -> None:
+        """The fused AdamW step, skipped on the device (no moment, weight or step-count change) when the step's loss
+        or gradient norm (``figures``) is not finite."""
+        self.optimizer.found_inf = (~torch.isfinite(figures).all()).float()  # type: ignore[attr-defined]
         try:
             self.optimizer.step()
         finally:
@@ -878,7 +885,7 @@ class Engine:
                 finite = torch.isfinite(f.param_norms).tolist()
                 where = next((n for n, ok in zip(f.param_names, finite, strict=True) if not ok), None)
             else:
-                where = _nonfinite_grad_name(self.model)
+                where = _nonfinite_grad_name(self.model)  # FSDP: checked before the update, the gradients still there
             what = (
                 f"gradient norm is {gnorm_v} (first non-finite gradient: {where or 'on another rank'}; "
                 f"loss {loss_v:.4f})"
