@@ -16,12 +16,17 @@ output layer's share (logged MFU uses the run's own model FLOPs).
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
+import gc
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import traceback
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +60,43 @@ def build_records(work: Path, smoke: bool) -> tuple[Path, list[str]]:
     return work / "rec", [*sets, f"config={config}"]
 
 
-def run_row(records: Path, sets: list[str], out: Path, compile_: bool, deferred: bool, steps: int, dev: str) -> dict:
+class SyncFinder:
+    """Where the host waits for the device: torch's sync debug mode warns at each synchronizing call; counted by the
+    innermost frames in xlnetcli (a count near the step count is a sync per step)."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter = collections.Counter()
+
+    def __enter__(self) -> SyncFinder:
+        import torch
+
+        self._show, self._filters = warnings.showwarning, warnings.filters[:]
+        warnings.simplefilter("always")
+        warnings.showwarning = self._record  # type: ignore[assignment]
+        torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def _record(self, message, category, filename, lineno, file=None, line=None) -> None:
+        if "synchroniz" not in str(message):
+            return self._show(message, category, filename, lineno, file, line)
+        ours = [f for f in traceback.extract_stack()[:-1] if "xlnetcli" in f.filename or "benchmarks" in f.filename]
+        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(ours[-3:]))
+        self.counts[where or "(outside xlnetcli)"] += 1
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning, warnings.filters[:] = self._show, self._filters
+
+    def report(self) -> list[dict]:
+        return [{"count": n, "where": w} for w, n in self.counts.most_common(12)]
+
+
+def run_row(records: Path, sets: list[str], out: Path, opts: set, steps: int, dev: str) -> dict:
+    """One `xlnet pretrain` run. ``opts``: compile (else eager), synced (figures read before each update, else
+    deferred), nodet (train.deterministic false), graphs (train.cuda_graphs), syncs (count where the host waits,
+    SyncFinder)."""
     import torch
 
     from xlnetcli.config import load_config
@@ -66,30 +107,42 @@ def run_row(records: Path, sets: list[str], out: Path, compile_: bool, deferred:
     config = next(s.split("=", 1)[1] for s in sets if s.startswith("config="))
     over = [s for s in sets if not s.startswith("config=")]
     over += [f"train.max_steps={steps}", "train.log_every=5", "train.eval_every=0", f"train.save_every={steps}"]
-    over += [f"train.compile={str(compile_).lower()}", "train.warmup_steps=10"]
+    over += [f"train.compile={str('compile' in opts).lower()}", "train.warmup_steps=10"]
+    if "nodet" in opts:
+        over += ["train.deterministic=false"]
+    if "graphs" in opts:  # each compiled layer replayed as a CUDA graph (needs compile, static shapes)
+        over += ["train.cuda_graphs=true", "train.static_shapes=true"]
     if dev == "cpu":
         over += ["train.precision=fp32"]
     cfg = load_config(config, over)
     keep = engine.deferred_check, engine.fused_adamw
-    if not deferred:
+    if "synced" in opts:
         engine.deferred_check = lambda *a: False  # the same engine, its figures read before each update
     elif dev == "cpu":
         engine.fused_adamw = lambda d: True  # smoke: the deferred path runs on the CPU's fused AdamW
+    finder = SyncFinder() if "syncs" in opts and dev == "cuda" else contextlib.nullcontext()
     try:
+        gc.collect()  # the last row's engine (weights, AdamW state) out of this row's peak
         if dev == "cuda":
+            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        res = pretrain(cfg, records, out, device=dev, quiet=True)
+        with finder:
+            res = pretrain(cfg, records, out, device=dev, quiet=True)
     finally:
         engine.deferred_check, engine.fused_adamw = keep
     rows = [r for r in read_metrics(out) if r["split"] == "train"]
-    return {"rows": rows, "loss": res["loss"]}
+    return {"rows": rows, "loss": res["loss"], "syncs": finder.report() if isinstance(finder, SyncFinder) else None}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60, help="optimizer steps per row (train rows every 5)")
     ap.add_argument("--skip", type=int, default=2, help="train rows left out of the figure (compile, warm-up)")
-    ap.add_argument("--rows", default="eager:synced,eager:deferred,compile:synced,compile:deferred")
+    ap.add_argument(
+        "--rows",
+        default="eager:synced,eager:deferred,compile:synced,compile:deferred",
+        help="comma-separated MODE:CHECK[:nodet][:graphs][:syncs], MODE eager or compile, CHECK synced or deferred",
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script)")
     args = ap.parse_args()
@@ -107,8 +160,7 @@ def main() -> None:
         work = Path(tmp)
         records, sets = build_records(work, args.smoke)
         for i, row in enumerate(args.rows.split(",")):
-            mode, check = row.split(":")
-            r = run_row(records, sets, work / f"run{i}", mode == "compile", check == "deferred", args.steps, dev)
+            r = run_row(records, sets, work / f"run{i}", set(row.split(":")), args.steps, dev)
             timed = r["rows"][args.skip :]
             tps = statistics.mean(x["tokens_per_s"] for x in timed)
             mfu = [x["mfu"] for x in timed if "mfu" in x]
@@ -121,12 +173,16 @@ def main() -> None:
                 "steps": args.steps,
                 "rows_timed": len(timed),
             }
+            if r["syncs"] is not None:
+                out["syncs"] = r["syncs"]
             results.append(out)
             mfu_s = f"{100 * out['mfu']:5.1f}%" if out["mfu"] else "  n/a"
             print(
                 f"{row:<18} {tps:>10,.0f} tok/s  MFU {mfu_s}  peak {out['peak_gib']:.2f} GiB  loss {out['loss']:.3f}",
                 flush=True,
             )
+            for x in out.get("syncs") or []:
+                print(f"  sync x{x['count']:<5} {x['where']}", flush=True)
     by = {r["row"]: r for r in results}
     for mode in ("eager", "compile"):
         a, b = by.get(f"{mode}:synced"), by.get(f"{mode}:deferred")

@@ -5,13 +5,16 @@
     python benchmarks/gpu_pretrain.py --smoke               # CPU smoke run (tiny sizes, 2 steps): checks the script
     TRITON_INTERPRET=1 python benchmarks/gpu_pretrain.py --smoke --rows base:2:triton   # the Triton kernel on CPU
 
-A row is SIZE:MICRO:IMPL[:compile][:ac][:dropatt0][:det][:cudnn][:static][:graphs]: size base or large
+A row is SIZE:MICRO:IMPL[:compile][:ac][:dropatt0][:det][:cudnn][:static][:graphs][:layergraphs]: size base or large
 (configs/*.yaml: seq 512, mem_len 384, reuse_len 256, 85 targets, bi_data on, dropout 0.1, dropatt 0.1), micro-batch,
 attention kernel (model/kernels.py), then per-layer torch.compile, activation checkpointing, attention dropout off,
 deterministic algorithms (torch.use_deterministic_algorithms, as train.deterministic), SDPA restricted to cuDNN's
 kernel, static shapes (train.static_shapes: the memory padded to mem_len from the first step, its padding masked;
 evaluate/lm_loss.Memories), and CUDA graphs: the whole model compiled with ``torch.compile(mode="reduce-overhead",
-dynamic=False)`` (implies static; each step's memory is cloned out of the graph's output buffers). --hf adds
+dynamic=False)`` (implies static; each step's memory is cloned out of the graph's output buffers), or each compiled
+layer replayed as a CUDA graph, the rest eager (layergraphs: train.cuda_graphs, parallel.replay_layers_as_graphs;
+implies static). Each row also prints the host's time to launch a step (``host``: near the step's time, the host
+sets the pace). --hf adds
 transformers' model for each (size, micro) pair: the same config (hf.to_hf_config with the pretraining layout), the
 same batch (perm_mask, target_mapping, segments), the same memory length (both carry memories across steps), the same
 loss, the same fused AdamW and clipping.
@@ -73,17 +76,19 @@ def build_ours(m, opts: set, dev):
     """Our model and its loss function (memories carried across calls); ``opts`` the row's options."""
     from xlnetcli.evaluate.lm_loss import Memories
     from xlnetcli.model import XLNetLMHeadModel
-    from xlnetcli.model.parallel import apply_activation_checkpointing, compile_layers
+    from xlnetcli.model.parallel import apply_activation_checkpointing, compile_layers, replay_layers_as_graphs
 
     torch.manual_seed(0)
     model = XLNetLMHeadModel(m).to(dev).train()
     if "ac" in opts:
         apply_activation_checkpointing(model)
-    if "compile" in opts:
+    if "layergraphs" in opts:  # train.cuda_graphs: each compiled layer a CUDA graph, the rest eager
+        replay_layers_as_graphs(model)
+    elif "compile" in opts:
         compile_layers(model)
     graphs = "graphs" in opts
     step_model = torch.compile(model, mode="reduce-overhead", dynamic=False) if graphs else model
-    static = (m.n_layer, m.d_model) if graphs or "static" in opts else None
+    static = (m.n_layer, m.d_model) if graphs or "static" in opts or "layergraphs" in opts else None
     mems = Memories(m.mem_len, [[]], dev, static)  # one micro-batch (its records rows matter only to checkpoints)
 
     def loss_fn(b):
@@ -161,12 +166,14 @@ def time_steps(model, loss_fn, batch, dev, warmup: int, steps: int, precision_bf
         if not graphs:
             torch.cuda.reset_peak_memory_stats()
     warm_s = time.perf_counter() - t_first
-    times = []
+    times, host = [], []
     for _ in range(steps):
         if dev.type == "cuda":
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
+            t0 = time.perf_counter()
             loss = step()
+            host.append(time.perf_counter() - t0)  # the host's time to launch the step (the device may lag behind)
             b.record()
             b.synchronize()
             times.append(a.elapsed_time(b) / 1000.0)
@@ -185,6 +192,7 @@ def time_steps(model, loss_fn, batch, dev, warmup: int, steps: int, precision_bf
     back_to_back = (time.perf_counter() - t0) / steps
     return dict(
         step_s=statistics.median(times),
+        host_s=statistics.median(host) if host else float("nan"),
         back_to_back_s=back_to_back,
         min_s=min(times),
         max_s=max(times),
@@ -218,12 +226,17 @@ SPLIT = (
 )
 
 
+def _annotation(e) -> bool:
+    """A range's device row (record_function, Optimizer.step, a compiled region) repeats its kernels' time."""
+    return bool(getattr(e, "is_user_annotation", False))
+
+
 def step_split(events, steps: int) -> dict:
     """ms per step of device time by category (OUR_KERNELS, SPLIT) from a profiler's key_averages(); "other" for the
     rest."""
     split: dict = {}
     for e in events:
-        if e.device_type == torch.autograd.DeviceType.CPU or not e.self_device_time_total:
+        if e.device_type == torch.autograd.DeviceType.CPU or not e.self_device_time_total or _annotation(e):
             continue
         name = e.key.lower()
         cat = "attention (triton op)" if e.key in OUR_KERNELS else "other"
@@ -240,7 +253,7 @@ def profile(model, loss_fn, batch, dev, top: int) -> dict:
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda")
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    with torch_profile(activities=acts) as prof:
+    with torch_profile(activities=acts, record_shapes=True) as prof:
         t0 = time.perf_counter()
         for _ in range(2):
             with torch.autocast(dev.type, dtype=torch.bfloat16):
@@ -253,12 +266,18 @@ def profile(model, loss_fn, batch, dev, top: int) -> dict:
     key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
     events = prof.key_averages()
     # device-busy: the kernels' own time (the device rows); a custom op's CPU row also reports its kernels' time
-    busy = sum(e.self_device_time_total for e in events if e.device_type != torch.autograd.DeviceType.CPU) / 1e6 / 2
+    dev_rows = [e for e in events if e.device_type != torch.autograd.DeviceType.CPU and not _annotation(e)]
+    busy = sum(e.self_device_time_total for e in dev_rows) / 1e6 / 2
     print(f"  profile: {wall / 2 * 1e3:.1f} ms wall per step, {busy * 1e3:.1f} ms device-busy per step")
     split = step_split(events, 2)
     for cat, ms in split.items():
         print(f"  split: {ms:8.2f} ms  {cat}")
     print(events.table(sort_by=key, row_limit=top, max_name_column_width=70))
+    # the torch ops (outside inductor's kernels) by input shapes: which tensor a copy, cast or product moves
+    shaped = [e for e in prof.key_averages(group_by_input_shape=True) if e.key.startswith("aten::")]
+    for e in sorted(shaped, key=lambda e: -e.self_device_time_total)[:top]:
+        ms = e.self_device_time_total / 1e3 / 2
+        print(f"  op {ms:7.2f} ms/step  x{e.count / 2:<5g} {e.key:<26} {str(e.input_shapes)[:150]}")
     return dict(wall_ms=wall / 2 * 1e3, busy_ms=busy * 1e3, split_ms=split)
 
 
@@ -288,6 +307,11 @@ def run_row(row: str, args, dev, peak_tflops, results: list, done_hf: set) -> No
         torch.cuda.empty_cache() if dev.type == "cuda" else None
         try:
             if engine == "ours":
+                if {"graphs", "layergraphs"} & opts:  # the graph trees say why they skip a graph
+                    from torch._dynamo.utils import counters
+
+                    counters["inductor"]["cudagraph_skips"] = 0
+                    torch._logging.set_logs(perf_hints=True)
                 model, loss_fn = build_ours(m, opts, dev)
             else:
                 model, loss_fn = build_hf(m, dev)
@@ -303,8 +327,12 @@ def run_row(row: str, args, dev, peak_tflops, results: list, done_hf: set) -> No
                         args.warmup,
                         args.steps,
                         not args.smoke or dev.type == "cuda",
-                        graphs="graphs" in opts and engine == "ours",
+                        graphs=bool({"graphs", "layergraphs"} & opts) and engine == "ours",
                     )
+                    if {"graphs", "layergraphs"} & opts and engine == "ours":  # captured, or skipped (why: above)
+                        from torch._dynamo.utils import counters
+
+                        r["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"]
                     if (
                         args.profile
                         and engine == "ours"
@@ -354,7 +382,8 @@ def fmt(r: dict) -> str:
     return (
         f"{r['row']:<34} {r['step_s'] * 1e3:8.1f} ms  {r['tokens_per_s']:>10,.0f} tok/s  MFU {mfu}  "
         f"peak {r['peak_gib']:6.2f} GiB  loss {r['loss']:.3f}  (warm-up {r['warmup_s']:.0f} s)  "
-        f"back to back {r['back_to_back_s'] * 1e3:.1f} ms"
+        f"back to back {r['back_to_back_s'] * 1e3:.1f} ms  host {r.get('host_s', float('nan')) * 1e3:.1f} ms"
+        + (f"  graphs skipped {r['cudagraph_skips']}" if "cudagraph_skips" in r else "")
     )
 
 

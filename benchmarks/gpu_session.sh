@@ -5,6 +5,7 @@
 #   OUT=/tmp/gpu BUDGET=540 bash benchmarks/gpu_session.sh
 # ROWS (gpu_pretrain.py rows), PROFILE_ROWS (those of them profiled), TILES (theirs; empty: the shipped ones),
 # ENGINE (gpu_engine.py rows), SWEEP (tiles tried after the shipped ones),
+# T_TESTS, T_PRETRAIN, T_ENGINE, T_ATTENTION (each step's limit in seconds),
 # TESTS (pytest -k, empty: all of tests/test_gpu.py and tests/model/test_triton_attention.py) and NCU (empty: no
 # Nsight Compute) choose what runs. Before a lent GPU, check the script here: SMOKE=1 runs every step on the CPU
 # (Triton's interpreter, tiny shapes, no figures; about 3 minutes). A call of everything takes about 9 minutes on
@@ -38,17 +39,17 @@ step() {  # step SECONDS NAME COMMAND...: run under min(SECONDS, what is left), 
 } >"$OUT/env.log" 2>&1
 cat "$OUT/env.log"
 XDIST=$(python3 -c "import xdist" 2>/dev/null && [ -z "$SMOKE" ] && echo "-n 4")
-step 240 tests python3 -m pytest -p no:cacheprovider $XDIST -vv -rfEs --durations=5 ${TESTS:+-k "$TESTS"} \
+step "${T_TESTS:-240}" tests python3 -m pytest -p no:cacheprovider $XDIST -vv -rfEs --durations=5 ${TESTS:+-k "$TESTS"} \
     tests/test_gpu.py tests/model/test_triton_attention.py
 grep -c " PASSED" "$OUT/tests.log"; grep " FAILED\|ERROR \|passed\|failed" "$OUT/tests.log" | tail -n 12
-step 160 pretrain python3 benchmarks/gpu_pretrain.py --hf --json "$OUT/pretrain.json" --profile 14 --tiles "${TILES:-}" \
+step "${T_PRETRAIN:-160}" pretrain python3 benchmarks/gpu_pretrain.py --hf --json "$OUT/pretrain.json" --profile 14 --tiles "${TILES:-}" \
     --profile-rows "$PROFILE_ROWS" --rows "$ROWS" ${SMOKE:+--smoke}
 grep "^base\|^large\|^  base\|^  large\|profile:\|split:\|^device" "$OUT/pretrain.log" | tail -n 30
 if [ -n "$ENGINE" ]; then  # `xlnet pretrain` itself: the engine's logged tokens/s, figures read synced / deferred
-    step 240 engine python3 benchmarks/gpu_engine.py --rows "$ENGINE" --json "$OUT/engine.json" ${SMOKE:+--smoke}
+    step "${T_ENGINE:-240}" engine python3 benchmarks/gpu_engine.py --rows "$ENGINE" --json "$OUT/engine.json" ${SMOKE:+--smoke}
     grep "^device\|^eager\|^compile\|Error\|error" "$OUT/engine.log" | tail -n 12
 fi
-step 150 attention python3 benchmarks/gpu_attention.py --json "$OUT/attention.json" --tiles "$SWEEP" \
+step "${T_ATTENTION:-150}" attention python3 benchmarks/gpu_attention.py --json "$OUT/attention.json" --tiles "$SWEEP" \
     --best "$OUT/tiles.txt" --breakdown --impls triton,einsum,sdpa,einsum:compile ${SMOKE:+--smoke}
 grep "^check\|^triton\|^einsum\|^sdpa\|^fused\|^best\|^breakdown\|^   \|Error" "$OUT/attention.log" | tail -n 40
 if [ -n "${NCU-1}" ] && command -v ncu >/dev/null; then  # the three kernels' limits (Nsight Compute; NCU= skips)

@@ -4,7 +4,8 @@
   memories and every gradient within 1e-5 in float32; within the documented bf16 bound under bf16 autocast;
 - torch.compile of the layers and activation checkpointing change nothing (float32, dropout on: same masks);
 - determinism: with train.deterministic (torch.use_deterministic_algorithms) two identical steps are bit-identical;
-- an end-to-end `pretrain` on CUDA in bf16 whose resume from a checkpoint is bit-exact;
+- an end-to-end `pretrain` on CUDA in bf16 whose resume from a checkpoint is bit-exact, also with the layers replayed
+  as CUDA graphs (train.cuda_graphs), which train the same bits as without them;
 - a diverging run on CUDA (fused AdamW, whose check of a step's figures comes a step late) stops with the diagnosis
   and saves nothing after its last finite step.
 """
@@ -239,6 +240,38 @@ def test_pretrain_on_cuda_resumes_exactly(builds, tmp_path, compile_, impl):
     assert train_losses(tmp_path / "a") == train_losses(tmp_path / "b")
     wa = step_weights(tmp_path / "a" / "step_0000008")
     wb = step_weights(tmp_path / "b" / "step_0000008")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_cuda_graphs_train_the_same_bits_and_resume_exactly(builds, tmp_path):
+    """train.cuda_graphs (each compiled layer replayed as a CUDA graph, attn_impl auto = triton): no layer skipped
+    by the graph trees; dropout off, the same losses and weights bit for bit as the compiled run without graphs (the
+    same kernels, replayed); dropout on, stopped after a checkpoint and resumed, bit-identical to an uninterrupted
+    run (the triton op's seed and inductor's dropout draw on the device, inside the graphs)."""
+    from clitools import FAST_PRETRAIN, TINY, step_weights, train_losses
+    from torch._dynamo.utils import counters
+
+    from xlnetcli.config import load_config
+    from xlnetcli.train.pretrain import pretrain
+
+    rec = builds.pipeline(FAST_PRETRAIN).records
+    over = [*FAST_PRETRAIN, "train.max_steps=8", "train.save_every=4", "train.eval_every=4", "train.precision=bf16"]
+    over += ["train.compile=true", "train.static_shapes=true", "model.mem_len=24"]
+    graphs = ["train.cuda_graphs=true"]
+    off = ["model.dropout=0", "model.dropatt=0"]
+    counters.clear()
+    pretrain(load_config(TINY, [*over, *off]), rec, tmp_path / "plain", device="cuda", quiet=True)
+    pretrain(load_config(TINY, [*over, *off, *graphs]), rec, tmp_path / "graphs", device="cuda", quiet=True)
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+    assert train_losses(tmp_path / "plain") == train_losses(tmp_path / "graphs")
+    wa, wb = step_weights(tmp_path / "plain" / "step_0000008"), step_weights(tmp_path / "graphs" / "step_0000008")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    cfg = load_config(TINY, [*over, *graphs])
+    pretrain(cfg, rec, tmp_path / "a", device="cuda", quiet=True)
+    pretrain(cfg, rec, tmp_path / "b", device="cuda", quiet=True, stop_after=4)
+    pretrain(cfg, rec, tmp_path / "b", resume="latest", device="cuda", quiet=True)
+    assert train_losses(tmp_path / "a") == train_losses(tmp_path / "b")
+    wa, wb = step_weights(tmp_path / "a" / "step_0000008"), step_weights(tmp_path / "b" / "step_0000008")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 

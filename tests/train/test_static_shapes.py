@@ -67,3 +67,35 @@ def test_static_shapes_resume_exactly(records, tmp_path):
     assert train_losses(tmp_path / "b") == train_losses(tmp_path / "a")
     wa, wb = step_weights(tmp_path / "a" / "step_0000004"), step_weights(tmp_path / "b" / "step_0000004")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize(
+    "over, says",
+    [
+        (["train.cuda_graphs=true"], "needs train.compile=true and train.static_shapes=true"),
+        (["train.cuda_graphs=true", "train.compile=true"], "needs train.compile=true and train.static_shapes=true"),
+        (
+            ["train.cuda_graphs=true", "train.compile=true", "train.static_shapes=true",
+             "train.activation_checkpointing=true"],
+            "train.activation_checkpointing=false",
+        ),
+    ],
+)  # fmt: skip
+def test_cuda_graphs_without_what_they_need_are_refused(over, says):
+    from xlnetcli.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=says):
+        load_config(TINY, over)
+
+
+def test_cuda_graphs_are_refused_on_several_processes_and_on_the_cpu(records, tmp_path):
+    """One line before anything is made: torchrun (2 processes), or a run on the CPU."""
+    from xlnetcli.config.checks import check_config
+    from xlnetcli.core.errors import ConfigError
+
+    cfg = load_config(TINY, [*BASE, "train.cuda_graphs=true", "train.compile=true", "train.static_shapes=true"])
+    with pytest.raises(ConfigError, match=r"train.cuda_graphs runs in one process, got 2"):
+        check_config(cfg, world=2, stage="pretrain")
+    with pytest.raises(ConfigError, match=r"train.cuda_graphs needs a CUDA device, this run is on cpu"):
+        pretrain(cfg, records, tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run").exists()

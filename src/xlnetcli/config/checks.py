@@ -214,6 +214,13 @@ def check_config(cfg: Config, world: int = 1, stage: str | None = None, device: 
             f"finetune.batch_size ({ft.batch_size}) must be a multiple of "
             f"finetune.micro_batch_size ({ft.micro_batch_size}){processes}"
         )
+    if t.cuda_graphs and (not (t.compile and t.static_shapes) or t.activation_checkpointing):
+        raise ConfigError(
+            "train.cuda_graphs needs train.compile=true and train.static_shapes=true, and "
+            "train.activation_checkpointing=false (or set train.cuda_graphs=false)"
+        )
+    if t.cuda_graphs and stage == "pretrain" and world > 1:
+        raise ConfigError(f"train.cuda_graphs runs in one process, got {world} (set train.cuda_graphs=false)")
     plan = batch_plan(cfg, world if stage == "pretrain" else 1)
     if stage is not None:
         check_fits(cfg, stage, device)

@@ -154,6 +154,10 @@ class TrainConfig:
     # pretraining memory padded to model.mem_len from the first step, padding masked: the same maths, every step the
     # same shapes (CUDA graphs / torch.compile mode="reduce-overhead" capture one step)
     static_shapes: bool = False
+    # replay each compiled layer as a CUDA graph (torch.compile mode="reduce-overhead"): the host launches one graph
+    # per layer and direction instead of its kernels; needs compile and static_shapes, one CUDA process, and no
+    # activation checkpointing
+    cuda_graphs: bool = False
     activation_checkpointing: bool = False  # recompute each layer in backward to save memory
     deterministic: bool = True  # deterministic GPU kernels: bit-identical runs and resumes (cost: BENCHMARKS.md)
     peak_tflops: float = ranged(0.0, "[0, inf)")  # device bf16 peak for the logged MFU; 0 = from the GPU's name

@@ -6,6 +6,10 @@
   recomputes the rest in backward (non-reentrant: the RNG state is replayed, so dropout masks are identical).
 - ``train.compile``: each layer is compiled on its own (``nn.Module.compile``): one graph per layer body, reused by
   every layer, no graph break from the model's input checks; parameter names and state dicts are unchanged.
+- ``train.cuda_graphs``: the compiled layers are captured as CUDA graphs and replayed (``mode="reduce-overhead"``,
+  torch's CUDA graph trees): the host launches one graph per layer and direction instead of its kernels. Static
+  shapes (``train.static_shapes``) make one capture serve every step. Each forward of the model starts a new step of
+  the trees, and the memories it returns are copied out of the graphs' buffers, which the next replay overwrites.
 - DDP, or FSDP2 ``fully_shard`` per layer and then the root (embeddings, LM bias, shared biases): a layer reads only
   its own parameters (the position projection is inside the layer), so each layer's weights are gathered just
   before it runs and freed after.
@@ -13,6 +17,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
@@ -50,17 +55,42 @@ def compile_layers(model: nn.Module, **kwargs) -> None:
         layer.compile(**kwargs)
 
 
+def replay_layers_as_graphs(model: nn.Module) -> None:
+    """CUDA graphs of the compiled layers (train.cuda_graphs): ``compile_layers(model, mode="reduce-overhead")``, and
+    on the XLNet model two hooks: each forward begins a new step of the graph trees (the outputs of the last one may
+    be overwritten from here on), and the memories it returns (layer inputs, some of them a graph's output buffers)
+    are copied out, so the next segment reads them after the graphs have run again."""
+    core = next(m for m in dist.unwrap(model).modules() if isinstance(m, XLNetModel))
+
+    def begin_step(module: nn.Module, args: tuple) -> None:
+        torch.compiler.cudagraph_mark_step_begin()
+
+    def copy_out_mems(module: nn.Module, args: tuple, out) -> None:
+        if out.mems is not None:
+            out.mems = [x.clone() for x in out.mems]
+
+    core.register_forward_pre_hook(begin_step)
+    core.register_forward_hook(copy_out_mems)
+    compile_layers(model, mode="reduce-overhead")
+
+
 def parallelize(
     model: nn.Module,
     env: dist.DistEnv,
     activation_checkpointing: bool = False,
     compile: bool = False,
     strategy: str = "ddp",
+    cuda_graphs: bool = False,
 ) -> nn.Module:
-    """Apply, in this order, activation checkpointing, per-layer compile and the distributed wrapper (a no-op in one
-    process). Returns the module to train (DDP wraps; FSDP2 shards in place)."""
+    """Apply, in this order, activation checkpointing, per-layer compile (``cuda_graphs``: replayed as CUDA graphs)
+    and the distributed wrapper (a no-op in one process). Returns the module to train (DDP wraps; FSDP2 shards in
+    place)."""
+    if cuda_graphs and env.device.type != "cuda":
+        raise ConfigError(f"train.cuda_graphs needs a CUDA device, this run is on {env.device.type}")
     if activation_checkpointing:
         apply_activation_checkpointing(model)
-    if compile:
+    if cuda_graphs:
+        replay_layers_as_graphs(model)
+    elif compile:
         compile_layers(model)
     return dist.wrap_model(model, env, strategy, layer_types=(XLNetLayer,))

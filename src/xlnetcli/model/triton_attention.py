@@ -234,17 +234,22 @@ def _unshift_kernel(dbias_ptr, rows_ptr, dt_ptr, H, N, K, R, L, P, GB, row0, BM:
 @triton.jit
 def _fwd_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bias_ptr, ef_ptr, flags_ptr, out_ptr, stats_ptr,
-    H, N, K, R, L, D: tl.constexpr, P, GB, row0, row_end, scale, seed, drop_thr, keep_scale,
+    H, N, K, R, L, D: tl.constexpr, P, GB, row0, row_end, scale, seed_ptr, drop_thr, keep_scale,
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     """One tile of BM rows of one (batch, head): online softmax over the key tiles, out = sum_j p_ij keep_ij v_j /
-    (1 - p_drop) (keep_scale); the row's softmax statistics (m_i in log2 units, 1 / l_i). scale = 1/sqrt(D)."""
+    (1 - p_drop) (keep_scale); the row's softmax statistics (m_i in log2 units, 1 / l_i). scale = 1/sqrt(D).
+    The dropout seed is read from the device (seed_ptr: one int64, drawn there each call), so a captured CUDA graph
+    draws new bits at every replay."""
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
     g = b // GB
     i0 = row0 + tl.program_id(0) * BM
     i, qw, qr = _row_tile(qw_ptr, qr_ptr, b, h, H, N, D, i0, row_end, BM, BD)
+    seed = tl.zeros([], tl.uint32)
+    if DROP:
+        seed = tl.load(seed_ptr).to(tl.uint32)
     row_key = _row_key(seed, bh, N, i[:, None])
     # m and den as [BM, 1] columns: kept in the products' layout (as [BM] vectors, Triton carried them in the
     # loads' layout and computed the softmax in both)
@@ -537,22 +542,15 @@ def _blocks(device: torch.device, D: int, kernel: str) -> tuple[int, int, int, d
 
 
 # The launchers' host code runs once per layer and direction, every step: plain integer maths (triton.cdiv and
-# next_power_of_2 are constexpr functions, microseconds a call from Python) and one placeholder per device and dtype
-# (an absent input's pointer, never read: its kernel is compiled without the branch that would).
+# next_power_of_2 are constexpr functions, microseconds a call from Python), and an absent input's pointer is that of
+# a present tensor of the same dtype, never read (its kernel is compiled without the branch that would): no
+# allocation, nothing kept between calls, so a CUDA graph can capture the call.
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-_PLACEHOLDERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-
-
 def _or_dummy(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    if t is not None:
-        return t
-    key = (like.device, like.dtype)
-    if key not in _PLACEHOLDERS:
-        _PLACEHOLDERS[key] = like.new_zeros(1)
-    return _PLACEHOLDERS[key]
+    return like if t is None else t
 
 
 def _shapes(qw, k, kr, n_content: int):
@@ -716,7 +714,7 @@ def rel_attn(
     """The fused core on prepared inputs (see triton_rel_attention): (out [B,H,N,D], stats [B,H,N,3] fp32 (the
     softmax's row max in log2 units, 1 / its sum, the row's dropout key as bits), the table rows' bias [B,H,P,K]
     (_bias_dtype; [1] without table rows): made once here and read again by backward)."""
-    return _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, int(seed))
+    return _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed)
 
 
 @rel_attn.register_fake
@@ -802,7 +800,8 @@ def triton_rel_attention(
         if seg_embed is not None:
             ef = torch.matmul(q + r_s.to(ct)[:, None], seg_embed.to(ct).permute(1, 2, 0)).float().contiguous()
         flags = None if flags is None else flags[:, 0].contiguous()  # [B,N,K], shared by the heads
-        seed = torch.randint(0, 2**31 - 1, ()) if p_drop > 0 else torch.zeros((), dtype=torch.int64)
+        # drawn on the device (no host value: a CUDA graph replays the draw); without dropout never read
+        seed = torch.randint(0, 2**31 - 1, (), device=q.device) if p_drop > 0 else rows.new_zeros((), dtype=torch.int64)
         out, _, _ = rel_attn(
             qw, qr, k.contiguous(), v.contiguous(), kr.contiguous(), ef, rows.to(torch.int32).contiguous(),
             flags, has_mask, L, n_band, float(p_drop), seed,

@@ -113,6 +113,7 @@ class TrainPlan:
     activation_checkpointing: bool | None = None  # None: the section has no such key
     save_on_eval: bool = False  # also write a resumable checkpoint at every evaluation step
     compile: bool = False
+    cuda_graphs: bool = False  # each compiled layer replayed as a CUDA graph (needs compile)
     distributed: str = "ddp"
     flops_per_token: float | None = None  # model FLOPs of a training step per token (model/flops.py), for MFU
     peak_tflops: float = 0.0  # configured device peak (0: from the GPU's name)
@@ -143,6 +144,7 @@ class TrainPlan:
             "layer_decay",
             "activation_checkpointing",
             "compile",
+            "cuda_graphs",
             "distributed",
         )
         return cls(
@@ -661,7 +663,8 @@ class Engine:
     def setup(self) -> Engine:
         plan, env, dev = self.plan, self.env, self.env.device
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")  # no in-place use
-        self.model = parallelize(self.model, env, bool(plan.activation_checkpointing), plan.compile, plan.distributed)
+        ac = bool(plan.activation_checkpointing)
+        self.model = parallelize(self.model, env, ac, plan.compile, plan.distributed, plan.cuda_graphs)
         self.ddp = self.model if isinstance(self.model, torch.nn.parallel.DistributedDataParallel) else None
         self.fused = fused_adamw(dev)
         self.optimizer = build_optimizer(
@@ -741,7 +744,8 @@ class Engine:
         wrapper = f", {plan.distributed}" if env.distributed else ""
         return (
             f"{dev}{threads} ({env.backend or 'single process'}{wrapper})"
-            f", precision {precision}, fused AdamW {self.fused}, compile {plan.compile}, activation checkpointing "
+            f", precision {precision}, fused AdamW {self.fused}, compile {plan.compile}"
+            f"{' (CUDA graphs)' if plan.cuda_graphs else ''}, activation checkpointing "
             f"{bool(plan.activation_checkpointing)}"
         )
 

@@ -85,6 +85,7 @@ RESUME_MUTABLE = {
     "train.log_every",
     "train.compile",
     "train.static_shapes",
+    "train.cuda_graphs",
     "train.activation_checkpointing",
     "train.distributed",
     "train.deterministic",
