@@ -36,11 +36,11 @@ from triton.compiler import ASTSource
 from xlnetcli.model import triton_attention as ta
 
 FLOATS = {"scale", "keep_scale"}
-INTS = {"rows_ptr": "*i32", "flags_ptr": "*u8"}
+INTS = {"rows_ptr": "*i32", "flags_ptr": "*u8", "seed_ptr": "*i32"}
 # The integer arguments at Base's pretraining shapes (gpu_attention.py: K = 896 keys, N = 597 rows, R = 1408
 # positions, all rows on the table): the launch specializes on them as Triton's JIT does (divisible by 16: aligned;
 # 1: a constant), so the compiled code is the one the GPU runs.
-BASE = dict(H=12, N=597, K=896, R=1408, L=512, P=597, GB=8, row0=0, row_end=597, n_content=0, seed=1234)
+BASE = dict(H=12, N=597, K=896, R=1408, L=512, P=597, GB=8, row0=0, row_end=597, n_content=0)
 BASE["drop_thr"] = 1677722  # attention dropout 0.1: round(0.1 * 2^24)
 FP32 = {"ef_ptr", "stats_ptr", "delta_ptr", "dqw_ptr", "dqr_ptr", "def_ptr", "dk_ptr", "dv_ptr", "dkr_ptr"}
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")

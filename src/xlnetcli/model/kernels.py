@@ -559,8 +559,10 @@ class _LMHeadLoss(torch.autograd.Function):
             for c0 in range(0, V, _LMHeadLoss.BLOCK):
                 c1 = min(V, c0 + _LMHeadLoss.BLOCK)
                 g = torch.addmm(bl[c0:c1], xl, wl[c0:c1].t()).to(ft).sub_(lse[:, None]).exp_()
-                hit = (lab >= c0) & (lab < c1)
-                g[rows[hit], lab[hit] - c0] -= 1.0
+                # softmax - one-hot: 1 off each row's label column inside this block (0 off a column of a row whose
+                # label lies elsewhere); integer indices, so no host sync (a boolean index would wait for a count)
+                hit = ((lab >= c0) & (lab < c1)).to(ft)
+                g[rows, (lab - c0).clamp(0, c1 - c0 - 1)] -= hit
                 g.mul_(coef)
                 if g_logits is not None:
                     g += g_logits[:, c0:c1]

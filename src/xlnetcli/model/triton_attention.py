@@ -190,21 +190,22 @@ def _row_tile(
 
 @triton.jit
 def _bias_kernel(
-    bdq_ptr, ef_ptr, flags_ptr, rows_ptr, bias_ptr, H, N, K, R, L, P, row0, scale,
+    bdq_ptr, ef_ptr, flags_ptr, rows_ptr, bias_ptr, H, N, K, R, L, P, GB, row0, scale,
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
     """The table rows' bias [B,H,P,K] (row p = stacked row row0 + p at position pos): (bdq[p, L - pos + j] + the
     segment term) · scale (log2(e) / sqrt(D): the kernels' log2 units), NEG_INF where masked: Transformer-XL's
     rel-shift, the segment choice and the mask, done once per call so that the attention kernels read one
-    contiguous tile per step."""
+    contiguous tile per step. bdq is laid out [G, H, B/G, P, R] (_table)."""
     bh = tl.program_id(2)
-    b = bh // H
+    b, h = bh // H, bh % H
     p = tl.program_id(0) * BM + tl.arange(0, BM)
     j = tl.program_id(1) * BN + tl.arange(0, BN)
     i = row0 + p
     ok = (p < P)[:, None] & (j < K)[None, :]
     pos = tl.load(rows_ptr + b * N + i, mask=p < P, other=0)
-    tab = tl.load(bdq_ptr + (bh * P + p[:, None]) * R + L - pos[:, None] + j[None, :], mask=ok, other=0.0)
+    t0 = (((b // GB) * H + h) * GB + b % GB) * P
+    tab = tl.load(bdq_ptr + (t0 + p[:, None]) * R + L - pos[:, None] + j[None, :], mask=ok, other=0.0)
     bias, _ = _bias(tab.to(tl.float32), b, bh, i[:, None], j[None, :], ok, ef_ptr, flags_ptr, N, K, scale * LOG2E,
                     HAS_SEG, HAS_MASK)  # fmt: skip
     tl.store(bias_ptr + (bh * P + p[:, None]) * K + j[None, :], bias.to(bias_ptr.dtype.element_ty), mask=ok)
@@ -240,17 +241,13 @@ def _fwd_kernel(
 ):  # fmt: skip
     """One tile of BM rows of one (batch, head): online softmax over the key tiles, out = sum_j p_ij keep_ij v_j /
     (1 - p_drop) (keep_scale); the row's softmax statistics (m_i in log2 units, 1 / l_i). scale = 1/sqrt(D).
-    The dropout seed is read from the device (seed_ptr: one int64, drawn there each call), so a captured CUDA graph
+    The dropout seed is read from the device (seed_ptr: one int32, drawn there each call), so a captured CUDA graph
     draws new bits at every replay."""
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
     g = b // GB
     i0 = row0 + tl.program_id(0) * BM
     i, qw, qr = _row_tile(qw_ptr, qr_ptr, b, h, H, N, D, i0, row_end, BM, BD)
-    seed = tl.zeros([], tl.uint32)
-    if DROP:
-        seed = tl.load(seed_ptr).to(tl.uint32)
-    row_key = _row_key(seed, bh, N, i[:, None])
     # m and den as [BM, 1] columns: kept in the products' layout (as [BM] vectors, Triton carried them in the
     # loads' layout and computed the softmax in both)
     m = tl.full([BM, 1], -3.0e38, tl.float32)  # finite: rows past the range (all -inf) give no inf - inf
@@ -265,7 +262,8 @@ def _fwd_kernel(
         alpha = _exp2(m - m_new)
         p = _exp2(s - m_new)
         den = den * alpha + tl.sum(p, 1, keep_dims=True)
-        if DROP:
+        if DROP:  # the row keys from the seed each tile (held through the loop, the band forward spilled)
+            row_key = _row_key(tl.load(seed_ptr), bh, N, i[:, None])
             p = tl.where(_keep(row_key, j0 + tl.arange(0, BN)[None, :], drop_thr), p, 0.0)
         v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
         acc = acc * alpha + tl.dot(p.to(v.dtype), v, input_precision="ieee")
@@ -279,6 +277,7 @@ def _fwd_kernel(
     tl.store(out_ptr + (bh * N + i[:, None]) * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
     tl.store(stats_ptr + (bh * N + i[:, None]) * 3, m, mask=(i < N)[:, None])
     tl.store(stats_ptr + (bh * N + i[:, None]) * 3 + 1, rden, mask=(i < N)[:, None])
+    row_key = _row_key(tl.load(seed_ptr) if DROP else tl.zeros([], tl.int32), bh, N, i[:, None])
     tl.store(stats_ptr + (bh * N + i[:, None]) * 3 + 2, row_key.to(tl.float32, bitcast=True), mask=(i < N)[:, None])
 
 
@@ -559,16 +558,20 @@ def _shapes(qw, k, kr, n_content: int):
     return B, H, N, D, k.shape[2], G, R, N - n_content
 
 
-def _table(qr: torch.Tensor, kr: torch.Tensor, n_band: int) -> torch.Tensor | None:
-    """The position scores of the rows after the band rows, qr·kr^T [B,H,P,R] in qr's dtype (table g for the g-th
-    B/G of the batch); None when every row takes the band."""
+def _rows_per_table(qr: torch.Tensor, G: int, n_band: int) -> torch.Tensor:
+    """The table rows of qr (those after the band rows) laid out per (table, head): [G, H, B/G·P, D], one matrix per
+    factor of a batched product with kr [G, H, R, D] (table g serves the g-th B/G of the batch)."""
     B, H, N, D = qr.shape
-    G, _, R, _ = kr.shape
     P = N - n_band
-    if not P:
+    return qr[:, :, n_band:].reshape(G, B // G, H, P, D).transpose(1, 2).reshape(G, H, B // G * P, D)
+
+
+def _table(qr: torch.Tensor, kr: torch.Tensor, n_band: int) -> torch.Tensor | None:
+    """The position scores of the rows after the band rows, qr·kr^T [G, H, B/G·P, R] in qr's dtype (_rows_per_table's
+    layout: one strided batched product, kr never broadcast over the batch); None when every row takes the band."""
+    if qr.shape[2] == n_band:
         return None
-    qrq = qr[:, :, n_band:].reshape(G, B // G, H, P, D)
-    return torch.matmul(qrq, kr[:, None].transpose(-1, -2)).reshape(B, H, P, R)
+    return torch.matmul(_rows_per_table(qr, kr.shape[0], n_band), kr.transpose(-1, -2))
 
 
 def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
@@ -632,8 +635,7 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
             dbias, rows, dt, H, N, K, R, L, P, GB, n_content, BM=BM, BN=BN, **launch
         )
         dqr[:, :, n_content:] = torch.matmul(dt, kr).view(G, H, GB, P, D).transpose(1, 2).reshape(B, H, P, D)
-        qr_g = qr[:, :, n_content:].reshape(G, GB, H, P, D).transpose(1, 2).reshape(G, H, GB * P, D)
-        dkr_t = torch.matmul(dt.transpose(-1, -2), qr_g)
+        dkr_t = torch.matmul(dt.transpose(-1, -2), _rows_per_table(qr, G, n_content))
         dkr = dkr_t.float() if dkr is None else dkr.add_(dkr_t)
     return dqw, dqr, dk, dv, dkr, def_
 
@@ -644,12 +646,12 @@ def _table_bias(qr, kr, ef, rows, flags, has_mask: bool, L: int, n_band: int, K:
     bdq = _table(qr, kr, n_band)
     if bdq is None:
         return None
-    B, H, P, R = bdq.shape
-    D = qr.shape[-1]
+    B, H, N, D = qr.shape
+    G, R, P = kr.shape[0], kr.shape[2], N - n_band
     bias = torch.empty(B, H, P, K, dtype=_bias_dtype(qr.dtype), device=qr.device)
     BM, BN, _, launch = _blocks(qr.device, D, "bias")
     _bias_kernel[(_cdiv(P, BM), _cdiv(K, BN), B * H)](
-        bdq, _or_dummy(ef, qr), _or_dummy(flags, rows), rows, bias, H, qr.shape[2], K, R, L, P, n_band,
+        bdq, _or_dummy(ef, qr), _or_dummy(flags, rows), rows, bias, H, N, K, R, L, P, B // G, n_band,
         1.0 / math.sqrt(D), HAS_SEG=ef is not None, HAS_MASK=has_mask, BM=BM, BN=BN, **launch,
     )  # fmt: skip
     return bias
@@ -801,7 +803,8 @@ def triton_rel_attention(
             ef = torch.matmul(q + r_s.to(ct)[:, None], seg_embed.to(ct).permute(1, 2, 0)).float().contiguous()
         flags = None if flags is None else flags[:, 0].contiguous()  # [B,N,K], shared by the heads
         # drawn on the device (no host value: a CUDA graph replays the draw); without dropout never read
-        seed = torch.randint(0, 2**31 - 1, (), device=q.device) if p_drop > 0 else rows.new_zeros((), dtype=torch.int64)
+        i32 = dict(dtype=torch.int32, device=q.device)
+        seed = torch.randint(0, 2**31 - 1, (), **i32) if p_drop > 0 else torch.zeros((), **i32)
         out, _, _ = rel_attn(
             qw, qr, k.contiguous(), v.contiguous(), kr.contiguous(), ef, rows.to(torch.int32).contiguous(),
             flags, has_mask, L, n_band, float(p_drop), seed,

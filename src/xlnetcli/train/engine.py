@@ -686,6 +686,9 @@ class Engine:
         named = [(n, p) for n, p in dist.unwrap(self.model).named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]
         self.param_names = [n for n, _ in named]
+        if plan.cuda_graphs:  # backward adds into gradients kept outside the graphs' pool (zeroed, never freed): a
+            for p in self.params:  # graph's output is overwritten by the next micro-batch's replay
+                p.grad = torch.zeros_like(p)
         self.device_peak = device_peak_tflops(dev, plan.peak_tflops)  # for the logged MFU (None on CPU)
         self.checkpointer = Checkpointer(
             self.run_dir,
@@ -818,7 +821,7 @@ class Engine:
                 self.settle()  # the one device sync of a step; raises before a non-finite update
                 self.scaler.step(self.optimizer)
             self.scaler.update()
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=not plan.cuda_graphs)
         except torch.OutOfMemoryError:
             raise XLNetError(self._oom_message(f"training step {self.step + 1}")) from None
         return lr

@@ -1,0 +1,62 @@
+"""A pretraining step asks the device nothing back: no op of its forward, loss and backward makes the host wait for
+a GPU (a value read as a Python number, a count of True entries for a boolean index). Checked on the CPU by
+recording every op torch dispatches: the same ops run on CUDA, where each of these would drain the device's queue
+(the LM head's backward once counted its label hits per vocabulary block this way: 4 waits a Base step)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from modeltools import plm_batch, tiny_cfg
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from xlnetcli.model import XLNetLMHeadModel
+
+SYNCING = {"_local_scalar_dense", "nonzero", "is_nonzero", "equal", "masked_select", "unique_dim", "_unique2"}
+
+
+def _bool_index(name: str, args: tuple) -> bool:
+    """x[mask] / x[mask] = v with a boolean mask: its True entries are counted on the host to size the result."""
+    if name not in ("index", "index_put", "index_put_") or len(args) < 2 or not isinstance(args[1], (list, tuple)):
+        return False
+    return any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in args[1])
+
+
+class OpLog(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in SYNCING or _bool_index(name, args):
+            self.waits.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def impls() -> list[str]:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return ["fused", "einsum"]
+    return ["fused", "einsum", "triton"]
+
+
+@pytest.mark.parametrize("impl", impls())
+def test_a_training_step_reads_nothing_back_from_the_device(impl):
+    """Forward with memory and targets (target_index, as the pretraining stream gives), the fused LM head's loss and
+    backward, under bf16 autocast as on a GPU: no syncing op, none of them a boolean index."""
+    torch.manual_seed(0)
+    model = XLNetLMHeadModel(tiny_cfg(attn_impl=impl, d_head=16, dropout=0.1, dropatt=0.1)).train()
+    ids, tt, perm, tmap = plm_batch(2, 3, np.random.default_rng(0))
+    labels = torch.randint(0, 60, (2, 3))
+    target_index = tmap.argmax(-1)
+    mems = [torch.randn(2, 4, model.config.d_model) for _ in range(model.config.n_layer)]
+    log = OpLog()
+    with log, torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(ids, token_type_ids=tt, perm_mask=perm, target_index=target_index, labels=labels, mems=mems,
+                    need_hidden=False)  # fmt: skip
+        out.loss.backward()
+    assert out.loss.isfinite()
+    assert not log.waits, log.waits
