@@ -183,11 +183,14 @@ def main() -> None:
             )
             for x in out.get("syncs") or []:
                 print(f"  sync x{x['count']:<5} {x['where']}", flush=True)
-    by = {r["row"]: r for r in results}
-    for mode in ("eager", "compile"):
-        a, b = by.get(f"{mode}:synced"), by.get(f"{mode}:deferred")
+    by = {r["row"].replace(":syncs", ""): r for r in results}  # finding the syncs changes nothing else
+    pairs = [(f"{m}:synced", f"{m}:deferred", f"{m}: deferred / synced") for m in ("eager", "compile")]
+    pairs += [("compile:deferred", "compile:deferred:graphs", "compile: CUDA graphs / none")]
+    pairs += [("compile:deferred:graphs", "compile:deferred:graphs:nodet", "graphs: deterministic off / on")]
+    for x, y, what in pairs:
+        a, b = by.get(x), by.get(y)
         if a and b:
-            print(f"{mode}: deferred / synced tokens/s {b['tokens_per_s'] / a['tokens_per_s']:.3f}")
+            print(f"{what} tokens/s {b['tokens_per_s'] / a['tokens_per_s']:.3f}")
     if args.json:
         Path(args.json).write_text(
             json.dumps({"device": name, "torch": torch.__version__, "results": results}, indent=1)

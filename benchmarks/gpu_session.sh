@@ -18,8 +18,8 @@ if [ -n "$SMOKE" ]; then
 fi
 OUT=${OUT:-/tmp/gpu_session}; mkdir -p "$OUT"; rm -f "$OUT/tiles.txt"
 BUDGET=${BUDGET:-540}
-ENGINE=${ENGINE-eager:synced,eager:deferred,compile:synced,compile:deferred}
-ROWS=${ROWS:-base:16:triton,base:16:triton:compile,base:16:einsum:compile,large:8:triton,large:8:triton:compile}
+ENGINE=${ENGINE-eager:synced,eager:deferred:syncs,compile:deferred,compile:deferred:graphs,compile:deferred:graphs:nodet}
+ROWS=${ROWS:-base:16:triton,base:16:triton:compile,base:16:triton:layergraphs,large:8:triton,large:8:triton:layergraphs}
 SWEEP=${SWEEP:-64/32x4,32/64x4,32/64x4x2,16/64x4,128/64x8,64/64x8,64/64x4x2}
 TESTS=${TESTS-triton or auto or engine}
 PROFILE_ROWS=${PROFILE_ROWS:-base:16:triton:compile}
