@@ -107,17 +107,18 @@ def positions(request, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "M,P,G,seg,mask",
+    "B,M,P,G,seg,mask",
     [
-        (8, 4, 1, True, True),
-        (0, 4, 2, True, True),
-        (8, 0, 2, False, True),
-        (0, 0, 1, True, False),
-        (8, 4, 2, False, False),
+        (2, 8, 4, 1, True, True),
+        (2, 0, 4, 2, True, True),
+        (2, 8, 0, 2, False, True),
+        (2, 0, 0, 1, True, False),
+        (2, 8, 4, 2, False, False),
+        (4, 8, 4, 2, True, True),  # two rows per table (bi_data): the table's [G, H, B/G·P, R] layout
     ],
 )
-def test_core_matches_float64_einsum(M, P, G, seg, mask, positions):
-    ins, layout = case(M=M, P=P, G=G, seg=seg, mask=mask)
+def test_core_matches_float64_einsum(B, M, P, G, seg, mask, positions):
+    ins, layout = case(B=B, M=M, P=P, G=G, seg=seg, mask=mask)
     check(ins, layout)
 
 
