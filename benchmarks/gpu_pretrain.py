@@ -273,6 +273,11 @@ def profile(model, loss_fn, batch, dev, top: int) -> dict:
     for cat, ms in split.items():
         print(f"  split: {ms:8.2f} ms  {cat}")
     print(events.table(sort_by=key, row_limit=top, max_name_column_width=70))
+    # where the host's time goes (the compiled step takes about as long to launch as to run): CPU rows by self time
+    host_rows = sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]
+    for e in host_rows:
+        per_step = e.self_cpu_time_total / 1e3 / 2
+        print(f"  host {per_step:7.2f} ms/step  x{e.count / 2:<5g} {e.key[:90]}")
     # the torch ops (outside inductor's kernels) by input shapes: which tensor a copy, cast or product moves
     shaped = [e for e in prof.key_averages(group_by_input_shape=True) if e.key.startswith("aten::")]
     for e in sorted(shaped, key=lambda e: -e.self_device_time_total)[:top]:

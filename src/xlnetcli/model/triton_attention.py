@@ -634,7 +634,8 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
         _unshift_kernel[(_cdiv(P, BM), _cdiv(R, BN), B * H)](
             dbias, rows, dt, H, N, K, R, L, P, GB, n_content, BM=BM, BN=BN, **launch
         )
-        dqr[:, :, n_content:] = torch.matmul(dt, kr).view(G, H, GB, P, D).transpose(1, 2).reshape(B, H, P, D)
+        # one strided copy from the product's [G, H, B/G, P, D] into dqr's table rows (a reshape first would copy twice)
+        dqr[:, :, n_content:].view(G, GB, H, P, D).copy_(torch.matmul(dt, kr).view(G, H, GB, P, D).transpose(1, 2))
         dkr_t = torch.matmul(dt.transpose(-1, -2), _rows_per_table(qr, G, n_content))
         dkr = dkr_t.float() if dkr is None else dkr.add_(dkr_t)
     return dqw, dqr, dk, dv, dkr, def_
