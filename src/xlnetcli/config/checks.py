@@ -221,6 +221,9 @@ def check_config(cfg: Config, world: int = 1, stage: str | None = None, device: 
         )
     if t.cuda_graphs and stage == "pretrain" and world > 1:
         raise ConfigError(f"train.cuda_graphs runs in one process, got {world} (set train.cuda_graphs=false)")
+    on = str(device).split(":")[0]  # a torch.device or its name; torch is not imported here
+    if t.cuda_graphs and stage == "pretrain" and device is not None and on != "cuda":
+        raise ConfigError(f"train.cuda_graphs needs a CUDA device, this run is on {on} (set train.cuda_graphs=false)")
     plan = batch_plan(cfg, world if stage == "pretrain" else 1)
     if stage is not None:
         check_fits(cfg, stage, device)

@@ -26,12 +26,17 @@ from xlnetcli.core.errors import ConfigError
 from xlnetcli.model.xlnet import XLNetLayer, XLNetModel
 
 
-def transformer_layers(model: nn.Module) -> nn.ModuleList:
-    """The ModuleList of transformer layers inside an LM model, a finetuning model or a bare XLNetModel."""
+def xlnet_core(model: nn.Module) -> XLNetModel:
+    """The XLNetModel inside an LM model, a finetuning model or a wrapper (or the model itself)."""
     for m in dist.unwrap(model).modules():
         if isinstance(m, XLNetModel):
-            return m.layer
+            return m
     raise ConfigError("this model has no XLNet transformer layers to checkpoint, compile or shard")
+
+
+def transformer_layers(model: nn.Module) -> nn.ModuleList:
+    """The ModuleList of transformer layers inside an LM model, a finetuning model or a bare XLNetModel."""
+    return xlnet_core(model).layer
 
 
 def apply_activation_checkpointing(model: nn.Module) -> None:
@@ -60,7 +65,7 @@ def replay_layers_as_graphs(model: nn.Module) -> None:
     on the XLNet model two hooks: each forward begins a new step of the graph trees (the outputs of the last one may
     be overwritten from here on), and the memories it returns (layer inputs, some of them a graph's output buffers)
     are copied out, so the next segment reads them after the graphs have run again."""
-    core = next(m for m in dist.unwrap(model).modules() if isinstance(m, XLNetModel))
+    core = xlnet_core(model)
 
     def begin_step(module: nn.Module, args: tuple) -> None:
         torch.compiler.cudagraph_mark_step_begin()
@@ -85,8 +90,6 @@ def parallelize(
     """Apply, in this order, activation checkpointing, per-layer compile (``cuda_graphs``: replayed as CUDA graphs)
     and the distributed wrapper (a no-op in one process). Returns the module to train (DDP wraps; FSDP2 shards in
     place)."""
-    if cuda_graphs and env.device.type != "cuda":
-        raise ConfigError(f"train.cuda_graphs needs a CUDA device, this run is on {env.device.type}")
     if activation_checkpointing:
         apply_activation_checkpointing(model)
     if cuda_graphs:
