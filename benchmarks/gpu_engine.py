@@ -22,21 +22,14 @@ import gc
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import traceback
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from runner import ROOT, sets_args, xlnet
+
 CORPUS = ROOT / "data" / "pydocs" / "corpus.txt"
-
-
-def xlnet(*args: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "xlnetcli", *args], cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(f"xlnet {' '.join(args[:2])} failed: {proc.stderr.strip()[-2000:]}")
 
 
 def build_records(work: Path, smoke: bool) -> tuple[Path, list[str]]:
@@ -49,7 +42,7 @@ def build_records(work: Path, smoke: bool) -> tuple[Path, list[str]]:
     config = "tiny" if smoke else "base"
 
     def only(*sections: str) -> list[str]:  # each command refuses keys it does not read
-        return [x for s in sets if s.split(".")[0] in sections for x in ("--set", s)]
+        return sets_args(s for s in sets if s.split(".")[0] in sections)
 
     xlnet("tokenize", "train", str(CORPUS), "--out", str(work / "tok"), "--config", config, *only("tokenizer"))
     workers = ("--workers", str(min(8, os.cpu_count() or 1)))  # the output is the same for any number

@@ -265,11 +265,9 @@ def profile(model, loss_fn, batch, dev, top: int) -> dict:
         wall = time.perf_counter() - t0
     key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
     events = prof.key_averages()
-    # device-busy: the kernels' own time (the device rows); a custom op's CPU row also reports its kernels' time
-    dev_rows = [e for e in events if e.device_type != torch.autograd.DeviceType.CPU and not _annotation(e)]
-    busy = sum(e.self_device_time_total for e in dev_rows) / 1e6 / 2
+    split = step_split(events, 2)  # device-busy: the kernels' own time (step_split's device rows), in ms per step
+    busy = sum(split.values()) / 1e3
     print(f"  profile: {wall / 2 * 1e3:.1f} ms wall per step, {busy * 1e3:.1f} ms device-busy per step")
-    split = step_split(events, 2)
     for cat, ms in split.items():
         print(f"  split: {ms:8.2f} ms  {cat}")
     print(events.table(sort_by=key, row_limit=top, max_name_column_width=70))

@@ -17,6 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 XLNET = str(Path(sys.executable).with_name("xlnet"))
+# without the installed entry point (a GPU machine reading the tree through PYTHONPATH): the package as a module
+XLNET_CMD = [XLNET] if Path(XLNET).exists() else [sys.executable, "-m", "xlnetcli"]
 _print_lock = threading.Lock()
 
 
@@ -44,7 +46,7 @@ def xlnet(*args: str, threads: int | None = None, echo: bool = False) -> tuple[f
         say("$ " + shlex.join(["xlnet", *args]))
     t0 = time.time()
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen([XLNET, *args], cwd=ROOT, env=env, text=True, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([*XLNET_CMD, *args], cwd=ROOT, env=env, text=True, stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
         if os.waitstatus_to_exitcode(status) != 0:
             log.seek(0)
