@@ -213,9 +213,13 @@ def sdpa_backend(cudnn: bool):
     return sdpa_kernel([SDPBackend.CUDNN_ATTENTION])
 
 
-# Where a step's device time goes: triton_attention's kernels by name, then kernel-name patterns per category, the
-# first match wins (lower-case names).
-OUR_KERNELS = {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_dkr_kernel", "_bias_kernel", "_unshift_kernel"}
+# Where a step's device time goes: our Triton kernels by name (triton_attention's, triton_lm_head's), then
+# kernel-name patterns per category, the first match wins (lower-case names).
+OUR_KERNELS = {
+    **dict.fromkeys(("_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_dkr_kernel", "_bias_kernel", "_unshift_kernel"),
+                    "attention (triton op)"),
+    **dict.fromkeys(("_lse_kernel", "_grad_kernel"), "LM head (triton)"),
+}  # fmt: skip
 SPLIT = (
     ("optimizer", ("adam", "multi_tensor")),
     ("sdpa / flash", ("flash", "fmha", "efficient_attention", "cudnn")),
@@ -239,7 +243,7 @@ def step_split(events, steps: int) -> dict:
         if e.device_type == torch.autograd.DeviceType.CPU or not e.self_device_time_total or _annotation(e):
             continue
         name = e.key.lower()
-        cat = "attention (triton op)" if e.key in OUR_KERNELS else "other"
+        cat = OUR_KERNELS.get(e.key, "other")
         cat = next((c for c, pats in SPLIT if any(p in name for p in pats)), cat)
         split[cat] = split.get(cat, 0.0) + e.self_device_time_total / 1e3 / steps
     return dict(sorted(split.items(), key=lambda kv: -kv[1]))

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Issue 23's measurements on a lent GPU in one call, most valuable first: the GPU tests (paths that run only there),
-# the model's step (gpu_pretrain.py), the engine's (gpu_engine.py), the kernels and their tile sweep, Nsight Compute.
+# the model's step (gpu_pretrain.py), the LM head's paths (gpu_lm_head.py), the engine's (gpu_engine.py), the kernels
+# and their tile sweep, Nsight Compute.
 # Each step under its own limit and all of them inside BUDGET seconds; logs and JSON under $OUT.
 #   OUT=/tmp/gpu bash benchmarks/gpu_session.sh          # run with the device tool's timeout_s 600
 # ROWS (gpu_pretrain.py rows), PROFILE_ROWS (those of them profiled), TILES (theirs; empty: the shipped ones),
 # ENGINE (gpu_engine.py rows), SWEEP (tiles tried after the shipped ones),
-# T_TESTS, T_PRETRAIN, T_ENGINE, T_ATTENTION (each step's limit in seconds),
-# TESTS (pytest -k, empty: all of tests/test_gpu.py and tests/model/test_triton_attention.py) and NCU (empty: no
+# T_TESTS, T_PRETRAIN, T_ENGINE, T_HEAD, T_ATTENTION (each step's limit in seconds),
+# TESTS (pytest -k, empty: all of tests/test_gpu.py and tests/model/test_triton_*.py) and NCU (empty: no
 # Nsight Compute) choose what runs. Before a lent GPU, check the script here: SMOKE=1 runs every step on the CPU
 # (Triton's interpreter, tiny shapes, no figures; about 3 minutes). The defaults fill BUDGET (570 s) with the tests,
-# the step rows and the engine's rows (a compiled row warms up 30-80 s); the kernels' sweep and Nsight Compute run
-# only in what is left (give them T_* time by trimming the rows); ENGINE= skips the engine's rows.
+# the step rows, the head's and the engine's rows (a compiled row warms up 30-80 s); the kernels' sweep and Nsight
+# Compute run only in what is left (give them T_* time by trimming the rows); ENGINE= skips the engine's rows.
 set -u
 SMOKE=${SMOKE:-}
 if [ -n "$SMOKE" ]; then
@@ -41,11 +42,13 @@ step() {  # step SECONDS NAME COMMAND...: run under min(SECONDS, what is left), 
 cat "$OUT/env.log"
 XDIST=$(python3 -c "import xdist" 2>/dev/null && [ -z "$SMOKE" ] && echo "-n 4")
 step "${T_TESTS:-150}" tests python3 -m pytest -p no:cacheprovider $XDIST -vv -rfEs --durations=5 ${TESTS:+-k "$TESTS"} \
-    tests/test_gpu.py tests/model/test_triton_attention.py
+    tests/test_gpu.py tests/model/test_triton_attention.py tests/model/test_triton_lm_head.py
 grep -c " PASSED" "$OUT/tests.log"; grep " FAILED\|ERROR \|passed\|failed" "$OUT/tests.log" | tail -n 12
 step "${T_PRETRAIN:-220}" pretrain python3 benchmarks/gpu_pretrain.py --hf --json "$OUT/pretrain.json" --profile 14 --tiles "${TILES:-}" \
     --profile-rows "$PROFILE_ROWS" --rows "$ROWS" ${SMOKE:+--smoke}
 grep "^base\|^large\|^  base\|^  large\|profile:\|split:\|^device" "$OUT/pretrain.log" | tail -n 30
+step "${T_HEAD:-40}" head python3 benchmarks/gpu_lm_head.py --json "$OUT/head.json" ${SMOKE:+--smoke}
+grep "^device\|^check\|fwd+bwd\|Error" "$OUT/head.log"
 if [ -n "$ENGINE" ]; then  # `xlnet pretrain` itself: the engine's logged tokens/s, figures read synced / deferred
     step "${T_ENGINE:-200}" engine python3 benchmarks/gpu_engine.py --rows "$ENGINE" --json "$OUT/engine.json" ${SMOKE:+--smoke}
     grep "^device\|^eager\|^compile\|Error\|error" "$OUT/engine.log" | tail -n 12

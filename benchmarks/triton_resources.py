@@ -1,4 +1,4 @@
-"""Compile model/triton_attention.py's kernels for a CUDA GPU on a machine without one, and print what each needs.
+"""Compile the Triton kernels (model/triton_attention.py, triton_lm_head.py) for a GPU without one; print their needs.
 
     python benchmarks/triton_resources.py                    # sm_90 (H100/H200), the shipped tiles, bf16
     python benchmarks/triton_resources.py --tiles 64x8       # other tiles (BMxWARPS, every kernel)
@@ -34,15 +34,18 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from xlnetcli.model import triton_attention as ta
+from xlnetcli.model import triton_lm_head as th
 
 FLOATS = {"scale", "keep_scale"}
-INTS = {"rows_ptr": "*i32", "flags_ptr": "*u8", "seed_ptr": "*i32"}
+INTS = {"rows_ptr": "*i32", "flags_ptr": "*u8", "seed_ptr": "*i32", "lab_ptr": "*i64"}
 # The integer arguments at Base's pretraining shapes (gpu_attention.py: K = 896 keys, N = 597 rows, R = 1408
 # positions, all rows on the table): the launch specializes on them as Triton's JIT does (divisible by 16: aligned;
 # 1: a constant), so the compiled code is the one the GPU runs.
 BASE = dict(H=12, N=597, K=896, R=1408, L=512, P=597, GB=8, row0=0, row_end=597, n_content=0)
 BASE["drop_thr"] = 1677722  # attention dropout 0.1: round(0.1 * 2^24)
+BASE.update(n=1360, V=32000, stride=32000)  # the LM head: 16 x 85 target rows, the paper's 32000-piece vocabulary
 FP32 = {"ef_ptr", "stats_ptr", "delta_ptr", "dqw_ptr", "dqr_ptr", "def_ptr", "dk_ptr", "dv_ptr", "dkr_ptr"}
+FP32 |= {"lse_ptr", "picked_ptr", "coef_ptr", "db_ptr"}
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
@@ -94,6 +97,10 @@ def variants(tiles: dict, drops=(False, True)) -> list[tuple[str, object, dict, 
         bm, _, *launch = tiles["dkr"]
         c = dict(DROP=drop, BM=bm, BR=bm, **common)
         out.append((f"dkr  band  drop={int(drop)}", ta._dkr_kernel, c, (bm, *launch)))
+    launch = (th.LAUNCH["num_warps"], th.LAUNCH["num_stages"])
+    out.append(("head lse", th._lse_kernel, dict(BV=th.LSE_COLS), (1, *launch)))
+    bm, bn = th.GRAD_TILE
+    out.append(("head grad", th._grad_kernel, dict(HAS_GLOG=False, BM=bm, BN=bn), (bm, *launch)))
     return out
 
 
@@ -166,7 +173,8 @@ def main() -> None:
             cause = e.__cause__ or e  # a CompilationError's own text ends with the source line and a caret
             print(f"{label:<24} FAILED: {type(cause).__name__}: {str(cause).splitlines()[0][:200]}")
             continue
-        bm, bn = consts["BM"], consts.get("BN", consts.get("BR", consts["BM"]))
+        bm = consts.get("BM", 1)  # the head's lse kernel: one row of BV columns
+        bn = consts.get("BN", consts.get("BR", consts.get("BV", bm)))
         tile = tile_name((bm, bn, warps, stages))
         per_score = r["loop"] * 32 * warps / (bm * bn)  # thread instructions per score of one loop iteration's tile
         print(

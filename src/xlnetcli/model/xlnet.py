@@ -441,9 +441,11 @@ class XLNetLMHeadModel(nn.Module):
                 mem_pad=mem_pad,
             )
             x = out.query if out.query is not None else out.hidden
-        # the fused head + loss unless the plain kernels were named (it keeps no [n,V] softmax for backward)
-        fused = self.config.attn_impl not in ("einsum", "sdpa")
-        logits, loss = lm_head(x, self.transformer.word_embedding.weight, self.lm_bias, labels, label_mask, fused)
+        # the head + loss as the attention core runs: plain with the plain kernels, triton with triton, else fused
+        head = "plain" if self.config.attn_impl in ("einsum", "sdpa") else "fused"
+        if head == "fused" and resolve_impl(self.config.attn_impl, x.device) == "triton":
+            head = "triton"
+        logits, loss = lm_head(x, self.transformer.word_embedding.weight, self.lm_bias, labels, label_mask, head)
         return LMOutput(
             logits=logits, loss=loss, mems=out.mems, hidden=out.hidden, query=out.query, mem_pad=out.mem_pad
         )
