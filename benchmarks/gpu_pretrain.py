@@ -216,7 +216,7 @@ def sdpa_backend(cudnn: bool):
 # Where a step's device time goes: our Triton kernels by name (triton_attention's, triton_lm_head's), then
 # kernel-name patterns per category, the first match wins (lower-case names).
 OUR_KERNELS = {
-    **dict.fromkeys(("_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_dkr_kernel", "_bias_kernel", "_unshift_kernel"),
+    **dict.fromkeys(("_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_dkr_kernel", "_bias_kernel"),
                     "attention (triton op)"),
     **dict.fromkeys(("_lse_kernel", "_grad_kernel"), "LM head (triton)"),
 }  # fmt: skip

@@ -18,8 +18,9 @@ No probability or fp32 score tensor is written. The position term comes one of t
   qr·kr^T [B,H,rows,R] by one matmul, rel-shifted (column L - pos_i + j, Transformer-XL's rel-shift) into the rows'
   bias [B,H,rows,K] together with the segment term and the mask by _bias_kernel, once per call; the attention
   kernels read one contiguous bias tile per step (no per-score address arithmetic, no byte decoding), and backward
-  reads the same bias (kept from forward: 2 bytes per score in bf16). dq writes the bias's gradient densely;
-  _unshift_kernel moves it back to table columns and two batched products take it to qr and kr;
+  reads the same bias (kept from forward: 2 bytes per score in bf16). dq writes the bias's gradient straight into
+  the table's columns (the rel-shift's transpose, zeros where no key reads) and two batched products take it to qr
+  and kr;
 - a band (content rows, pos_i = i, with CONTENT_POSITIONS "band"): the position term of a (row tile i0, key tile j0)
   reads the kr rows rb = L - i0 - (BM-1) + j0 ... rb + BM + BN - 1, multiplies them once (T = qr·band^T,
   [BM, BM+BN]) and skews the product in registers, S[a, c] = T[a, c - a + BM - 1] (tl.gather): no [N,R] or [N,K]
@@ -211,23 +212,6 @@ def _bias_kernel(
     tl.store(bias_ptr + (bh * P + p[:, None]) * K + j[None, :], bias.to(bias_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
-def _unshift_kernel(dbias_ptr, rows_ptr, dt_ptr, H, N, K, R, L, P, GB, row0, BM: tl.constexpr, BN: tl.constexpr):
-    """The inverse of _bias_kernel's rel-shift for the gradient: dt[p, c] = dbias[p, c - (L - pos)] where that key
-    exists, else 0. Writes every entry of the table gradient (no zeroing pass), laid out [G, H, B/G, P, R]: per
-    table and head one [B/G·P, R] matrix, so that one batched product per (table, head) takes it to kr."""
-    bh = tl.program_id(2)
-    b, h = bh // H, bh % H
-    p = tl.program_id(0) * BM + tl.arange(0, BM)
-    c = tl.program_id(1) * BN + tl.arange(0, BN)
-    pos = tl.load(rows_ptr + b * N + row0 + p, mask=p < P, other=0)
-    j = c[None, :] - (L - pos[:, None])
-    inside = (p < P)[:, None] & (c < R)[None, :]
-    g = tl.load(dbias_ptr + (bh * P + p[:, None]) * K + j, mask=inside & (j >= 0) & (j < K), other=0.0)
-    out = (((b // GB) * H + h) * GB + b % GB) * P
-    tl.store(dt_ptr + (out + p[:, None]) * R + c[None, :], g, mask=inside)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Forward
 
@@ -302,17 +286,28 @@ def _row_grads_in(
 
 
 @triton.jit
+def _dt_rows(rows_ptr, b, h, H, N, R, L, P, GB, i, row0):
+    """Where stacked rows i (table rows from row0) put their gradient in the table's [G, H, B/G·P, R] layout: the
+    offset of their entry for key 0, (t0 + i - row0)·R + L - pos_i, and that shift L - pos_i."""
+    shift = L - tl.load(rows_ptr + b * N + i, mask=i < N, other=0)
+    t0 = (((b // GB) * H + h) * GB + b % GB) * P
+    return (t0 + i - row0) * R + shift, shift
+
+
+@triton.jit
 def _dq_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
-    do_ptr, out_ptr, stats_ptr, delta_ptr, dqw_ptr, dqr_ptr, dbias_ptr, def_ptr,
+    do_ptr, out_ptr, stats_ptr, delta_ptr, dqw_ptr, dqr_ptr, dt_ptr, def_ptr, rows_ptr,
     H, N, K, R, L, D: tl.constexpr, P, GB, row0, row_end, scale, drop_thr, keep_scale,
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     """Per row tile: dqw_i = sum_j ds_ij k_j; dqr_i = sum_j ds_ij kr[L - i + j] (content rows, through the band) or
-    the bias's gradient dbias[i, j] = ds_ij (table rows; the launcher takes it back to the table); the two segment
-    scalars' gradients sum_j ds_ij [same_ij] and sum_j ds_ij [not same_ij]. First delta_i = do_i·out_i (= sum_j p_ij
-    dp_ij), stored as delta' = delta / keep_scale for the dk/dv and dkr kernels, which run after."""
+    the table's gradient (table rows: dt[i, L - pos_i + j] = ds_ij, the transpose of _bias_kernel's rel-shift, and 0
+    in the row's L columns that no key reads, so that every entry is written once; laid out as _table's product,
+    [G, H, B/G·P, R]: the launcher's two products take it to qr and kr); the two segment scalars' gradients sum_j
+    ds_ij [same_ij] and sum_j ds_ij [not same_ij]. First delta_i = do_i·out_i (= sum_j p_ij dp_ij), stored as delta'
+    = delta / keep_scale for the dk/dv and dkr kernels, which run after."""
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
     g = b // GB
@@ -330,6 +325,7 @@ def _dq_kernel(
     # ds = p (keep dp / (1 - p_drop) - delta) / sqrt(D) = p' (keep dp - delta') with p' = p keep_scale / sqrt(D) and
     # delta' = delta / keep_scale: the per-score factors folded into per-row ones
     m, r, delta, scale2 = m[:, None], (scale * keep_scale) * rden[:, None], delta[:, None], scale * LOG2E
+    dt_at = _dt_rows(rows_ptr, b, h, H, N, R, L, P, GB, i, row0)[0] if QUERY else i
     for j0 in range(0, K, BN):
         j = j0 + tl.arange(0, BN)
         ok = (i < N)[:, None] & (j < K)[None, :]
@@ -344,9 +340,8 @@ def _dq_kernel(
         else:
             ds = p * (dp - delta)
         dqw += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
-        if QUERY:
-            tl.store(dbias_ptr + (bh * P + (i - row0)[:, None]) * K + j[None, :],
-                     ds.to(dbias_ptr.dtype.element_ty), mask=ok)  # fmt: skip
+        if QUERY:  # row i's entry for key j: dt[t0 + i - row0, L - pos_i + j] (_dt_rows)
+            tl.store(dt_ptr + dt_at[:, None] + j[None, :], ds.to(dt_ptr.dtype.element_ty), mask=ok)
         else:
             band = _load_rows(kr_ptr + (g * H + h) * R * D, L - i0 - (BM - 1) + j0, R, D, BM + BN, BD)
             dqr += tl.dot(_unskew(ds, BM, BN).to(band.dtype), band, input_precision="ieee")
@@ -357,11 +352,20 @@ def _dq_kernel(
     d = tl.arange(0, BD)
     ok = (i < N)[:, None] & (d < D)[None, :]
     tl.store(dqw_ptr + (bh * N + i[:, None]) * D + d[None, :], dqw, mask=ok)
-    if not QUERY:  # table rows: the launcher writes their dqr (from the bias's gradient)
+    if not QUERY:  # table rows: the launcher writes their dqr (from the table's gradient)
         tl.store(dqr_ptr + (bh * N + i[:, None]) * D + d[None, :], dqr, mask=ok)
     if HAS_SEG:
         tl.store(def_ptr + (bh * N + i[:, None]) * 2, de0, mask=(i < N)[:, None])
         tl.store(def_ptr + (bh * N + i[:, None]) * 2 + 1, de1, mask=(i < N)[:, None])
+    # last (the accumulators stored): the rows' other L columns, [0, shift) and [shift + K, R): t -> t, or t + K past
+    # the shift
+    if QUERY:
+        dt_at, shift = _dt_rows(rows_ptr, b, h, H, N, R, L, P, GB, i, row0)
+        row_start = (dt_at - shift)[:, None]
+        for c0 in range(0, L, BN):
+            t = c0 + tl.arange(0, BN)[None, :]
+            tl.store(dt_ptr + row_start + tl.where(t < shift[:, None], t, t + K),
+                     tl.zeros([BM, BN], dt_ptr.dtype.element_ty), mask=(i < N)[:, None] & (t < L))  # fmt: skip
 
 
 @triton.jit
@@ -514,11 +518,13 @@ def _dkr_kernel(
 # Per kernel on a GPU: (BM rows and BN keys of a tile; warps; software-pipelining stages of the loop, 3 = Triton's
 # default on NVIDIA). Band rows take BN = BM (BM + BN, the band's rows, must be a power of two; dkr: BR = BM).
 # Measured on an H200 (benchmarks/gpu_attention.py, Base shapes, per kernel its fastest of 7 tiles, BENCHMARKS.md
-# run 4): forward 64 x 64 x 4 warps (wgmma), dq 64 x 64 x 4, dk/dv (the transposed tile) 32 x 64 x 4.
+# run 4): forward 64 x 64 x 4 warps (wgmma), dq 64 x 64 x 4, dk/dv (the transposed tile) 32 x 64 x 4. dq now runs
+# 64 x 32 (0.264 ms against 0.254 on the H200, 0.288 both on an H100, before it wrote the table's gradient itself):
+# its rel-shifted store takes a 64-bit address per entry, and at 64 x 64 the kernel spilled (triton_resources.py).
 GPU_TILES = {
-    "bias": (32, 128, 4, 1),  # _bias_kernel and _unshift_kernel: streaming passes, no loop
+    "bias": (32, 128, 4, 1),  # _bias_kernel: a streaming pass, no loop
     "fwd": (64, 64, 4, 3),
-    "dq": (64, 64, 4, 3),
+    "dq": (64, 32, 4, 3),
     "dkdv": (32, 64, 4, 3),
     "band": (32, 32, 4, 3),  # every launch with band rows (CONTENT_POSITIONS "band"; BN = BM): 64 rows spill
     "dkr": (32, 32, 8, 3),
@@ -598,7 +604,8 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
     thr, keep_scale = dropout_threshold(p_drop)
     delta = torch.empty(B, H, N, **f32)  # delta' per row: _dq_kernel writes it, the others read it
     dqw, dqr = torch.empty(B, H, N, D, **f32), torch.empty(B, H, N, D, **f32)
-    dbias = torch.empty(B, H, P, K, dtype=qw.dtype, device=qw.device) if P else None  # dq writes every entry
+    GB = B // G
+    dt = torch.empty(G, H, GB * P, R, dtype=qw.dtype, device=qw.device) if P else None  # dq writes every entry
     def_ = torch.empty(B, H, N, 2, **f32) if ef is not None else None
     dk, dv = torch.empty(B, H, K, D, **f32), torch.empty(B, H, K, D, **f32)
     dkr = torch.empty(G, H, R, D, **f32) if n_content else None  # every entry: _dkr_kernel, else the table's product
@@ -611,8 +618,8 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
         BM, BN, BD, launch = _blocks(qw.device, D, "dq" if query else "band")
         if row_end > row0:
             _dq_kernel[(_cdiv(row_end - row0, BM), B * H)](
-                *ins, do, out, stats, delta, dqw, dqr, _or_dummy(dbias, qw), _or_dummy(def_, qw),
-                H, N, K, R, L, D, P, B // G, row0, row_end, scale, *drop, QUERY=query, **opts,
+                *ins, do, out, stats, delta, dqw, dqr, _or_dummy(dt, qw), _or_dummy(def_, qw), rows,
+                H, N, K, R, L, D, P, GB, row0, row_end, scale, *drop, QUERY=query, **opts,
                 BM=BM, BN=BN, BD=BD, **launch,
             )  # fmt: skip
     BM, BN, BD, launch = _blocks(qw.device, D, "band" if n_content else "dkdv")
@@ -627,13 +634,7 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
             H, N, K, R, L, D, B // G, n_content, scale, *drop, **opts,
             BM=BM, BR=BM, BD=BD, **launch,
         )  # fmt: skip
-    if dbias is not None:  # the bias's gradient back to the table (one entry per (row, key)), then to its factors
-        GB = B // G
-        dt = torch.empty(G, H, GB * P, R, dtype=dbias.dtype, device=dbias.device)
-        BM, BN, _, launch = _blocks(qw.device, D, "bias")
-        _unshift_kernel[(_cdiv(P, BM), _cdiv(R, BN), B * H)](
-            dbias, rows, dt, H, N, K, R, L, P, GB, n_content, BM=BM, BN=BN, **launch
-        )
+    if dt is not None:  # the table's gradient (dq wrote it) to its two factors
         # one strided copy from the product's [G, H, B/G, P, D] into dqr's table rows (a reshape first would copy twice)
         dqr[:, :, n_content:].view(G, GB, H, P, D).copy_(torch.matmul(dt, kr).view(G, H, GB, P, D).transpose(1, 2))
         dkr_t = torch.matmul(dt.transpose(-1, -2), _rows_per_table(qr, G, n_content))
