@@ -42,6 +42,7 @@ INTS = {"rows_ptr": "*i32", "flags_ptr": "*u8", "seed_ptr": "*i32", "lab_ptr": "
 # positions, all rows on the table): the launch specializes on them as Triton's JIT does (divisible by 16: aligned;
 # 1: a constant), so the compiled code is the one the GPU runs.
 BASE = dict(H=12, N=597, K=896, R=1408, L=512, P=597, GB=8, row0=0, row_end=597, n_content=0)
+BASE.update(start=0, end=597, tab0=512)  # _bias_kernel: the content rows by the band, the query rows by the table
 BASE["drop_thr"] = 1677722  # attention dropout 0.1: round(0.1 * 2^24)
 BASE.update(n=1360, V=32000, stride=32000)  # the LM head: 16 x 85 target rows, the paper's 32000-piece vocabulary
 FP32 = {"ef_ptr", "stats_ptr", "delta_ptr", "dqw_ptr", "dqr_ptr", "def_ptr", "dk_ptr", "dv_ptr", "dkr_ptr"}
@@ -82,8 +83,10 @@ def variants(tiles: dict, drops=(False, True)) -> list[tuple[str, object, dict, 
     table rows with the tile's BN, band rows with BN = BM."""
     out = []
     common = dict(HAS_SEG=True, HAS_MASK=True, D=64, BD=64)
-    bm, bn, *launch = tiles["bias"]
-    out.append(("bias table", ta._bias_kernel, dict(HAS_SEG=True, HAS_MASK=True, BM=bm, BN=bn), (bm, *launch)))
+    for band in (False, True):
+        bm, bn, *launch = tiles["bias band" if band else "bias"]
+        c = dict(BAND=band, BM=bm, BN=bm if band else bn, **common)
+        out.append((f"bias {'band ' if band else 'table'}", ta._bias_kernel, c, (bm, *launch)))
     for drop in drops:
         for name, fn in (("fwd", ta._fwd_kernel), ("dq", ta._dq_kernel)):
             for query in (False, True):

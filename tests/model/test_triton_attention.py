@@ -151,9 +151,11 @@ def test_dropout_through_the_debug_keep_mask(positions):
     assert again is not None and torch.equal(keep, again)
 
 
-def test_table_bias_is_the_rel_shifted_position_and_segment_term():
+@pytest.mark.parametrize("n_table", [0, 12])
+def test_table_bias_is_the_rel_shifted_position_and_segment_term(n_table):
     """_table_bias: the table rows' bias is the reference's position + segment term, scaled to log2 units, NEG_INF
-    where masked."""
+    where masked; the content rows' position term from the table (n_table 0) or the band product in the kernel
+    (n_table = L)."""
     ins, layout = case(B=2, H=2, L=12, M=8, P=4, G=2)
     q, k, _, kr, _, r_r, r_s, seg = ins
     B, H, N, _ = q.shape
@@ -162,7 +164,7 @@ def test_table_bias_is_the_rel_shifted_position_and_segment_term():
     ef = torch.matmul(q + r_s[:, None], seg.permute(1, 2, 0)).contiguous()
     flags = mask_flags(layout.mask, layout.seg_same)[:, 0].contiguous()
     rows = layout.rows.to(torch.int32).contiguous()
-    bias = ta._table_bias(qr, kr.contiguous(), ef, rows, flags, True, layout.L, 0, K)
+    bias = ta._table_bias(qr, kr.contiguous(), ef, rows, flags, True, layout.L, 0, n_table, K)
     want = _position_segment_bias(q, kr, r_r, r_s, seg, layout) * math.log2(math.e)
     want = want.masked_fill(layout.mask, -1e30)
     assert bias.shape == (B, H, N, K) and maxdiff(bias, want) <= 1e-5

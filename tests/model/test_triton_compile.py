@@ -33,6 +33,11 @@ def test_every_kernel_compiles_for_sm90_and_the_default_path_does_not_spill():
         assert 0 < float(per_score) < int(instr), row  # a loop over the tiles was found
     spills = {(row[0], row[1]): int(row[-5]) for row in rows if row[0] == "fwd" or row[1] == "table"}
     assert set(spills.values()) == {0}, spills  # the default path's kernels, and the forward for band rows
-    head = {line.split()[1]: line.split() for line in r.stdout.splitlines() if line.startswith("head ")}
-    assert sorted(head) == ["grad", "lse"], r.stdout  # the LM head's two kernels (triton_lm_head.py)
-    assert all(row[-5] == "0" and float(row[-1]) > 0 for row in head.values()), head
+    # the bias (table and content rows' band) and the LM head's two kernels (triton_lm_head.py): no loop over tiles
+    # in the bias kernel, one over the vocabulary or the rows in the head's
+    once = {
+        tuple(line.split()[:2]): line.split() for line in r.stdout.splitlines() if line.startswith(("bias", "head"))
+    }
+    assert sorted(once) == [("bias", "band"), ("bias", "table"), ("head", "grad"), ("head", "lse")], r.stdout
+    assert all(row[-5] == "0" for row in once.values()), once
+    assert int(once[("bias", "band")][-3]) > 0  # the band product on tensor cores

@@ -14,9 +14,10 @@ the scale) so that each weight is one ex2; m and 1/l are kept per row (not their
 m = -1e30 absorbs log l) and backward recomputes p = 2^(s - m) / l, with delta_i = do_i·out_i, ds = p (dp - delta).
 No probability or fp32 score tensor is written. The position term comes one of two ways:
 
-- a table (every query-stream row, and the content rows with CONTENT_POSITIONS "table", the default): bdq =
-  qr·kr^T [B,H,rows,R] by one matmul, rel-shifted (column L - pos_i + j, Transformer-XL's rel-shift) into the rows'
-  bias [B,H,rows,K] together with the segment term and the mask by _bias_kernel, once per call; the attention
+- a table (every query-stream row, and the content rows with CONTENT_POSITIONS "table", the default): the rows'
+  bias [B,H,rows,K], the position term together with the segment term and the mask, made by _bias_kernel once per
+  call; the query rows' position term read from bdq = qr·kr^T [B,H,P,R] (one matmul) at column L - pos_i + j
+  (Transformer-XL's rel-shift), the content rows' from a band product inside the kernel (below); the attention
   kernels read one contiguous bias tile per step (no per-score address arithmetic, no byte decoding), and backward
   reads the same bias (kept from forward: 2 bytes per score in bf16). dq writes the bias's gradient straight into
   the table's columns (the rel-shift's transpose, zeros where no key reads) and two batched products take it to qr
@@ -39,7 +40,7 @@ tile (dk, dv), and for band rows one per tile of relative positions (dkr, walkin
 key j = i + r - L: the content and value products are then the skewed band ones).
 
 The torch side (``triton_rel_attention``) adds the biases, computes ef with ordinary ops, and calls the
-custom op ``xlnet::rel_attn_v2`` (torch.library.custom_op, its backward registered with register_autograd), so that
+custom op ``xlnet::rel_attn_v3`` (torch.library.custom_op, its backward registered with register_autograd), so that
 torch.compile and activation checkpointing see one node. The kernels run on CUDA, or on CPU tensors under Triton's
 interpreter (TRITON_INTERPRET=1, read when this module is imported)."""
 
@@ -89,6 +90,16 @@ def _skew(T, BM: tl.constexpr, BN: tl.constexpr):
     a = tl.arange(0, BM)[:, None]
     c = tl.arange(0, BN)[None, :]
     return tl.gather(T, c - a + BM - 1, 1)
+
+
+@triton.jit
+def _band_scores(qr, kr_ptr, g, h, H, R, L, D: tl.constexpr, i0, j0, BM: tl.constexpr, BN: tl.constexpr,
+                 BD: tl.constexpr):  # fmt: skip
+    """Content rows i0 .. i0+BM-1 (pos_i = i) against keys j0 .. j0+BN-1 (BN = BM): their position scores
+    qr_i·kr[L - i + j] [BM, BN] (fp32), from the band of kr rows L - i0 - (BM-1) + j0 ... (BM + BN of them),
+    multiplied once and skewed."""
+    band = _load_rows(kr_ptr + (g * H + h) * R * D, L - i0 - (BM - 1) + j0, R, D, BM + BN, BD)
+    return _skew(tl.dot(qr, tl.trans(band), input_precision="ieee"), BM, BN)
 
 
 @triton.jit
@@ -169,8 +180,7 @@ def _scores(
         else:
             fl = tl.zeros([BM, BN], tl.uint8)
     else:  # content rows: the band of kr rows, multiplied once and skewed
-        band = _load_rows(kr_ptr + (g * H + h) * R * D, L - i0 - (BM - 1) + j0, R, D, BM + BN, BD)
-        s += _skew(tl.dot(qr, tl.trans(band), input_precision="ieee"), BM, BN)
+        s += _band_scores(qr, kr_ptr, g, h, H, R, L, D, i0, j0, BM, BN, BD)
         bias, fl = _bias(tl.zeros([BM, BN], tl.float32), b, b * H + h, i[:, None], j[None, :], ok, ef_ptr, flags_ptr,
                          N, K, scale, HAS_SEG, HAS_MASK)  # fmt: skip
     return s * scale + bias, fl
@@ -191,25 +201,33 @@ def _row_tile(
 
 @triton.jit
 def _bias_kernel(
-    bdq_ptr, ef_ptr, flags_ptr, rows_ptr, bias_ptr, H, N, K, R, L, P, GB, row0, scale,
-    HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    bdq_ptr, qr_ptr, kr_ptr, ef_ptr, flags_ptr, rows_ptr, bias_ptr, H, N, K, R, L, D: tl.constexpr, P, GB, row0,
+    start, end, tab0, scale,
+    BAND: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
-    """The table rows' bias [B,H,P,K] (row p = stacked row row0 + p at position pos): (bdq[p, L - pos + j] + the
-    segment term) · scale (log2(e) / sqrt(D): the kernels' log2 units), NEG_INF where masked: Transformer-XL's
-    rel-shift, the segment choice and the mask, done once per call so that the attention kernels read one
-    contiguous tile per step. bdq is laid out [G, H, B/G, P, R] (_table)."""
+    """The bias [B,H,P,K] of the stacked rows row0 .. N-1 (bias row i - row0), for the rows start .. end-1 of this
+    launch: (the position term + the segment term) · scale (log2(e) / sqrt(D): the kernels' log2 units), NEG_INF
+    where masked; the segment choice and the mask are done once per call, so that the attention kernels read one
+    contiguous tile per step. The position term: BAND (content rows, pos_i = i; BN = BM): the band product,
+    _band_scores; else read from the table bdq at column L - pos + j (Transformer-XL's rel-shift), bdq laid out as
+    _table's product for the rows tab0 .. N-1, [G, H, B/G·(N - tab0), R]."""
     bh = tl.program_id(2)
     b, h = bh // H, bh % H
-    p = tl.program_id(0) * BM + tl.arange(0, BM)
+    i = start + tl.program_id(0) * BM + tl.arange(0, BM)
     j = tl.program_id(1) * BN + tl.arange(0, BN)
-    i = row0 + p
-    ok = (p < P)[:, None] & (j < K)[None, :]
-    pos = tl.load(rows_ptr + b * N + i, mask=p < P, other=0)
-    t0 = (((b // GB) * H + h) * GB + b % GB) * P
-    tab = tl.load(bdq_ptr + (t0 + p[:, None]) * R + L - pos[:, None] + j[None, :], mask=ok, other=0.0)
+    ok = (i < end)[:, None] & (j < K)[None, :]
+    if BAND:
+        i0 = start + tl.program_id(0) * BM
+        qr = _load_rows(qr_ptr + bh * N * D, i0, end, D, BM, BD)
+        tab = _band_scores(qr, kr_ptr, b // GB, h, H, R, L, D, i0, tl.program_id(1) * BN, BM, BN, BD)
+    else:
+        pos = tl.load(rows_ptr + b * N + i, mask=i < end, other=0)
+        t0 = (((b // GB) * H + h) * GB + b % GB) * (N - tab0) - tab0
+        tab = tl.load(bdq_ptr + (t0 + i[:, None]) * R + L - pos[:, None] + j[None, :], mask=ok, other=0.0)
     bias, _ = _bias(tab.to(tl.float32), b, bh, i[:, None], j[None, :], ok, ef_ptr, flags_ptr, N, K, scale * LOG2E,
                     HAS_SEG, HAS_MASK)  # fmt: skip
-    tl.store(bias_ptr + (bh * P + p[:, None]) * K + j[None, :], bias.to(bias_ptr.dtype.element_ty), mask=ok)
+    tl.store(bias_ptr + (bh * P + (i - row0)[:, None]) * K + j[None, :], bias.to(bias_ptr.dtype.element_ty), mask=ok)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -522,17 +540,19 @@ def _dkr_kernel(
 # 64 x 32 (0.264 ms against 0.254 on the H200, 0.288 both on an H100, before it wrote the table's gradient itself):
 # its rel-shifted store takes a 64-bit address per entry, and at 64 x 64 the kernel spilled (triton_resources.py).
 GPU_TILES = {
-    "bias": (32, 128, 4, 1),  # _bias_kernel: a streaming pass, no loop
+    "bias": (32, 128, 4, 1),  # _bias_kernel on table rows: a streaming pass, no loop
+    "bias band": (64, 64, 4, 1),  # _bias_kernel on content rows: one band product and skew per tile (BN = BM)
     "fwd": (64, 64, 4, 3),
     "dq": (64, 32, 4, 3),
     "dkdv": (32, 64, 4, 3),
     "band": (32, 32, 4, 3),  # every launch with band rows (CONTENT_POSITIONS "band"; BN = BM): 64 rows spill
     "dkr": (32, 32, 8, 3),
 }
-# Where the content rows' position scores come from: "table" (qr·kr^T [B,H,L,R] by one matmul, rel-shifted into
-# the bias tensor like the query rows') or "band" (the kr band multiplied and skewed inside each tile: no [N, R] or
-# [N, K] tensor, but two extra tile products, a gather and a dkr kernel). On an H200 at Base shapes the table is
-# faster (forward + backward 3.2 ms against 7.2, BENCHMARKS.md) for 0.8 GiB more memory per layer call.
+# Where the content rows' position scores come from: "table" (the bias tensor, like the query rows': made by the
+# band product inside _bias_kernel, its gradient through the table qr·kr^T) or "band" (the kr band multiplied and
+# skewed inside each tile: no [N, R] or [N, K] tensor, but two extra tile products, a gather and a dkr kernel). On
+# an H200 at Base shapes the table was faster (forward + backward 3.2 ms against 7.2, BENCHMARKS.md, when the content
+# rows' forward read the table too) for 0.8 GiB more memory per layer call.
 CONTENT_POSITIONS = "table"
 
 
@@ -542,7 +562,7 @@ INTERPRETER_TILE = (16, 16)  # (BM, BN) under the interpreter, whose cost grows 
 def _blocks(device: torch.device, D: int, kernel: str) -> tuple[int, int, int, dict]:
     """(BM, BN, BD, launch options) of ``kernel`` ("band": BN = BM)."""
     bm, bn, warps, stages = GPU_TILES[kernel] if device.type == "cuda" else (*INTERPRETER_TILE, 1, 1)
-    bn = bm if kernel == "band" else bn
+    bn = bm if kernel in ("band", "bias band") else bn
     return bm, bn, max(16, 1 << (D - 1).bit_length()), dict(num_warps=warps, num_stages=stages)
 
 
@@ -564,25 +584,26 @@ def _shapes(qw, k, kr, n_content: int):
     return B, H, N, D, k.shape[2], G, R, N - n_content
 
 
-def _rows_per_table(qr: torch.Tensor, G: int, n_band: int) -> torch.Tensor:
-    """The table rows of qr (those after the band rows) laid out per (table, head): [G, H, B/G·P, D], one matrix per
-    factor of a batched product with kr [G, H, R, D] (table g serves the g-th B/G of the batch)."""
+def _rows_per_table(qr: torch.Tensor, G: int, n_before: int) -> torch.Tensor:
+    """The rows of qr from ``n_before`` on laid out per (table, head): [G, H, B/G·P, D], one matrix per factor of a
+    batched product with kr [G, H, R, D] (table g serves the g-th B/G of the batch)."""
     B, H, N, D = qr.shape
-    P = N - n_band
-    return qr[:, :, n_band:].reshape(G, B // G, H, P, D).transpose(1, 2).reshape(G, H, B // G * P, D)
+    P = N - n_before
+    return qr[:, :, n_before:].reshape(G, B // G, H, P, D).transpose(1, 2).reshape(G, H, B // G * P, D)
 
 
-def _table(qr: torch.Tensor, kr: torch.Tensor, n_band: int) -> torch.Tensor | None:
-    """The position scores of the rows after the band rows, qr·kr^T [G, H, B/G·P, R] in qr's dtype (_rows_per_table's
-    layout: one strided batched product, kr never broadcast over the batch); None when every row takes the band."""
-    if qr.shape[2] == n_band:
+def _table(qr: torch.Tensor, kr: torch.Tensor, n_before: int) -> torch.Tensor | None:
+    """The position scores of the rows from ``n_before`` on, qr·kr^T [G, H, B/G·P, R] in qr's dtype
+    (_rows_per_table's layout: one strided batched product, kr never broadcast over the batch); None when there are
+    none."""
+    if qr.shape[2] == n_before:
         return None
-    return torch.matmul(_rows_per_table(qr, kr.shape[0], n_band), kr.transpose(-1, -2))
+    return torch.matmul(_rows_per_table(qr, kr.shape[0], n_before), kr.transpose(-1, -2))
 
 
-def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
+def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, n_table, p_drop, seed):
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
-    bias = _table_bias(qr, kr, ef, rows, flags, has_mask, L, n_content, K)
+    bias = _table_bias(qr, kr, ef, rows, flags, has_mask, L, n_content, n_table, K)
     out = torch.empty_like(qw)
     stats = torch.empty(B, H, N, 3, dtype=torch.float32, device=qw.device)
     thr, keep_scale = dropout_threshold(p_drop)
@@ -642,20 +663,26 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
     return dqw, dqr, dk, dv, dkr, def_
 
 
-def _table_bias(qr, kr, ef, rows, flags, has_mask: bool, L: int, n_band: int, K: int) -> torch.Tensor | None:
-    """The table rows' bias [B,H,P,K] (_bias_kernel, _bias_dtype): the position term read from the table qr·kr^T at
-    column L - pos + j, the segment term, / sqrt(D), NEG_INF where masked; None when every row takes the band."""
-    bdq = _table(qr, kr, n_band)
-    if bdq is None:
-        return None
+def _table_bias(qr, kr, ef, rows, flags, has_mask: bool, L: int, n_band: int, n_table: int, K: int):
+    """The bias [B,H,N - n_band,K] of the rows after the band rows (_bias_kernel, _bias_dtype; None when every row
+    takes the band): the position term, the segment term, / sqrt(D), NEG_INF where masked. The position term of
+    the content rows before ``n_table`` comes from the band product inside the kernel; that of the rows from
+    ``n_table`` on (the query stream) from the table qr·kr^T at column L - pos + j, so that no [B,H,L,R] table is
+    written for the content rows."""
     B, H, N, D = qr.shape
+    if n_band == N:
+        return None
     G, R, P = kr.shape[0], kr.shape[2], N - n_band
     bias = torch.empty(B, H, P, K, dtype=_bias_dtype(qr.dtype), device=qr.device)
-    BM, BN, _, launch = _blocks(qr.device, D, "bias")
-    _bias_kernel[(_cdiv(P, BM), _cdiv(K, BN), B * H)](
-        bdq, _or_dummy(ef, qr), _or_dummy(flags, rows), rows, bias, H, N, K, R, L, P, B // G, n_band,
-        1.0 / math.sqrt(D), HAS_SEG=ef is not None, HAS_MASK=has_mask, BM=BM, BN=BN, **launch,
-    )  # fmt: skip
+    bdq = _table(qr, kr, n_table)
+    for band, start, end in ((True, n_band, n_table), (False, n_table, N)):
+        BM, BN, BD, launch = _blocks(qr.device, D, "bias band" if band else "bias")
+        if end > start:
+            _bias_kernel[(_cdiv(end - start, BM), _cdiv(K, BN), B * H)](
+                _or_dummy(bdq, qr), qr, kr, _or_dummy(ef, qr), _or_dummy(flags, rows), rows, bias, H, N, K, R, L, D,
+                P, B // G, n_band, start, end, n_table, 1.0 / math.sqrt(D), BAND=band, HAS_SEG=ef is not None,
+                HAS_MASK=has_mask, BM=BM, BN=BN, BD=BD, **launch,
+            )  # fmt: skip
     return bias
 
 
@@ -699,7 +726,7 @@ def hash_keep_mask(seed: int, shape: tuple[int, int, int, int], p: float, device
 
 # The ops' names carry their schema's version: inductor's on-disk cache keys a compiled graph on the ops' names, so a
 # changed signature under the same name replays graphs written for the old one. Bump both when the schema changes.
-@torch.library.custom_op("xlnet::rel_attn_v2", mutates_args=())
+@torch.library.custom_op("xlnet::rel_attn_v3", mutates_args=())
 def rel_attn(
     qw: torch.Tensor,
     qr: torch.Tensor,
@@ -712,17 +739,18 @@ def rel_attn(
     has_mask: bool,
     L: int,
     n_content: int,
+    n_table: int,
     p_drop: float,
     seed: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused core on prepared inputs (see triton_rel_attention): (out [B,H,N,D], stats [B,H,N,3] fp32 (the
     softmax's row max in log2 units, 1 / its sum, the row's dropout key as bits), the table rows' bias [B,H,P,K]
     (_bias_dtype; [1] without table rows): made once here and read again by backward)."""
-    return _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed)
+    return _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, n_table, p_drop, seed)
 
 
 @rel_attn.register_fake
-def _(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
+def _(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, n_table, p_drop, seed):
     B, H, N, _ = qw.shape
     P = N - n_content
     return (
@@ -732,7 +760,7 @@ def _(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, seed):
     )
 
 
-@torch.library.custom_op("xlnet::rel_attn_v2_backward", mutates_args=())
+@torch.library.custom_op("xlnet::rel_attn_v3_backward", mutates_args=())
 def rel_attn_backward(
     do: torch.Tensor,
     out: torch.Tensor,
@@ -764,7 +792,7 @@ def _(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_co
 
 
 def _setup_context(ctx, inputs, output):
-    qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop, _ = inputs
+    qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, _, p_drop, _ = inputs
     out, stats, bias = output
     ctx.save_for_backward(out, stats, bias, qw, qr, k, v, kr, ef, rows, flags)
     ctx.args = (has_mask, L, n_content, p_drop)
@@ -777,7 +805,7 @@ def _rel_attn_grad(ctx, dout, _dstats, _dbias):
                               p_drop)  # fmt: skip
     ins = (qw, qr, k, v, kr, ef)
     dqw, dqr, dk, dv, dkr, def_ = (None if t is None else g.to(t.dtype) for g, t in zip(grads, ins, strict=True))
-    return dqw, dqr, dk, dv, dkr, def_, None, None, None, None, None, None, None
+    return dqw, dqr, dk, dv, dkr, def_, None, None, None, None, None, None, None, None
 
 
 rel_attn.register_autograd(_rel_attn_grad, setup_context=_setup_context)
@@ -796,6 +824,7 @@ def triton_rel_attention(
     CONTENT_POSITIONS "band"."""
     r_w, r_r, r_s = biases
     n_band = L if content and CONTENT_POSITIONS == "band" else 0
+    n_table = L if content else 0  # the content rows' position scores never come from the table in forward
     ct = torch.get_autocast_dtype(q.device.type) if torch.is_autocast_enabled(q.device.type) else q.dtype
     with torch.autocast(q.device.type, enabled=False):
         q, k, v, kr, r_w, r_r = (t.to(ct) for t in (q, k, v, kr, r_w, r_r))
@@ -809,7 +838,7 @@ def triton_rel_attention(
         seed = torch.randint(0, 2**31 - 1, (), **i32) if p_drop > 0 else torch.zeros((), **i32)
         out, _, _ = rel_attn(
             qw, qr, k.contiguous(), v.contiguous(), kr.contiguous(), ef, rows.to(torch.int32).contiguous(),
-            flags, has_mask, L, n_band, float(p_drop), seed,
+            flags, has_mask, L, n_band, n_table, float(p_drop), seed,
         )  # fmt: skip
     if not (debug_keep and p_drop > 0):
         return out, None
