@@ -42,7 +42,8 @@ INTS = {"rows_ptr": "*i32", "flags_ptr": "*u8", "seed_ptr": "*i32", "lab_ptr": "
 # positions, all rows on the table): the launch specializes on them as Triton's JIT does (divisible by 16: aligned;
 # 1: a constant), so the compiled code is the one the GPU runs.
 BASE = dict(H=12, N=597, K=896, R=1408, L=512, P=597, GB=8, row0=0, row_end=597, n_content=0)
-BASE.update(start=0, end=597, tab0=512)  # _bias_kernel: the content rows by the band, the query rows by the table
+BASE.update(start=512, end=597, tab0=512)  # _bias_kernel's table launch (the query rows); BIAS_BAND: the content rows'
+BIAS_BAND = dict(start=0, end=512)
 BASE["drop_thr"] = 1677722  # attention dropout 0.1: round(0.1 * 2^24)
 BASE.update(n=1360, V=32000, stride=32000)  # the LM head: 16 x 85 target rows, the paper's 32000-piece vocabulary
 FP32 = {"ef_ptr", "stats_ptr", "delta_ptr", "dqw_ptr", "dqr_ptr", "def_ptr", "dk_ptr", "dv_ptr", "dkr_ptr"}
@@ -65,45 +66,47 @@ def signature(fn, consts: dict, dtype: str) -> dict:
     return sig
 
 
-def specialization(fn, consts: dict, sig: dict) -> tuple[dict, dict]:
-    """Triton's JIT specialization at the BASE shapes: pointers 16-byte aligned, integers divisible by 16 marked so,
-    integers equal to 1 turned into constants. Returns (constexprs, attrs) for ASTSource."""
+def specialization(fn, consts: dict, sig: dict, ints: dict) -> tuple[dict, dict]:
+    """Triton's JIT specialization at the launch's integers ``ints`` (BASE and the variant's own): pointers 16-byte
+    aligned, integers divisible by 16 marked so, integers equal to 1 turned into constants. Returns (constexprs,
+    attrs) for ASTSource."""
     consts = dict(consts)
     attrs = {}
     for n, name in enumerate(fn.arg_names):
-        if sig[name].startswith("*") or (sig[name] == "i32" and BASE[name] % 16 == 0):
+        if sig[name].startswith("*") or (sig[name] == "i32" and ints[name] % 16 == 0):
             attrs[(n,)] = [["tt.divisibility", 16]]
-        elif sig[name] == "i32" and BASE[name] == 1:
+        elif sig[name] == "i32" and ints[name] == 1:
             consts[name] = 1
     return consts, attrs
 
 
-def variants(tiles: dict, drops=(False, True)) -> list[tuple[str, object, dict, tuple]]:
-    """(label, kernel, constexprs, (BM, warps, stages)) of every launch the launchers make, segments and mask on:
-    table rows with the tile's BN, band rows with BN = BM."""
+def variants(tiles: dict, drops=(False, True)) -> list[tuple[str, object, dict, tuple, dict]]:
+    """(label, kernel, constexprs, (BM, warps, stages), integers unlike BASE's) of every launch the launchers make,
+    segments and mask on: table rows with the tile's BN, band rows with BN = BM."""
     out = []
     common = dict(HAS_SEG=True, HAS_MASK=True, D=64, BD=64)
     for band in (False, True):
         bm, bn, *launch = tiles["bias band" if band else "bias"]
         c = dict(BAND=band, BM=bm, BN=bm if band else bn, **common)
-        out.append((f"bias {'band ' if band else 'table'}", ta._bias_kernel, c, (bm, *launch)))
+        ints = BIAS_BAND if band else {}
+        out.append((f"bias {'band ' if band else 'table'}", ta._bias_kernel, c, (bm, *launch), ints))
     for drop in drops:
         for name, fn in (("fwd", ta._fwd_kernel), ("dq", ta._dq_kernel)):
             for query in (False, True):
                 bm, bn, *launch = tiles[name if query else "band"]
                 c = dict(QUERY=query, DROP=drop, BM=bm, BN=bn if query else bm, **common)
-                out.append((f"{name:<4} {'table' if query else 'band '} drop={int(drop)}", fn, c, (bm, *launch)))
+                out.append((f"{name:<4} {'table' if query else 'band '} drop={int(drop)}", fn, c, (bm, *launch), {}))
         for band in (False, True):
             bm, bn, *launch = tiles["band" if band else "dkdv"]
             c = dict(DROP=drop, HAS_BAND=band, BM=bm, BN=bm if band else bn, **common)
-            out.append((f"dkdv {'band ' if band else 'table'} drop={int(drop)}", ta._dkdv_kernel, c, (bm, *launch)))
+            out.append((f"dkdv {'band ' if band else 'table'} drop={int(drop)}", ta._dkdv_kernel, c, (bm, *launch), {}))
         bm, _, *launch = tiles["dkr"]
         c = dict(DROP=drop, BM=bm, BR=bm, **common)
-        out.append((f"dkr  band  drop={int(drop)}", ta._dkr_kernel, c, (bm, *launch)))
+        out.append((f"dkr  band  drop={int(drop)}", ta._dkr_kernel, c, (bm, *launch), {}))
     launch = (th.LAUNCH["num_warps"], th.LAUNCH["num_stages"])
-    out.append(("head lse", th._lse_kernel, dict(BV=th.LSE_COLS), (1, *launch)))
+    out.append(("head lse", th._lse_kernel, dict(BV=th.LSE_COLS), (1, *launch), {}))
     bm, bn = th.GRAD_TILE
-    out.append(("head grad", th._grad_kernel, dict(HAS_GLOG=False, BM=bm, BN=bn), (bm, *launch)))
+    out.append(("head grad", th._grad_kernel, dict(HAS_GLOG=False, BM=bm, BN=bn), (bm, *launch), {}))
     return out
 
 
@@ -163,10 +166,10 @@ def main() -> None:
         f"{'loop/score':>10}"
     )
     failed = 0
-    for label, fn, consts, (_, warps, stages) in variants(tiles, (True,) if args.quick else (False, True)):
+    for label, fn, consts, (_, warps, stages), ints in variants(tiles, (True,) if args.quick else (False, True)):
         try:
             sig = signature(fn, consts, args.dtype)
-            specialized, attrs = specialization(fn, consts, sig)
+            specialized, attrs = specialization(fn, consts, sig, {**BASE, **ints})
             sig = {k: "constexpr" if k in specialized else v for k, v in sig.items()}
             k = triton.compile(ASTSource(fn, sig, constexprs=specialized, attrs=attrs), target=target,
                                options={"num_warps": warps, "num_stages": stages})  # fmt: skip

@@ -41,3 +41,4 @@ def test_every_kernel_compiles_for_sm90_and_the_default_path_does_not_spill():
     assert sorted(once) == [("bias", "band"), ("bias", "table"), ("head", "grad"), ("head", "lse")], r.stdout
     assert all(row[-5] == "0" for row in once.values()), once
     assert int(once[("bias", "band")][-3]) > 0  # the band product on tensor cores
+    assert all(float(once[("head", k)][-1]) > 0 for k in ("lse", "grad")), once

@@ -90,15 +90,25 @@ def test_triton_head_bf16_logits_as_under_autocast():
         assert maxdiff(a, b) <= 2e-2 * b.abs().max().item(), (maxdiff(a, b), b.abs().max().item())
 
 
-def test_unused_loss_or_unused_logits_need_no_zero_gradient():
-    """Only the logits used (no gradient of the loss), and only the loss used (no [n,V] zero gradient of the
-    logits is made: ctx.set_materialize_grads(False))."""
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_unused_loss_or_unused_logits_need_no_zero_gradient(use_triton, monkeypatch):
+    """Only the logits used (no gradient of the loss), and only the loss used: no [n,V] zero gradient of the
+    logits is made (ctx.set_materialize_grads(False)), both paths."""
+    seen = []
+    real = _LMHeadLoss.backward
+    monkeypatch.setattr(
+        _LMHeadLoss, "backward", staticmethod(lambda ctx, gl, glog: seen.append(glog) or real(ctx, gl, glog))
+    )
     params, labels, w = head_case(n=9, V=70)
     x, W, b = (t.detach().clone().requires_grad_() for t in params)
-    _, logits = _LMHeadLoss.apply(x, W, b, labels, w, True)
+    _, logits = _LMHeadLoss.apply(x, W, b, labels, w, use_triton)
     logits.sum().backward()
     assert maxdiff(b.grad, torch.full_like(b, 9.0)) <= 1e-5
     assert maxdiff(x.grad, W.sum(0).expand(9, -1)) <= 1e-4
+    loss, _ = _LMHeadLoss.apply(x, W, b, labels, w, use_triton)
+    loss.backward()
+    assert seen[0] is not None and seen[1] is None
+    assert torch.isfinite(x.grad).all()
 
 
 def test_the_model_takes_the_triton_head_with_the_triton_core(monkeypatch):
@@ -117,3 +127,7 @@ def test_the_model_takes_the_triton_head_with_the_triton_core(monkeypatch):
         assert len(calls) == expect, impl
     with pytest.raises(XLNetError, match="LM head impl"):
         lm_head(ids.float(), ids.float(), None, labels, impl="cuda")
+    if DEVICE.type == "cpu":
+        monkeypatch.delenv("TRITON_INTERPRET")
+        with pytest.raises(XLNetError, match="needs a CUDA device"):
+            lm_head(ids.float(), ids.float(), None, labels, impl="triton")

@@ -16,7 +16,7 @@ No probability or fp32 score tensor is written. The position term comes one of t
 
 - a table (every query-stream row, and the content rows with CONTENT_POSITIONS "table", the default): the rows'
   bias [B,H,rows,K], the position term together with the segment term and the mask, made by _bias_kernel once per
-  call; the query rows' position term read from bdq = qr·kr^T [B,H,P,R] (one matmul) at column L - pos_i + j
+  call; the query rows' position term read from bdq = qr·kr^T [G,H,B/G·P,R] (one batched matmul) at column L - pos_i + j
   (Transformer-XL's rel-shift), the content rows' from a band product inside the kernel (below); the attention
   kernels read one contiguous bias tile per step (no per-score address arithmetic, no byte decoding), and backward
   reads the same bias (kept from forward: 2 bytes per score in bf16). dq writes the bias's gradient straight into
@@ -35,7 +35,7 @@ p rounded to 24 bits). Every kernel recomputes the bits it needs (about ten inte
 nothing of the score matrix's size is kept for dropout; hash_keep_mask computes the same mask with torch for tests.
 
 Backward is deterministic: no atomics, every gradient written by one program that sums in a fixed order. One
-kernel per row tile (dqw, the band rows' dqr, the two segment-scalar gradients, the bias's gradient), one per key
+kernel per row tile (dqw, the band rows' dqr, the two segment-scalar gradients, the table's gradient), one per key
 tile (dk, dv), and for band rows one per tile of relative positions (dkr, walking the rows in (i, r) space, where
 key j = i + r - L: the content and value products are then the skewed band ones).
 
@@ -552,7 +552,7 @@ GPU_TILES = {
 # band product inside _bias_kernel, its gradient through the table qr·kr^T) or "band" (the kr band multiplied and
 # skewed inside each tile: no [N, R] or [N, K] tensor, but two extra tile products, a gather and a dkr kernel). On
 # an H200 at Base shapes the table was faster (forward + backward 3.2 ms against 7.2, BENCHMARKS.md, when the content
-# rows' forward read the table too) for 0.8 GiB more memory per layer call.
+# rows' forward read the table too) for 0.8 GiB more memory per layer call (less now: that forward table is gone).
 CONTENT_POSITIONS = "table"
 
 
@@ -560,7 +560,7 @@ INTERPRETER_TILE = (16, 16)  # (BM, BN) under the interpreter, whose cost grows 
 
 
 def _blocks(device: torch.device, D: int, kernel: str) -> tuple[int, int, int, dict]:
-    """(BM, BN, BD, launch options) of ``kernel`` ("band": BN = BM)."""
+    """(BM, BN, BD, launch options) of ``kernel`` ("band" and "bias band": BN = BM)."""
     bm, bn, warps, stages = GPU_TILES[kernel] if device.type == "cuda" else (*INTERPRETER_TILE, 1, 1)
     bn = bm if kernel in ("band", "bias band") else bn
     return bm, bn, max(16, 1 << (D - 1).bit_length()), dict(num_warps=warps, num_stages=stages)
@@ -820,7 +820,8 @@ def triton_rel_attention(
     (q + r_s)·seg_embed [B,H,N,2]; autograd carries the op's gradients of these back to q, the biases and seg_embed.
     ``content``: the first L rows are the content stream (positions 0..L-1); the rest are query rows at ``rows``.
     ``flags`` [B,1,N,K] uint8: kernels.mask_flags of the mask (``has_mask``) and the same-segment bits (used when
-    ``seg_embed`` is given). The content rows take their position scores from the table, or from the band with
+    ``seg_embed`` is given). The content rows take their position scores from the bias (made from a band product
+    in _bias_kernel; their gradient goes through the table), or from the band inside the attention kernels with
     CONTENT_POSITIONS "band"."""
     r_w, r_r, r_s = biases
     n_band = L if content and CONTENT_POSITIONS == "band" else 0

@@ -8,7 +8,8 @@ registers.
   dtype, and the bias's gradient sum_i g_ij in fp32. One program per tile of vocabulary columns walks every row in
   a fixed order: no atomics, the same bits at every run. dx = g W and dW = g^T x are then two cuBLAS products.
 
-What they replace (kernels._LMHeadLoss's torch path, kept on CPU): per block of 4096 columns a recomputed logits
+What they replace (kernels._LMHeadLoss's torch path, which runs wherever the attention core is not triton, and for
+fp64): per block of 4096 columns a recomputed logits
 block, then a cast, a subtraction, an exponential, a one-hot update, a scaling and a column sum, each a pass over
 the block in fp32 in its own kernel. Here the logits are kept from forward instead of recomputed (they are an
 output anyway: [n, V] in the compute dtype, 87 MB at Base micro 16 with V = 32000).
@@ -71,7 +72,8 @@ def _grad_kernel(
 
 def lse_and_label(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-sum-exp of each row of ``logits`` [n, V], the logit at each row's label [n]), both fp32. ``labels`` [n]
-    int64 in [0, V) (an ignored row's label clamped to 0 by the caller)."""
+    int64 in [0, V) (an ignored row's label clamped to 0 by the caller; not checked here: the records' token ids
+    are, when preprocess writes them)."""
     n, V = logits.shape
     logits = logits.contiguous()
     lse = torch.empty(n, dtype=torch.float32, device=logits.device)
