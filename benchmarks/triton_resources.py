@@ -46,7 +46,7 @@ BASE.update(start=512, end=597, tab0=512)  # _bias_kernel's table launch (the qu
 BIAS_BAND = dict(start=0, end=512)
 BASE["drop_thr"] = 1677722  # attention dropout 0.1: round(0.1 * 2^24)
 BASE.update(n=1360, V=32000, stride=32000)  # the LM head: 16 x 85 target rows, the paper's 32000-piece vocabulary
-FP32 = {"ef_ptr", "stats_ptr", "delta_ptr", "dqw_ptr", "dqr_ptr", "def_ptr", "dk_ptr", "dv_ptr", "dkr_ptr"}
+FP32 = {"ef_ptr", "stats_ptr", "delta_ptr", "def_ptr", "dkr_ptr"}  # dqw, dqr, dk, dv: in the inputs' dtype
 FP32 |= {"lse_ptr", "picked_ptr", "coef_ptr", "db_ptr"}
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 

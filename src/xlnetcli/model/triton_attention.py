@@ -369,9 +369,9 @@ def _dq_kernel(
             de1 += tl.sum(tl.where(same, 0.0, ds), 1, keep_dims=True)
     d = tl.arange(0, BD)
     ok = (i < N)[:, None] & (d < D)[None, :]
-    tl.store(dqw_ptr + (bh * N + i[:, None]) * D + d[None, :], dqw, mask=ok)
+    tl.store(dqw_ptr + (bh * N + i[:, None]) * D + d[None, :], dqw.to(dqw_ptr.dtype.element_ty), mask=ok)
     if not QUERY:  # table rows: the launcher writes their dqr (from the table's gradient)
-        tl.store(dqr_ptr + (bh * N + i[:, None]) * D + d[None, :], dqr, mask=ok)
+        tl.store(dqr_ptr + (bh * N + i[:, None]) * D + d[None, :], dqr.to(dqr_ptr.dtype.element_ty), mask=ok)
     if HAS_SEG:
         tl.store(def_ptr + (bh * N + i[:, None]) * 2, de0, mask=(i < N)[:, None])
         tl.store(def_ptr + (bh * N + i[:, None]) * 2 + 1, de1, mask=(i < N)[:, None])
@@ -474,8 +474,9 @@ def _dkdv_kernel(
     j = j0 + tl.arange(0, BN)
     d = tl.arange(0, BD)
     ok = (j < K)[:, None] & (d < D)[None, :]
-    tl.store(dk_ptr + (bh * K + j[:, None]) * D + d[None, :], dk, mask=ok)
-    tl.store(dv_ptr + (bh * K + j[:, None]) * D + d[None, :], dv / scale, mask=ok)  # the steps' p' carries 1/sqrt(D)
+    tl.store(dk_ptr + (bh * K + j[:, None]) * D + d[None, :], dk.to(dk_ptr.dtype.element_ty), mask=ok)
+    dv = (dv / scale).to(dv_ptr.dtype.element_ty)  # the steps' p' carries 1/sqrt(D)
+    tl.store(dv_ptr + (bh * K + j[:, None]) * D + d[None, :], dv, mask=ok)
 
 
 @triton.jit
@@ -624,11 +625,12 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
     f32 = dict(dtype=torch.float32, device=qw.device)
     thr, keep_scale = dropout_threshold(p_drop)
     delta = torch.empty(B, H, N, **f32)  # delta' per row: _dq_kernel writes it, the others read it
-    dqw, dqr = torch.empty(B, H, N, D, **f32), torch.empty(B, H, N, D, **f32)
+    # every gradient in its input's dtype (the kernels accumulate in fp32 and round once, as a cast after would)
+    dqw, dqr = torch.empty_like(qw), torch.empty_like(qr)
     GB = B // G
     dt = torch.empty(G, H, GB * P, R, dtype=qw.dtype, device=qw.device) if P else None  # dq writes every entry
     def_ = torch.empty(B, H, N, 2, **f32) if ef is not None else None
-    dk, dv = torch.empty(B, H, K, D, **f32), torch.empty(B, H, K, D, **f32)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
     dkr = torch.empty(G, H, R, D, **f32) if n_content else None  # every entry: _dkr_kernel, else the table's product
     d_flags = _or_dummy(flags, rows)
     ins = (qw, qr, k, v, kr, bias, _or_dummy(ef, qw), d_flags)
@@ -659,8 +661,8 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
         # one strided copy from the product's [G, H, B/G, P, D] into dqr's table rows (a reshape first would copy twice)
         dqr[:, :, n_content:].view(G, GB, H, P, D).copy_(torch.matmul(dt, kr).view(G, H, GB, P, D).transpose(1, 2))
         dkr_t = torch.matmul(dt.transpose(-1, -2), _rows_per_table(qr, G, n_content))
-        dkr = dkr_t.float() if dkr is None else dkr.add_(dkr_t)
-    return dqw, dqr, dk, dv, dkr, def_
+        dkr = dkr_t if dkr is None else dkr.add_(dkr_t)  # band rows' fp32 sum, then the table's
+    return dqw, dqr, dk, dv, None if dkr is None else dkr.to(kr.dtype), def_
 
 
 def _table_bias(qr, kr, ef, rows, flags, has_mask: bool, L: int, n_band: int, n_table: int, K: int):
@@ -779,7 +781,7 @@ def rel_attn_backward(
     n_content: int,
     p_drop: float,
 ) -> list[torch.Tensor]:
-    """Gradients (fp32) of qw, qr, k, v, kr, ef (the last [0] when absent)."""
+    """Gradients of qw, qr, k, v, kr, ef, each in its input's dtype (ef's [0] fp32 when absent)."""
     grads = _backward(do.contiguous(), out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content,
                       p_drop)  # fmt: skip
     return [qw.new_zeros(0, dtype=torch.float32) if g is None else g for g in grads]
@@ -787,7 +789,7 @@ def rel_attn_backward(
 
 @rel_attn_backward.register_fake
 def _(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop):
-    f = lambda t: qw.new_empty(t.shape if t is not None else (0,), dtype=torch.float32)  # noqa: E731
+    f = lambda t: qw.new_empty((0,), dtype=torch.float32) if t is None else torch.empty_like(t)  # noqa: E731
     return [f(t) for t in (qw, qr, k, v, kr, ef)]
 
 
@@ -804,7 +806,7 @@ def _rel_attn_grad(ctx, dout, _dstats, _dbias):
     grads = rel_attn_backward(dout, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content,
                               p_drop)  # fmt: skip
     ins = (qw, qr, k, v, kr, ef)
-    dqw, dqr, dk, dv, dkr, def_ = (None if t is None else g.to(t.dtype) for g, t in zip(grads, ins, strict=True))
+    dqw, dqr, dk, dv, dkr, def_ = (None if t is None else g for g, t in zip(grads, ins, strict=True))
     return dqw, dqr, dk, dv, dkr, def_, None, None, None, None, None, None, None, None
 
 
