@@ -28,6 +28,7 @@ from xlnetcli.core.errors import XLNetError
 from xlnetcli.model.xlnet import XLNetModel
 
 NEG = -1e30
+UNLABELLED = -1  # data/labelled.py's class label of a row without one (or with a label the run does not know)
 SQUAD_TOP_K = 5  # start and end candidates kept at inference (the original's start_n_top = end_n_top = 5)
 
 
@@ -149,7 +150,9 @@ class SquadHead(nn.Module):
 
 
 class FinetuneModel(nn.Module):
-    """XLNetModel + a task head. ``forward(batch)`` returns a dict with ``loss`` when labels are present."""
+    """XLNetModel + a task head. ``forward(batch)`` returns a dict with ``loss`` when the batch has labels: the mean
+    over its labelled rows (a class label UNLABELLED = -1 is an unlabelled row; with none labelled the loss is NaN).
+    Nothing is read back from the device to decide it (a per-step sync on a GPU)."""
 
     def __init__(self, model_cfg: ModelConfig, ft: FinetuneConfig, task: str, n_labels: int = 1) -> None:
         super().__init__()
@@ -179,8 +182,8 @@ class FinetuneModel(nn.Module):
             logits = self.head(hidden, mask.reshape(-1, length)).float().reshape(bsz, k)
             logits = logits.masked_fill(batch["option_mask"] == 0, NEG)
             out: dict[str, Any] = {"logits": logits}
-            if labels is not None and bool((labels >= 0).all()):
-                out["loss"] = F.cross_entropy(logits, labels)
+            if labels is not None:
+                out["loss"] = F.cross_entropy(logits, labels, ignore_index=UNLABELLED)
             return out
         hidden = self.encode(ids, seg, mask)
         if self.task == "squad":
@@ -198,8 +201,8 @@ class FinetuneModel(nn.Module):
         if labels is not None:
             if self.task == "regression":
                 out["loss"] = F.mse_loss(logits.squeeze(-1), labels.float())
-            elif bool((labels >= 0).all()):
-                out["loss"] = F.cross_entropy(logits, labels)
+            else:
+                out["loss"] = F.cross_entropy(logits, labels, ignore_index=UNLABELLED)
         return out
 
 
