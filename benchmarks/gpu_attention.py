@@ -218,6 +218,9 @@ def main() -> None:
             ta.CONTENT_POSITIONS = pos
             row(f"triton {pos}", "triton")
         done = [r for r in out["rows"][-2:] if "fwd_bwd_s" in r]
+        ta.CONTENT_BIAS = "table"  # the content rows' bias from the forward table (before the ninth session)
+        row("triton table, table bias", "triton")
+        ta.CONTENT_BIAS = "band"
         pos = min(done, key=lambda r: r["fwd_bwd_s"])["row"].split()[1] if done else "band"
         ta.CONTENT_POSITIONS = pos
         # each setting's time per kernel (profiler), then per kernel the fastest tile: the forward, dq and dk/dv
@@ -308,14 +311,14 @@ def tile_name(t: tuple) -> str:
 
 
 def set_tiles(spec: str) -> None:
-    """``pos=band|table,fwd=TILE,dq=TILE,dkdv=TILE`` (this script's best; TILE as parse_tile reads it; bwd=TILE sets
-    dq, dkdv and dkr) -> triton_attention's CONTENT_POSITIONS and GPU_TILES."""
+    """``pos=band|table,bias=band|table,fwd=TILE,dq=TILE,dkdv=TILE`` (this script's best; TILE as parse_tile reads it;
+    bwd=TILE sets dq, dkdv and dkr) -> triton_attention's CONTENT_POSITIONS, CONTENT_BIAS and GPU_TILES."""
     from xlnetcli.model import triton_attention as ta
 
     for part in filter(None, spec.split(",")):
         which, t = part.split("=")
-        if which == "pos":
-            ta.CONTENT_POSITIONS = t
+        if which in ("pos", "bias"):
+            setattr(ta, "CONTENT_POSITIONS" if which == "pos" else "CONTENT_BIAS", t)
             continue
         for k in ("dq", "dkdv", "dkr") if which == "bwd" else (which,):
             ta.GPU_TILES[k] = parse_tile(t)

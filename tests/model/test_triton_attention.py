@@ -99,11 +99,14 @@ def check(ins, layout: AttnLayout, p=0.0, tol=TOL32, dtype=torch.float32):
     return keep
 
 
-@pytest.fixture(params=["band", "table"])
+@pytest.fixture(params=["band", "table", "table/bias from the table"])
 def positions(request, monkeypatch):
-    """Both ways of the content rows' position scores (triton_attention.CONTENT_POSITIONS)."""
-    monkeypatch.setattr(ta, "CONTENT_POSITIONS", request.param)
-    return request.param
+    """Both ways of the content rows' position scores (triton_attention.CONTENT_POSITIONS), and with "table" both
+    ways of their bias's position term (CONTENT_BIAS: the band product in _bias_kernel, or the forward table)."""
+    pos, _, bias = request.param.partition("/")
+    monkeypatch.setattr(ta, "CONTENT_POSITIONS", pos)
+    monkeypatch.setattr(ta, "CONTENT_BIAS", "table" if bias else "band")
+    return pos
 
 
 @pytest.mark.parametrize(

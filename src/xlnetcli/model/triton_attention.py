@@ -555,6 +555,10 @@ GPU_TILES = {
 # an H200 at Base shapes the table was faster (forward + backward 3.2 ms against 7.2, BENCHMARKS.md, when the content
 # rows' forward read the table too) for 0.8 GiB more memory per layer call (less now: that forward table is gone).
 CONTENT_POSITIONS = "table"
+# With "table": where the forward takes the content rows' position term for their bias: "band" (a band product inside
+# _bias_kernel) or "table" (read from the forward table qr·kr^T, which then covers them: [B,H,L,R] more written and
+# read; what ran before, kept so that a GPU benchmark times both in the same call).
+CONTENT_BIAS = "band"
 
 
 INTERPRETER_TILE = (16, 16)  # (BM, BN) under the interpreter, whose cost grows with the tile
@@ -827,7 +831,7 @@ def triton_rel_attention(
     CONTENT_POSITIONS "band"."""
     r_w, r_r, r_s = biases
     n_band = L if content and CONTENT_POSITIONS == "band" else 0
-    n_table = L if content else 0  # the content rows' position scores never come from the table in forward
+    n_table = L if content and (n_band or CONTENT_BIAS == "band") else 0  # rows before: no forward table
     ct = torch.get_autocast_dtype(q.device.type) if torch.is_autocast_enabled(q.device.type) else q.dtype
     with torch.autocast(q.device.type, enabled=False):
         q, k, v, kr, r_w, r_r = (t.to(ct) for t in (q, k, v, kr, r_w, r_r))
