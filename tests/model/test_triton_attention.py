@@ -99,14 +99,11 @@ def check(ins, layout: AttnLayout, p=0.0, tol=TOL32, dtype=torch.float32):
     return keep
 
 
-@pytest.fixture(params=["band", "table", "table/bias from the table"])
+@pytest.fixture(params=["band", "table"])
 def positions(request, monkeypatch):
-    """Both ways of the content rows' position scores (triton_attention.CONTENT_POSITIONS), and with "table" both
-    ways of their bias's position term (CONTENT_BIAS: the band product in _bias_kernel, or the forward table)."""
-    pos, _, bias = request.param.partition("/")
-    monkeypatch.setattr(ta, "CONTENT_POSITIONS", pos)
-    monkeypatch.setattr(ta, "CONTENT_BIAS", "table" if bias else "band")
-    return pos
+    """Both ways of the content rows' position scores (triton_attention.CONTENT_POSITIONS)."""
+    monkeypatch.setattr(ta, "CONTENT_POSITIONS", request.param)
+    return request.param
 
 
 @pytest.mark.parametrize(
@@ -123,6 +120,22 @@ def positions(request, monkeypatch):
 def test_core_matches_float64_einsum(B, M, P, G, seg, mask, positions):
     ins, layout = case(B=B, M=M, P=P, G=G, seg=seg, mask=mask)
     check(ins, layout)
+
+
+@pytest.mark.parametrize("B,M,P,G", [(4, 8, 4, 2), (2, 0, 3, 1)])
+def test_content_bias_from_the_forward_table(B, M, P, G, monkeypatch):
+    """CONTENT_BIAS "table" (kept for the GPU benchmark's same-call comparison): the content rows' bias read from the
+    forward table, as before the band product in _bias_kernel; the same maths."""
+    monkeypatch.setattr(ta, "CONTENT_BIAS", "table")
+    before = []
+    table = ta._table
+    monkeypatch.setattr(ta, "_table", lambda qr, kr, n: before.append(n) or table(qr, kr, n))
+    ins, layout = case(B=B, M=M, P=P, G=G)
+    check(ins, layout, p=0.2)
+    assert before == [0]  # the forward table covers the content rows too
+    monkeypatch.setattr(ta, "CONTENT_BIAS", "band")
+    check(ins, layout, p=0.2)
+    assert before == [0, layout.L]  # the default: the query rows only
 
 
 @pytest.mark.slow
