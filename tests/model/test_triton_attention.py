@@ -122,6 +122,31 @@ def test_core_matches_float64_einsum(B, M, P, G, seg, mask, positions):
     check(ins, layout)
 
 
+def test_keys_and_values_as_views_of_one_projection(positions):
+    """k and v as the layer makes them, views of one [B,K,2,H,D] projection (rows 2·H·D apart): the kernels read
+    them in place (no copy to [B,H,K,D]) and give the same output and gradients, bit for bit."""
+    ins, layout = case(B=4, M=8, P=4, G=2)
+    q, k, v, *rest = ins
+    kv = torch.stack([k, v], 0).permute(1, 3, 0, 2, 4).contiguous()  # [B,K,2,H,D]
+    kk, vv = kv.permute(2, 0, 3, 1, 4).unbind(0)
+    assert torch.equal(kk, k) and not kk.is_contiguous()
+    assert ta._kv_strides(kk, vv)[0] is kk  # read in place
+    go = torch.randn(q.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+
+    def run(k_, v_):
+        xs = [t.detach().clone() if t.is_contiguous() else t.detach() for t in (q, k_, v_, *rest)]
+        xs = [t.requires_grad_(True) for t in xs]
+        out = run_triton(xs, layout, 0.2)[0]
+        return [out, *torch.autograd.grad(out, xs, go)]
+
+    torch.manual_seed(0)
+    want = run(k, v)
+    torch.manual_seed(0)
+    got = run(kk, vv)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("B,M,P,G", [(4, 8, 4, 2), (2, 0, 3, 1)])
 def test_content_bias_from_the_forward_table(B, M, P, G, monkeypatch):
     """CONTENT_BIAS "table" (kept for the GPU benchmark's same-call comparison): the content rows' bias read from the

@@ -62,15 +62,17 @@ FAST_EXP2 = tl.constexpr(not INTERPRETED)  # 2^x by one ex2.approx.ftz (the inte
 
 
 @triton.jit
-def _load_rows(ptr, start, n, D: tl.constexpr, W: tl.constexpr, BD: tl.constexpr):
-    """Rows start .. start+W-1 of a row-major [n, D] matrix at ptr: [W, BD], zero outside. With D == BD (head sizes
-    16, 32, 64, 128) the mask is per row, so the loads can be vectorised along D."""
+def _load_rows(ptr, start, n, D: tl.constexpr, W: tl.constexpr, BD: tl.constexpr, S=None):
+    """Rows start .. start+W-1 of a [n, D] matrix at ptr whose rows lie S elements apart (None: D, row-major): [W, BD],
+    zero outside. With D == BD (head sizes 16, 32, 64, 128) the mask is per row, so the loads can be vectorised along
+    D."""
     t = start + tl.arange(0, W)
     d = tl.arange(0, BD)
     ok = (t >= 0) & (t < n)
+    rows = t[:, None] * D if S is None else t[:, None] * S
     if D == BD:
-        return tl.load(ptr + t[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
-    return tl.load(ptr + t[:, None] * D + d[None, :], mask=ok[:, None] & (d < D)[None, :], other=0.0)
+        return tl.load(ptr + rows + d[None, :], mask=ok[:, None], other=0.0)
+    return tl.load(ptr + rows + d[None, :], mask=ok[:, None] & (d < D)[None, :], other=0.0)
 
 
 @triton.jit
@@ -238,6 +240,7 @@ def _bias_kernel(
 def _fwd_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bias_ptr, ef_ptr, flags_ptr, out_ptr, stats_ptr,
     H, N, K, R, L, D: tl.constexpr, P, GB, row0, row_end, scale, seed_ptr, drop_thr, keep_scale,
+    kv_b, kv_h, kv_r,
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -256,8 +259,8 @@ def _fwd_kernel(
     den = tl.zeros([BM, 1], tl.float32)
     acc = tl.zeros([BM, BD], tl.float32)
     scale2 = scale * LOG2E
-    for j0 in range(0, K, BN):
-        k = _load_rows(k_ptr + bh * K * D, j0, K, D, BN, BD)
+    for j0 in range(0, K, BN):  # k and v share their strides (_kv_strides)
+        k = _load_rows(k_ptr + b * kv_b + h * kv_h, j0, K, D, BN, BD, kv_r)
         s, _ = _scores(qw, qr, k, i, i0, j0, b, h, g, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
                        H, N, K, R, L, D, P, row0, scale2, QUERY, HAS_SEG, HAS_MASK, False, BM, BN, BD)  # fmt: skip
         m_new = tl.maximum(m, tl.max(s, 1, keep_dims=True))
@@ -267,7 +270,7 @@ def _fwd_kernel(
         if DROP:  # the row keys from the seed each tile (held through the loop, the band forward spilled)
             row_key = _row_key(tl.load(seed_ptr), bh, N, i[:, None])
             p = tl.where(_keep(row_key, j0 + tl.arange(0, BN)[None, :], drop_thr), p, 0.0)
-        v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
+        v = _load_rows(v_ptr + b * kv_b + h * kv_h, j0, K, D, BN, BD, kv_r)
         acc = acc * alpha + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m = m_new
     if DROP:
@@ -317,6 +320,7 @@ def _dq_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
     do_ptr, out_ptr, stats_ptr, delta_ptr, dqw_ptr, dqr_ptr, dt_ptr, def_ptr, rows_ptr,
     H, N, K, R, L, D: tl.constexpr, P, GB, row0, row_end, scale, drop_thr, keep_scale,
+    kv_b, kv_h, kv_r,
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -347,8 +351,8 @@ def _dq_kernel(
     for j0 in range(0, K, BN):
         j = j0 + tl.arange(0, BN)
         ok = (i < N)[:, None] & (j < K)[None, :]
-        k = _load_rows(k_ptr + bh * K * D, j0, K, D, BN, BD)
-        v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
+        k = _load_rows(k_ptr + b * kv_b + h * kv_h, j0, K, D, BN, BD, kv_r)
+        v = _load_rows(v_ptr + b * kv_b + h * kv_h, j0, K, D, BN, BD, kv_r)
         s, fl = _scores(qw, qr, k, i, i0, j0, b, h, g, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
                         H, N, K, R, L, D, P, row0, scale2, QUERY, HAS_SEG, HAS_MASK, HAS_SEG, BM, BN, BD)  # fmt: skip
         p = _exp2(s - m) * r
@@ -450,6 +454,7 @@ def _dkdv_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
     do_ptr, stats_ptr, delta_ptr, dk_ptr, dv_ptr,
     H, N, K, R, L, D: tl.constexpr, P, GB, n_content, scale, drop_thr, keep_scale,
+    kv_b, kv_h, kv_r,
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr, HAS_BAND: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -458,8 +463,8 @@ def _dkdv_kernel(
     b, h = bh // H, bh % H
     g = b // GB
     j0 = tl.program_id(0) * BN
-    k = _load_rows(k_ptr + bh * K * D, j0, K, D, BN, BD)
-    v = _load_rows(v_ptr + bh * K * D, j0, K, D, BN, BD)
+    k = _load_rows(k_ptr + b * kv_b + h * kv_h, j0, K, D, BN, BD, kv_r)
+    v = _load_rows(v_ptr + b * kv_b + h * kv_h, j0, K, D, BN, BD, kv_r)
     dk = tl.zeros([BN, BD], tl.float32)
     dv = tl.zeros([BN, BD], tl.float32)
     if HAS_BAND:
@@ -491,6 +496,7 @@ def _dkr_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, ef_ptr, flags_ptr,
     do_ptr, stats_ptr, delta_ptr, dkr_ptr,
     H, N, K, R, L, D: tl.constexpr, GB, n_content, scale, drop_thr, keep_scale,
+    kv_b, kv_h, kv_r,
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -512,14 +518,14 @@ def _dkr_kernel(
             j = i[:, None] + r[None, :] - L
             ok = (i < N)[:, None] & (j >= 0) & (j < K) & (r < R)[None, :]
             j = tl.where(ok, j, 0)
-            kb = _load_rows(k_ptr + bh * K * D, i0 + r0 - L, K, D, BM + BR, BD)
+            kb = _load_rows(k_ptr + b * kv_b + h * kv_h, i0 + r0 - L, K, D, BM + BR, BD, kv_r)
             s = _diag(tl.dot(qw, tl.trans(kb), input_precision="ieee"), BM, BR)
             s += tl.dot(qr, tl.trans(kr), input_precision="ieee")
             bias, _ = _bias(tl.zeros([BM, BR], tl.float32), b, bh, i[:, None], j, ok, ef_ptr, flags_ptr, N, K,
                             scale * LOG2E, HAS_SEG, HAS_MASK)  # fmt: skip
             s = s * (scale * LOG2E) + bias
             p = _exp2(s - m[:, None]) * ((scale * keep_scale) * rden[:, None])  # p' (as in _dq_kernel)
-            vb = _load_rows(v_ptr + bh * K * D, i0 + r0 - L, K, D, BM + BR, BD)
+            vb = _load_rows(v_ptr + b * kv_b + h * kv_h, i0 + r0 - L, K, D, BM + BR, BD, kv_r)
             dp = _diag(tl.dot(do, tl.trans(vb), input_precision="ieee"), BM, BR)
             if DROP:  # as in _dq_kernel
                 ds = tl.where(_keep(rk[:, None], j, drop_thr), p, 0.0) * dp - p * delta[:, None]
@@ -606,6 +612,19 @@ def _table(qr: torch.Tensor, kr: torch.Tensor, n_before: int) -> torch.Tensor | 
     return torch.matmul(_rows_per_table(qr, kr.shape[0], n_before), kr.transpose(-1, -2))
 
 
+def _kv_strides(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v as the kernels read them: rows of D contiguous elements, both with the same strides (the layer's
+    views of one [B,K,2,H,D] projection are; anything else is copied to [B,H,K,D])."""
+    if k.stride() == v.stride() and k.stride(-1) == 1:
+        return k, v
+    return k.contiguous(), v.contiguous()
+
+
+def _strides(k: torch.Tensor) -> tuple[int, ...]:
+    """(batch, head, row) strides of k (and v: the same), as the kernels take them."""
+    return k.stride()[:3]
+
+
 def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, n_table, p_drop, seed):
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
     bias = _table_bias(qr, kr, ef, rows, flags, has_mask, L, n_content, n_table, K)
@@ -618,7 +637,7 @@ def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, n_table,
         if row_end > row0:
             _fwd_kernel[(_cdiv(row_end - row0, BM), B * H)](
                 *ins, out, stats, H, N, K, R, L, D, P, B // G, row0, row_end, 1.0 / math.sqrt(D), seed, thr,
-                keep_scale, QUERY=query, HAS_SEG=ef is not None, HAS_MASK=has_mask, DROP=thr > 0,
+                keep_scale, *_strides(k), QUERY=query, HAS_SEG=ef is not None, HAS_MASK=has_mask, DROP=thr > 0,
                 BM=BM, BN=BN, BD=BD, **launch,
             )  # fmt: skip
     return out, stats, qw.new_zeros(1) if bias is None else bias  # an output: its own tensor
@@ -630,11 +649,12 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
     thr, keep_scale = dropout_threshold(p_drop)
     delta = torch.empty(B, H, N, **f32)  # delta' per row: _dq_kernel writes it, the others read it
     # every gradient in its input's dtype (the kernels accumulate in fp32 and round once, as a cast after would)
-    dqw, dqr = torch.empty_like(qw), torch.empty_like(qr)
+    new = lambda t: torch.empty(t.shape, dtype=t.dtype, device=t.device)  # noqa: E731 - [B,H,rows,D] row-major
+    dqw, dqr = new(qw), new(qr)
     GB = B // G
     dt = torch.empty(G, H, GB * P, R, dtype=qw.dtype, device=qw.device) if P else None  # dq writes every entry
     def_ = torch.empty(B, H, N, 2, **f32) if ef is not None else None
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dk, dv = new(k), new(v)  # row-major whatever k's and v's layout
     dkr = torch.empty(G, H, R, D, **f32) if n_content else None  # every entry: _dkr_kernel, else the table's product
     d_flags = _or_dummy(flags, rows)
     ins = (qw, qr, k, v, kr, bias, _or_dummy(ef, qw), d_flags)
@@ -646,19 +666,19 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
         if row_end > row0:
             _dq_kernel[(_cdiv(row_end - row0, BM), B * H)](
                 *ins, do, out, stats, delta, dqw, dqr, _or_dummy(dt, qw), _or_dummy(def_, qw), rows,
-                H, N, K, R, L, D, P, GB, row0, row_end, scale, *drop, QUERY=query, **opts,
+                H, N, K, R, L, D, P, GB, row0, row_end, scale, *drop, *_strides(k), QUERY=query, **opts,
                 BM=BM, BN=BN, BD=BD, **launch,
             )  # fmt: skip
     BM, BN, BD, launch = _blocks(qw.device, D, "band" if n_content else "dkdv")
     _dkdv_kernel[(_cdiv(K, BN), B * H)](
-        *ins, do, stats, delta, dk, dv, H, N, K, R, L, D, P, B // G, n_content, scale, *drop, **opts,
+        *ins, do, stats, delta, dk, dv, H, N, K, R, L, D, P, B // G, n_content, scale, *drop, *_strides(k), **opts,
         HAS_BAND=n_content > 0, BM=BM, BN=BN, BD=BD, **launch,
     )  # fmt: skip
     if n_content:
         BM, _, BD, launch = _blocks(qw.device, D, "dkr")
         _dkr_kernel[(_cdiv(R, BM), G * H)](
             qw, qr, k, v, kr, _or_dummy(ef, qw), d_flags, do, stats, delta, dkr,
-            H, N, K, R, L, D, B // G, n_content, scale, *drop, **opts,
+            H, N, K, R, L, D, B // G, n_content, scale, *drop, *_strides(k), **opts,
             BM=BM, BR=BM, BD=BD, **launch,
         )  # fmt: skip
     if dt is not None:  # the table's gradient (dq wrote it) to its two factors
@@ -793,7 +813,7 @@ def rel_attn_backward(
 
 @rel_attn_backward.register_fake
 def _(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop):
-    f = lambda t: qw.new_empty((0,), dtype=torch.float32) if t is None else torch.empty_like(t)  # noqa: E731
+    f = lambda t: qw.new_empty((0,), dtype=torch.float32) if t is None else t.new_empty(t.shape)  # noqa: E731
     return [f(t) for t in (qw, qr, k, v, kr, ef)]
 
 
@@ -844,7 +864,7 @@ def triton_rel_attention(
         i32 = dict(dtype=torch.int32, device=q.device)
         seed = torch.randint(0, 2**31 - 1, (), **i32) if p_drop > 0 else torch.zeros((), **i32)
         out, _, _ = rel_attn(
-            qw, qr, k.contiguous(), v.contiguous(), kr.contiguous(), ef, rows.to(torch.int32).contiguous(),
+            qw, qr, *_kv_strides(k, v), kr.contiguous(), ef, rows.to(torch.int32).contiguous(),
             flags, has_mask, L, n_band, n_table, float(p_drop), seed,
         )  # fmt: skip
     if not (debug_keep and p_drop > 0):
