@@ -47,6 +47,7 @@ BIAS_BAND = dict(start=0, end=512)
 BASE["drop_thr"] = 1677722  # attention dropout 0.1: round(0.1 * 2^24)
 # k and v: views of the layer's [B,K,2,H,D] projection (their strides)
 BASE.update(kv_b=896 * 2 * 12 * 64, kv_h=64, kv_r=2 * 12 * 64)
+BASE.update(do_b=597 * 12 * 64, do_h=64, do_r=12 * 64)  # do: the o projection's gradient [B,N,H·D] viewed per head
 BASE.update(n=1360, V=32000, stride=32000)  # the LM head: 16 x 85 target rows, the paper's 32000-piece vocabulary
 FP32 = {"ef_ptr", "stats_ptr", "delta_ptr", "def_ptr", "dkr_ptr"}  # dqw, dqr, dk, dv: in the inputs' dtype
 FP32 |= {"lse_ptr", "picked_ptr", "coef_ptr", "db_ptr"}

@@ -122,9 +122,10 @@ def test_core_matches_float64_einsum(B, M, P, G, seg, mask, positions):
     check(ins, layout)
 
 
-def test_keys_and_values_as_views_of_one_projection(positions):
-    """k and v as the layer makes them, views of one [B,K,2,H,D] projection (rows 2·H·D apart): the kernels read
-    them in place (no copy to [B,H,K,D]) and give the same output and gradients, bit for bit."""
+def test_keys_values_and_output_gradient_as_the_layer_lays_them_out(positions):
+    """k and v as the layer makes them, views of one [B,K,2,H,D] projection (rows 2·H·D apart), and the output's
+    gradient as the o projection gives it back ([B,N,H·D] viewed per head): the kernels read them in place (no copy
+    to [B,H,rows,D]) and give the same output and gradients, bit for bit."""
     ins, layout = case(B=4, M=8, P=4, G=2)
     q, k, v, *rest = ins
     kv = torch.stack([k, v], 0).permute(1, 3, 0, 2, 4).contiguous()  # [B,K,2,H,D]
@@ -132,17 +133,19 @@ def test_keys_and_values_as_views_of_one_projection(positions):
     assert torch.equal(kk, k) and not kk.is_contiguous()
     assert ta._kv_strides(kk, vv)[0] is kk  # read in place
     go = torch.randn(q.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    go_rows = go.transpose(1, 2).contiguous().transpose(1, 2)  # [B,N,H,D] in memory
+    assert torch.equal(go_rows, go) and not go_rows.is_contiguous()
 
-    def run(k_, v_):
+    def run(k_, v_, go):
         xs = [t.detach().clone() if t.is_contiguous() else t.detach() for t in (q, k_, v_, *rest)]
         xs = [t.requires_grad_(True) for t in xs]
         out = run_triton(xs, layout, 0.2)[0]
         return [out, *torch.autograd.grad(out, xs, go)]
 
     torch.manual_seed(0)
-    want = run(k, v)
+    want = run(k, v, go)
     torch.manual_seed(0)
-    got = run(kk, vv)
+    got = run(kk, vv, go_rows)
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
 

@@ -292,13 +292,13 @@ def _fwd_kernel(
 
 @triton.jit
 def _row_grads_in(
-    do_ptr, stats_ptr, delta_ptr, bh, N, D: tl.constexpr, i, i0, row_end, BM: tl.constexpr, BD: tl.constexpr,
-    DELTA: tl.constexpr = True,
+    do_ptr, do_r, stats_ptr, delta_ptr, bh, N, D: tl.constexpr, i, i0, row_end, BM: tl.constexpr,
+    BD: tl.constexpr, DELTA: tl.constexpr = True,
 ):  # fmt: skip
-    """What backward reads per row tile: do [BM, BD], the softmax's row max m (log2 units) and 1 / sum, delta'
-    [BM] (_dq_kernel computes and stores it: DELTA False gives zeros), the dropout row keys the forward stored
-    (_row_key)."""
-    do = _load_rows(do_ptr + bh * N * D, i0, row_end, D, BM, BD)
+    """What backward reads per row tile: do [BM, BD] (do_ptr: its (batch, head) matrix, rows do_r apart), the
+    softmax's row max m (log2 units) and 1 / sum, delta' [BM] (_dq_kernel computes and stores it: DELTA False gives
+    zeros), the dropout row keys the forward stored (_row_key)."""
+    do = _load_rows(do_ptr, i0, row_end, D, BM, BD, do_r)
     m = tl.load(stats_ptr + (bh * N + i) * 3, mask=i < N, other=0.0)
     rden = tl.load(stats_ptr + (bh * N + i) * 3 + 1, mask=i < N, other=1.0)
     row_key = tl.load(stats_ptr + (bh * N + i) * 3 + 2, mask=i < N, other=0.0).to(tl.uint32, bitcast=True)
@@ -320,7 +320,7 @@ def _dq_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
     do_ptr, out_ptr, stats_ptr, delta_ptr, dqw_ptr, dqr_ptr, dt_ptr, def_ptr, rows_ptr,
     H, N, K, R, L, D: tl.constexpr, P, GB, row0, row_end, scale, drop_thr, keep_scale,
-    kv_b, kv_h, kv_r,
+    kv_b, kv_h, kv_r, do_b, do_h, do_r,
     QUERY: tl.constexpr, HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -335,7 +335,8 @@ def _dq_kernel(
     g = b // GB
     i0 = row0 + tl.program_id(0) * BM
     i, qw, qr = _row_tile(qw_ptr, qr_ptr, b, h, H, N, D, i0, row_end, BM, BD)
-    do, m, rden, _, row_key = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD, False)
+    do, m, rden, _, row_key = _row_grads_in(do_ptr + b * do_b + h * do_h, do_r, stats_ptr, delta_ptr, bh, N, D, i, i0,
+                                            row_end, BM, BD, False)  # fmt: skip
     out = _load_rows(out_ptr + bh * N * D, i0, row_end, D, BM, BD)
     delta = tl.sum(do.to(tl.float32) * out.to(tl.float32), 1) / keep_scale
     tl.store(delta_ptr + bh * N + i, delta, mask=i < N)
@@ -393,7 +394,7 @@ def _dq_kernel(
 @triton.jit
 def _dkdv_step(
     dk, dv, k, v, i0, j0, row_end, b, h, g,
-    qw_ptr, qr_ptr, kr_ptr, ef_ptr, flags_ptr, do_ptr, stats_ptr, delta_ptr,
+    qw_ptr, qr_ptr, kr_ptr, ef_ptr, flags_ptr, do_ptr, do_r, stats_ptr, delta_ptr,
     H, N, K, R, L, D: tl.constexpr, scale, drop_thr, keep_scale,
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
@@ -402,7 +403,7 @@ def _dkdv_step(
     the kernel takes it out at the end), dk_j += sum_i ds_ij qw_i; p' and delta' as in _dq_kernel."""
     bh = b * H + h
     i, qw, qr = _row_tile(qw_ptr, qr_ptr, b, h, H, N, D, i0, row_end, BM, BD)
-    do, m, rden, delta, row_key = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD)
+    do, m, rden, delta, row_key = _row_grads_in(do_ptr, do_r, stats_ptr, delta_ptr, bh, N, D, i, i0, row_end, BM, BD)
     s, _ = _scores(qw, qr, k, i, i0, j0, b, h, g, kr_ptr, qw_ptr, ef_ptr, flags_ptr,
                    H, N, K, R, L, D, 0, 0, scale * LOG2E, False, HAS_SEG, HAS_MASK, False, BM, BN, BD)  # fmt: skip
     p = _exp2(s - m[:, None]) * ((scale * keep_scale) * rden[:, None])
@@ -421,7 +422,7 @@ def _dkdv_step(
 @triton.jit
 def _dkdv_step_t(
     dk, dv, k, v, i0, j0, row0, b, h,
-    qw_ptr, bias_ptr, do_ptr, stats_ptr, delta_ptr,
+    qw_ptr, bias_ptr, do_ptr, do_r, stats_ptr, delta_ptr,
     H, N, K, D: tl.constexpr, P, scale, drop_thr, keep_scale,
     DROP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -433,7 +434,7 @@ def _dkdv_step_t(
     j = j0 + tl.arange(0, BN)
     ok = (j < K)[:, None] & (i < N)[None, :]
     qw = _load_rows(qw_ptr + bh * N * D, i0, N, D, BM, BD)
-    do, m, rden, delta, row_key = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, N, BM, BD)
+    do, m, rden, delta, row_key = _row_grads_in(do_ptr, do_r, stats_ptr, delta_ptr, bh, N, D, i, i0, N, BM, BD)
     bias = tl.load(bias_ptr + (bh * P + (i - row0)[None, :]) * K + j[:, None], mask=ok, other=float("-inf"))
     s = tl.dot(k, tl.trans(qw), input_precision="ieee") * (scale * LOG2E) + bias.to(tl.float32)
     p = _exp2(s - m[None, :]) * ((scale * keep_scale) * rden)[None, :]  # p' (as in _dkdv_step)
@@ -454,7 +455,7 @@ def _dkdv_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, bias_ptr, ef_ptr, flags_ptr,
     do_ptr, stats_ptr, delta_ptr, dk_ptr, dv_ptr,
     H, N, K, R, L, D: tl.constexpr, P, GB, n_content, scale, drop_thr, keep_scale,
-    kv_b, kv_h, kv_r,
+    kv_b, kv_h, kv_r, do_b, do_h, do_r,
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr, HAS_BAND: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -470,12 +471,13 @@ def _dkdv_kernel(
     if HAS_BAND:
         for i0 in range(0, n_content, BM):
             dk, dv = _dkdv_step(dk, dv, k, v, i0, j0, n_content, b, h, g,
-                                qw_ptr, qr_ptr, kr_ptr, ef_ptr, flags_ptr, do_ptr, stats_ptr, delta_ptr,
-                                H, N, K, R, L, D, scale, drop_thr, keep_scale,
+                                qw_ptr, qr_ptr, kr_ptr, ef_ptr, flags_ptr, do_ptr + b * do_b + h * do_h, do_r,
+                                stats_ptr, delta_ptr, H, N, K, R, L, D, scale, drop_thr, keep_scale,
                                 HAS_SEG, HAS_MASK, DROP, BM, BN, BD)  # fmt: skip
     for i0 in range(n_content, N, BM):
-        dk, dv = _dkdv_step_t(dk, dv, k, v, i0, j0, n_content, b, h, qw_ptr, bias_ptr, do_ptr, stats_ptr, delta_ptr,
-                              H, N, K, D, P, scale, drop_thr, keep_scale, DROP, BM, BN, BD)  # fmt: skip
+        dk, dv = _dkdv_step_t(dk, dv, k, v, i0, j0, n_content, b, h, qw_ptr, bias_ptr, do_ptr + b * do_b + h * do_h,
+                              do_r, stats_ptr, delta_ptr, H, N, K, D, P, scale, drop_thr, keep_scale, DROP, BM, BN,
+                              BD)  # fmt: skip
     j = j0 + tl.arange(0, BN)
     d = tl.arange(0, BD)
     ok = (j < K)[:, None] & (d < D)[None, :]
@@ -496,7 +498,7 @@ def _dkr_kernel(
     qw_ptr, qr_ptr, k_ptr, v_ptr, kr_ptr, ef_ptr, flags_ptr,
     do_ptr, stats_ptr, delta_ptr, dkr_ptr,
     H, N, K, R, L, D: tl.constexpr, GB, n_content, scale, drop_thr, keep_scale,
-    kv_b, kv_h, kv_r,
+    kv_b, kv_h, kv_r, do_b, do_h, do_r,
     HAS_SEG: tl.constexpr, HAS_MASK: tl.constexpr, DROP: tl.constexpr,
     BM: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -514,7 +516,9 @@ def _dkr_kernel(
         bh = b * H + h
         for i0 in range(0, n_content, BM):
             i, qw, qr = _row_tile(qw_ptr, qr_ptr, b, h, H, N, D, i0, n_content, BM, BD)
-            do, m, rden, delta, rk = _row_grads_in(do_ptr, stats_ptr, delta_ptr, bh, N, D, i, i0, n_content, BM, BD)
+            do_bh = do_ptr + b * do_b + h * do_h
+            do, m, rden, delta, rk = _row_grads_in(do_bh, do_r, stats_ptr, delta_ptr, bh, N, D, i, i0, n_content, BM,
+                                                   BD)  # fmt: skip
             j = i[:, None] + r[None, :] - L
             ok = (i < N)[:, None] & (j >= 0) & (j < K) & (r < R)[None, :]
             j = tl.where(ok, j, 0)
@@ -620,9 +624,10 @@ def _kv_strides(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return k.contiguous(), v.contiguous()
 
 
-def _strides(k: torch.Tensor) -> tuple[int, ...]:
-    """(batch, head, row) strides of k (and v: the same), as the kernels take them."""
-    return k.stride()[:3]
+def _strides(*ts: torch.Tensor) -> tuple[int, ...]:
+    """The (batch, head, row) strides of each of ``ts`` [B,H,rows,D] (k's stand for v's: the same), as the kernels
+    take them."""
+    return tuple(n for t in ts for n in t.stride()[:3])
 
 
 def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, n_table, p_drop, seed):
@@ -666,19 +671,19 @@ def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask,
         if row_end > row0:
             _dq_kernel[(_cdiv(row_end - row0, BM), B * H)](
                 *ins, do, out, stats, delta, dqw, dqr, _or_dummy(dt, qw), _or_dummy(def_, qw), rows,
-                H, N, K, R, L, D, P, GB, row0, row_end, scale, *drop, *_strides(k), QUERY=query, **opts,
+                H, N, K, R, L, D, P, GB, row0, row_end, scale, *drop, *_strides(k, do), QUERY=query, **opts,
                 BM=BM, BN=BN, BD=BD, **launch,
             )  # fmt: skip
     BM, BN, BD, launch = _blocks(qw.device, D, "band" if n_content else "dkdv")
     _dkdv_kernel[(_cdiv(K, BN), B * H)](
-        *ins, do, stats, delta, dk, dv, H, N, K, R, L, D, P, B // G, n_content, scale, *drop, *_strides(k), **opts,
+        *ins, do, stats, delta, dk, dv, H, N, K, R, L, D, P, B // G, n_content, scale, *drop, *_strides(k, do), **opts,
         HAS_BAND=n_content > 0, BM=BM, BN=BN, BD=BD, **launch,
     )  # fmt: skip
     if n_content:
         BM, _, BD, launch = _blocks(qw.device, D, "dkr")
         _dkr_kernel[(_cdiv(R, BM), G * H)](
             qw, qr, k, v, kr, _or_dummy(ef, qw), d_flags, do, stats, delta, dkr,
-            H, N, K, R, L, D, B // G, n_content, scale, *drop, *_strides(k), **opts,
+            H, N, K, R, L, D, B // G, n_content, scale, *drop, *_strides(k, do), **opts,
             BM=BM, BR=BM, BD=BD, **launch,
         )  # fmt: skip
     if dt is not None:  # the table's gradient (dq wrote it) to its two factors
@@ -806,8 +811,8 @@ def rel_attn_backward(
     p_drop: float,
 ) -> list[torch.Tensor]:
     """Gradients of qw, qr, k, v, kr, ef, each in its input's dtype (ef's [0] fp32 when absent)."""
-    grads = _backward(do.contiguous(), out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content,
-                      p_drop)  # fmt: skip
+    do = do if do.stride(-1) == 1 else do.contiguous()  # read in place: the o projection's gradient, viewed per head
+    grads = _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop)
     return [qw.new_zeros(0, dtype=torch.float32) if g is None else g for g in grads]
 
 
