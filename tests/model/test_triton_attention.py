@@ -150,6 +150,22 @@ def test_keys_values_and_output_gradient_as_the_layer_lays_them_out(positions):
         assert torch.equal(a, b)
 
 
+def test_the_op_takes_k_and_v_in_unlike_layouts():
+    """The op checks k's and v's strides itself (the kernels read both with k's): k a view of the projection and v
+    row-major give what two row-major tensors do."""
+    ins, layout = case(B=2, M=8, P=4, G=1)
+    q, k, v, kr, r_w, r_r, r_s, seg = ins
+    kk = torch.stack([k, v], 0).permute(1, 3, 0, 2, 4).contiguous().permute(2, 0, 3, 1, 4)[0]
+    qw, qr = (q + r_w[:, None]).contiguous(), (q + r_r[:, None]).contiguous()
+    ef = torch.matmul(q + r_s[:, None], seg.permute(1, 2, 0)).contiguous()
+    flags = mask_flags(layout.mask, layout.seg_same)[:, 0].contiguous()
+    rows = layout.rows.to(torch.int32).contiguous()
+    seed = torch.zeros((), dtype=torch.int32, device=DEVICE)
+    args = (kr.contiguous(), ef, rows, flags, True, layout.L, 0, layout.L, 0.0, seed)
+    want = ta.rel_attn(qw, qr, k, v, *args)[0]
+    assert torch.equal(ta.rel_attn(qw, qr, kk, v, *args)[0], want)
+
+
 @pytest.mark.parametrize("B,M,P,G", [(4, 8, 4, 2), (2, 0, 3, 1)])
 def test_content_bias_from_the_forward_table(B, M, P, G, monkeypatch):
     """CONTENT_BIAS "table" (kept for the GPU benchmark's same-call comparison): the content rows' bias read from the

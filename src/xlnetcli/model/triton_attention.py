@@ -631,6 +631,7 @@ def _strides(*ts: torch.Tensor) -> tuple[int, ...]:
 
 
 def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, n_table, p_drop, seed):
+    k, v = _kv_strides(k, v)  # as given to the op (a compiler may lay them out otherwise than the wrapper saw)
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
     bias = _table_bias(qr, kr, ef, rows, flags, has_mask, L, n_content, n_table, K)
     out = torch.empty_like(qw)
@@ -649,11 +650,13 @@ def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, n_table,
 
 
 def _backward(do, out, stats, bias, qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, p_drop):
+    k, v = _kv_strides(k, v)
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
     f32 = dict(dtype=torch.float32, device=qw.device)
     thr, keep_scale = dropout_threshold(p_drop)
     delta = torch.empty(B, H, N, **f32)  # delta' per row: _dq_kernel writes it, the others read it
-    # every gradient in its input's dtype (the kernels accumulate in fp32 and round once, as a cast after would)
+    # every gradient in its input's dtype: the kernels accumulate in fp32 and round once, to nearest even on a GPU as a
+    # cast after would (Triton's CPU interpreter truncates instead)
     new = lambda t: torch.empty(t.shape, dtype=t.dtype, device=t.device)  # noqa: E731 - [B,H,rows,D] row-major
     dqw, dqr = new(qw), new(qr)
     GB = B // G
