@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -355,6 +356,14 @@ def _finetune_record(path: Path, head: HFHead) -> dict[str, Any]:
     return rec if rec.get("task") == head.task and rec.get("labels") == head.labels else {}
 
 
+def _load_pickled(path: Path, device: str) -> Any:
+    """A pytorch_model.bin through torch's weights-only unpickler (tensors and containers, never code). Its warning
+    about a pickle protocol it did not expect is left out: a file it cannot read gets the caller's one-line error."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+        return torch.load(path, map_location=device, weights_only=True)
+
+
 def hf_dir_task(path: str | Path) -> str | None:
     """The xlnet task of an HF directory's head (None: a pretrained model, or a head that does not carry over)."""
     p = Path(path)
@@ -364,7 +373,7 @@ def hf_dir_task(path: str | Path) -> str | None:
             with safe_open(str(p / "model.safetensors"), framework="pt") as f:
                 keys = set(f.keys())
         else:
-            keys = set(torch.load(p / "pytorch_model.bin", map_location="meta", weights_only=True))
+            keys = set(_load_pickled(p / "pytorch_model.bin", "meta"))
     except Exception:  # noqa: BLE001 - unreadable: load_hf_dir reports it properly
         return None
     head = read_hf_head(hc, keys) if isinstance(hc, dict) else None
@@ -417,7 +426,7 @@ def load_hf_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict
             raise CheckpointError(f"{p / 'model.safetensors'}: corrupt ({str(e).splitlines()[0][:100]})") from None
     elif (p / "pytorch_model.bin").is_file():
         try:
-            hf = torch.load(p / "pytorch_model.bin", map_location="cpu", weights_only=True)
+            hf = _load_pickled(p / "pytorch_model.bin", "cpu")
         except Exception as e:  # noqa: BLE001
             raise CheckpointError(f"{p / 'pytorch_model.bin'}: unreadable ({str(e).splitlines()[0][:100]})") from None
     else:
