@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from modeltools import plm_batch, tiny_cfg
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from xlnetcli.config.schema import FinetuneConfig
 from xlnetcli.model import XLNetLMHeadModel
+from xlnetcli.model.heads import UNLABELLED, FinetuneModel
 
 SYNCING = {"_local_scalar_dense", "nonzero", "is_nonzero", "equal", "masked_select", "unique_dim", "_unique2"}
 
@@ -68,9 +70,6 @@ def test_a_training_step_reads_nothing_back_from_the_device(impl):
 def test_a_finetuning_step_reads_nothing_back_from_the_device(task):
     """The task heads' losses too: the classification loss once counted its unlabelled rows on the host (a sync
     each step); a class label -1 now marks an unlabelled row that the loss leaves out, decided on the device."""
-    from xlnetcli.config.schema import FinetuneConfig
-    from xlnetcli.model.heads import FinetuneModel
-
     torch.manual_seed(0)
     model = FinetuneModel(tiny_cfg(attn_impl="fused", dropout=0.1), FinetuneConfig(), task, 3).train()
     B, L = 4, 10
@@ -97,9 +96,6 @@ def test_a_finetuning_step_reads_nothing_back_from_the_device(task):
 
 
 def test_unlabelled_rows_are_left_out_of_the_classification_loss():
-    from xlnetcli.config.schema import FinetuneConfig
-    from xlnetcli.model.heads import UNLABELLED, FinetuneModel
-
     torch.manual_seed(0)
     model = FinetuneModel(tiny_cfg(attn_impl="fused"), FinetuneConfig(), "classification", 3).eval()
     ids = torch.randint(5, 60, (4, 10))

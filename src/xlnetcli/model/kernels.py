@@ -359,8 +359,8 @@ def lm_head(x, weight, bias, labels=None, label_mask=None, impl: str = "fused"):
     same function with its element-wise work in two Triton kernels (triton_lm_head.py)."""
     if impl not in HEAD_IMPLS:
         raise XLNetError(f"LM head impl must be one of {', '.join(HEAD_IMPLS)}, got {impl!r}")
-    if impl == "triton" and x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise XLNetError("the triton LM head needs a CUDA device (or TRITON_INTERPRET=1 on CPU, slow); use fused")
+    if impl == "triton":
+        resolve_impl(impl, x.device)  # refuses a device the triton kernels cannot run on
     if labels is not None and impl != "plain":
         flat = x.reshape(-1, x.shape[-1])
         if label_mask is None:

@@ -631,7 +631,7 @@ def _strides(*ts: torch.Tensor) -> tuple[int, ...]:
 
 
 def _forward(qw, qr, k, v, kr, ef, rows, flags, has_mask, L, n_content, n_table, p_drop, seed):
-    k, v = _kv_strides(k, v)  # as given to the op (a compiler may lay them out otherwise than the wrapper saw)
+    k, v = _kv_strides(k, v)  # read in place when they allow it (the layer's views do), else copied
     B, H, N, D, K, G, R, P = _shapes(qw, k, kr, n_content)
     bias = _table_bias(qr, kr, ef, rows, flags, has_mask, L, n_content, n_table, K)
     out = torch.empty_like(qw)
@@ -872,7 +872,7 @@ def triton_rel_attention(
         i32 = dict(dtype=torch.int32, device=q.device)
         seed = torch.randint(0, 2**31 - 1, (), **i32) if p_drop > 0 else torch.zeros((), **i32)
         out, _, _ = rel_attn(
-            qw, qr, *_kv_strides(k, v), kr.contiguous(), ef, rows.to(torch.int32).contiguous(),
+            qw, qr, k, v, kr.contiguous(), ef, rows.to(torch.int32).contiguous(),
             flags, has_mask, L, n_band, n_table, float(p_drop), seed,
         )  # fmt: skip
     if not (debug_keep and p_drop > 0):

@@ -9,10 +9,10 @@ registers.
   a fixed order: no atomics, the same bits at every run. dx = g W and dW = g^T x are then two cuBLAS products.
 
 What they replace (kernels._LMHeadLoss's torch path, which runs wherever the attention core is not triton, and for
-fp64): per block of 4096 columns a recomputed logits
-block, then a cast, a subtraction, an exponential, a one-hot update, a scaling and a column sum, each a pass over
-the block in fp32 in its own kernel. Here the logits are kept from forward instead of recomputed (they are an
-output anyway: [n, V] in the compute dtype, 87 MB at Base micro 16 with V = 32000).
+fp64): per block of 4096 columns a recomputed logits block, then a cast, a subtraction, an exponential, a one-hot
+update, a scaling and a column sum, each a pass over the block in fp32 in its own kernel. Here the logits are kept
+from forward instead of recomputed (they are an output anyway: [n, V] in the compute dtype, 87 MB at Base micro 16
+with V = 32000).
 
 The kernels run on CUDA, or on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, read when this module is
 imported; tests)."""
@@ -97,19 +97,7 @@ def ce_grad(
     glog = logits if g_logits is None else g_logits.contiguous()  # never read without HAS_GLOG
     BM, BN = GRAD_TILE
     _grad_kernel[(triton.cdiv(V, BN),)](
-        logits,
-        lse,
-        labels,
-        coef,
-        glog,
-        g,
-        db,
-        n,
-        V,
-        logits.stride(0),
-        HAS_GLOG=g_logits is not None,
-        BM=BM,
-        BN=BN,
+        logits, lse, labels, coef, glog, g, db, n, V, logits.stride(0), HAS_GLOG=g_logits is not None, BM=BM, BN=BN,
         **LAUNCH,
-    )
+    )  # fmt: skip
     return g, db
