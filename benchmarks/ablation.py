@@ -167,8 +167,8 @@ def unigram_loss(shards: Path, records: Path) -> float:
     smoothing): what a model that uses no context scores on the same targets as `xlnet eval`."""
     import numpy as np
 
-    from xlnetcli.data.record_format import open_records
-    from xlnetcli.data.shard_format import open_shards
+    from xlnetcli.data.records.format import open_records
+    from xlnetcli.data.shards.format import open_shards
 
     meta, passes = open_records(records, "valid")
     counts = np.full(meta["vocab_size"], 0.5)

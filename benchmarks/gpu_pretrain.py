@@ -10,7 +10,7 @@ A row is SIZE:MICRO:IMPL[:compile][:ac][:dropatt0][:det][:cudnn][:static][:graph
 attention kernel (model/kernels.py), then per-layer torch.compile, activation checkpointing, attention dropout off,
 deterministic algorithms (torch.use_deterministic_algorithms, as train.deterministic), SDPA restricted to cuDNN's
 kernel, static shapes (train.static_shapes: the memory padded to mem_len from the first step, its padding masked;
-evaluate/lm_loss.Memories), and CUDA graphs: the whole model compiled with ``torch.compile(mode="reduce-overhead",
+model/objective.Memories), and CUDA graphs: the whole model compiled with ``torch.compile(mode="reduce-overhead",
 dynamic=False)`` (implies static; each step's memory is cloned out of the graph's output buffers), or each compiled
 layer replayed as a CUDA graph, the rest eager (layergraphs: train.cuda_graphs, parallel.replay_layers_as_graphs;
 implies static). Each row also prints the host's time to launch a step (``host``: near the step's time, the host
@@ -74,8 +74,8 @@ def to_device(batch: dict, dev) -> dict:
 
 def build_ours(m, opts: set, dev):
     """Our model and its loss function (memories carried across calls); ``opts`` the row's options."""
-    from xlnetcli.evaluate.lm_loss import Memories
     from xlnetcli.model import XLNetLMHeadModel
+    from xlnetcli.model.objective import Memories
     from xlnetcli.model.parallel import apply_activation_checkpointing, compile_layers, replay_layers_as_graphs
 
     torch.manual_seed(0)

@@ -78,7 +78,7 @@ def cfg_for(vocab: int, batch: int):
 
 def child_preprocess(shards: str, out: str, vocab: int, batch: int, workers: int = 1) -> None:
     """Run in a subprocess: preprocess and report time and peak RSS."""
-    from xlnetcli.data.preprocess import preprocess
+    from xlnetcli.data.records.preprocess import preprocess
 
     cfg = cfg_for(vocab, batch)
     base = _vm_hwm_mb()
@@ -140,9 +140,9 @@ def main() -> None:
     from transformers import DataCollatorForPermutationLanguageModeling
 
     from xlnetcli.config import load_config
-    from xlnetcli.data.pretrain_stream import PretrainStream
-    from xlnetcli.data.record_format import open_records
-    from xlnetcli.data.shard import shard_corpus
+    from xlnetcli.data.records.format import open_records
+    from xlnetcli.data.records.stream import PretrainStream
+    from xlnetcli.data.shards.shard import shard_corpus
     from xlnetcli.data.tokenizer import train_tokenizer
 
     torch.set_num_threads(1)

@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import numpy as np  # noqa: E402
 
 from xlnetcli.config import load_config  # noqa: E402
-from xlnetcli.data.preprocess import preprocess  # noqa: E402
-from xlnetcli.data.pretrain_stream import PretrainStream, permutation_batch  # noqa: E402
-from xlnetcli.data.shard import shard_corpus  # noqa: E402
+from xlnetcli.data.records.preprocess import preprocess  # noqa: E402
+from xlnetcli.data.records.stream import PretrainStream, permutation_batch  # noqa: E402
+from xlnetcli.data.shards.shard import shard_corpus  # noqa: E402
 from xlnetcli.data.tokenizer import train_tokenizer  # noqa: E402
 
 LAYOUTS = {"tiny": ("tiny", 128, 64, 21), "base": ("base", 512, 256, 85)}
@@ -76,7 +76,7 @@ class TodayStream(PretrainStream):
 
 def build_old_tokens(rec: Path, out: Path) -> list[Path]:
     """Format 1's token files of the train split: [G, S, L] per pass, filled from the format-2 reader."""
-    from xlnetcli.data.record_format import open_records
+    from xlnetcli.data.records.format import open_records
 
     meta, passes = open_records(rec, "train")
     out.mkdir()
@@ -132,7 +132,7 @@ def read_tokens(passes: list, old_files: list[Path] | None, B: int) -> tuple[int
 
 
 def measure(d: Path, name: str, B: int, repeats: int) -> dict[str, Any]:
-    from xlnetcli.data.record_format import open_records
+    from xlnetcli.data.records.format import open_records
 
     preset, L, R, P = LAYOUTS[name]
     cfg = load_config(

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from xlnetcli.config import load_config  # noqa: E402
-from xlnetcli.data.shard import shard_corpus  # noqa: E402
+from xlnetcli.data.shards.shard import shard_corpus  # noqa: E402
 from xlnetcli.data.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
 
 

@@ -79,7 +79,7 @@ class Builds:
     ) -> Path:
         """``src`` sharded with ``tokenizer`` (a folder from :meth:`tokenizer`)."""
         from xlnetcli.config import Config, DataConfig
-        from xlnetcli.data.shard import shard_corpus
+        from xlnetcli.data.shards.shard import shard_corpus
 
         cfg = Config(data=DataConfig(valid_fraction=valid_fraction, seed=seed))
         return self._once(
@@ -92,7 +92,7 @@ class Builds:
         """Records of ``shards`` preprocessed with the Config ``cfg`` (all of it: records keep their config.yaml,
         which `xlnet pretrain` without --config reads)."""
         from xlnetcli.config import config_to_dict
-        from xlnetcli.data.preprocess import preprocess
+        from xlnetcli.data.records.preprocess import preprocess
 
         if passes is not None:
             cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, passes=passes))

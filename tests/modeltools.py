@@ -34,7 +34,7 @@ def tiny_cfg(**kw):
 
 def local_perm(tokens, is_masked, is_func, rng):
     """The factorisation-order mask of one part (the original _local_perm), written independently of
-    data/pretrain_stream.py."""
+    data/records/stream.py."""
     n = len(tokens)
     rank = np.empty(n, dtype=np.int64)
     rank[rng.permutation(n)] = np.arange(n)

@@ -31,8 +31,8 @@ from xlnetcli.config import load_config
 from xlnetcli.core.errors import XLNetError
 from xlnetcli.core.files import lock_path, output_lock
 from xlnetcli.data.labelled import read_choices, read_squad, read_table
-from xlnetcli.data.record_format import read_meta as read_records_meta
-from xlnetcli.data.shard_format import read_manifest
+from xlnetcli.data.records.format import read_meta
+from xlnetcli.data.shards.format import read_manifest
 from xlnetcli.report.metrics_log import read_metrics
 from xlnetcli.train.checkpointer import _check_state_shape, load_tree
 
@@ -279,7 +279,7 @@ def test_records_meta_with_one_field_changed(pipeline, work, data):
         shutil.copytree(pipeline.records, folder)
     base = json.loads((pipeline.records / "meta.json").read_text())
     (folder / "meta.json").write_bytes(_dumps(data.draw(mutated(base))))
-    holds(lambda: read_records_meta(folder), folder / "meta.json")
+    holds(lambda: read_meta(folder), folder / "meta.json")
 
 
 @FUZZ

@@ -305,7 +305,7 @@ def test_engine_stream_pins_its_batches_on_the_current_device(builds):
     copy to the device does not wait for the device's queue."""
     from clitools import FAST_PRETRAIN
 
-    from xlnetcli.data.pretrain_stream import PretrainStream
+    from xlnetcli.data.records.stream import PretrainStream
 
     stream = PretrainStream(builds.pipeline(FAST_PRETRAIN).records, "train", 0, 1, 2, dense=False, pin_memory=True)
     try:

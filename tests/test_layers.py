@@ -35,7 +35,7 @@ LAYER_OF = {name: level for level, names in enumerate(LAYERS) for name in names}
 
 
 def _module_name(path: Path) -> str:
-    """src/xlnetcli/data/shard.py -> xlnetcli.data.shard; a package's __init__.py -> the package."""
+    """src/xlnetcli/data/shard.py -> xlnetcli.data.shards.shard; a package's __init__.py -> the package."""
     parts = list(path.relative_to(SRC).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
 
@@ -44,7 +44,7 @@ MODULES: dict[str, Path] = {_module_name(p): p for p in sorted((SRC / PACKAGE).r
 
 
 def _unit(module: str) -> str:
-    """The layer table's name for a module: its top package under xlnetcli (xlnetcli.data.shard -> data)."""
+    """The layer table's name for a module: its top package under xlnetcli (xlnetcli.data.shards.shard -> data)."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 

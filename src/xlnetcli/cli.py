@@ -1,6 +1,6 @@
 """The `xlnet` command line. Thin: parse arguments, load the config, call a plain function.
 
-Each command's work lives in a stage module (data/shard.py, train/pretrain.py, ...) whose functions tests call
+Each command's work lives in a stage module (data/shards/shard.py, train/pretrain.py, ...) whose functions tests call
 directly; the packages and what each may import: docs/architecture.md.
 Errors meant for the user (XLNetError, and click's usage errors) are printed on one line, `xlnet: error: ...`, and
 exit with code 2, without a traceback.
@@ -509,7 +509,7 @@ def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_
         for line in click.open_file("-"):  # stdin, as click.get_text_stream("stdin") (deprecated in click 8.5)
             show(line)
     else:
-        from xlnetcli.data.corpus import expand_inputs, iter_lines
+        from xlnetcli.data.corpus.reader import expand_inputs, iter_lines
 
         assert file is not None  # exactly one of --text and FILE, checked above
         for line in iter_lines(expand_inputs([file])):
@@ -586,14 +586,14 @@ def shard_cmd(
     `xlnet shard ... --part I/N --out parts/I`, then `xlnet shard merge parts/* --out DIR` combines them."""
     from xlnetcli.checkpoint.folders import find_tokenizer
     from xlnetcli.core.console import console
-    from xlnetcli.data.shard import shard_corpus
+    from xlnetcli.data.shards.shard import shard_corpus
 
     if valid_inputs and click.get_current_context().params["valid_fraction"] is not None:
         raise XLNetError("pass either --valid-fraction or --valid FILE, not both")
     args = (cfg, inputs_or_bundled(inputs), out_dir, find_tokenizer(tok_path))
     kw: dict[str, Any] = {"shards": shards, "workers": workers, "valid_inputs": valid_inputs, "overwrite": overwrite}
     if part is not None:
-        from xlnetcli.data.shard_parts import parse_part, shard_part
+        from xlnetcli.data.shards.parts import parse_part, shard_part
 
         index, n_parts = parse_part(part)
         files = shard_part(*args, (index, n_parts), **kw, quiet=quiet, text_field=text_field)["files"]
@@ -624,7 +624,7 @@ def shard_merge_cmd(parts: tuple[Path, ...], out_dir: Path, overwrite: bool, qui
     PARTS in any order; all N parts of one run (same inputs, tokenizer, config and --shards), each once, every file
     matching its sha256. The assignment of documents to shards happens here (reading and writing only)."""
     from xlnetcli.core.console import console
-    from xlnetcli.data.shard_parts import merge_shard_parts
+    from xlnetcli.data.shards.parts import merge_shard_parts
 
     s = merge_shard_parts(parts, out_dir, overwrite=overwrite, quiet=quiet)
     if not quiet:
@@ -984,8 +984,8 @@ def preprocess_cmd(
 ) -> None:
     """Build permutation-LM records (examples, segment ids, prediction targets) from shards."""
     from xlnetcli.core.console import print0
-    from xlnetcli.data.preprocess import preprocess
-    from xlnetcli.data.shard_parts import parse_part
+    from xlnetcli.data.records.preprocess import preprocess
+    from xlnetcli.data.shards.parts import parse_part
 
     which = parse_part(part) if part is not None else None
     meta = preprocess(cfg, shards, out, overwrite=overwrite, workers=workers, verify=not no_verify, part=which)
@@ -1012,7 +1012,7 @@ def preprocess_merge_cmd(parts: tuple[Path, ...], out: Path, overwrite: bool) ->
     host. PARTS in any order; all N parts of one run (same shards, config and tokenizer), each once, every part's rows
     matching their sha256."""
     from xlnetcli.core.console import print0
-    from xlnetcli.data.record_parts import merge_record_parts
+    from xlnetcli.data.records.parts import merge_record_parts
 
     meta = merge_record_parts(parts, out, overwrite=overwrite)
     print0(f"merged {len(parts)} part(s) into {out}: {meta['splits']['train']['examples']} training examples")

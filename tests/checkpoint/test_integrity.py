@@ -186,7 +186,7 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_on_load_and_resume(pipeline, t
 
 @pytest.mark.slow
 def test_a_flipped_bit_in_the_records_is_refused_when_pretraining_opens_them(pipeline, tmp_path):
-    from xlnetcli.data.record_format import open_records
+    from xlnetcli.data.records.format import open_records
 
     rec = tmp_path / "rec"
     shutil.copytree(pipeline["rec"], rec)

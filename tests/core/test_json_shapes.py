@@ -18,9 +18,8 @@ from xlnetcli.checkpoint.load import load_model_dir
 from xlnetcli.core.errors import CheckpointError, DataError, XLNetError
 from xlnetcli.core.files import lock_path, output_lock
 from xlnetcli.core.shapes import json_field, read_json_object
-from xlnetcli.data.record_format import open_records
-from xlnetcli.data.record_format import read_meta as read_records_meta
-from xlnetcli.data.shard_format import read_manifest
+from xlnetcli.data.records.format import open_records, read_meta
+from xlnetcli.data.shards.format import read_manifest
 from xlnetcli.report.trackers import start_trackers
 from xlnetcli.train.checkpointer import _check_state_shape
 
@@ -154,7 +153,7 @@ def test_records_meta_of_the_wrong_shape_is_refused(pipeline, tmp_path, edit, ne
     shutil.copytree(pipeline.records, rec)
     _edit_json(rec / "meta.json", edit)
     with pytest.raises(DataError, match=needle):
-        read_records_meta(rec)
+        read_meta(rec)
 
 
 @pytest.mark.parametrize("key", ["rows", "steps_per_pass"])

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from clitools import CORPUS, assert_one_line_error, run_main, settings_config
 
-import xlnetcli.data.corpus as corpus_mod
+import xlnetcli.data.corpus.reader as corpus_mod
 from xlnetcli.config import TokenizerConfig
 from xlnetcli.core.errors import DataError, XLNetError
-from xlnetcli.data.corpus import FileStats, detect_format, expand_inputs, iter_file_text
-from xlnetcli.data.shard import shard_corpus
+from xlnetcli.data.corpus.reader import FileStats, detect_format, expand_inputs, iter_file_text
+from xlnetcli.data.shards.shard import shard_corpus
 from xlnetcli.data.tokenizer import train_tokenizer
 
 pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs

@@ -11,7 +11,7 @@ import pytest
 import sentencepiece as spm
 from clitools import CORPUS, settings_config
 
-from xlnetcli.data.masking import cjk_start_mask, is_cjk, sample_masks, word_start_table
+from xlnetcli.data.records.masking import cjk_start_mask, is_cjk, sample_masks, word_start_table
 from xlnetcli.data.tokenizer import train_tokenizer, word_start_mask
 
 SEQ, GOAL = 128, 21  # the tiny preset's seq_len and num_predict

@@ -14,8 +14,8 @@ from clitools import SAMPLE, assert_one_line_error, flip_bit, run_main, settings
 
 from xlnetcli.config import TokenizerConfig
 from xlnetcli.core.errors import DataError, XLNetError
-from xlnetcli.data.shard import shard_corpus
-from xlnetcli.data.shard_parts import merge_shard_parts, parse_part, plan_parts, shard_part
+from xlnetcli.data.shards.parts import merge_shard_parts, parse_part, plan_parts, shard_part
+from xlnetcli.data.shards.shard import shard_corpus
 
 SHARDS = 3
 
@@ -211,7 +211,7 @@ def records_root(tmp_path_factory, shard_dir, records) -> Path:
     merges go next to ``one``."""
     from clitools import preprocess_cfg
 
-    from xlnetcli.data.preprocess import preprocess
+    from xlnetcli.data.records.preprocess import preprocess
 
     root = tmp_path_factory.mktemp("records_root")
     preprocess(preprocess_cfg("data.passes=2"), shard_dir, root / "one", quiet=True)
@@ -226,8 +226,8 @@ def test_record_parts_merged_are_byte_identical_to_one_host(tmp_path, shard_dir,
     elsewhere, some deeper than others (their relative paths to the shards differ), the merge next to one host's."""
     from clitools import preprocess_cfg
 
-    from xlnetcli.data.preprocess import preprocess
-    from xlnetcli.data.record_parts import merge_record_parts
+    from xlnetcli.data.records.parts import merge_record_parts
+    from xlnetcli.data.records.preprocess import preprocess
 
     parts = []
     for i in range(n):

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from xlnetcli.config import load_config
 from xlnetcli.core.errors import ConfigError, DataError
-from xlnetcli.data.masking import sample_masks
-from xlnetcli.data.preprocess import _Params, build_row, preprocess, row_source
-from xlnetcli.data.record_format import open_records, segment_ids
-from xlnetcli.data.segments import Row, trim_lengths
+from xlnetcli.data.records.format import open_records, segment_ids
+from xlnetcli.data.records.masking import sample_masks
+from xlnetcli.data.records.preprocess import _Params, build_row, preprocess, row_source
+from xlnetcli.data.records.segments import Row, trim_lengths
 from xlnetcli.data.special import CLS_ID, SEP_ID
 
 
@@ -377,7 +377,7 @@ def test_max_gram_caps_span_lengths_with_the_same_one_over_n_law(max_gram):
 def test_max_gram_is_recorded_and_checked_by_pretrain(builds):
     """Records built with data.max_gram=1 say so in meta.json; pretraining them with another value is refused."""
     from xlnetcli.core.errors import XLNetError
-    from xlnetcli.data.record_format import read_meta
+    from xlnetcli.data.records.format import read_meta
     from xlnetcli.train.pretrain import check_records
 
     over = [
@@ -401,7 +401,7 @@ def test_max_gram_is_recorded_and_checked_by_pretrain(builds):
 def test_word_starts_of_a_bare_spiece_model_match_the_tokenizer_folder(tok_dir, tmp_path):
     """A tokenizer folder holding only spiece.model (no metadata file) gets the same word-start table as the full
     folder: user-defined symbols and punctuation start words, read from the model file's piece types."""
-    from xlnetcli.data.masking import word_start_table
+    from xlnetcli.data.records.masking import word_start_table
 
     bare = tmp_path / "bare"
     bare.mkdir()

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xlnetcli.data.masking import mask_draw_width, masks_from_draws, sample_masks
+from xlnetcli.data.records.masking import mask_draw_width, masks_from_draws, sample_masks
 from xlnetcli.data.special import CLS_ID, SEP_ID
 
 

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xlnetcli.core.errors import CheckpointError, ConfigError
-from xlnetcli.data.pretrain_stream import (
+from xlnetcli.data.records.format import row_source, stored_rows
+from xlnetcli.data.records.stream import (
     PretrainStream,
     make_perm_mask,
     perm_mask_from_ranks,
@@ -23,7 +24,6 @@ from xlnetcli.data.pretrain_stream import (
     target_mapping,
     targets,
 )
-from xlnetcli.data.record_format import row_source, stored_rows
 from xlnetcli.data.special import CLS_ID, SEP_ID
 
 

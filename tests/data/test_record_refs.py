@@ -13,11 +13,11 @@ import pytest
 from clitools import assert_one_line_error, flip_bit, preprocess_cfg, run_main
 
 from xlnetcli.core.errors import DataError
-from xlnetcli.data.masking import word_start_table
-from xlnetcli.data.preprocess import STEP_BLOCK, _Params, _row_rng, build_rows
-from xlnetcli.data.record_format import find_shards, open_records, read_meta, row_source
-from xlnetcli.data.segments import Row
-from xlnetcli.data.shard_format import MappedStream, PassStream, read_span
+from xlnetcli.data.records.format import find_shards, open_records, read_meta, row_source
+from xlnetcli.data.records.masking import word_start_table
+from xlnetcli.data.records.preprocess import STEP_BLOCK, _Params, _row_rng, build_rows
+from xlnetcli.data.records.segments import Row
+from xlnetcli.data.shards.format import MappedStream, PassStream, read_span
 
 _SPLIT_IDS = {"train": 0, "valid": 1}
 
@@ -172,7 +172,7 @@ def test_records_and_shards_moved_together_or_records_alone(tmp_path, records, s
 @pytest.fixture
 def own(tmp_path, shard_dir) -> tuple[Path, Path]:
     """Records of a private copy of the shards (tests change or move those): (records, shards)."""
-    from xlnetcli.data.preprocess import preprocess
+    from xlnetcli.data.records.preprocess import preprocess
 
     shards = tmp_path / "shards"
     shutil.copytree(shard_dir, shards)

@@ -1,4 +1,5 @@
-"""Corpora at URLs (data/remote.py): fsspec's memory:// filesystem and a plain HTTP server on the loopback address,
+"""Corpora at URLs (data/corpus/remote.py): fsspec's memory:// filesystem and a plain HTTP server on the loopback
+address,
 started here (no network). The same bytes give the same shards and tokenizer, local or remote; files stream; every
 failure of a remote read is one `xlnet: error:` line naming the URL, with nothing written."""
 
@@ -18,9 +19,9 @@ from clitools import SAMPLE, assert_one_line_error, run_main, settings_config
 
 from xlnetcli.config import TokenizerConfig
 from xlnetcli.core.errors import DataError
-from xlnetcli.data.corpus import FileStats, expand_inputs, iter_file_text
-from xlnetcli.data.remote import RemoteFile
-from xlnetcli.data.shard import shard_corpus
+from xlnetcli.data.corpus.reader import FileStats, expand_inputs, iter_file_text
+from xlnetcli.data.corpus.remote import RemoteFile
+from xlnetcli.data.shards.shard import shard_corpus
 
 fsspec = pytest.importorskip("fsspec")
 

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xlnetcli.data.segments import Row, _RowScanner, _Stretches
+from xlnetcli.data.records.segments import Row, _RowScanner, _Stretches
 
 
 class CountingStream:

@@ -13,13 +13,13 @@ import pytest
 from click.testing import CliRunner
 from clitools import SAMPLE, assert_one_line_error, flip_bit, run_main, settings_config
 
-import xlnetcli.data.corpus as corpus_mod
-import xlnetcli.data.shard_format as shardfmt
+import xlnetcli.data.corpus.reader as corpus_mod
+import xlnetcli.data.shards.format as shardfmt
 from xlnetcli.cli import cli
 from xlnetcli.config import TokenizerConfig
 from xlnetcli.core.errors import DataError, XLNetError
-from xlnetcli.data.shard import shard_corpus
-from xlnetcli.data.shard_format import NpyStreamWriter, open_shards, read_manifest, verify_shards
+from xlnetcli.data.shards.format import NpyStreamWriter, open_shards, read_manifest, verify_shards
+from xlnetcli.data.shards.shard import shard_corpus
 from xlnetcli.data.special import EOD_ID
 from xlnetcli.data.tokenizer import Tokenizer
 

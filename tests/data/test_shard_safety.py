@@ -27,8 +27,8 @@ from clitools import (
 
 from xlnetcli.config import load_config
 from xlnetcli.core.errors import DataError
-from xlnetcli.data.preprocess import preprocess
-from xlnetcli.data.shard_format import verify_shards
+from xlnetcli.data.records.preprocess import preprocess
+from xlnetcli.data.shards.format import verify_shards
 
 pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
 

@@ -12,7 +12,7 @@ import pytest
 from clitools import CORPUS, settings_config
 
 from xlnetcli.core.errors import DataError
-from xlnetcli.data.corpus import ReadStats, iter_lines
+from xlnetcli.data.corpus.reader import ReadStats, iter_lines
 from xlnetcli.data.tokenizer import normalize_text, train_tokenizer
 from xlnetcli.data.tokenizer.sample import SampleLimits, iter_line_blocks, sample_chunk, sample_corpus
 

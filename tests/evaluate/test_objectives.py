@@ -12,7 +12,7 @@ from clitools import BIN, FAST_PRETRAIN, TINY, child_env, step_weights, train_lo
 
 from xlnetcli.config import load_config
 from xlnetcli.core.errors import ConfigError
-from xlnetcli.data.pretrain_stream import PretrainStream, perm_mask_from_ranks, permutation_batch
+from xlnetcli.data.records.stream import PretrainStream, perm_mask_from_ranks, permutation_batch
 from xlnetcli.data.special import CLS_ID, MASK_ID, SEP_ID
 from xlnetcli.model import XLNetLMHeadModel
 from xlnetcli.train.pretrain import pretrain
@@ -113,7 +113,7 @@ def test_mlm_outputs_never_depend_on_the_original_target_tokens(records):
     """Rebuild two consecutive windows with every target's original token replaced by another one: logits, content
     stream and memories of both windows are bit-identical (the original token reaches nothing but the labels).
     And a change in the rest of a window never reaches its reuse part or its memory, which the next window reads."""
-    from xlnetcli.data.record_format import open_records
+    from xlnetcli.data.records.format import open_records
 
     meta, passes = open_records(records, "train")
     p = passes[0]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from modeltools import V, plm_batch, tiny_cfg, twins
 
-from xlnetcli.evaluate.lm_loss import Memories, forward
+from xlnetcli.model.objective import Memories, forward
 
 
 def _segments(n: int, B: int = 2, P: int = 4):

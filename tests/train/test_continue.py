@@ -32,8 +32,8 @@ from clitools import (
 from xlnetcli.checkpoint.load import load_lm_model
 from xlnetcli.config import load_config
 from xlnetcli.core.files import sha256_file
-from xlnetcli.data.pretrain_stream import PretrainStream
-from xlnetcli.evaluate.lm_loss import evaluate_plm, model_inputs
+from xlnetcli.data.records.stream import PretrainStream
+from xlnetcli.model.objective import evaluate_plm, model_inputs
 from xlnetcli.report.metrics_log import read_metrics
 from xlnetcli.train.pretrain import list_checkpoints, pretrain
 

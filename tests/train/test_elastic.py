@@ -25,7 +25,7 @@ from conftest import tree_digest
 
 from xlnetcli.config import load_config
 from xlnetcli.core.errors import CheckpointError
-from xlnetcli.evaluate.lm_loss import Memories
+from xlnetcli.model.objective import Memories
 from xlnetcli.report.metrics_log import read_metrics
 from xlnetcli.train.checkpointer import load_train_state
 from xlnetcli.train.pretrain import pretrain

@@ -74,7 +74,7 @@ def test_run_layout_eval_and_rotation(records, tmp_path):
     assert all(r["tokens_per_s"] > 0 and r["lr"] > 0 for r in train_rows)
     # the checkpoint loads as an LM model (as `xlnet eval` would) and evaluate_plm agrees with the logged figure
     from xlnetcli.checkpoint.load import load_lm_model
-    from xlnetcli.data.pretrain_stream import PretrainStream
+    from xlnetcli.data.records.stream import PretrainStream
 
     model, *_ = load_lm_model(step)
     again = evaluate_plm(model, PretrainStream(records, "valid", 0, 1, 2, cfg.data.seed, dense=False, loop=False), 4)
@@ -264,7 +264,7 @@ def test_tiny_config_learns_on_real_text(builds, tmp_path):
     ]
     rec = builds.pipeline(over).records
     cfg = load_config(TINY, over)
-    from xlnetcli.data.pretrain_stream import PretrainStream
+    from xlnetcli.data.records.stream import PretrainStream
     from xlnetcli.model import XLNetLMHeadModel
 
     torch.manual_seed(cfg.train.seed)

@@ -100,7 +100,7 @@ class ModelConfig:
     # einsum inside torch.compile)
     attn_impl: Literal["auto", "fused", "einsum", "sdpa", "flex", "triton"] = "auto"
     # pretraining objective on the same backbone, memory and records (the paper's Table 6 ablations;
-    # data/pretrain_stream.py):
+    # data/records/stream.py):
     # plm = permutation LM (XLNet); mlm = <mask> at the targets, predicted by the content stream ("DAE +
     # Transformer-XL"); clm = the natural left-to-right order (Transformer-XL's LM), predicted by the query stream
     objective: Literal["plm", "mlm", "clm"] = "plm"

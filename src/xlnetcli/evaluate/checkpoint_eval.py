@@ -26,11 +26,12 @@ from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_write_json, atomic_write_text, check_file_outputs
 from xlnetcli.core.shapes import dumps_strict
 from xlnetcli.data import labelled
-from xlnetcli.data.pretrain_stream import PretrainStream
+from xlnetcli.data.records.format import read_meta as records_meta
+from xlnetcli.data.records.stream import PretrainStream
 from xlnetcli.data.tokenizer import Tokenizer
 from xlnetcli.evaluate.finetuned import load_finetuned, load_task_data, primary_metric, score
 from xlnetcli.evaluate.finetuned import predict as run_predict
-from xlnetcli.evaluate.lm_loss import evaluate_plm, read_records_meta
+from xlnetcli.model.objective import evaluate_plm
 
 
 def _is_finetuned(path: Path) -> bool:
@@ -79,7 +80,7 @@ def evaluate_plm_checkpoint(
 ) -> dict[str, Any]:
     """PLM loss / perplexity / target accuracy of a pretrained checkpoint on preprocessed records."""
     dev = dist.resolve_device(device)
-    meta = read_records_meta(records)
+    meta = records_meta(records)
     model, cfg, _ = load_lm_model(
         checkpoint, dev, overrides={"bi_data": bool(meta.get("bi_data", False)), "dropout": 0.0, "dropatt": 0.0}
     )

@@ -390,7 +390,7 @@ class XLNetLMHeadModel(nn.Module):
     """XLNet with the tied LM head: logits = query_stream @ word_embedding^T + lm_bias.
 
     With ``objective: mlm`` (the "DAE + Transformer-XL" ablation) the targets are read from the content stream at
-    the target positions (their inputs are <mask>, data/pretrain_stream.py) and no query stream is computed."""
+    the target positions (their inputs are <mask>, data/records/stream.py) and no query stream is computed."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

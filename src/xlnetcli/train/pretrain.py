@@ -52,14 +52,15 @@ from xlnetcli.config import Config, ModelConfig, check_config, config_to_dict, r
 from xlnetcli.core import dist
 from xlnetcli.core.errors import CheckpointError, ConfigError, DataError
 from xlnetcli.core.files import check_output_not_input, output_lock, sha256_file
-from xlnetcli.data.pretrain_stream import PretrainStream
+from xlnetcli.data.records.format import read_meta as records_meta
+from xlnetcli.data.records.stream import PretrainStream
 from xlnetcli.data.tokenizer import Tokenizer
-from xlnetcli.evaluate.lm_loss import Memories, evaluate_plm, read_records_meta
-from xlnetcli.evaluate.lm_loss import forward as _forward
-from xlnetcli.evaluate.lm_loss import model_inputs as _model_inputs
 from xlnetcli.evaluate.probe import probe_checkpoint, probe_labels, read_rows, split_rows
 from xlnetcli.model import XLNetLMHeadModel, num_params
 from xlnetcli.model.flops import train_flops
+from xlnetcli.model.objective import Memories, evaluate_plm
+from xlnetcli.model.objective import forward as _forward
+from xlnetcli.model.objective import model_inputs as _model_inputs
 from xlnetcli.report.plot import maybe_plot
 from xlnetcli.report.trackers import require_trackers
 from xlnetcli.train.checkpointer import resumable_steps
@@ -465,7 +466,7 @@ def _check_inputs(
 ) -> tuple[dict, int, tuple[int, Path] | None]:
     """Checks before any work: (the records' meta, accumulation, the checkpoint to resume from or None)."""
     t = cfg.train
-    meta = read_records_meta(data_dir)
+    meta = records_meta(data_dir)
     check_records(cfg, meta, data_dir)
     accum = check_config(cfg, env.world_size, stage="pretrain", device=env.device).accumulation
     require_trackers(t.report_to)

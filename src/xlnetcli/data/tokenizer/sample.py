@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from xlnetcli.core.workers import ordered_map
-from xlnetcli.data.corpus import FileStats, ReadStats, Source, iter_file_text
+from xlnetcli.data.corpus.reader import FileStats, ReadStats, Source, iter_file_text
 from xlnetcli.data.tokenizer.normalize import combining_table, normalize_block
 
 SLACK = 1.25  # the parent holds up to this many times the limits between compactions
@@ -136,7 +136,7 @@ class _Reservoir:
 def iter_line_blocks(
     files: Iterable[Source], stats: ReadStats, on_bytes: Callable[[int], None] | None, text_field: str
 ):
-    """Blocks of whole lines of all inputs in order (the lines of data/corpus.py's iter_lines, joined by newlines)."""
+    """Blocks of whole lines of all inputs in order (data/corpus/reader.py's iter_lines, joined)."""
     for path in files:
         fs = FileStats(path)
         stats.files.append(fs)

@@ -16,7 +16,7 @@ from xlnetcli.core.console import byte_progress, console
 from xlnetcli.core.errors import ConfigError, DataError
 from xlnetcli.core.files import atomic_output_dir, check_output_dir, check_output_not_input
 from xlnetcli.core.signals import sigterm_as_interrupt
-from xlnetcli.data.corpus import ReadStats, Source, expand_inputs, local_paths, total_size
+from xlnetcli.data.corpus.reader import ReadStats, Source, expand_inputs, local_paths, total_size
 from xlnetcli.data.special import SPECIAL_PIECES
 from xlnetcli.data.tokenizer.normalize import NORMALIZER
 from xlnetcli.data.tokenizer.sample import Sample, SampleLimits, iter_line_blocks, sample_corpus
@@ -41,7 +41,8 @@ def train_tokenizer(
     """Train a SentencePiece unigram model on normalised lines of ``inputs`` into ``out_dir`` (atomic), with the
     settings of ``cfg.tokenizer`` (vocab_size, character_coverage, input_sentence_size, uncased, keep_accents,
     input_sentence_bytes, seed, uncased, keep_accents, threads); ``cfg`` is written next to the model as config.yaml.
-    Inputs may be text, JSONL, Parquet or datasets folders (data/corpus.py); ``text_field`` names their text field.
+    Inputs may be text, JSONL, Parquet or datasets folders (data/corpus/reader.py); ``text_field`` names their
+    text field.
     The corpus is normalised in ``workers`` processes and sampled while it is read (sample.py): only the sample is
     written to disk, and the model is the same for any ``workers``.
     """

@@ -45,7 +45,7 @@ import torch
 
 from xlnetcli.config import OBJECTIVES
 from xlnetcli.core.errors import CheckpointError, ConfigError, DataError
-from xlnetcli.data.record_format import open_records, segment_ids, stored_rows
+from xlnetcli.data.records.format import open_records, segment_ids, stored_rows
 from xlnetcli.data.special import CLS_ID, MASK_ID, SEP_ID
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)

@@ -43,7 +43,7 @@ import numpy as np
 from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import sha256_file
 from xlnetcli.core.shapes import describe, json_field, read_json_object, str_map
-from xlnetcli.data.shard_format import MappedStream, NpyFile, read_span
+from xlnetcli.data.shards.format import MappedStream, NpyFile, read_span
 from xlnetcli.data.special import CLS_ID, SEP_ID
 
 FORMAT_VERSION = 2  # 1: the tokens were copied into the records ([G, S, L] per pass)
@@ -168,6 +168,9 @@ def split_shards(manifest: dict[str, Any], split: str) -> list[dict[str, Any]]:
 
 
 def read_meta(records_dir: str | Path) -> dict:
+    """A records folder's meta.json (how it was preprocessed), or a one-line DataError."""
+    if not Path(records_dir).is_dir():
+        raise DataError(f"records folder {records_dir} does not exist; create it with xlnet preprocess")
     path = Path(records_dir) / "meta.json"
     if not path.is_file():
         raise DataError(f"{records_dir} is not a records directory (no meta.json); run `xlnet preprocess` first")

@@ -1,7 +1,8 @@
 """Sharding split across machines: ``xlnet shard --part I/N`` and ``xlnet shard merge`` (issue #21 item 4).
 
 One host reads the inputs in order, tokenises them, numbers the documents over the whole corpus and assigns each to
-the valid split (hash of (seed, document index)) or to the train shard with the fewest tokens so far (data/shard.py).
+the valid split (hash of (seed, document index)) or to the train shard with the fewest tokens so far
+(data/shards/shard.py).
 Tokenising is the expensive part and is independent per input file (chunks never span files); the numbering and the
 assignment are sequential but cheap. So:
 
@@ -44,8 +45,9 @@ from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_dir, sha256_file
 from xlnetcli.core.shapes import read_json_object
 from xlnetcli.core.signals import sigterm_as_interrupt
-from xlnetcli.data.corpus import FileStats, ReadStats, Source, iter_chunks, total_size
-from xlnetcli.data.shard import (
+from xlnetcli.data.corpus.reader import FileStats, ReadStats, Source, iter_chunks, total_size
+from xlnetcli.data.shards.format import FORMAT_VERSION, NpyFile, NpyStreamWriter
+from xlnetcli.data.shards.shard import (
     CHUNK_CHARS,
     ChunkResult,
     ShardSummary,
@@ -60,7 +62,6 @@ from xlnetcli.data.shard import (
     token_dtype,
     write_manifest,
 )
-from xlnetcli.data.shard_format import FORMAT_VERSION, NpyFile, NpyStreamWriter
 from xlnetcli.data.tokenizer import Tokenizer
 
 PART_KIND = "xlnet-shard-part"

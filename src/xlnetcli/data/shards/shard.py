@@ -45,7 +45,7 @@ from xlnetcli.core.files import (
 )
 from xlnetcli.core.signals import sigterm_as_interrupt
 from xlnetcli.core.workers import ordered_map
-from xlnetcli.data.corpus import (
+from xlnetcli.data.corpus.reader import (
     FileStats,
     ReadStats,
     Source,
@@ -55,7 +55,7 @@ from xlnetcli.data.corpus import (
     source_key,
     total_size,
 )
-from xlnetcli.data.shard_format import FORMAT_VERSION, NpyStreamWriter
+from xlnetcli.data.shards.format import FORMAT_VERSION, NpyStreamWriter
 from xlnetcli.data.special import EOD_ID
 from xlnetcli.data.tokenizer import Tokenizer, combining_table, normalize_block
 
@@ -344,7 +344,7 @@ def shard_corpus(
 
     ``cfg.data.valid_fraction`` of the documents are held out for validation (none with ``valid_inputs``, which are
     the validation split instead), chosen by ``cfg.data.seed``; ``cfg`` is saved as config.yaml. Inputs may be text,
-    JSONL, Parquet or datasets folders (data/corpus.py); ``text_field`` names their text field."""
+    JSONL, Parquet or datasets folders (data/corpus/reader.py); ``text_field`` names their text field."""
     _check_counts(shards, workers)
     cfg, out, tok, train_files, valid_files = prepare_inputs(cfg, inputs, valid_inputs, out_dir, tokenizer, overwrite)
     all_files = [(p, False) for p in train_files] + [(p, True) for p in valid_files]

@@ -13,7 +13,7 @@ Text and JSONL may be compressed: .gz (gzip) or .zst (zstandard: the `zstd` extr
 bytes decide, the name must agree. Within a record, each non-blank line is a sentence and blank lines are dropped, so
 a record reads exactly as its lines followed by a blank line would in a text file. Records are streamed (JSONL by
 blocks, Parquet by record batches, datasets by Arrow batches): memory stays bounded whatever the corpus size.
-Text and JSONL may also be URLs (s3://, https://, ...: data/remote.py), streamed the same way; an input is then a
+Text and JSONL may also be URLs (s3://, https://, ...: data/corpus/remote.py), streamed the same way; an input is then a
 RemoteFile instead of a Path (``Source``).
 
 Invalid UTF-8 policy: bad bytes are replaced by U+FFFD and counted; a warning line names the file and the count. A file
@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from xlnetcli.core.errors import DataError, XLNetError
-from xlnetcli.data.remote import RemoteFile, expand_url, url_protocol
+from xlnetcli.data.corpus.remote import RemoteFile, expand_url, url_protocol
 
-Source = Path | RemoteFile  # a local file or folder, or a file at a URL (data/remote.py)
+Source = Path | RemoteFile  # a local file or folder, or a file at a URL (data/corpus/remote.py)
 
 TEXT_SUFFIXES = (".txt", ".text", ".txt.gz", ".text.gz", ".gz")
 # Names a directory scan picks up (besides datasets folders given directly): text, JSONL, Parquet, compressed.
@@ -90,7 +90,7 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[Source]:
 
     The order is: inputs in the order given; within a directory or glob, sorted by path. Raises DataError for a path
     that does not exist, a glob that matches nothing, or a directory with no text files. URLs (s3://, https://, ...)
-    expand the same way through fsspec (data/remote.py).
+    expand the same way through fsspec (data/corpus/remote.py).
     """
     files: list[Source] = []
     seen: set[Path | str] = set()

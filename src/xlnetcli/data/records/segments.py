@@ -17,7 +17,7 @@ import bisect
 
 import numpy as np
 
-from xlnetcli.data.shard_format import PassStream
+from xlnetcli.data.shards.format import PassStream
 from xlnetcli.data.special import CLS_ID, SEP_ID
 
 

@@ -48,7 +48,7 @@ def url_protocol(s: str) -> str | None:
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """One file at a URL: what data/corpus.py reads in place of a local Path."""
+    """One file at a URL: what data/corpus/reader.py reads in place of a local Path."""
 
     url: str  # as shown in messages and recorded in manifests
     path: str = field(compare=False)  # the filesystem's own path (no protocol for most)

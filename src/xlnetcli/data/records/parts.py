@@ -23,9 +23,9 @@ from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_dir, sha256_file
 from xlnetcli.core.shapes import read_json_object
 from xlnetcli.core.signals import sigterm_as_interrupt
-from xlnetcli.data.record_format import checksums, create_npy, shards_location
-from xlnetcli.data.shard_format import NpyFile
-from xlnetcli.data.shard_parts import each_part_once
+from xlnetcli.data.records.format import checksums, create_npy, shards_location
+from xlnetcli.data.shards.format import NpyFile
+from xlnetcli.data.shards.parts import each_part_once
 
 PART_KIND = "xlnet-records-part"
 PART_FORMAT_VERSION = 2  # 2: parts of records format 2 (they reference the shards)

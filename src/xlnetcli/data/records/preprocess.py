@@ -39,8 +39,7 @@ from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_not_input, sha256_file
 from xlnetcli.core.signals import sigterm_as_interrupt
 from xlnetcli.core.workers import ordered_map
-from xlnetcli.data.masking import MAX_GRAM, mask_draw_width, masks_from_draws, word_start_table
-from xlnetcli.data.record_format import (
+from xlnetcli.data.records.format import (
     FORMAT_VERSION,
     PassWriter,
     checksums,
@@ -49,9 +48,10 @@ from xlnetcli.data.record_format import (
     shards_location,
     split_shards,
 )
-from xlnetcli.data.record_parts import part_rows, write_part_meta
-from xlnetcli.data.segments import Row, split_block
-from xlnetcli.data.shard_format import PassStream, check_shards, split_files
+from xlnetcli.data.records.masking import MAX_GRAM, mask_draw_width, masks_from_draws, word_start_table
+from xlnetcli.data.records.parts import part_rows, write_part_meta
+from xlnetcli.data.records.segments import Row, split_block
+from xlnetcli.data.shards.format import PassStream, check_shards, split_files
 
 STEP_BLOCK = 256  # windows of one row built together (bounds memory: STEP_BLOCK x L tokens)
 _SPLIT_IDS = {"train": 0, "valid": 1}
@@ -199,7 +199,7 @@ def preprocess(
     manifest.json first (a flipped byte is refused, naming the file, instead of being trained on).
 
     ``part`` = (I, N): only rows [I*G//N, (I+1)*G//N) of every pass, into a part folder (part.json instead of
-    meta.json) that `xlnet preprocess merge` combines with the other N-1 (data/record_parts.py); returns part.json."""
+    meta.json) that `xlnet preprocess merge` combines with the other N-1 (data/records/parts.py); returns part.json."""
     if part is not None and not 0 <= part[0] < part[1]:
         raise XLNetError(f"--part {part[0]}/{part[1]}: part index out of range; parts are numbered 0..{part[1] - 1}")
     shards = Path(shards)

@@ -1,5 +1,5 @@
-"""The permutation-LM objective on preprocessed records, below pretrain.py (training) and checkpoint_eval.py
-(`xlnet eval`).
+"""The permutation-LM objective (paper section 2.3) and the Transformer-XL memory (section 2.4) around the model,
+used by pretraining and by `xlnet eval`.
 
     inputs = model_inputs(batch, device)         # a PretrainStream micro-batch on the device (perm_mask built there)
     out = forward(model, inputs, mems)           # loss and new memories; the query stream only (docs/xlnet.md)
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -21,16 +20,7 @@ import torch
 from xlnetcli.config import ModelConfig
 from xlnetcli.core import dist
 from xlnetcli.core.dist import autocast_ctx
-from xlnetcli.core.errors import CheckpointError, DataError
-from xlnetcli.data.record_format import read_meta
-
-
-def read_records_meta(data_dir: str | Path) -> dict:
-    """A records folder's meta.json (how it was preprocessed), or a one-line DataError."""
-    if not Path(data_dir).is_dir():
-        raise DataError(f"records folder {data_dir} does not exist; create it with xlnet preprocess")
-    return read_meta(data_dir)
-
+from xlnetcli.core.errors import CheckpointError
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "perm_mask", "target_index", "labels", "label_mask")
 
