@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from tokenizer_scale import paragraphs
 
 from xlnetcli.config import load_config
-from xlnetcli.data.corpus.reader import expand_inputs, total_size
+from xlnetcli.data.corpus.inputs import expand_inputs, total_size
 
 MB = 1e6
 TB_MB = 1e6  # 1 TB in MB

@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from xlnetcli.config import load_config  # noqa: E402
 from xlnetcli.core.files import atomic_output_dir  # noqa: E402
-from xlnetcli.data.corpus.reader import ReadStats, expand_inputs, iter_lines  # noqa: E402
+from xlnetcli.data.corpus.inputs import expand_inputs  # noqa: E402
+from xlnetcli.data.corpus.reader import ReadStats, iter_lines  # noqa: E402
 from xlnetcli.data.tokenizer import normalize_lines, normalize_text, train_tokenizer  # noqa: E402
 from xlnetcli.data.tokenizer import train as T  # noqa: E402
 

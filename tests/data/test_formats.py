@@ -16,7 +16,8 @@ from clitools import CORPUS, assert_one_line_error, run_main, settings_config
 import xlnetcli.data.corpus.reader as corpus_mod
 from xlnetcli.config import TokenizerConfig
 from xlnetcli.core.errors import DataError, XLNetError
-from xlnetcli.data.corpus.reader import FileStats, detect_format, expand_inputs, iter_file_text
+from xlnetcli.data.corpus.inputs import detect_format, expand_inputs
+from xlnetcli.data.corpus.reader import FileStats, iter_file_text
 from xlnetcli.data.shards.shard import shard_corpus
 from xlnetcli.data.tokenizer import train_tokenizer
 

@@ -19,7 +19,8 @@ from clitools import SAMPLE, assert_one_line_error, run_main, settings_config
 
 from xlnetcli.config import TokenizerConfig
 from xlnetcli.core.errors import DataError
-from xlnetcli.data.corpus.reader import FileStats, expand_inputs, iter_file_text
+from xlnetcli.data.corpus.inputs import expand_inputs
+from xlnetcli.data.corpus.reader import FileStats, iter_file_text
 from xlnetcli.data.corpus.remote import RemoteFile
 from xlnetcli.data.shards.shard import shard_corpus
 

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from clitools import SAMPLE, assert_one_line_error, flip_bit, run_main, settings_config
 
-import xlnetcli.data.corpus.reader as corpus_mod
+import xlnetcli.data.corpus.inputs as corpus_inputs
 import xlnetcli.data.shards.format as shardfmt
 from xlnetcli.cli import cli
 from xlnetcli.config import TokenizerConfig
@@ -252,7 +252,7 @@ def test_unreadable_file(tmp_path, tok, monkeypatch, capsys):
                 raise PermissionError(errno.EACCES, "Permission denied", str(path))
             return real_open(path, *a, **k)
 
-        monkeypatch.setattr(corpus_mod, "open", fake_open, raising=False)
+        monkeypatch.setattr(corpus_inputs, "open", fake_open, raising=False)
     code, _, err = run_main(capsys, "shard", f, "--tokenizer", tok.where.parent, "--out", tmp_path / "o")
     assert_one_line_error(code, err, "permission denied", "secret.txt")
     assert not (tmp_path / "o").exists() and no_leftovers(tmp_path)

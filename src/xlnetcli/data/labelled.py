@@ -33,7 +33,7 @@ import numpy as np
 
 from xlnetcli.core.errors import DataError
 from xlnetcli.core.shapes import describe, json_field, loads_strict
-from xlnetcli.data.corpus.reader import JSONL_SUFFIXES
+from xlnetcli.data.corpus.inputs import JSONL_SUFFIXES
 from xlnetcli.data.special import CLS_ID, PAD_ID, SEG_ID_A, SEG_ID_B, SEG_ID_CLS, SEG_ID_PAD, SEP_ID
 
 TASKS = ("classification", "regression", "multiple-choice", "squad")

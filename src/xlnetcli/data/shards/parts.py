@@ -45,7 +45,8 @@ from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_dir, sha256_file
 from xlnetcli.core.shapes import read_json_object
 from xlnetcli.core.signals import sigterm_as_interrupt
-from xlnetcli.data.corpus.reader import FileStats, ReadStats, Source, iter_chunks, total_size
+from xlnetcli.data.corpus.inputs import Source, total_size
+from xlnetcli.data.corpus.reader import FileStats, ReadStats, iter_chunks
 from xlnetcli.data.shards.format import FORMAT_VERSION, NpyFile, NpyStreamWriter
 from xlnetcli.data.shards.shard import (
     CHUNK_CHARS,

@@ -45,16 +45,8 @@ from xlnetcli.core.files import (
 )
 from xlnetcli.core.signals import sigterm_as_interrupt
 from xlnetcli.core.workers import ordered_map
-from xlnetcli.data.corpus.reader import (
-    FileStats,
-    ReadStats,
-    Source,
-    expand_inputs,
-    iter_chunks,
-    local_paths,
-    source_key,
-    total_size,
-)
+from xlnetcli.data.corpus.inputs import Source, expand_inputs, local_paths, source_key, total_size
+from xlnetcli.data.corpus.reader import FileStats, ReadStats, iter_chunks
 from xlnetcli.data.shards.format import FORMAT_VERSION, NpyStreamWriter
 from xlnetcli.data.special import EOD_ID
 from xlnetcli.data.tokenizer import Tokenizer, combining_table, normalize_block

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from xlnetcli.core.workers import ordered_map
-from xlnetcli.data.corpus.reader import FileStats, ReadStats, Source, iter_file_text
+from xlnetcli.data.corpus.inputs import Source
+from xlnetcli.data.corpus.reader import FileStats, ReadStats, iter_file_text
 from xlnetcli.data.tokenizer.normalize import combining_table, normalize_block
 
 SLACK = 1.25  # the parent holds up to this many times the limits between compactions

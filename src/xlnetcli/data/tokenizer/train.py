@@ -16,7 +16,8 @@ from xlnetcli.core.console import byte_progress, console
 from xlnetcli.core.errors import ConfigError, DataError
 from xlnetcli.core.files import atomic_output_dir, check_output_dir, check_output_not_input
 from xlnetcli.core.signals import sigterm_as_interrupt
-from xlnetcli.data.corpus.reader import ReadStats, Source, expand_inputs, local_paths, total_size
+from xlnetcli.data.corpus.inputs import Source, expand_inputs, local_paths, total_size
+from xlnetcli.data.corpus.reader import ReadStats
 from xlnetcli.data.special import SPECIAL_PIECES
 from xlnetcli.data.tokenizer.normalize import NORMALIZER
 from xlnetcli.data.tokenizer.sample import Sample, SampleLimits, iter_line_blocks, sample_corpus
