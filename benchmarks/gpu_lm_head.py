@@ -1,4 +1,4 @@
-"""The LM head + loss alone on a GPU: its three paths (model/kernels.py lm_head: plain F.cross_entropy, fused
+"""The LM head + loss alone on a GPU: its three paths (model/lm_head.py: plain F.cross_entropy, fused
 _LMHeadLoss in torch, triton: the same function with triton_lm_head.py's two kernels) on the same inputs, in one run.
 
     python benchmarks/gpu_lm_head.py --json gpu_lm_head.json       # Base shapes: 16 x 85 target rows, V 32000, d 768
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import torch
 from gpu_attention import rel_err, timed
 
-from xlnetcli.model.kernels import lm_head
+from xlnetcli.model.lm_head import lm_head
 
 
 def make_inputs(n: int, d: int, V: int, dev, seed: int = 0):

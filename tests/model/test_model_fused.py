@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from modeltools import TOL, maxdiff, plm_batch, tiny_cfg
 
 from xlnetcli.model import XLNetLMHeadModel
-from xlnetcli.model.kernels import NEG_INF, _FeedForwardCore, _LMHeadLoss, _RelAttnCore, fused_dropout, keep_mask
+from xlnetcli.model.kernels import NEG_INF, _FeedForwardCore, _RelAttnCore, fused_dropout, keep_mask
+from xlnetcli.model.lm_head import _LMHeadLoss
 
 
 def attn_reference(q, k, v, kr, r_w, r_r, r_s, seg, rel_index, same, mask, keep, ks):

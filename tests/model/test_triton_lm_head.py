@@ -14,7 +14,7 @@ from modeltools import maxdiff, plm_batch, tiny_cfg
 
 from xlnetcli.core.errors import XLNetError
 from xlnetcli.model import XLNetLMHeadModel
-from xlnetcli.model.kernels import _LMHeadLoss, lm_head
+from xlnetcli.model.lm_head import _LMHeadLoss, lm_head
 
 pytest.importorskip("triton")
 from xlnetcli.model import triton_attention as ta

@@ -1,4 +1,4 @@
-"""The LM head's cross entropy as two Triton kernels (kernels._LMHeadLoss uses them where the attention core is
+"""The LM head's cross entropy as two Triton kernels (lm_head._LMHeadLoss uses them where the attention core is
 ``triton``): each reads the [n, V] logits once, in their own dtype, and does every element-wise step of the loss in
 registers.
 
@@ -8,7 +8,7 @@ registers.
   dtype, and the bias's gradient sum_i g_ij in fp32. One program per tile of vocabulary columns walks every row in
   a fixed order: no atomics, the same bits at every run. dx = g W and dW = g^T x are then two cuBLAS products.
 
-What they replace (kernels._LMHeadLoss's torch path, which runs wherever the attention core is not triton, and for
+What they replace (lm_head._LMHeadLoss's torch path, which runs wherever the attention core is not triton, and for
 fp64): per block of 4096 columns a recomputed logits block, then a cast, a subtraction, an exponential, a one-hot
 update, a scaling and a column sum, each a pass over the block in fp32 in its own kernel. Here the logits are kept
 from forward instead of recomputed (they are an output anyway: [n, V] in the compute dtype, 87 MB at Base micro 16

@@ -34,11 +34,11 @@ from xlnetcli.model.kernels import (
     additive_mask,
     dropout_fn,
     feed_forward,
-    lm_head,
     mask_flags,
     relative_attention,
     resolve_impl,
 )
+from xlnetcli.model.lm_head import lm_head
 
 # The named sizes: the pretraining presets of the paper's sizes, plus tiny for a CPU (presets/{tiny,base,large}.yaml;
 # the demo preset is tiny's recipe, presets/finetune/ holds task presets).
