@@ -11,7 +11,7 @@ import pytest
 import sentencepiece as spm
 from clitools import CORPUS, settings_config
 
-from xlnetcli.data.records.masking import cjk_start_mask, is_cjk, sample_masks, word_start_table
+from xlnetcli.data.records.masking import Spans, cjk_start_mask, is_cjk, sample_masks, word_start_table
 from xlnetcli.data.tokenizer import train_tokenizer, word_start_mask
 
 SEQ, GOAL = 128, 21  # the tiny preset's seq_len and num_predict
@@ -50,7 +50,7 @@ def span_lengths(tok_dir: Path, text_lines: list[str], rule: str) -> np.ndarray:
     seg = ids[: (len(ids) // SEQ) * SEQ].reshape(-1, SEQ)[:128]
     assert len(seg) == 128
     mask = sample_masks(
-        seg, word_start_table(tok_dir, rule), GOAL, 6, 1, "word", np.random.default_rng(0), top_up=False
+        seg, word_start_table(tok_dir, rule), GOAL, Spans(6, 1, "word"), np.random.default_rng(0), top_up=False
     )
     edges = np.diff(np.pad(mask.astype(np.int8), ((0, 0), (1, 1))), axis=1)
     return np.flatnonzero(edges.reshape(-1) == -1) - np.flatnonzero(edges.reshape(-1) == 1)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from xlnetcli.config import load_config
 from xlnetcli.core.errors import ConfigError, DataError
 from xlnetcli.data.records.format import open_records, segment_ids
-from xlnetcli.data.records.masking import sample_masks
+from xlnetcli.data.records.masking import Spans, sample_masks
 from xlnetcli.data.records.preprocess import _Params, build_row, preprocess, row_source
 from xlnetcli.data.records.segments import Row, trim_lengths
 from xlnetcli.data.special import CLS_ID, SEP_ID
@@ -272,7 +272,7 @@ def test_split_matches_original_loop(seed, mean_sent, reverse, lr):
     sid = (np.cumsum(rng.random(n) < 1.0 / mean_sent) % 2).astype(np.uint8)
     row = Row(ArrayStream(tok, sid), 0, n, reverse)
     steps = (n - L) // R + 1
-    p = _Params(L, R, 4, 6, 1, "word", 0)
+    p = _Params(L, R, 4, Spans(6, 1, "word"), 0)
     out, alen, label, _, bstart = build_row(row, steps, p, np.random.default_rng(seed), np.ones(100, bool))
     U = np.random.default_rng(seed).random((steps, 3))
     rt, rs = (tok[::-1], sid[::-1]) if reverse else (tok, sid)
@@ -328,8 +328,10 @@ def test_span_masking_properties(seed, n, goal, reverse, ab, with_func):
     alpha, beta = ab
     func = (seg == SEP_ID) | (seg == CLS_ID)
     for mode in ("word", "original"):
-        m = sample_masks(seg, ws_table, goal, alpha, beta, mode, np.random.default_rng(seed), reverse)
-        spans = sample_masks(seg, ws_table, goal, alpha, beta, mode, np.random.default_rng(seed), reverse, top_up=False)
+        m = sample_masks(seg, ws_table, goal, Spans(alpha, beta, mode), np.random.default_rng(seed), reverse)
+        spans = sample_masks(
+            seg, ws_table, goal, Spans(alpha, beta, mode), np.random.default_rng(seed), reverse, top_up=False
+        )
         assert (spans <= m).all()
         if mode == "word":
             assert not (m & func).any()
@@ -351,7 +353,7 @@ def test_span_lengths_follow_one_over_n():
     rng = np.random.default_rng(0)
     seg = rng.integers(9, 50, (400, 600))
     ws = np.ones(50, bool)  # every piece a word: span length = n
-    spans = sample_masks(seg, ws, 1000, 6, 1, "word", rng, top_up=False)
+    spans = sample_masks(seg, ws, 1000, Spans(6, 1, "word"), rng, top_up=False)
     lens = np.array([b - a for k in range(len(seg)) for a, b in _runs(spans[k])])
     freq = np.bincount(lens, minlength=6)[1:6] / len(lens)
     p = (1 / np.arange(1, 6)) / (1 / np.arange(1, 6)).sum()
@@ -366,7 +368,7 @@ def test_max_gram_caps_span_lengths_with_the_same_one_over_n_law(max_gram):
     rng = np.random.default_rng(1)
     seg = rng.integers(9, 50, (400, 600))
     ws = np.ones(50, bool)
-    spans = sample_masks(seg, ws, 1000, 6, 1, "word", rng, top_up=False, max_gram=max_gram)
+    spans = sample_masks(seg, ws, 1000, Spans(6, 1, "word", max_gram), rng, top_up=False)
     lens = np.array([b - a for k in range(len(seg)) for a, b in _runs(spans[k])])
     assert lens.max() == max_gram
     freq = np.bincount(lens, minlength=max_gram + 1)[1:] / len(lens)

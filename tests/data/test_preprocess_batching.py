@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xlnetcli.data.records.masking import mask_draw_width, masks_from_draws, sample_masks
+from xlnetcli.data.records.masking import Spans, mask_draw_width, masks_from_draws, sample_masks
 from xlnetcli.data.special import CLS_ID, SEP_ID
 
 
@@ -25,11 +25,13 @@ def test_masks_do_not_depend_on_batching(seed, n, goal, mode, top_up):
     if goal < 1:
         return
     draws = rng.random((len(seg), mask_draw_width(goal)))
-    whole = masks_from_draws(seg, ws, goal, 6, 1, mode, draws, top_up)
+    whole = masks_from_draws(seg, ws, goal, Spans(6, 1, mode), draws, top_up)
     cut = int(rng.integers(1, len(seg)))
-    parts = [masks_from_draws(seg[a:b], ws, goal, 6, 1, mode, draws[a:b], top_up) for a, b in ((0, cut), (cut, 37))]
+    parts = [
+        masks_from_draws(seg[a:b], ws, goal, Spans(6, 1, mode), draws[a:b], top_up) for a, b in ((0, cut), (cut, 37))
+    ]
     assert (np.concatenate(parts) == whole).all()
-    one = masks_from_draws(seg[cut : cut + 1], ws, goal, 6, 1, mode, draws[cut : cut + 1], top_up)
+    one = masks_from_draws(seg[cut : cut + 1], ws, goal, Spans(6, 1, mode), draws[cut : cut + 1], top_up)
     assert (one[0] == whole[cut]).all()
 
 
@@ -37,7 +39,7 @@ def test_top_up_is_uniform():
     # no word starts: spans never start, every target comes from the top-up; each eligible position equally likely
     seg = np.full((20000, 10), 20)
     seg[:, 3] = SEP_ID
-    m = sample_masks(seg, np.zeros(30, bool), 2, 6, 1, "word", np.random.default_rng(0))
+    m = sample_masks(seg, np.zeros(30, bool), 2, Spans(6, 1, "word"), np.random.default_rng(0))
     assert (m.sum(1) == 2).all() and not m[:, 3].any()
     freq = np.delete(m.mean(0), 3)
     assert np.abs(freq - 2 / 9).max() < 0.015

@@ -14,7 +14,7 @@ from clitools import assert_one_line_error, flip_bit, preprocess_cfg, run_main
 
 from xlnetcli.core.errors import DataError
 from xlnetcli.data.records.format import find_shards, open_records, read_meta, row_source
-from xlnetcli.data.records.masking import word_start_table
+from xlnetcli.data.records.masking import Spans, word_start_table
 from xlnetcli.data.records.preprocess import STEP_BLOCK, _Params, _row_rng, build_rows
 from xlnetcli.data.records.segments import Row
 from xlnetcli.data.shards.format import MappedStream, PassStream, read_span
@@ -41,11 +41,8 @@ def reference(shard_dir: Path, meta: dict, split: str, pass_id: int) -> dict[str
         L,
         meta["reuse_len"],
         meta["num_predict"],
-        meta["mask_alpha"],
-        meta["mask_beta"],
-        meta["mask_mode"],
+        Spans(meta["mask_alpha"], meta["mask_beta"], meta["mask_mode"], meta["max_gram"]),
         meta["seed"],
-        meta["max_gram"],
     )
     ws = word_start_table(shard_dir / "tokenizer", meta["word_rule"])
     stream = PassStream(entries, [int(k) for k in order])

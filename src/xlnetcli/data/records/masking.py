@@ -1,7 +1,7 @@
 """Span masking: which positions of a segment are prediction targets (the original ``_sample_mask``, docs/xlnet.md §4).
 
     ws = word_start_table(Path("shards/tokenizer"))
-    masked = sample_masks(segments, ws, goal=num_predict_reuse, alpha=6, beta=1, mode="word", rng=rng)   # bool [N, n]
+    masked = sample_masks(segments, ws, goal=num_predict_reuse, spans=Spans(alpha=6, beta=1), rng=rng)  # bool [N, n]
 
 Spans of n units with p(n) ∝ 1/n (n <= MAX_GRAM), each inside a context of about n*alpha/beta tokens, until ``goal``
 targets are chosen; single random positions top up the rest. "word" mode counts units in whole words, "original"
@@ -17,6 +17,7 @@ masked by whole words with "spaces" (docs/xlnet.md §4).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +86,16 @@ def cjk_start_mask(pieces: list[str]) -> np.ndarray:
 TOPUP_DRAWS = 24  # candidate positions drawn per segment for the top-up (exact fallback when they run short)
 
 
+@dataclass(frozen=True)
+class Spans:
+    """How spans are drawn (XLNet section 2.3 and the original ``_sample_mask``; data.mask_* keys)."""
+
+    alpha: int = 6  # a span of n units sits in a context of about n * alpha / beta tokens
+    beta: int = 1
+    mode: str = "word"  # "word": units are whole words; "original": subword pieces from a word start (its bug #220)
+    max_gram: int = MAX_GRAM  # longest span in units
+
+
 def mask_draw_width(goal: int) -> int:
     """Uniforms drawn per segment by ``sample_masks``: goal+5 span lengths, goal+5 left contexts, top-up candidates."""
     return 2 * (goal + 5) + TOPUP_DRAWS
@@ -94,17 +105,14 @@ def sample_masks(
     seg: np.ndarray,
     word_start: np.ndarray,
     goal: int,
-    alpha: int,
-    beta: int,
-    mode: str,
+    spans: Spans,
     rng: np.random.Generator,
     reverse: bool = False,
     top_up: bool = True,
-    max_gram: int = MAX_GRAM,
 ) -> np.ndarray:
     """bool [N, n]: positions selected for prediction in each of N segments ``seg`` [N, n] of token ids.
 
-    ``word_start``: bool [vocab]. ``mode`` "word": spans of n whole words, never over <sep>/<cls>, count capped at
+    ``word_start``: bool [vocab]. ``spans.mode`` "word": spans of n whole words, never over <sep>/<cls>, count capped at
     ``goal``. "original": the original's spans of n subword pieces starting at a word start (its bug #220), <sep>/<cls>
     may be selected (the loader drops them). ``reverse``: the segments are time-reversed text; spans are sampled
     in reading order (the segments are flipped, masked, and the mask flipped back), as the original.
@@ -114,20 +122,17 @@ def sample_masks(
     N = seg.shape[0]
     draws = rng.random((N, mask_draw_width(goal)))
     if reverse:
-        return masks_from_draws(seg[:, ::-1], word_start, goal, alpha, beta, mode, draws, top_up, max_gram)[:, ::-1]
-    return masks_from_draws(seg, word_start, goal, alpha, beta, mode, draws, top_up, max_gram)
+        return masks_from_draws(seg[:, ::-1], word_start, goal, spans, draws, top_up)[:, ::-1]
+    return masks_from_draws(seg, word_start, goal, spans, draws, top_up)
 
 
 def masks_from_draws(
     seg: np.ndarray,
     word_start: np.ndarray,
     goal: int,
-    alpha: int,
-    beta: int,
-    mode: str,
+    spans: Spans,
     draws: np.ndarray,
     top_up: bool = True,
-    max_gram: int = MAX_GRAM,
 ) -> np.ndarray:
     """``sample_masks`` on segments in reading order with pre-drawn uniforms ``draws`` [N, mask_draw_width(goal)].
 
@@ -140,8 +145,9 @@ def masks_from_draws(
     mask = np.zeros((N, n), bool)
     if N == 0 or n == 0:
         return mask
+    mode = spans.mode
     words = _WordStarts(seg, word_start, mode)
-    begins, ends = _sample_spans(words, goal, alpha, beta, mode, draws, max_gram)
+    begins, ends = _sample_spans(words, goal, spans, draws)
     if len(begins):
         lengths = ends - begins
         begins -= begins // words.width  # [N, n + 1] -> [N, n] positions (spans never reach the sentinel)
@@ -188,9 +194,7 @@ class _WordStarts:
             self.pieces_before = self.positions - np.cumsum(functional_start, dtype=np.int32)[:-1]
 
 
-def _sample_spans(
-    words: _WordStarts, goal: int, alpha: int, beta: int, mode: str, draws: np.ndarray, max_gram: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _sample_spans(words: _WordStarts, goal: int, spans: Spans, draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(begins, ends): flat [N, n + 1] positions of the spans chosen, every segment's in order.
 
     Span-based partial prediction (XLNet §2.3, the original ``_sample_mask``): from a cursor, draw a span length of
@@ -198,6 +202,7 @@ def _sample_spans(
     cursor + left (left uniform in the context) and the cursor moves past the span and the rest of its context. Until
     ``goal`` targets are chosen or the segment ends. Hot loop: every step is one array operation over the segments
     still active, so it stays whole."""
+    alpha, beta, mode, max_gram = spans.alpha, spans.beta, spans.mode, spans.max_gram
     N, width = len(words.sentinel), words.width
     n = width - 1
     K = goal + 5

@@ -48,7 +48,7 @@ from xlnetcli.data.records.format import (
     shards_location,
     split_shards,
 )
-from xlnetcli.data.records.masking import MAX_GRAM, mask_draw_width, masks_from_draws, word_start_table
+from xlnetcli.data.records.masking import Spans, mask_draw_width, masks_from_draws, word_start_table
 from xlnetcli.data.records.parts import part_rows, write_part_meta
 from xlnetcli.data.records.segments import Row, split_block
 from xlnetcli.data.shards.format import PassStream, check_shards, split_files
@@ -66,11 +66,8 @@ class _Params:
     seq_len: int
     reuse_len: int
     num_predict: int
-    alpha: int
-    beta: int
-    mode: str
+    spans: Spans
     seed: int
-    max_gram: int = MAX_GRAM
 
 
 def _row_rng(seed: int, split: str, pass_id: int, row: int) -> np.random.Generator:
@@ -109,12 +106,8 @@ def build_rows(
             [t[:, a:b][:, ::-1] if row.reverse else t[:, a:b] for row, (t, *_) in zip(rows, built, strict=True)]
         )
 
-    m0 = masks_from_draws(
-        reading_order(0, R), ws_table, goal0, p.alpha, p.beta, p.mode, np.concatenate(d0), max_gram=p.max_gram
-    )
-    m1 = masks_from_draws(
-        reading_order(R, L), ws_table, goal1, p.alpha, p.beta, p.mode, np.concatenate(d1), max_gram=p.max_gram
-    )
+    m0 = masks_from_draws(reading_order(0, R), ws_table, goal0, p.spans, np.concatenate(d0))
+    m1 = masks_from_draws(reading_order(R, L), ws_table, goal1, p.spans, np.concatenate(d1))
     out = []
     for k, (row, (t, alen, label, bstart)) in enumerate(zip(rows, built, strict=True)):
         masked = np.empty((n, L), bool)
@@ -259,11 +252,8 @@ def _params(cfg: Config) -> _Params:
         cfg.data.seq_len,
         cfg.model.reuse_len,
         cfg.data.num_predict,
-        cfg.data.mask_alpha,
-        cfg.data.mask_beta,
-        cfg.data.mask_mode,
+        Spans(cfg.data.mask_alpha, cfg.data.mask_beta, cfg.data.mask_mode, cfg.data.max_gram),
         cfg.data.seed,
-        cfg.data.max_gram,
     )
 
 
