@@ -17,7 +17,7 @@ import re
 
 import numpy as np
 
-from xlnetcli.evaluate.probe import linear_probe, read_rows, word_bag_groups
+from xlnetcli.evaluate.probe import ProbeArrays, linear_probe, read_rows, word_bag_groups
 
 WORD = re.compile(r"[a-z_]+")
 
@@ -47,7 +47,7 @@ def main() -> None:
         return x, np.array([index[ex.label] for ex in rows])
 
     (xt, yt), (xv, yv) = features(train), features(valid)
-    res = linear_probe(xt, yt, xv, yv, len(labels), groups=word_bag_groups(train))
+    res = linear_probe(ProbeArrays(xt, yt, xv, yv, len(labels), word_bag_groups(train)))
     majority = max(collections.Counter(yv.tolist()).values()) / len(yv)
     print(
         json.dumps(

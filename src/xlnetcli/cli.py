@@ -509,7 +509,8 @@ def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_
         for line in click.open_file("-"):  # stdin, as click.get_text_stream("stdin") (deprecated in click 8.5)
             show(line)
     else:
-        from xlnetcli.data.corpus.reader import expand_inputs, iter_lines
+        from xlnetcli.data.corpus.inputs import expand_inputs
+        from xlnetcli.data.corpus.reader import iter_lines
 
         assert file is not None  # exactly one of --text and FILE, checked above
         for line in iter_lines(expand_inputs([file])):
@@ -916,7 +917,7 @@ def probe_cmd(
 
     Prints a table of validation accuracies on stdout; --output writes the full result (held-out scores, L2) as JSON.
     """
-    from xlnetcli.evaluate.probe import format_table, probe
+    from xlnetcli.evaluate.probe import ProbeSettings, format_table, probe
 
     try:
         sizes = [int(n) for n in train_sizes.split(",")] if train_sizes else []
@@ -924,19 +925,16 @@ def probe_cmd(
         raise click.BadParameter(
             f"expected comma-separated integers, got {train_sizes!r}", param_hint="--train-sizes"
         ) from None
+    settings = ProbeSettings(max_seq_length, batch_size, seed, sizes, device=device)
     res = probe(
         ckpt,
         train_file,
         valid_file,
+        settings,
         baseline=baseline,
         output=output,
         columns=_columns(text_a_column, text_b_column, label_column),
         header=not no_header,
-        max_seq_length=max_seq_length,
-        batch_size=batch_size,
-        seed=seed,
-        device=device,
-        train_sizes=sizes,
     )
     click.echo(format_table(res))
 

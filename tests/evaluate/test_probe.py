@@ -146,9 +146,11 @@ def test_label_curve_rises_with_labelled_rows_and_is_plotted(env, capsys):
     assert small < large - 0.1 and large > 0.9, mean["curve"]  # measured 0.82 and 0.975 (all 300 rows: 0.965)
     assert stdout.splitlines()[-3].split()[0] == "20" and stdout.splitlines()[-1].split()[0] == "300"
 
-    from xlnetcli.evaluate.probe import probe
+    from xlnetcli.evaluate.probe import ProbeSettings, probe
 
-    noise = probe(env["run"], env["random_train"], env["random_valid"], device="cpu", train_sizes=[20, 100])
+    noise = probe(
+        env["run"], env["random_train"], env["random_valid"], ProbeSettings(device="cpu", train_sizes=[20, 100])
+    )
     for kind, r in noise["results"]["pretrained"].items():
         for pt in r["curve"]:
             assert abs(pt["accuracy"] - 0.5) < 0.1, (kind, pt)  # sd 0.032 per draw (250 rows); measured 0.49-0.51
@@ -162,9 +164,9 @@ def test_label_curve_rises_with_labelled_rows_and_is_plotted(env, capsys):
 
 @pytest.mark.slow
 def test_random_labels_give_chance(env):
-    from xlnetcli.evaluate.probe import probe
+    from xlnetcli.evaluate.probe import ProbeSettings, probe
 
-    res = probe(env["run"], env["random_train"], env["random_valid"], device="cpu")
+    res = probe(env["run"], env["random_train"], env["random_valid"], ProbeSettings(device="cpu"))
     for kind, r in res["results"]["pretrained"].items():
         # 250 validation examples: the accuracy of a guess has standard deviation 0.032; 0.1 is 3.2 of them
         assert abs(r["accuracy"] - 0.5) < 0.1, (kind, r)  # measured 0.48 / 0.50
@@ -175,13 +177,13 @@ def test_random_labels_give_chance(env):
 def test_l2_choice_never_reads_the_validation_file(env, tmp_path):
     """Flipping every validation label leaves the L2 choice, the held-out scores and the fitted probe unchanged;
     only the final validation accuracy turns into 1 - accuracy."""
-    from xlnetcli.evaluate.probe import probe
+    from xlnetcli.evaluate.probe import ProbeSettings, probe
 
     text = env["random_valid"].read_text().splitlines()
     flip = {"a": "b", "b": "a"}
     flipped = _write(tmp_path / "flipped.tsv", [(t, flip[lab]) for t, lab in (ln.split("\t") for ln in text[1:])])
-    one = probe(env["run"], env["random_train"], env["random_valid"], device="cpu")
-    two = probe(env["run"], env["random_train"], flipped, device="cpu")
+    one = probe(env["run"], env["random_train"], env["random_valid"], ProbeSettings(device="cpu"))
+    two = probe(env["run"], env["random_train"], flipped, ProbeSettings(device="cpu"))
     for kind in ("mean", "cls"):
         a, b = one["results"]["pretrained"][kind], two["results"]["pretrained"][kind]
         assert (a["l2"], a["heldout"], a["train_accuracy"]) == (b["l2"], b["heldout"], b["train_accuracy"])
@@ -195,7 +197,7 @@ def test_probe_checkpoint_in_process_leaves_the_model_as_it_was(env):
     rows from one labelled file split deterministically. Mode, gradients and RNG states are untouched, and the
     result is the one of the same weights probed in eval mode."""
     from xlnetcli.data.tokenizer import Tokenizer
-    from xlnetcli.evaluate.probe import probe_checkpoint, read_rows, split_rows
+    from xlnetcli.evaluate.probe import ProbeSettings, probe_checkpoint, read_rows, split_rows
     from xlnetcli.model import XLNetLMHeadModel
 
     rows = read_rows(env["planted_train"])
@@ -212,12 +214,12 @@ def test_probe_checkpoint_in_process_leaves_the_model_as_it_was(env):
     torch.manual_seed(0)
     model = XLNetLMHeadModel(env["cfg"].model).train()
     cpu_rng = torch.get_rng_state()
-    res = probe_checkpoint(model, tok, tr, va, max_seq_length=64)
+    res = probe_checkpoint(model, tok, tr, va, ProbeSettings(max_seq_length=64))
     assert model.training and all(p.grad is None for p in model.parameters())
     assert torch.equal(torch.get_rng_state(), cpu_rng)
     assert res["train_examples"] == 210 and res["valid_examples"] == 90
     assert res["accuracy"]["mean"] > 0.85, res["accuracy"]  # measured 1.0 (cls 0.92) on 90 examples
-    again = probe_checkpoint(model.eval(), tok, tr, va, max_seq_length=64)
+    again = probe_checkpoint(model.eval(), tok, tr, va, ProbeSettings(max_seq_length=64))
     assert again["features"] == res["features"]
 
 
@@ -304,14 +306,15 @@ import json, sys, torch
 from xlnetcli.core import dist
 from xlnetcli.config import load_config
 from xlnetcli.model import XLNetLMHeadModel, XLNetLayer
-from xlnetcli.evaluate.probe import probe_checkpoint, read_rows, split_rows
+from xlnetcli.evaluate.probe import ProbeSettings, probe_checkpoint, read_rows, split_rows
 from xlnetcli.data.tokenizer import Tokenizer
 
 env = dist.init_distributed("cpu")
 cfg = load_config(sys.argv[1], json.loads(sys.argv[2]))
 torch.manual_seed(0)
 model = dist.wrap_model(XLNetLMHeadModel(cfg.model), env, sys.argv[3], layer_types=(XLNetLayer,)).train()
-res = probe_checkpoint(model, Tokenizer.load(sys.argv[4]), *split_rows(read_rows(sys.argv[5])), max_seq_length=64)
+rows = split_rows(read_rows(sys.argv[5]))
+res = probe_checkpoint(model, Tokenizer.load(sys.argv[4]), *rows, ProbeSettings(max_seq_length=64))
 print("RESULT", env.rank, json.dumps({"features": res["features"], "training": model.training}), flush=True)
 dist.cleanup()
 """
@@ -324,7 +327,7 @@ def test_probe_checkpoint_on_a_sharded_model(env, tmp_path):
     import subprocess
 
     from xlnetcli.data.tokenizer import Tokenizer
-    from xlnetcli.evaluate.probe import probe_checkpoint, read_rows, split_rows
+    from xlnetcli.evaluate.probe import ProbeSettings, probe_checkpoint, read_rows, split_rows
     from xlnetcli.model import XLNetLMHeadModel
 
     script = tmp_path / "sharded.py"
@@ -349,7 +352,7 @@ def test_probe_checkpoint_on_a_sharded_model(env, tmp_path):
         XLNetLMHeadModel(env["cfg"].model),
         Tokenizer.load(env["tok"]),
         *split_rows(read_rows(env["planted_train"])),
-        max_seq_length=64,
+        ProbeSettings(max_seq_length=64),
     )
     assert len(got) == 2
     for g in got:

@@ -27,13 +27,15 @@ pretraining (``train.probe_file`` / ``train.probe_every``; ``split_rows`` makes 
 that one file). It leaves the model's mode, its gradients and every RNG untouched::
 
     train_rows, valid_rows = split_rows(read_rows(cfg.train.probe_file), seed=cfg.train.seed)   # once
-    res = probe_checkpoint(model, tokenizer, train_rows, valid_rows, cfg.finetune.max_seq_length)  # all ranks (FSDP)
+    settings = ProbeSettings(max_seq_length=cfg.finetune.max_seq_length, seed=cfg.train.seed)
+    res = probe_checkpoint(model, tokenizer, train_rows, valid_rows, settings)  # all ranks (FSDP)
     logger.log(step, "probe", mean=res["accuracy"]["mean"], cls=res["accuracy"]["cls"])
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -57,6 +59,35 @@ FEATURES = ("mean", "cls")
 L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # penalty 0.5 * l2 * ||W||^2 added to the mean cross entropy
 HELDOUT_FRACTION = 0.2  # share of the training file held out to choose the L2 strength
 CURVE_DRAWS = 3  # draws of the training rows per size of the label-efficiency curve
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """How a probe runs (`xlnet probe`'s options; train.probe_* during pretraining)."""
+
+    max_seq_length: int | None = None  # tokens per example; None: the checkpoint's finetune.max_seq_length
+    batch_size: int = 64  # examples per forward pass when extracting features
+    seed: int = 0  # the held-out split that chooses L2, and the label-efficiency draws
+    train_sizes: Sequence[int] = ()  # sizes of the label-efficiency curve (none: no curve)
+    l2_grid: Sequence[float] = L2_GRID  # the L2 strengths tried
+    device: str | None = "auto"  # where `probe` loads the checkpoint (probe_checkpoint uses the model's device)
+
+
+@dataclass
+class ProbeArrays:
+    """One kind of features with its labels: what a linear probe fits (train) and scores (valid)."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_valid: np.ndarray
+    y_valid: np.ndarray
+    n_classes: int
+    groups: np.ndarray | None = None  # one id per training row: rows of a group never split (word_bag_groups)
+
+    def subset(self, rows: np.ndarray) -> ProbeArrays:
+        """The same validation set, training rows ``rows`` only."""
+        groups = None if self.groups is None else self.groups[rows]
+        return ProbeArrays(self.x_train[rows], self.y_train[rows], self.x_valid, self.y_valid, self.n_classes, groups)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -229,22 +260,15 @@ def _accuracy(model: tuple[_Standardizer, torch.Tensor, torch.Tensor], x: np.nda
 
 
 def linear_probe(
-    x_train: np.ndarray,
-    y_train: np.ndarray,
-    x_valid: np.ndarray,
-    y_valid: np.ndarray,
-    n_classes: int,
-    l2_grid: Sequence[float] = L2_GRID,
-    heldout_fraction: float = HELDOUT_FRACTION,
-    seed: int = 0,
-    groups: np.ndarray | None = None,
+    data: ProbeArrays, l2_grid: Sequence[float] = L2_GRID, heldout_fraction: float = HELDOUT_FRACTION, seed: int = 0
 ) -> dict[str, Any]:
-    """Choose L2 on a stratified held-out part of the training set (``groups``: one id per training row, rows of a
-    group never split, see ``word_bag_groups``), refit on all of it, score the validation set.
+    """Choose L2 on a stratified held-out part of the training set (rows of a group in ``data.groups`` never
+    split, see ``word_bag_groups``), refit on all of it, score the validation set.
 
     Returns {"accuracy" (validation), "train_accuracy" (the refitted probe on its own training set), "l2" (chosen),
     "heldout" {l2: held-out accuracy}}. The validation arrays are read once, after everything else is fixed."""
-    fit_idx, held_idx = _stratified(y_train, heldout_fraction, seed, groups)
+    x_train, y_train, n_classes = data.x_train, data.y_train, data.n_classes
+    fit_idx, held_idx = _stratified(y_train, heldout_fraction, seed, data.groups)
     if len(held_idx) == 0 or len(fit_idx) == 0:
         raise DataError(
             "the probe's training file needs at least 2 examples of some label to hold out for choosing the L2 strength"
@@ -257,7 +281,7 @@ def linear_probe(
     l2 = max(v for v, s in scores.items() if s == best)  # ties: the stronger penalty
     clf = fit_logistic(x_train, y_train, n_classes, l2)
     return {
-        "accuracy": _accuracy(clf, x_valid, y_valid),
+        "accuracy": _accuracy(clf, data.x_valid, data.y_valid),
         "train_accuracy": _accuracy(clf, x_train, y_train),
         "l2": l2,
         "heldout": {f"{k:g}": v for k, v in scores.items()},
@@ -265,38 +289,18 @@ def linear_probe(
 
 
 def label_curve(
-    x_train: np.ndarray,
-    y_train: np.ndarray,
-    x_valid: np.ndarray,
-    y_valid: np.ndarray,
-    n_classes: int,
-    sizes: Sequence[int],
-    l2_grid: Sequence[float] = L2_GRID,
-    draws: int = CURVE_DRAWS,
-    seed: int = 0,
-    groups: np.ndarray | None = None,
+    data: ProbeArrays, sizes: Sequence[int], l2_grid: Sequence[float] = L2_GRID, draws: int = CURVE_DRAWS, seed: int = 0
 ) -> list[dict[str, Any]]:
     """``linear_probe`` on stratified draws of ``n`` training rows for each ``n`` in ``sizes`` (smaller than the
     training set; draw ``k`` uses seed ``seed + k``): [{"n", "accuracy" (mean over draws), "accuracies"}]."""
-    out = []
+    out, y_train = [], data.y_train
     for n in sorted(set(sizes)):
         if n >= len(y_train):
             continue
         accs = []
         for k in range(draws):
             _, rows = _stratified(y_train, n / len(y_train), seed + k)
-            accs.append(
-                linear_probe(
-                    x_train[rows],
-                    y_train[rows],
-                    x_valid,
-                    y_valid,
-                    n_classes,
-                    l2_grid,
-                    seed=seed,
-                    groups=None if groups is None else groups[rows],
-                )["accuracy"]
-            )
+            accs.append(linear_probe(data.subset(rows), l2_grid, seed=seed)["accuracy"])
         out.append({"n": n, "accuracy": float(np.mean(accs)), "accuracies": accs})
     return out
 
@@ -331,35 +335,31 @@ def probe_checkpoint(
     tokenizer: Any,
     train_rows: Sequence[labelled.TextExample],
     valid_rows: Sequence[labelled.TextExample],
-    max_seq_length: int = 128,
-    batch_size: int = 64,
-    l2_grid: Sequence[float] = L2_GRID,
-    seed: int = 0,
+    settings: ProbeSettings,
     label_list: Sequence[str] | None = None,
-    train_sizes: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """Linear probes (``mean`` and ``cls`` features) of ``model`` on labelled rows.
+    """Linear probes (``mean`` and ``cls`` features) of ``model`` on labelled rows (``settings.max_seq_length``
+    must be set; ``settings.device`` is not read: the model's is used).
 
     Returns {"accuracy": {"mean": a, "cls": a}, "features": {kind: linear_probe result}, "labels", "train_examples",
     "valid_examples", "majority" (validation accuracy of always answering the training file's commonest label),
-    "truncated"}; with ``train_sizes``, each feature's result also holds "curve" (``label_curve``). Every process of
-    a sharded (FSDP) model must call it together: the forward pass gathers weights."""
+    "truncated"}; with ``settings.train_sizes``, each feature's result also holds "curve" (``label_curve``). Every
+    process of a sharded (FSDP) model must call it together: the forward pass gathers weights."""
     if label_list is None:
         label_list = probe_labels(train_rows, valid_rows, "probe training rows", "probe validation rows")
-    tr = labelled.encode_texts(tokenizer, train_rows, max_seq_length, "classification", label_list)
-    va = labelled.encode_texts(tokenizer, valid_rows, max_seq_length, "classification", label_list)
+    s = settings
+    assert s.max_seq_length is not None
+    tr = labelled.encode_texts(tokenizer, train_rows, s.max_seq_length, "classification", label_list)
+    va = labelled.encode_texts(tokenizer, valid_rows, s.max_seq_length, "classification", label_list)
     y_tr, y_va = tr.arrays["labels"], va.arrays["labels"]
-    f_tr, f_va = extract_features(model, tr, batch_size), extract_features(model, va, batch_size)
+    f_tr, f_va = extract_features(model, tr, s.batch_size), extract_features(model, va, s.batch_size)
     groups = word_bag_groups(train_rows)
-    feats = {
-        k: linear_probe(f_tr[k], y_tr, f_va[k], y_va, len(label_list), l2_grid, seed=seed, groups=groups)
-        for k in FEATURES
-    }
-    if train_sizes:
-        for k in FEATURES:
-            feats[k]["curve"] = label_curve(
-                f_tr[k], y_tr, f_va[k], y_va, len(label_list), train_sizes, l2_grid, seed=seed, groups=groups
-            )
+    feats = {}
+    for k in FEATURES:
+        data = ProbeArrays(f_tr[k], y_tr, f_va[k], y_va, len(label_list), groups)
+        feats[k] = linear_probe(data, s.l2_grid, seed=s.seed)
+        if s.train_sizes:
+            feats[k]["curve"] = label_curve(data, s.train_sizes, s.l2_grid, seed=s.seed)
     commonest = int(np.bincount(y_tr, minlength=len(label_list)).argmax())
     return {
         "accuracy": {k: v["accuracy"] for k, v in feats.items()},
@@ -410,8 +410,7 @@ def _probe_report(
     train: str | Path,
     valid: str | Path,
     label_list: list[str],
-    max_len: int,
-    seed: int,
+    settings: ProbeSettings,
     baseline: str | None,
     results: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
@@ -428,9 +427,9 @@ def _probe_report(
         "valid_examples": first["valid_examples"],
         "labels": label_list,
         "majority": first["majority"],
-        "max_seq_length": max_len,
+        "max_seq_length": settings.max_seq_length,
         "truncated": first["truncated"],
-        "seed": seed,
+        "seed": settings.seed,
         "random_init_seed": xl.config.train.seed if baseline == "random" else None,
         "results": {name: r["features"] for name, r in results.items()},
     }
@@ -440,49 +439,38 @@ def probe(
     checkpoint: str | Path,
     train: str | Path,
     valid: str | Path,
+    settings: ProbeSettings = ProbeSettings(),
     baseline: str | None = None,
     output: str | Path | None = None,
     columns: labelled.Columns | None = None,
     header: bool = True,
-    max_seq_length: int | None = None,
-    batch_size: int = 64,
-    seed: int = 0,
-    device: str | None = "auto",
-    train_sizes: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Probe a checkpoint (run folder, step folder or HF directory) with ``train``/``valid`` labelled files; with
     ``output``, also write the result as JSON (``format_table`` renders it for a terminal). ``baseline="random"``
-    adds the same architecture from random init. ``max_seq_length`` defaults to the checkpoint's
-    finetune.max_seq_length. ``train_sizes`` adds the label-efficiency curve (``label_curve``) of every model."""
-    _check_probe_args(baseline, batch_size, train_sizes)
+    adds the same architecture from random init. ``settings.max_seq_length`` defaults to the checkpoint's
+    finetune.max_seq_length. ``settings.train_sizes`` adds the label-efficiency curve (``label_curve``) of every
+    model."""
+    _check_probe_args(baseline, settings.batch_size, settings.train_sizes)
     check_file_outputs({"--output": output}, [*checkpoint_inputs(checkpoint), train, valid])
     train_rows = read_rows(train, columns, header)
     valid_rows = read_rows(valid, columns, header)
     label_list = probe_labels(train_rows, valid_rows, str(train), str(valid))
-    dev = dist.resolve_device(device)
+    dev = dist.resolve_device(settings.device)
     xl = lm.load(checkpoint, device=dev)
     tok = _checkpoint_tokenizer(xl)
-    max_len = max_seq_length or xl.config.finetune.max_seq_length
+    settings = replace(settings, max_seq_length=settings.max_seq_length or xl.config.finetune.max_seq_length)
+    max_len = settings.max_seq_length
+    assert max_len is not None
     if max_len < 4:
         raise XLNetError(f"--max-seq-length must be >= 4, got {max_len}")
     models = {"pretrained": xl.model}
     if baseline == "random":
         models["random"] = random_init_like(xl.model, xl.config.train.seed)
     results = {
-        name: probe_checkpoint(
-            m,
-            tok,
-            train_rows,
-            valid_rows,
-            max_len,
-            batch_size,
-            seed=seed,
-            label_list=label_list,
-            train_sizes=train_sizes,
-        )
+        name: probe_checkpoint(m, tok, train_rows, valid_rows, settings, label_list=label_list)
         for name, m in models.items()
     }
-    res = _probe_report(xl, train, valid, label_list, max_len, seed, baseline, results)
+    res = _probe_report(xl, train, valid, label_list, settings, baseline, results)
     if output is not None:
         atomic_write_json(output, res)
     return res

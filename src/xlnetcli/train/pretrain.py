@@ -55,7 +55,7 @@ from xlnetcli.core.files import check_output_not_input, output_lock, sha256_file
 from xlnetcli.data.records.format import read_meta as records_meta
 from xlnetcli.data.records.stream import PretrainStream
 from xlnetcli.data.tokenizer import Tokenizer
-from xlnetcli.evaluate.probe import probe_checkpoint, probe_labels, read_rows, split_rows
+from xlnetcli.evaluate.probe import ProbeSettings, probe_checkpoint, probe_labels, read_rows, split_rows
 from xlnetcli.model import XLNetLMHeadModel, num_params
 from xlnetcli.model.flops import train_flops
 from xlnetcli.model.objective import Memories, evaluate_plm
@@ -261,14 +261,8 @@ class PretrainRecipe:
         pay off yet? Every rank takes part (FSDP gathers), rank 0 logs."""
         assert self.probe_rows is not None  # read in __init__ whenever train.probe_every is set
         train_rows, valid_rows = self.probe_rows
-        res = probe_checkpoint(
-            dist.unwrap(model),
-            self.probe_tok,
-            train_rows,
-            valid_rows,
-            self.cfg.finetune.max_seq_length,
-            seed=self.cfg.train.seed,
-        )
+        settings = ProbeSettings(max_seq_length=self.cfg.finetune.max_seq_length, seed=self.cfg.train.seed)
+        res = probe_checkpoint(dist.unwrap(model), self.probe_tok, train_rows, valid_rows, settings)
         acc = res["accuracy"]
         log(step, "probe", mean=acc["mean"], cls=acc["cls"], examples=len(valid_rows))
         self.say(
