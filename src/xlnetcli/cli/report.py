@@ -10,7 +10,10 @@ from xlnetcli.cli.options import Group, examples, preset_list, resolve_config, s
 
 
 @click.group(
-    "config", cls=Group, help=f"Print presets and resolved configs. Presets ship in the package: {preset_list()}."
+    "config",
+    cls=Group,
+    help=f"Print presets and resolved configs. Presets ship in the package: {preset_list()}.",
+    epilog=examples("xlnet config show continue-base", "xlnet config show squad --set finetune.lr=3e-5"),
 )
 def config_group() -> None:
     pass
