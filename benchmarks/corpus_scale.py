@@ -278,7 +278,7 @@ def run_all(a: argparse.Namespace, work: Path, inputs: list[str], nbytes: int) -
             pj = json.loads((pd / "out" / "part.json").read_text())
             part_mb = sum(sizes.get(f["input"], 0) for f in pj["files"]) / MB
             row(f"shard --part {i}/{parts}", wmax, res, part_mb, pd / "out")
-        res = run_stage(["shard", "merge", *(str(d / f"part{i}" / "out") for i in range(parts)),
+        res = run_stage(["shard-merge", *(str(d / f"part{i}" / "out") for i in range(parts)),
                          "--out", str(d / "merged"), "--quiet"], d)  # fmt: skip
         row("shard merge", "-", res, mb, d / "merged", tokens)
         same["shard merge"] = sha(d / "merged" / "manifest.json") == manifests[-1]
@@ -290,7 +290,7 @@ def run_all(a: argparse.Namespace, work: Path, inputs: list[str], nbytes: int) -
             res = run_stage(["preprocess", "--shards", str(shards), "--out", str(pd / "out"), *cfg,
                              "--workers", str(wmax), "--part", f"{i}/{parts}"], pd)  # fmt: skip
             row(f"preprocess --part {i}/{parts}", wmax, res, mb * _row_share(pd / "out", parts), pd / "out")
-        res = run_stage(["preprocess", "merge", *(str(d / f"part{i}" / "out") for i in range(parts)),
+        res = run_stage(["preprocess-merge", *(str(d / f"part{i}" / "out") for i in range(parts)),
                          "--out", str(d / "merged")], d)  # fmt: skip
         row("preprocess merge", "-", res, mb, d / "merged", tokens * passes)
         same["preprocess merge"] = sha(d / "merged" / "meta.json") == metas[-1]

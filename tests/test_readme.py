@@ -21,8 +21,9 @@ TREE_NAME = r"(?:\{[^}]*\}|[^\s,{])+"  # a file or folder name in the tree, brac
 
 
 def as_argv(line: str) -> list[str] | None:
-    """The argv after `xlnet` of an `xlnet ...` or `... -m xlnetcli ...` command line, else None."""
-    line = line.split(" #")[0].strip()
+    """The argv after `xlnet` of an `xlnet ...` or `... -m xlnetcli ...` command line (shell variables as 0), else
+    None."""
+    line = re.sub(r"\$\w+", "0", line.split(" #")[0].strip())  # as the shell would: $SLURM_ARRAY_TASK_ID/8 -> 0/8
     argv = shlex.split(line) if line else []
     if argv[:1] == ["xlnet"]:
         return argv[1:]

@@ -23,7 +23,9 @@ def test_help_lists_commands_in_pipeline_order(capsys):
     assert names == [
         "tokenize",
         "shard",
+        "shard-merge",
         "preprocess",
+        "preprocess-merge",
         "pretrain",
         "finetune",
         "eval",

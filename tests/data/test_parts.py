@@ -1,4 +1,4 @@
-"""Sharding split across machines (issue #21 item 4): `xlnet shard --part I/N` + `xlnet shard merge` give the shard
+"""Sharding split across machines (issue #21 item 4): `xlnet shard --part I/N` + `xlnet shard-merge` give the shard
 folder of one host byte for byte (every file, manifest.json included), whatever N; mixed-up parts are refused."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from clitools import SAMPLE, assert_one_line_error, flip_bit, run_main, settings
 
 from xlnetcli.config import TokenizerConfig
 from xlnetcli.core.errors import DataError, XLNetError
-from xlnetcli.data.shards.parts import merge_shard_parts, parse_part, plan_parts, shard_part
+from xlnetcli.data.parts import parse_part
+from xlnetcli.data.shards.parts import merge_shard_parts, plan_parts, shard_part
 from xlnetcli.data.shards.shard import shard_corpus
 
 SHARDS = 3
@@ -108,10 +109,22 @@ def test_cli_part_and_merge(tmp_path, capsys, corpus, part_tok, one_host):
         assert code == 0, err
         assert f"wrote part {i}/2" in out + err
     parts = sorted((tmp_path / "parts").iterdir())
-    code, out, err = run_main(capsys, "shard", "merge", *parts, "--out", tmp_path / "m")
+    code, out, err = run_main(capsys, "shard-merge", *parts, "--out", tmp_path / "m")
     assert code == 0, err
     assert "merged 2 part(s)" in out + err
     assert digest(tmp_path / "m") == digest(one_host)
+
+
+def test_an_input_file_called_merge_is_an_input(tmp_path, capsys, monkeypatch, part_tok):
+    """Merging is `xlnet shard-merge`, so `xlnet shard merge` shards a file named merge; without one, the error
+    names the merge command."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_main(capsys, "shard", "merge", "--tokenizer", part_tok, "--out", "none", "--quiet")
+    assert_one_line_error(code, err, "xlnet shard-merge")
+    shutil.copyfile(SAMPLE, tmp_path / "merge")
+    code, _, err = run_main(capsys, "shard", "merge", "--tokenizer", part_tok, "--out", "shards", "--quiet")
+    assert code == 0, err
+    assert (tmp_path / "shards" / "manifest.json").is_file()
 
 
 def test_plan_is_balanced_and_whole_files():
@@ -142,7 +155,7 @@ def two_parts(tmp_path_factory, corpus, part_tok) -> list[Path]:
 
 def refused(capsys, tmp_path, parts, *needles):
     out = tmp_path / "merged"
-    code, _, err = run_main(capsys, "shard", "merge", *parts, "--out", out)
+    code, _, err = run_main(capsys, "shard-merge", *parts, "--out", out)
     assert_one_line_error(code, err, *needles)
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".merged")]  # no temporary left either
@@ -252,7 +265,7 @@ def test_record_parts_cli_and_bad_input(tmp_path, capsys, shard_dir, records_roo
         code, _, err = run_main(capsys, *base, "--out", tmp_path / f"p{i}", "--part", f"{i}/2")
         assert code == 0, err
     merged = records_root / "merged_cli"
-    code, _, err = run_main(capsys, "preprocess", "merge", tmp_path / "p1", tmp_path / "p0", "--out", merged)
+    code, _, err = run_main(capsys, "preprocess-merge", tmp_path / "p1", tmp_path / "p0", "--out", merged)
     assert code == 0, err
     assert digest(merged) == digest(records_root / "one")
     shutil.rmtree(merged)
@@ -264,17 +277,17 @@ def test_record_parts_cli_and_bad_input(tmp_path, capsys, shard_dir, records_roo
         ([tmp_path / "p0", tmp_path / "p0", tmp_path / "p1"], "part 0/2 given twice"),
         ([tmp_path / "p0", shard_dir], "not a records part"),
     ]:
-        code, _, err = run_main(capsys, "preprocess", "merge", *args, "--out", tmp_path / "x")
+        code, _, err = run_main(capsys, "preprocess-merge", *args, "--out", tmp_path / "x")
         assert_one_line_error(code, err, needle)
         assert not (tmp_path / "x").exists()
     other = tmp_path / "other"
     run_main(capsys, *base, "--set", "data.seed=7", "--out", other, "--part", "1/2")
-    code, _, err = run_main(capsys, "preprocess", "merge", tmp_path / "p0", other, "--out", tmp_path / "x")
+    code, _, err = run_main(capsys, "preprocess-merge", tmp_path / "p0", other, "--out", tmp_path / "x")
     assert_one_line_error(code, err, "differ in")
     bad = tmp_path / "p1c"
     shutil.copytree(tmp_path / "p1", bad)
     victim = bad / "train" / "pass_000.masked.npy"
     flip_bit(victim, 3)  # the last row: part 1's
-    code, _, err = run_main(capsys, "preprocess", "merge", tmp_path / "p0", bad, "--out", tmp_path / "x")
+    code, _, err = run_main(capsys, "preprocess-merge", tmp_path / "p0", bad, "--out", tmp_path / "x")
     assert_one_line_error(code, err, "sha256 differs")
     assert not (tmp_path / "x").exists()

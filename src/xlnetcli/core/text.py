@@ -25,3 +25,8 @@ def printable(text: str) -> str:
     """``text`` with every character that would break a one-line message (newlines, tabs, other controls, lone
     surrogates) written as its escape, the rest as is: ``a\\nb`` for ``a<newline>b``."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 thread', '2,048 steps': a count with thousands separators and its noun, singular for one."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"

@@ -74,6 +74,7 @@ from xlnetcli.train.engine import (
     run_config_file,
     seed_everything,
 )
+from xlnetcli.train.header import say_header
 
 # train.* keys that may change when resuming a run (they do not change what is computed, only how often we
 # log/evaluate/save, how long we train, or how the same maths is executed).
@@ -442,7 +443,7 @@ def _run(
         )
         return result
 
-    _say_header(say, cfg, engine, sizes, meta, data_dir, out_dir)
+    say_header(say, cfg, engine, sizes, meta, data_dir, out_dir)
     _say_init(say, init, init_record, engine.step)
     result = engine.fit(stop_after)
     if main and result["complete"]:
@@ -559,42 +560,3 @@ def _say_init(say: Any, init: Init | None, record: dict | None, step: int) -> No
         say(f"             changed from the checkpoint: {', '.join(init.changes)}")
     if s.tokenizer is None:
         say("             the checkpoint has no SentencePiece model: the records' tokenizer is trusted (same size)")
-
-
-def _say_header(
-    say: Any, cfg: Config, engine: Engine, sizes: tuple[int, int], meta: dict, data_dir: Path, out_dir: Path
-) -> None:
-    """The run's header: model (``sizes``: parameters with and without the embedding), batch, device, data and
-    optimizer lines."""
-    t, plan, step = cfg.train, engine.plan, engine.step
-    n_params, n_nonemb = sizes
-    start = "continuing from " + str(t.init) if t.init else "from scratch"
-    say(f"[bold]xlnet pretrain[/bold] {'resuming at step ' + str(step) if step else start} -> {out_dir}")
-    say(
-        f"  model      {n_params / 1e6:.2f}M parameters ({n_nonemb / 1e6:.2f}M without embeddings), "
-        f"{cfg.model.n_layer} layers, d_model {cfg.model.d_model}, seq {cfg.data.seq_len} "
-        f"(reuse {cfg.model.reuse_len}, mem {cfg.model.mem_len}), {cfg.data.num_predict} targets, "
-        f"bi_data {cfg.model.bi_data}"
-    )
-    say(
-        f"  batch      global {t.global_batch_size} = micro {t.micro_batch_size} x accumulation {plan.accumulation} x "
-        f"{engine.env.world_size} process(es); {plan.tokens_per_step:,} tokens per step, {t.max_steps:,} steps"
-    )
-    say(f"  device     {engine.describe()}, deterministic {t.deterministic}")
-    if engine.relayout:
-        say(f"  layout     {engine.relayout}")
-    spp = meta.get("splits", {}).get("train", {}).get("steps_per_pass")
-    if spp:
-        passes = meta.get("passes", 1)
-        say(
-            f"  data       {data_dir}: {spp:,} steps per pass x {passes} pass(es)"
-            + (
-                f"; passes repeat (new factorisation orders) after step {spp * passes:,}"
-                if spp * passes < t.max_steps
-                else ""
-            )
-        )
-    say(
-        f"  optimizer  AdamW lr {t.lr:g}, warmup {t.warmup_steps}, {t.schedule} decay to x{t.min_lr_ratio:g}, "
-        f"wd {t.weight_decay:g}, clip {t.clip_norm:g}; eval every {t.eval_every}, save every {t.save_every}"
-    )

@@ -1,4 +1,4 @@
-"""Preprocessing split across machines: ``xlnet preprocess --part I/N`` and ``xlnet preprocess merge`` (issue #21).
+"""Preprocessing split across machines: ``xlnet preprocess --part I/N`` and ``xlnet preprocess-merge`` (issue #21).
 
 Records are rows: every row of every pass is built from the shards with its own seeded generator (preprocess.py), so
 rows are independent work. Part I of N (0-based) builds rows [I*G//N, (I+1)*G//N) of every pass and split into a
@@ -23,9 +23,9 @@ from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_dir, sha256_file
 from xlnetcli.core.shapes import read_json_object
 from xlnetcli.core.signals import sigterm_as_interrupt
+from xlnetcli.data.parts import each_part_once
 from xlnetcli.data.records.format import checksums, create_npy, shards_location
 from xlnetcli.data.shards.format import NpyFile
-from xlnetcli.data.shards.parts import each_part_once
 
 PART_KIND = "xlnet-records-part"
 PART_FORMAT_VERSION = 2  # 2: parts of records format 2 (they reference the shards)
@@ -102,7 +102,7 @@ def _read_part(d: Path) -> dict[str, Any]:
 
 def _check_parts(dirs: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
     if not dirs:
-        raise XLNetError("xlnet preprocess merge: give the part folders to merge (PARTS...)")
+        raise XLNetError("xlnet preprocess-merge: give the part folders to merge (PARTS...)")
     metas = [(d, _read_part(d)) for d in dirs]
     d0, m0 = metas[0]
     n = m0["parts"]

@@ -35,10 +35,11 @@ import numpy as np
 
 from xlnetcli.config import BatchPlan, Config, check_config, save_config, split_num_predict
 from xlnetcli.core.console import print0, step_progress
-from xlnetcli.core.errors import DataError, XLNetError
+from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_not_input, sha256_file
 from xlnetcli.core.signals import sigterm_as_interrupt
 from xlnetcli.core.workers import ordered_map
+from xlnetcli.data.parts import check_part
 from xlnetcli.data.records.format import (
     FORMAT_VERSION,
     PassWriter,
@@ -192,9 +193,9 @@ def preprocess(
     manifest.json first (a flipped byte is refused, naming the file, instead of being trained on).
 
     ``part`` = (I, N): only rows [I*G//N, (I+1)*G//N) of every pass, into a part folder (part.json instead of
-    meta.json) that `xlnet preprocess merge` combines with the other N-1 (data/records/parts.py); returns part.json."""
-    if part is not None and not 0 <= part[0] < part[1]:
-        raise XLNetError(f"--part {part[0]}/{part[1]}: part index out of range; parts are numbered 0..{part[1] - 1}")
+    meta.json) that `xlnet preprocess-merge` combines with the other N-1 (data/records/parts.py); returns part.json."""
+    if part is not None:
+        check_part(part)
     shards = Path(shards)
     check_output_not_input(out, [shards])
     plan = check_config(cfg, stage="preprocess")

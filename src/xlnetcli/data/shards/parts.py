@@ -1,4 +1,4 @@
-"""Sharding split across machines: ``xlnet shard --part I/N`` and ``xlnet shard merge`` (issue #21 item 4).
+"""Sharding split across machines: ``xlnet shard --part I/N`` and ``xlnet shard-merge`` (issue #21 item 4).
 
 One host reads the inputs in order, tokenises them, numbers the documents over the whole corpus and assigns each to
 the valid split (hash of (seed, document index)) or to the train shard with the fewest tokens so far
@@ -11,7 +11,7 @@ assignment are sequential but cheap. So:
       the part with the fewest bytes so far: every part computes the same plan from the file list and sizes alone,
       without reading another part's text), and tokenises its own files into a part folder: per file its token ids
       (one <eod> per document), sentence parities and per-document token / line counts, in input order.
-  merge
+  shard-merge
       checks the N parts belong together (same inputs, sizes, tokenizer, config, --shards; every part once; every
       file's sha256), then replays the documents file by file in input order through the same assignment as one host
       (global document indices follow from the per-file counts). I/O only.
@@ -47,6 +47,7 @@ from xlnetcli.core.shapes import read_json_object
 from xlnetcli.core.signals import sigterm_as_interrupt
 from xlnetcli.data.corpus.inputs import Source, total_size
 from xlnetcli.data.corpus.reader import FileStats, ReadStats, iter_chunks
+from xlnetcli.data.parts import check_part, each_part_once
 from xlnetcli.data.shards.format import FORMAT_VERSION, NpyFile, NpyStreamWriter
 from xlnetcli.data.shards.shard import (
     CHUNK_CHARS,
@@ -69,37 +70,6 @@ PART_KIND = "xlnet-shard-part"
 PART_FORMAT_VERSION = 1
 MERGE_BLOCK_TOKENS = 1 << 22  # tokens replayed per step of the merge: memory stays bounded whatever the file size
 _KINDS = ("tokens", "sentid", "doctok", "doclines")
-
-
-def parse_part(text: str) -> tuple[int, int]:
-    """'I/N' -> (I, N), 0-based: I in 0..N-1 (DataError otherwise)."""
-    a, sep, b = text.partition("/")
-    try:
-        i, n = int(a), int(b)
-    except ValueError:
-        i = n = -1
-    if not sep or n < 1:
-        raise XLNetError(f"--part {text!r}: expected I/N with N >= 1 and 0 <= I < N (0-based), e.g. --part 0/8")
-    if not 0 <= i < n:
-        raise XLNetError(f"--part {text}: part index {i} is out of range; parts are numbered 0..{n - 1} (0-based)")
-    return i, n
-
-
-def each_part_once(metas: list[tuple[Path, dict]], n: int, command: str) -> list[tuple[Path, dict]]:
-    """The (folder, part.json) of the N parts of one run sorted by index; DataError naming a part given twice or the
-    first one missing (and the `xlnet COMMAND --part` that makes it)."""
-    seen: dict[int, Path] = {}
-    for d, m in metas:
-        if m["part"] in seen:
-            raise DataError(f"part {m['part']}/{n} given twice ({seen[m['part']]} and {d})")
-        seen[m["part"]] = d
-    missing = [i for i in range(n) if i not in seen]
-    if missing:
-        raise DataError(
-            f"part {missing[0]}/{n} is missing ({len(missing)} of {n} parts missing); run "
-            f"`xlnet {command} ... --part {missing[0]}/{n}` and merge all {n} parts"
-        )
-    return sorted(metas, key=lambda dm: dm[1]["part"])
 
 
 def plan_parts(sizes: Sequence[int], parts: int) -> list[int]:
@@ -155,9 +125,8 @@ def shard_part(
     text_field: str = "text",
 ) -> dict[str, Any]:
     """Tokenise part ``part`` = (I, N) of the inputs into the part folder ``out_dir``; returns its part.json."""
+    check_part(part)
     index, n_parts = part
-    if not 0 <= index < n_parts:
-        raise XLNetError(f"--part {index}/{n_parts}: part index out of range; parts are numbered 0..{n_parts - 1}")
     _check_counts(shards, workers)
     cfg, out, tok, train_files, valid_files = prepare_inputs(
         cfg, inputs, valid_inputs, out_dir, tokenizer, overwrite, "a shard part"
@@ -276,7 +245,7 @@ def _read_part(d: Path) -> dict[str, Any]:
 def _check_parts(dirs: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
     """The parts in part order, refused unless they are the N parts of one run, each once, with intact files."""
     if not dirs:
-        raise XLNetError("xlnet shard merge: give the part folders to merge (PARTS...)")
+        raise XLNetError("xlnet shard-merge: give the part folders to merge (PARTS...)")
     metas = [(d, _read_part(d)) for d in dirs]
     d0, m0 = metas[0]
     n = m0["parts"]
@@ -385,4 +354,4 @@ def merge_shard_parts(
     return _summary(out, n_files, plan["bytes"], time.perf_counter() - t0, train, valid, stats)
 
 
-__all__ = ["merge_shard_parts", "parse_part", "plan_parts", "shard_part"]
+__all__ = ["merge_shard_parts", "plan_parts", "shard_part"]

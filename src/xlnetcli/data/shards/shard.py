@@ -498,7 +498,7 @@ def write_manifest(
     bad_bytes: int,
 ) -> None:
     """manifest.json of the closed shards (and the empty valid files removed if no document went there); the same
-    bytes whether one host sharded or `xlnet shard merge` combined parts (shard_parts.py)."""
+    bytes whether one host sharded or `xlnet shard-merge` combined parts (data/shards/parts.py)."""
     train, valid = assigner.train, assigner.valid
     manifest = {
         "format_version": FORMAT_VERSION,
