@@ -14,7 +14,7 @@ from clitools import SAMPLE, assert_one_line_error, flip_bit, run_main, settings
 
 from xlnetcli.config import TokenizerConfig
 from xlnetcli.core.errors import DataError, XLNetError
-from xlnetcli.data.shards.parts import merge_shard_parts, parse_part, plan_parts, shard_part
+from xlnetcli.data.shards.parts import assign_files, merge_shard_parts, parse_part, shard_part
 from xlnetcli.data.shards.shard import shard_corpus
 
 SHARDS = 3
@@ -114,10 +114,10 @@ def test_cli_part_and_merge(tmp_path, capsys, corpus, part_tok, one_host):
     assert digest(tmp_path / "m") == digest(one_host)
 
 
-def test_plan_is_balanced_and_whole_files():
-    assert plan_parts([10, 1, 1, 8, 0], 2) == [0, 1, 1, 1, 0]
-    assert plan_parts([5, 5, 5], 5) == [0, 1, 2]
-    assert sorted(set(plan_parts(list(range(100)), 8))) == list(range(8))
+def test_assignment_is_balanced_and_whole_files():
+    assert assign_files([10, 1, 1, 8, 0], 2) == [0, 1, 1, 1, 0]
+    assert assign_files([5, 5, 5], 5) == [0, 1, 2]
+    assert sorted(set(assign_files(list(range(100)), 8))) == list(range(8))
 
 
 # ---- bad input ---------------------------------------------------------------------------------------------------
