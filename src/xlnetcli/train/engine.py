@@ -64,6 +64,8 @@ from xlnetcli.train.workload import Evaluation, Workload
 
 
 class Engine:
+    """The one training loop (see the module docstring): ``setup`` once, then ``fit``."""
+
     def __init__(
         self,
         model: torch.nn.Module,
