@@ -320,7 +320,7 @@ def test_engine_reads_a_steps_figures_without_waiting_for_the_work_queued_after_
     for the copy queued behind step N, not for the device's whole queue (a plain .item() would)."""
     import time
 
-    from xlnetcli.train.engine import HostCopy
+    from xlnetcli.train.step_figures import HostCopy
 
     values = torch.tensor([2.5, 0.75], device=CUDA) * 2
     figures = HostCopy(values)

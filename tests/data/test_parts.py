@@ -15,7 +15,7 @@ from clitools import SAMPLE, assert_one_line_error, flip_bit, run_main, settings
 from xlnetcli.config import TokenizerConfig
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.data.parts import parse_part
-from xlnetcli.data.shards.parts import merge_shard_parts, plan_parts, shard_part
+from xlnetcli.data.shards.parts import assign_files, merge_shard_parts, shard_part
 from xlnetcli.data.shards.shard import shard_corpus
 
 SHARDS = 3
@@ -127,10 +127,10 @@ def test_an_input_file_called_merge_is_an_input(tmp_path, capsys, monkeypatch, p
     assert (tmp_path / "shards" / "manifest.json").is_file()
 
 
-def test_plan_is_balanced_and_whole_files():
-    assert plan_parts([10, 1, 1, 8, 0], 2) == [0, 1, 1, 1, 0]
-    assert plan_parts([5, 5, 5], 5) == [0, 1, 2]
-    assert sorted(set(plan_parts(list(range(100)), 8))) == list(range(8))
+def test_assignment_is_balanced_and_whole_files():
+    assert assign_files([10, 1, 1, 8, 0], 2) == [0, 1, 1, 1, 0]
+    assert assign_files([5, 5, 5], 5) == [0, 1, 2]
+    assert sorted(set(assign_files(list(range(100)), 8))) == list(range(8))
 
 
 # ---- bad input ---------------------------------------------------------------------------------------------------

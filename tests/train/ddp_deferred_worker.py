@@ -28,8 +28,8 @@ def main(out: Path) -> None:
 
     def run(name: str, deferred: bool, sigterm_at: int | None = None) -> te.Engine:
         engine_module.deferred_check = check if deferred else (lambda *a: False)
-        recipe = te.ToyRecipe(4, 2, sigterm_at=sigterm_at if env.rank == 1 else None)
-        return te.make_engine(out / name, recipe, accum=2, max_steps=6, clip_norm=0.5, log_every=3, env=env)
+        workload = te.ToyWorkload(4, 2, sigterm_at=sigterm_at if env.rank == 1 else None)
+        return te.make_engine(out / name, workload, accum=2, max_steps=6, clip_norm=0.5, log_every=3, env=env)
 
     synced, deferred = run("synced", False), run("deferred", True)
     synced.fit()
@@ -44,8 +44,8 @@ def main(out: Path) -> None:
             stopped[name] = engine.step
     # a NaN loss on rank 1 alone during step 2: the mean loss is NaN on both, both skip the update and stop alike
     engine_module.deferred_check = check
-    recipe = te.ToyRecipe(4, 2, nan_at=1 if env.rank == 1 else None)
-    nan = te.make_engine(out / "nan", recipe, accum=2, log_every=100, env=env)
+    workload = te.ToyWorkload(4, 2, nan_at=1 if env.rank == 1 else None)
+    nan = te.make_engine(out / "nan", workload, accum=2, log_every=100, env=env)
     try:
         nan.fit()
         message = None

@@ -1,4 +1,4 @@
-"""The engine on its own: a toy recipe (fixed batches for a two-layer linear model) through Engine, in process.
+"""The engine on its own: a toy workload (fixed batches for a two-layer linear model) through Engine, in process.
 
 Gradient accumulation, clipping, the lr schedule, exact resume and preemption, as the engine applies them; the
 optimizer's step is wrapped to see the gradients and learning rates it is given.
@@ -20,10 +20,14 @@ from xlnetcli.config import Config
 from xlnetcli.core.dist import DistEnv
 from xlnetcli.core.errors import Preempted, XLNetError
 from xlnetcli.report.metrics_log import read_metrics
-from xlnetcli.train import engine as engine_module
+from xlnetcli.train import engine as engine_module  # its fused_adamw, deferred_check: patched to take either path
 from xlnetcli.train.checkpointer import load_train_state
-from xlnetcli.train.engine import Engine, Evaluation, Hints, TrainPlan, seed_everything
+from xlnetcli.train.engine import Engine
 from xlnetcli.train.optim import lr_factor
+from xlnetcli.train.plan import TrainPlan
+from xlnetcli.train.rng import seed_everything
+from xlnetcli.train.step_figures import clip_and_norms
+from xlnetcli.train.workload import Evaluation, Hints
 
 N_EXAMPLES, D_IN, D_OUT = 64, 4, 2
 _gen = torch.Generator().manual_seed(0)
@@ -32,7 +36,7 @@ Y = 10 * torch.randn(N_EXAMPLES, D_OUT, generator=_gen)  # large targets: gradie
 TIMING = ("time", "tokens_per_s", "peak_mem_gib")
 
 
-class ToyRecipe:
+class ToyWorkload:
     """Micro-batch ``micro`` of step ``step`` is rows [(step * accum + micro) * size, ... + size) of X, Y (wrapping):
     the same rows however a step's batch is split, and a function of the step alone, so no state to checkpoint."""
 
@@ -93,7 +97,7 @@ class ToyRecipe:
 
 def make_engine(
     run_dir: Path,
-    recipe: ToyRecipe | None = None,
+    workload: ToyWorkload | None = None,
     *,
     size: int = 4,
     accum: int = 1,
@@ -133,17 +137,8 @@ def make_engine(
         schedule=schedule,
         min_lr_ratio=min_lr_ratio,
     )
-    return Engine(
-        model,
-        recipe or ToyRecipe(size, accum),
-        plan,
-        env or DistEnv(),
-        run_dir,
-        Config(),
-        quiet=True,
-        resume_from=resume_from,
-        report_to="none",
-    ).setup()
+    engine = Engine(model, workload or ToyWorkload(size, accum), plan, env or DistEnv(), run_dir, Config(), quiet=True)
+    return engine.setup(resume_from=resume_from)
 
 
 def record_steps(engine: Engine) -> list[dict]:
@@ -196,8 +191,8 @@ def test_clipping_bounds_the_applied_gradient_and_the_log_keeps_the_norm_before_
     engine = make_engine(tmp_path / "run", size=2, accum=2, max_steps=2, clip_norm=clip)
     # the gradient of the first step without the engine: the same weights, the same 2 micro-batches, mean loss
     probe = make_engine(tmp_path / "probe", size=2, accum=2).model
-    recipe = ToyRecipe(2, 2)
-    loss = sum(recipe.loss(probe, recipe.next_batch(0, a), a) for a in range(2)) / 2
+    workload = ToyWorkload(2, 2)
+    loss = sum(workload.loss(probe, workload.next_batch(0, a), a) for a in range(2)) / 2
     loss.backward()
     unclipped = total_norm([p.grad for p in probe.parameters()])
     seen = record_steps(engine)
@@ -267,7 +262,7 @@ def test_sigterm_finishes_the_step_saves_and_raises_preempted(tmp_path):
 
     previous = signal.signal(signal.SIGTERM, outer)
     try:
-        engine = make_engine(tmp_path / "run", ToyRecipe(4, 1, sigterm_at=3), max_steps=8, dropout=0.5)
+        engine = make_engine(tmp_path / "run", ToyWorkload(4, 1, sigterm_at=3), max_steps=8, dropout=0.5)
         with pytest.raises(Preempted) as e:
             engine.fit()
         restored = signal.getsignal(signal.SIGTERM)
@@ -289,7 +284,7 @@ def test_sigterm_finishes_the_step_saves_and_raises_preempted(tmp_path):
 
 def test_an_early_stop_is_the_end_of_the_run(tmp_path):
     """An evaluation that says stop: a resumable checkpoint of that step, and the run is complete."""
-    engine = make_engine(tmp_path / "run", ToyRecipe(4, 1, eval_every=2, stop_at=4), max_steps=8)
+    engine = make_engine(tmp_path / "run", ToyWorkload(4, 1, eval_every=2, stop_at=4), max_steps=8)
     summary = engine.fit()
     assert summary["step"] == 4 and summary["stopped_early"] and summary["complete"]
     assert summary["eval"] == {"step_seen": 4}
@@ -297,21 +292,21 @@ def test_an_early_stop_is_the_end_of_the_run(tmp_path):
     assert load_train_state(tmp_path / "run" / "step_0000004")["step"] == 4
 
 
-def test_out_of_memory_and_divergence_give_the_recipes_advice(tmp_path):
+def test_out_of_memory_and_divergence_give_the_workloads_advice(tmp_path):
     def oom(*args):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
-    recipe = ToyRecipe(4, 2)
-    recipe.loss = oom
+    workload = ToyWorkload(4, 2)
+    workload.loss = oom
     with pytest.raises(XLNetError) as e:
-        make_engine(tmp_path / "oom", recipe, accum=2).fit()
+        make_engine(tmp_path / "oom", workload, accum=2).fit()
     assert str(e.value) == (
         "out of memory on cpu during training step 1 with micro-batch 4 x seq 1 (accumulation 2, "
         "1 process(es)); try --set toy.micro_batch_size=2 (accumulation becomes 4, same global "
         "batch), or lower toy.width (4)"
     )
     with pytest.raises(XLNetError) as e:
-        make_engine(tmp_path / "nan", ToyRecipe(4, 1, nan_at=1), lr=0.1).fit()
+        make_engine(tmp_path / "nan", ToyWorkload(4, 1, nan_at=1), lr=0.1).fit()
     assert str(e.value) == (
         "training diverged at step 2: toy loss is nan on micro-batch 0 of rank 0; the update was "
         "not applied; no checkpoint saved yet; try a lower toy.lr (now 0.1), more toy.warmup or "
@@ -322,9 +317,9 @@ def test_out_of_memory_and_divergence_give_the_recipes_advice(tmp_path):
 def test_one_plan_for_both_sections():
     """Keys a section lacks keep the plan's defaults; the rest come from the section."""
     cfg = Config()
-    common = dict(max_steps=10, warmup_steps=1, global_batch_size=8, accumulation=2, seq_len=16, flops_per_token=None)
-    pre = TrainPlan.from_config(cfg, "train", **common)
-    ft = TrainPlan.from_config(cfg, "finetune", rows=4, save_on_eval=True, **common)
+    common = dict(max_steps=10, warmup_steps=1, accumulation=2, flops_per_token=None)
+    pre = TrainPlan.from_config(cfg, "train", batch_shape=(8, 16), **common)
+    ft = TrainPlan.from_config(cfg, "finetune", batch_shape=(8, 4, 16), save_on_eval=True, **common)  # 4 options
     assert (pre.section, pre.lr, pre.schedule, pre.adam_betas) == (
         "train",
         cfg.train.lr,
@@ -340,6 +335,7 @@ def test_one_plan_for_both_sections():
     )
     assert ft.schedule == "linear" and ft.activation_checkpointing is None and not ft.compile
     assert (pre.tokens_per_step, ft.tokens_per_step) == (8 * 16, 8 * 4 * 16)
+    assert (ft.global_batch_size, ft.seq_len, pre.report_to, ft.report_to) == (8, 16, "auto", "auto")
     assert ft.save_on_eval and not pre.save_on_eval
 
 
@@ -358,7 +354,7 @@ class NanGrad(torch.autograd.Function):
         return g * math.nan
 
 
-class NanGradRecipe(ToyRecipe):
+class NanGradWorkload(ToyWorkload):
     def __init__(self, *args, nan_grad_at: int, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.nan_grad_at = nan_grad_at
@@ -423,11 +419,11 @@ def test_a_deferred_check_trains_the_same_bits_and_reads_a_step_late(tmp_path, f
 
 @pytest.mark.parametrize("kind", ["loss", "gradient"])
 def test_a_deferred_nonfinite_step_is_skipped_on_the_device_and_diagnosed_alike(tmp_path, fused, kind):
-    def recipe():
-        return ToyRecipe(4, 1, nan_at=1) if kind == "loss" else NanGradRecipe(4, 1, nan_grad_at=1)
+    def workload():
+        return ToyWorkload(4, 1, nan_at=1) if kind == "loss" else NanGradWorkload(4, 1, nan_grad_at=1)
 
     # a parameter without a gradient ahead of the others: the diagnosis still names the right one
-    deferred = make_engine(tmp_path / "deferred", recipe(), log_every=100, unused=True)
+    deferred = make_engine(tmp_path / "deferred", workload(), log_every=100, unused=True)
     with pytest.raises(XLNetError) as late:
         deferred.fit()
     # step 2 went non-finite; the host learnt it while launching step 3, whose update was applied: AdamW counts 2
@@ -441,7 +437,7 @@ def test_a_deferred_nonfinite_step_is_skipped_on_the_device_and_diagnosed_alike(
         deferred.save(3)
     assert str(again.value) == str(late.value) and not list((tmp_path / "deferred").glob("step_*"))
     fused()
-    synced = make_engine(tmp_path / "synced", recipe(), log_every=100, unused=True)
+    synced = make_engine(tmp_path / "synced", workload(), log_every=100, unused=True)
     with pytest.raises(XLNetError) as refused:
         synced.fit()
     assert {int(s["step"]) for s in synced.optimizer.state.values()} == {1}
@@ -455,7 +451,7 @@ def test_a_deferred_nonfinite_step_is_skipped_on_the_device_and_diagnosed_alike(
 
 
 def test_no_checkpoint_follows_a_deferred_nonfinite_step(tmp_path, fused):
-    engine = make_engine(tmp_path / "run", ToyRecipe(4, 1, nan_at=2), log_every=100, save_every=1)
+    engine = make_engine(tmp_path / "run", ToyWorkload(4, 1, nan_at=2), log_every=100, save_every=1)
     with pytest.raises(XLNetError, match="training diverged at step 3") as e:
         engine.fit()
     assert [p.name for p in (tmp_path / "run").glob("step_*")] == ["step_0000002"]  # keep_last 1
@@ -496,7 +492,7 @@ def test_clip_and_norms_is_torchs_clipping_bit_for_bit(max_norm):
     params = [nn.Parameter(torch.zeros_like(g)) for g in grads]
     for p, g in zip(params, grads, strict=True):
         p.grad = g.clone()
-    total, norms = engine_module.clip_and_norms(ours, max_norm, torch.device("cpu"))
+    total, norms = clip_and_norms(ours, max_norm, torch.device("cpu"))
     if max_norm > 0:
         ref = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
     else:

@@ -607,7 +607,7 @@ def test_sigterm_keeps_the_previous_result_until_the_new_one_completes(work, tmp
 
     from clitools import run_main
 
-    from xlnetcli.train.finetune import FinetuneRecipe, partial_dir
+    from xlnetcli.train.finetune import FinetuneWorkload, partial_dir
 
     train, valid, cfg = _resume_files(tmp_path)
     out = tmp_path / "out"
@@ -637,21 +637,21 @@ def test_sigterm_keeps_the_previous_result_until_the_new_one_completes(work, tmp
         code, _, err = run_main(capsys, *argv)
     assert code == 0, err
     before = _comparable(out)
-    real_loss = FinetuneRecipe.loss
+    real_loss = FinetuneWorkload.loss
 
     def sigterm_at_step_5(self, model, batch, micro):
         if self.examples.steps == 5 and micro == 0:
             os.kill(os.getpid(), signal.SIGTERM)  # what a scheduler sends before it kills
         return real_loss(self, model, batch, micro)
 
-    monkeypatch.setattr(FinetuneRecipe, "loss", sigterm_at_step_5)
+    monkeypatch.setattr(FinetuneWorkload, "loss", sigterm_at_step_5)
     code, _, err = run_main(capsys, *argv, "--overwrite")
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 75 and len(lines) == 1 and lines[0].startswith("xlnet: stopped on SIGTERM after step 5 of 12")
     assert "step_0000005" in lines[0] and "--resume" in lines[0]
     assert _comparable(out) == before  # the previous result is untouched
     assert sorted(p.name for p in partial_dir(out).glob("step_*")) == ["step_0000004", "step_0000005"]
-    monkeypatch.setattr(FinetuneRecipe, "loss", real_loss)
+    monkeypatch.setattr(FinetuneWorkload, "loss", real_loss)
     code, _, err = run_main(capsys, *argv, "--resume")
     assert code == 2 and "already holds a finetuning run; pass --overwrite" in err
     code, _, err = run_main(capsys, *argv, "--resume", "--overwrite")
@@ -665,7 +665,7 @@ def test_out_of_memory_and_divergence_are_diagnosed(work, tmp_path, monkeypatch,
     loss stops before the update; both one line, and before the first checkpoint nothing is left behind."""
     from clitools import assert_one_line_error, run_main
 
-    from xlnetcli.train.finetune import FinetuneRecipe
+    from xlnetcli.train.finetune import FinetuneWorkload
 
     train, valid, cfg = _resume_files(tmp_path)
     argv = [
@@ -688,7 +688,7 @@ def test_out_of_memory_and_divergence_are_diagnosed(work, tmp_path, monkeypatch,
     def oom(self, model, batch, micro):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
-    monkeypatch.setattr(FinetuneRecipe, "loss", oom)
+    monkeypatch.setattr(FinetuneWorkload, "loss", oom)
     code, _, err = run_main(capsys, *argv)
     assert_one_line_error(
         code,

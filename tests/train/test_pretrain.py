@@ -23,7 +23,7 @@ from clitools import (
     write_config,
 )
 
-from xlnetcli.config import batch_plan, load_config
+from xlnetcli.config import batch_maths, load_config
 from xlnetcli.core.errors import ConfigError, DataError, XLNetError
 from xlnetcli.report.metrics_log import read_metrics
 from xlnetcli.train.checkpointer import load_train_state
@@ -351,14 +351,14 @@ def test_preprocess_flags_reach_pretrain_without_config(builds, tmp_path, capsys
 
 def test_impossible_batch_maths():
     cfg = _cfg()
-    assert batch_plan(cfg, 1).accumulation == 2 and batch_plan(cfg, 2).accumulation == 1
-    plan = batch_plan(cfg, 2)  # bi_data: 2 forward rows, each also read reversed; 6 targets = 3 (reuse) + 3 (rest)
-    assert (plan.global_batch_size, plan.micro_batch_size, plan.world, plan.forward_rows) == (4, 2, 2, 2)
-    assert (plan.num_predict_reuse, plan.num_predict_rest) == (3, 3)
-    odd = batch_plan(_cfg("data.num_predict=7", "model.bi_data=false"), 1)
+    assert batch_maths(cfg, 1).accumulation == 2 and batch_maths(cfg, 2).accumulation == 1
+    maths = batch_maths(cfg, 2)  # bi_data: 2 forward rows, each also read reversed; 6 targets = 3 (reuse) + 3 (rest)
+    assert (maths.global_batch_size, maths.micro_batch_size, maths.world, maths.forward_rows) == (4, 2, 2, 2)
+    assert (maths.num_predict_reuse, maths.num_predict_rest) == (3, 3)
+    odd = batch_maths(_cfg("data.num_predict=7", "model.bi_data=false"), 1)
     assert (odd.num_predict_reuse, odd.num_predict_rest, odd.forward_rows) == (4, 3, 4)
     with pytest.raises(ConfigError, match=r"impossible batch maths: train.global_batch_size=4 .* x 3 process"):
-        batch_plan(cfg, 3)
+        batch_maths(cfg, 3)
     with pytest.raises(ConfigError, match="must be a multiple of"):
         _cfg("train.global_batch_size=6", "train.micro_batch_size=4")
 

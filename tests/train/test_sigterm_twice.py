@@ -2,7 +2,7 @@
 
 Schedulers and users repeat SIGTERM. Two of them 0.3 s apart must end a pretraining run the way one does: the
 checkpoint written, exit 75, and an exact resume; the second must never kill the process with 143 on its way out
-(engine.PreemptionGuard ignores SIGTERM once a stop was requested). Real subprocesses, several trials in one run.
+(preemption.PreemptionGuard ignores SIGTERM once a stop was requested). Real subprocesses, several trials in one run.
 """
 
 from __future__ import annotations

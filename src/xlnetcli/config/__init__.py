@@ -8,7 +8,7 @@ The presets (tiny, base, large; finetune: glue, squad, race; demo: what `make de
 This module only names what other packages use.
 """
 
-from xlnetcli.config.checks import BatchPlan, batch_plan, check_config, split_num_predict
+from xlnetcli.config.checks import BatchMaths, batch_maths, check_config, split_num_predict
 from xlnetcli.config.loading import (
     PRESETS,
     config_from_dict,
@@ -36,14 +36,14 @@ __all__ = [
     "OBJECTIVES",
     "PRESETS",
     "SECTIONS",
-    "BatchPlan",
+    "BatchMaths",
     "Config",
     "DataConfig",
     "FinetuneConfig",
     "ModelConfig",
     "TokenizerConfig",
     "TrainConfig",
-    "batch_plan",
+    "batch_maths",
     "check_config",
     "config_from_dict",
     "config_to_dict",

@@ -1,7 +1,7 @@
 """Config checks: every key's type and range, and the checks that span keys or sections (``check_config``).
 
 Every message is one line naming the key, the allowed values and a setting that works. The pretraining batch maths
-(``batch_plan``) lives here too: it is the check that the batch sizes divide, and the plan the stages run.
+(``batch_maths``) lives here too: it is the check that the batch sizes divide, and the layout the stages run.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def canonical_report_to(value: str | list[str], key: str) -> str:
 
 
 @dataclass(frozen=True)
-class BatchPlan:
+class BatchMaths:
     """Pretraining batch maths (docs/xlnet.md §5): what preprocess lays out and what each training process runs."""
 
     global_batch_size: int  # rows (parallel text streams) per optimizer step, all processes together
@@ -134,7 +134,7 @@ def split_num_predict(num_predict: int) -> tuple[int, int]:
     return num_predict - rest, rest
 
 
-def batch_plan(cfg: Config, world: int = 1) -> BatchPlan:
+def batch_maths(cfg: Config, world: int = 1) -> BatchMaths:
     """The batch maths of ``cfg`` on ``world`` processes, or a one-line ConfigError naming a setting that works."""
     g, mb, bi = cfg.train.global_batch_size, cfg.train.micro_batch_size, cfg.model.bi_data
     if bi and mb % 2:
@@ -150,16 +150,16 @@ def batch_plan(cfg: Config, world: int = 1) -> BatchPlan:
             f"train.micro_batch_size={mb} x {world} process(es); {hint}"
         )
     reuse, rest = split_num_predict(cfg.data.num_predict)
-    return BatchPlan(g, mb, world, g // (mb * world), bi, g // 2 if bi else g, reuse, rest)
+    return BatchMaths(g, mb, world, g // (mb * world), bi, g // 2 if bi else g, reuse, rest)
 
 
 # the stages that ask check_config() for more than every config satisfies
 STAGES = ("preprocess", "pretrain", "finetune")
 
 
-def check_config(cfg: Config, world: int = 1, stage: str | None = None, device: Any = None) -> BatchPlan:
-    """Every check that spans keys or sections, in one place; returns the pretraining batch plan on ``world``
-    processes. A check that fails raises a one-line ConfigError naming the keys and a setting that works.
+def check_config(cfg: Config, world: int = 1, stage: str | None = None, device: Any = None) -> None:
+    """Every check that spans keys or sections, in one place. A check that fails raises a one-line ConfigError naming
+    the keys and a setting that works (the batch maths itself: ``batch_maths``).
 
     Every Config runs it when built (one process, no stage): what any config must satisfy. A stage runs it once
     more with its name and number of processes for what that stage adds: ``preprocess`` and ``pretrain`` lay out or
@@ -224,7 +224,6 @@ def check_config(cfg: Config, world: int = 1, stage: str | None = None, device: 
     on = str(device).split(":")[0]  # a torch.device or its name; torch is not imported here
     if t.cuda_graphs and stage == "pretrain" and device is not None and on != "cuda":
         raise ConfigError(f"train.cuda_graphs needs a CUDA device, this run is on {on} (set train.cuda_graphs=false)")
-    plan = batch_plan(cfg, world if stage == "pretrain" else 1)
+    batch_maths(cfg, world if stage == "pretrain" else 1)  # the batch sizes divide
     if stage is not None:
         check_fits(cfg, stage, device)
-    return plan

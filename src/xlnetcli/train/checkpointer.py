@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -220,21 +221,32 @@ class OptimizerState:
         )
 
 
+@dataclass(frozen=True)
+class ResumePolicy:
+    """How a run's checkpoints are kept and resumed: the last ``keep_last`` resumable step folders stay; ``hint`` tells
+    the user how to continue from step {step}; ``elastic``: a checkpoint of another layout (processes, accumulation)
+    resumes, every rank state then ``Reassignable`` (pretraining: rows are the unit)."""
+
+    keep_last: int = 1
+    hint: str = "--resume {step}"
+    elastic: bool = False
+
+
 class Checkpointer:
     """Saves and loads a run's collection in step folders of ``run_dir``, and prunes them.
 
     ``states``: {name: Stateful}, the same on every rank, saved once (rank 0's): ``MODEL`` -> model.safetensors;
     the others -> train_state.safetensors, ``PROGRESS``'s keys at its top level and every other entry under its name.
     ``rank_states``: {name: Stateful} of each rank (RNG states, data cursors, memories), gathered from every rank into
-    train_state["ranks"][rank]. A checkpoint of another layout (processes, ``accumulation``) is refused unless
-    ``elastic`` (pretraining: every rank state is then ``Reassignable``). So a train_state.safetensors reads::
+    train_state["ranks"][rank]. A checkpoint of another layout (processes, ``accumulation``) is refused unless the
+    ``policy`` is elastic. So a train_state.safetensors reads::
 
         {format_version, step, tokens_seen, world_size, accumulation, log_window, optimizer, scaler, [task],
          ranks: [{rng, [data, mems]} for each rank]}
 
-    A save is written to a temporary folder and renamed (save_model_dir); then the last ``keep_last`` resumable
-    folders and the ``pinned`` steps stay and every other step folder is removed. A full disk is a one-line error
-    naming the last good checkpoint (``resume_hint`` says how to continue from it)."""
+    A save is written to a temporary folder and renamed (save_model_dir); then the policy's last ``keep_last``
+    resumable folders and the ``pinned`` steps stay and every other step folder is removed. A full disk is a one-line
+    error naming the last good checkpoint (the policy's ``hint`` says how to continue from it)."""
 
     def __init__(
         self,
@@ -244,18 +256,15 @@ class Checkpointer:
         cfg: Config,
         env: dist.DistEnv,
         tokenizer_dir: Path | None = None,
-        keep_last: int = 1,
-        resume_hint: str = "--resume {step}",
         accumulation: int = 1,
-        elastic: bool = False,
+        policy: ResumePolicy = ResumePolicy(),
     ) -> None:
         self.run_dir, self.states, self.rank_states, self.cfg, self.env = run_dir, states, rank_states, cfg, env
-        self.layout, self.elastic = (env.world_size, accumulation), elastic
+        self.layout, self.policy = (env.world_size, accumulation), policy
         self.resumed_layout: tuple[int, int] | None = None  # (processes, accumulation) of a checkpoint re-assigned
         self.tokenizer_dir = (
             tokenizer_dir if tokenizer_dir is not None and (tokenizer_dir / "spiece.model").is_file() else None
         )
-        self.keep_last, self.resume_hint = keep_last, resume_hint
         self.last_good: Path | None = None  # the latest resumable step folder written or resumed from
 
     # ---- load ------------------------------------------------------------------------------------------------------
@@ -270,7 +279,7 @@ class Checkpointer:
         _check_state_shape(state, folder / TRAIN_STATE)
         saved = (len(state["ranks"]), state.get("accumulation", self.layout[1]))
         same = saved == self.layout
-        if not same and not self.elastic:
+        if not same and not self.policy.elastic:
             raise CheckpointError(
                 f"checkpoint {folder.name} was written by {saved[0]} process(es) with accumulation {saved[1]}, this "
                 f"run has {self.layout[0]} with {self.layout[1]}; resume with the same number (torchrun "
@@ -343,7 +352,7 @@ class Checkpointer:
     def prune(self, pinned: Iterable[int] = ()) -> None:
         """Keep the last ``keep_last`` resumable step folders and the ``pinned`` steps; remove the others."""
         resumable = [s for s, _ in resumable_steps(self.run_dir)]
-        keep = set(resumable[max(0, len(resumable) - self.keep_last) :]) | set(pinned)
+        keep = set(resumable[max(0, len(resumable) - self.policy.keep_last) :]) | set(pinned)
         for s, path in step_folders(self.run_dir):
             if s not in keep:
                 shutil.rmtree(path, ignore_errors=True)
@@ -358,4 +367,4 @@ class Checkpointer:
         if self.last_good is None:
             return "no checkpoint saved yet"
         step = int(self.last_good.name.split("_")[1])
-        return f"last good checkpoint {self.last_good} (resume with {self.resume_hint.format(step=step)})"
+        return f"last good checkpoint {self.last_good} (resume with {self.policy.hint.format(step=step)})"

@@ -1,15 +1,20 @@
 """The training engine shared by pretraining and finetuning.
 
-    engine = Engine(model, recipe, plan, env, run_dir, cfg, tokenizer_dir, resume_from=step_folder)
-    engine.setup()          # resume weights and train state, distributed wrapping, optimizer, run folder
+    engine = Engine(model, workload, plan, env, run_dir, cfg, tokenizer_dir)
+    engine.setup(resume_from=step_folder)  # resume weights and train state, distributed wrapping, optimizer, run folder
     summary = engine.fit()  # train_step -> log -> evaluate -> save, until max_steps, an early stop or SIGTERM
 
-Shaped after torchtitan's ``Trainer.train()`` (a short loop of train_step, validator, checkpointer) and litgpt's
-setup -> fit -> validate. The engine owns what both trainings share: gradient accumulation (DDP's ``no_sync`` on all
-but the last micro-batch), mixed precision (autocast, and a ``GradScaler`` that is a pass-through unless fp16 on CUDA),
-global-norm clipping, the AdamW step and the lr schedule (train/optim.py), the cadence of logging, evaluation and
-checkpoints, out-of-memory and non-finite diagnosis, throughput / MFU / peak memory, the progress bar (or one plain
-line per interval when stderr is not a terminal), distributed wrapping (model/parallel.py), preemption and exact resume.
+Shaped after torchtitan's ``Trainer.train()`` (a short loop over components, each in its own file) and litgpt's
+setup -> fit -> validate. A workload (train/workload.py: ``pretrain.PretrainWorkload``, ``finetune.FinetuneWorkload``)
+supplies the batches, the loss, the evaluation and its stateful objects; a ``TrainPlan`` (train/plan.py) the settings.
+The engine owns what both trainings share: gradient accumulation (DDP's ``no_sync`` on all but the last micro-batch),
+mixed precision (autocast, and a ``GradScaler`` that is a pass-through unless fp16 on CUDA), global-norm clipping, the
+AdamW step and the lr schedule (train/optim.py), the cadence of logging, evaluation and checkpoints, out-of-memory and
+non-finite diagnosis (train/diagnosis.py), throughput / MFU / peak memory, distributed wrapping (model/parallel.py).
+Its components: the clock and counters (train/progress.py), the progress bar (train/display.py), preemption
+(train/preemption.py), the step's figures (train/step_figures.py), RNG state (train/rng.py), the checkpointer
+(train/checkpointer.py) and which checkpoint to resume from (train/resume.py).
+
 A step's loss and gradient norm stay on the device (``StepFigures``) until ``settle`` reads them. With a fused AdamW
 (CUDA), no grad scaler and no FSDP, a non-finite step is skipped on the device (the optimizer's ``found_inf``) and
 checked one step later, as is the ranks' agreement on SIGTERM: the host launches step N+1 while the device finishes
@@ -17,25 +22,9 @@ step N, and waits only for the rows it logs, evaluations and checkpoints (issue 
 Otherwise (CPU, fp16 with its scaler, FSDP) the figures are read once per optimizer step, before the update; never
 per micro-batch.
 
-A recipe (``pretrain.PretrainRecipe``, ``finetune.FinetuneRecipe``) is what a training run plugs into the engine:
-
-    name, loss_name                    progress-bar label; what the loss is called in messages ("PLM loss")
-    hints                              ``Hints``: the advice of out-of-memory, divergence and preemption messages
-    next_batch(step, micro)            micro-batch ``micro`` of optimizer step ``step``, on the device
-    loss(model, batch, micro)          the scalar loss of one micro-batch (called under autocast)
-    eval_due(step), evaluate(model, step, log) -> Evaluation | None
-    log_extras(step)                   extra fields of a train row (finetuning: epoch)
-    step_meta(step)                    meta.json of a step folder
-    states(), rank_states()            its stateful objects, shared by the ranks (finetuning: "task", the example
-                                       order and the best so far) and of one rank (pretraining: "data", the records
-                                       cursor, and "mems", the Transformer-XL memories)
-    elastic                            True: a checkpoint of another layout (processes, micro-batch size) resumes, its
-                                       rank states re-assigned (checkpointer.Reassignable) and dropout re-seeded
-    keep_last, pinned_steps(with_state)  which step folders stay after a save (rotation, the best checkpoint)
-
 Everything kept across steps is one collection of stateful objects (``state_dict()`` / ``load_state_dict()``), saved
 and loaded by ``train.checkpointer.Checkpointer``: {model, train (step, tokens seen, loss window), optimizer, scaler,
-**recipe.states()} once, and {rng, **recipe.rank_states()} of every rank. A resumable step folder (written to a
+**workload.states()} once, and {rng, **workload.rank_states()} of every rank. A resumable step folder (written to a
 temporary folder and renamed) holds model.safetensors, config.yaml, tokenizer/, meta.json and
 train_state.safetensors; the lr schedule is a function of the step (optim.lr_factor).
 
@@ -47,604 +36,50 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
-import signal
-import threading
-import time
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
 import torch
 
-from xlnetcli.checkpoint.folders import step_folders
-from xlnetcli.config import Config, config_to_dict, load_config, save_config
+from xlnetcli.config import Config, save_config
 from xlnetcli.core import dist
-from xlnetcli.core.console import console, duration, progress_is_live, step_progress
+from xlnetcli.core.console import duration
 from xlnetcli.core.dist import autocast_ctx
-from xlnetcli.core.errors import CheckpointError, ConfigError, Preempted, XLNetError
-from xlnetcli.core.files import atomic_write_text
-from xlnetcli.core.shapes import dumps_strict
+from xlnetcli.core.errors import Preempted, XLNetError
 from xlnetcli.model import parallelize
 from xlnetcli.model.flops import device_peak_tflops
 from xlnetcli.report.metrics_log import MetricsLogger, NullLogger, read_metrics
-from xlnetcli.train.checkpointer import (
-    MODEL,
-    PROGRESS,
-    TRAIN_STATE,
-    Checkpointer,
-    ModelState,
-    OptimizerState,
-    Stateful,
-    resumable_steps,
-)
-from xlnetcli.train.optim import build_optimizer, lr_factor, set_lr
-
-
-@dataclass
-class TrainPlan:
-    """What the engine needs from a config section (``train`` for pretraining, ``finetune`` for finetuning); built by
-    ``TrainPlan.from_config``."""
-
-    section: str  # the config section; messages name its keys
-    max_steps: int
-    lr: float
-    warmup_steps: int
-    clip_norm: float
-    precision: str
-    micro_batch_size: int
-    global_batch_size: int
-    accumulation: int
-    seq_len: int
-    tokens_per_step: int
-    log_every: int
-    save_every: int  # steps between resumable checkpoints (0: only at the end, or at evaluations with save_on_eval)
-    weight_decay: float
-    adam_eps: float
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    schedule: str = "linear"
-    min_lr_ratio: float = 0.0
-    layer_decay: float = 1.0
-    n_layer: int | None = None
-    micro_multiple: int = 1  # micro-batch sizes must be multiples of this (2 with bi_data)
-    activation_checkpointing: bool | None = None  # None: the section has no such key
-    save_on_eval: bool = False  # also write a resumable checkpoint at every evaluation step
-    compile: bool = False
-    cuda_graphs: bool = False  # each compiled layer replayed as a CUDA graph (needs compile)
-    distributed: str = "ddp"
-    flops_per_token: float | None = None  # model FLOPs of a training step per token (model/flops.py), for MFU
-    peak_tflops: float = 0.0  # configured device peak (0: from the GPU's name)
-
-    @classmethod
-    def from_config(
-        cls,
-        cfg: Config,
-        section: str,
-        *,
-        max_steps: int,
-        warmup_steps: int,
-        global_batch_size: int,
-        accumulation: int,
-        seq_len: int,
-        flops_per_token: float | None,
-        rows: int = 1,
-        save_on_eval: bool = False,
-    ) -> TrainPlan:
-        """The plan of ``cfg``'s ``section``; the arguments are what the two trainings derive differently. ``rows``:
-        sequences per example (the options of a multiple-choice example). Keys the section lacks (finetune has no
-        schedule, adam_betas, compile, ...; train no layer_decay) keep the defaults above."""
-        sec = getattr(cfg, section)
-        optional = (
-            "adam_betas",
-            "schedule",
-            "min_lr_ratio",
-            "layer_decay",
-            "activation_checkpointing",
-            "compile",
-            "cuda_graphs",
-            "distributed",
-        )
-        return cls(
-            section=section,
-            max_steps=max_steps,
-            lr=sec.lr,
-            warmup_steps=warmup_steps,
-            clip_norm=sec.clip_norm,
-            precision=sec.precision,
-            micro_batch_size=sec.micro_batch_size,
-            global_batch_size=global_batch_size,
-            accumulation=accumulation,
-            seq_len=seq_len,
-            tokens_per_step=global_batch_size * rows * seq_len,
-            log_every=sec.log_every,
-            save_every=sec.save_every,
-            save_on_eval=save_on_eval,
-            weight_decay=sec.weight_decay,
-            adam_eps=sec.adam_eps,
-            n_layer=cfg.model.n_layer,
-            micro_multiple=2 if cfg.model.bi_data else 1,
-            flops_per_token=flops_per_token,
-            peak_tflops=sec.peak_tflops,
-            **{key: getattr(sec, key) for key in optional if hasattr(sec, key)},
-        )
-
-
-@dataclass(frozen=True)
-class Hints:
-    """A recipe's advice in the engine's messages, naming its own config keys."""
-
-    lengths: str  # out of memory: the length keys to lower, with their values
-    warmup: str  # divergence: how to warm up longer
-    resume: str = "--resume {step}"  # how to continue from a checkpoint of step {step}
-
-
-@dataclass
-class Evaluation:
-    """What a recipe's evaluation tells the engine: its metrics, whether to keep the model of this step (a new best),
-    and whether to stop (early stopping)."""
-
-    metrics: dict | None = None
-    keep_model: bool = False
-    stop: bool = False
-
-
-class Recipe(Protocol):
-    """What a training run plugs into the engine (see the module docstring)."""
-
-    name: str
-    loss_name: str
-    hints: Hints
-    keep_last: int
-    elastic: bool
-
-    def next_batch(self, step: int, micro: int) -> Any: ...
-    def loss(self, model: torch.nn.Module, batch: Any, micro: int) -> torch.Tensor: ...
-    def eval_due(self, step: int) -> bool: ...
-    def evaluate(self, model: torch.nn.Module, step: int, log: Callable[..., None]) -> Evaluation | None: ...
-    def log_extras(self, step: int) -> dict: ...
-    def step_meta(self, step: int) -> dict: ...
-    def states(self) -> dict[str, Stateful]: ...
-    def rank_states(self) -> dict[str, Stateful]: ...
-    def pinned_steps(self, with_state: bool) -> set[int]: ...
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# RNG state (tensors and plain values only: save_tree stores nothing else)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict:
-    legacy = np.random.get_state()  # the global RandomState is MT19937: its legacy tuple (the stub also allows a dict)
-    assert isinstance(legacy, tuple)
-    name, keys, pos, has_gauss, cached = legacy
-    state = {
-        "python": random.getstate(),
-        "numpy": {
-            "name": name,
-            "keys": torch.from_numpy(keys.astype(np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached),
-        },
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    n = state["numpy"]
-    np.random.set_state(
-        (n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
-    )
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        with contextlib.suppress(Exception):
-            torch.cuda.set_rng_state_all(state["cuda"])
-
-
-class RandomState:
-    """This process's random number generators (python, numpy, torch, CUDA): dropout masks and sampling continue
-    after a resume as they would have. A process's generators have no counterpart in another layout: a resume with
-    another number of processes or micro-batch size calls ``reseed`` instead (``load_state_dicts``)."""
-
-    def __init__(self, reseed: Callable[[], None] | None = None) -> None:
-        self.reseed = reseed
-
-    def state_dict(self) -> dict:
-        return rng_state()
-
-    def load_state_dict(self, state: dict) -> None:
-        set_rng_state(state)
-
-    def load_state_dicts(self, states: list[dict]) -> None:
-        assert self.reseed is not None  # only elastic runs re-assign their rank states
-        self.reseed()
-
-
-def layout_seed(seed: int, step: int, rank: int) -> int:
-    """The seed of rank ``rank``'s generators after a resume at ``step`` with another layout: deterministic, so two
-    such resumes give the same run, but its dropout masks are not the uninterrupted run's."""
-    return int(np.random.SeedSequence([seed, step, rank, 0x1A7]).generate_state(1)[0])
-
-
-@dataclass
-class TrainProgress:
-    """The engine's counters (torchtitan's train_state): optimizer steps done, tokens trained on, the losses of the
-    steps since the last train row (their mean is logged), and the batch layout they were counted under."""
-
-    world_size: int
-    accumulation: int
-    step: int = 0
-    tokens_seen: int = 0
-    log_window: list[float] = field(default_factory=list)
-
-    def state_dict(self) -> dict:
-        return {
-            "step": self.step,
-            "tokens_seen": self.tokens_seen,
-            "world_size": self.world_size,
-            "accumulation": self.accumulation,
-            "log_window": list(self.log_window),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step = int(state["step"])
-        self.tokens_seen = int(state.get("tokens_seen", 0))
-        self.log_window = [float(v) for v in state.get("log_window", [])]
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Run folders: which checkpoint to resume from, rotation, clean-up
-
-
-def run_config_file(run_dir: str | Path) -> Path | None:
-    """The run's config.yaml or, when it was removed, the latest checkpoint's copy (every step folder has one)."""
-    run_cfg = Path(run_dir) / "config.yaml"
-    if run_cfg.is_file():
-        return run_cfg
-    return next((p / "config.yaml" for _, p in reversed(step_folders(run_dir)) if (p / "config.yaml").is_file()), None)
-
-
-def config_diff(a: dict, b: dict, ignore: set[str] | frozenset[str] = frozenset()) -> list[tuple[str, Any, Any]]:
-    out = []
-    for section in a:
-        for key in a[section]:
-            dotted = f"{section}.{key}"
-            if dotted in ignore:
-                continue
-            va, vb = a[section].get(key), b.get(section, {}).get(key)
-            if va != vb:
-                out.append((dotted, va, vb))
-    return out
-
-
-def resume_point(
-    cfg: Config,
-    run_dir: Path,
-    resume: str | None,
-    what: str,
-    sections: tuple[str, ...],
-    mutable: set[str],
-    same_config: str,
-) -> tuple[int, Path] | None:
-    """Refuse to mix runs; return the checkpoint to resume from (step, folder), or None to start afresh.
-
-    ``what`` names the run ("pretraining run"); ``sections`` are the config sections that must agree on resume except
-    the ``mutable`` keys; ``same_config`` tells the user how to resume with the run's own config."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise XLNetError(f"output path {run_dir} exists and is not a folder")
-    run_cfg = run_config_file(run_dir)
-    ckpts = resumable_steps(run_dir)
-    if run_cfg is None:
-        junk = [p for p in run_dir.iterdir() if not p.name.startswith(".")] if run_dir.is_dir() else []
-        if junk:
-            raise XLNetError(f"output folder {run_dir} is not empty and holds no {what}; choose another --out")
-        if resume not in (None, "latest"):
-            raise CheckpointError(f"nothing to resume: {run_dir} holds no {what}")
-        return None
-    if resume is None and not step_folders(run_dir) and (run_dir / "metrics.jsonl").is_file():
-        return None  # a run killed before its first checkpoint (it logged, so it is ours): nothing to lose, start again
-    try:
-        old = load_config(run_cfg)
-    except ConfigError as e:
-        raise CheckpointError(f"{run_cfg} is not a valid config ({e}); choose another --out") from None
-    if resume is None:
-        last = f" (last checkpoint step {ckpts[-1][0]})" if ckpts else ""
-        raise XLNetError(
-            f"output folder {run_dir} already holds a {what}{last}; pass --resume to continue it "
-            "or choose another --out"
-        )
-    _check_same_config(old, cfg, sections, mutable, run_dir, same_config)
-    return _pick_checkpoint(ckpts, resume, run_dir)
-
-
-def _check_same_config(
-    old: Config, cfg: Config, sections: tuple[str, ...], mutable: set[str], run_dir: Path, same_config: str
-) -> None:
-    """Refuse to resume the run in ``run_dir`` (config ``old``) with a config differing in ``sections`` outside the
-    ``mutable`` keys; the error names the first difference."""
-    have = {k: v for k, v in config_to_dict(old).items() if k in sections}
-    diff = config_diff(have, config_to_dict(cfg), mutable)
-    if diff:
-        key, was, now = diff[0]
-        more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""
-        raise XLNetError(
-            f"output folder {run_dir} holds a run with {key}={was!r} but this config has "
-            f"{key}={now!r}{more}; {same_config}"
-        )
-
-
-def _pick_checkpoint(ckpts: list[tuple[int, Path]], resume: str, run_dir: Path) -> tuple[int, Path] | None:
-    """The checkpoint ``resume`` ("latest" or a step number) names among the run's resumable ``ckpts`` (None:
-    "latest" of a run killed before its first checkpoint)."""
-    if not ckpts:
-        weights_only = step_folders(run_dir)
-        if weights_only:
-            raise CheckpointError(
-                f"{weights_only[-1][1]} has weights but no {TRAIN_STATE}, so the run cannot continue exactly "
-                "(restore the file, or use those weights elsewhere and train in another --out)"
-            )
-        if resume == "latest":
-            return None  # killed before the first checkpoint: start again in the same folder
-        raise CheckpointError(f"no checkpoint step {resume} in {run_dir}: it holds no checkpoint yet")
-    if resume == "latest":
-        return ckpts[-1]
-    try:
-        want = int(resume)
-    except ValueError:
-        raise XLNetError(f"--resume takes 'latest' or a step number, got {resume!r}") from None
-    for step, path in ckpts:
-        if step == want:
-            return step, path
-    have_steps = ", ".join(str(s) for s, _ in ckpts)
-    raise CheckpointError(f"no checkpoint step {want} in {run_dir} (have: {have_steps})")
-
-
-def truncate_metrics(run_dir: Path, step: int) -> None:
-    """On resume drop the metric rows logged after the checkpoint (they will be logged again, identically)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return
-    rows = [r for r in read_metrics(run_dir) if r.get("step", 0) <= step]
-    atomic_write_text(path, "".join(dumps_strict(r) + "\n" for r in rows))
-
-
-def printer(enabled: bool) -> Callable[..., None]:
-    """console.print, one unwrapped line per message (rank 0, not quiet); a no-op otherwise."""
-    if not enabled:
-        return lambda *a, **k: None
-    return lambda *a, **k: console.print(*a, soft_wrap=True, **k)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Diagnosis messages
-
-
-def oom_message(plan: TrainPlan, lengths: str, world: int, device: torch.device, where: str) -> str:
-    """Out of memory: the settings to lower, naming the section's keys; ``lengths`` are the recipe's (``Hints``)."""
-    mb, multiple, s = plan.micro_batch_size, plan.micro_multiple, plan.section
-    smaller = max(multiple, (mb // 2) // multiple * multiple)
-    tips = []
-    if smaller < mb:
-        tips.append(
-            f"--set {s}.micro_batch_size={smaller} (accumulation becomes "
-            f"{plan.global_batch_size // (smaller * world)}, same global batch)"
-        )
-    if plan.activation_checkpointing is False:
-        tips.append(f"--set {s}.activation_checkpointing=true")
-    if plan.precision == "fp32" and device.type == "cuda":
-        tips.append(f"--set {s}.precision=bf16")
-    tips.append(f"or lower {lengths}")
-    return (
-        f"out of memory on {device} during {where} with micro-batch {mb} x seq {plan.seq_len} "
-        f"(accumulation {plan.accumulation}, {world} process(es)); try " + ", ".join(tips)
-    )
-
-
-class HostCopy:
-    """A small device tensor copied to pinned host memory behind the work that made it: ``read()`` waits for that work
-    alone, not for the kernels queued after it (a plain read of a device tensor waits for the whole queue).
-    ``later=False``: it is read at once, so it stays where it is (the read is the sync)."""
-
-    def __init__(self, t: torch.Tensor, later: bool = True) -> None:
-        self.copied: Any = None
-        if later and t.device.type == "cuda":
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            host.copy_(t, non_blocking=True)
-            self.copied = torch.cuda.Event()
-            self.copied.record()
-            t = host
-        self.t = t
-
-    def read(self) -> list:
-        if self.copied is not None:
-            self.copied.synchronize()
-        return self.t.tolist()
-
-
-@dataclass
-class StepFigures:
-    """One optimizer step's figures, until ``Engine.settle`` reads them."""
-
-    step: int  # the step they belong to (1-based, as logged)
-    values: HostCopy  # [2]: the mean loss over micro-batches and ranks, the gradient norm before clipping
-    losses: torch.Tensor  # this rank's micro-batch losses (to name the micro-batch that went non-finite)
-    # a deferred check's per-parameter gradient norms and their parameters' names (the gradients are freed by then)
-    param_norms: torch.Tensor | None = None
-    param_names: list[str] | None = None
-
-
-def fused_adamw(device: torch.device) -> bool:
-    """AdamW's fused kernels on CUDA (one launch per parameter group, and ``found_inf``); the CPU keeps foreach."""
-    return device.type == "cuda"
-
-
-def deferred_check(fused: bool, scaler_enabled: bool, sharded: bool) -> bool:
-    """Whether a step's non-finite check may come after its update: fused AdamW skips a flagged update on the device
-    (``found_inf``), which fp16's grad scaler claims for its own inf check. Under DDP every rank holds the same
-    all-reduced gradients, so every rank skips alike; FSDP's sharded gradients keep the check before the update."""
-    return fused and not scaler_enabled and not sharded
-
-
-def clip_and_norms(
-    grads: list[torch.Tensor], max_norm: float, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(global norm, per-gradient norms [n]) of plain tensors on ``device``, clipping them to ``max_norm`` when > 0:
-    the arithmetic of torch.nn.utils.clip_grad_norm_, keeping the per-gradient norms it computes on the way."""
-    norms = torch.stack(torch._foreach_norm(grads, 2.0)) if grads else torch.zeros(0, device=device)
-    total = torch.linalg.vector_norm(norms, 2.0)
-    if max_norm > 0 and grads:
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        torch._foreach_mul_(grads, coef.to(grads[0].device))
-    return total, norms
-
-
-def _nonfinite_grad_name(model: torch.nn.Module) -> str | None:
-    for name, p in dist.unwrap(model).named_parameters():
-        g = p.grad
-        if g is None:
-            continue
-        if hasattr(g, "to_local"):
-            g = g.to_local()
-        if not torch.isfinite(g).all():
-            return name
-    return None
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The loop's components: preemption, the clock, the progress bar
-
-
-class PreemptionGuard:
-    """Turns SIGTERM into a request to stop after the current optimizer step (on every rank once any rank got it)."""
-
-    def __init__(self) -> None:
-        self.flag = False
-        self._old: Any = None
-        self._posted: HostCopy | None = None  # requested_late: the last step's reduced flags, on their way
-
-    def __enter__(self) -> PreemptionGuard:
-        if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGTERM, self._handler)
-        return self
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        self.flag = True
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._old is not None:
-            # after a stop was requested the process leaves with its checkpoint (exit 75): a further SIGTERM (schedulers
-            # and users repeat theirs) is the same request, and must not kill it with 143 on the way out (a handler
-            # of the caller's own is given back)
-            kill = self._old in (signal.SIG_DFL, None)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN if self.flag and kill else self._old)
-
-    def requested(self, device: torch.device) -> bool:
-        """Whether any rank got SIGTERM, agreed now (one collective and a read per step when distributed)."""
-        return dist.any_rank(self.flag, device)
-
-    def requested_late(self, device: torch.device) -> bool:
-        """The same agreement a step late (the engine's deferred check): this step's flags are reduced on the device
-        and read at the next call, so no step waits for one; every rank reads the same step's answer."""
-        if not dist.in_group():
-            return self.flag
-        agreed = dist.all_reduce_max(torch.full((1,), float(self.flag), device=device))
-        previous, self._posted = self._posted, HostCopy(agreed)
-        return previous is not None and previous.read()[0] > 0
-
-
-class StepClock:
-    """Wall time of a fit without its pauses (evaluation, checkpoint writing): the logged throughput counts data and
-    step time only, the ETA extrapolates it, and it is the summary's elapsed_s."""
-
-    def __init__(self) -> None:
-        self.start = self.interval_start = time.perf_counter()
-        self.paused_s = 0.0
-        self.steps = 0  # steps of this fit
-        self.steps_in_interval = 0  # steps since the last train row
-
-    def tick(self) -> None:
-        self.steps += 1
-        self.steps_in_interval += 1
-
-    def interval(self, tokens_per_step: int, steps_left: int) -> tuple[float, float]:
-        """(tokens/s over the steps since the last call, seconds left); the next interval starts now."""
-        now = time.perf_counter()
-        tps = tokens_per_step * self.steps_in_interval / max(now - self.interval_start, 1e-9)
-        eta = steps_left * (now - self.start - self.paused_s) / max(self.steps, 1)
-        self.interval_start, self.steps_in_interval = now, 0
-        return tps, eta
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        t = time.perf_counter()
-        yield
-        paused = time.perf_counter() - t
-        self.interval_start += paused
-        self.paused_s += paused
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start - self.paused_s
-
-
-class StepBar:
-    """The progress bar over optimizer steps (nothing when quiet or not rank 0). ``live``: it is drawn (stderr is a
-    terminal); when it is not, each train row is also printed as one plain line."""
-
-    def __init__(self, label: str, total: int, done: int, quiet: bool) -> None:
-        self.live = progress_is_live(quiet)
-        self._progress = step_progress(quiet=quiet)
-        self._label, self._total, self._done = label, total, done
-        self._bar: Any = None
-
-    def __enter__(self) -> StepBar:
-        self._progress.__enter__()
-        self._bar = self._progress.add_task(self._label, total=self._total, completed=self._done, info="")
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._progress.__exit__(*exc)
-
-    def update(self, step: int, info: str | None = None) -> None:
-        if info is None:
-            self._progress.update(self._bar, completed=step)
-        else:
-            self._progress.update(self._bar, completed=step, info=info)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The engine
+from xlnetcli.train.checkpointer import MODEL, PROGRESS, Checkpointer, ModelState, OptimizerState, ResumePolicy
+from xlnetcli.train.diagnosis import nonfinite_what, oom_message
+from xlnetcli.train.display import StepBar, printer
+from xlnetcli.train.optim import build_optimizer, fused_adamw, lr_factor, set_lr
+from xlnetcli.train.plan import TrainPlan
+from xlnetcli.train.preemption import PreemptionGuard
+from xlnetcli.train.progress import StepClock, TrainProgress
+from xlnetcli.train.resume import truncate_metrics
+from xlnetcli.train.rng import RandomState, layout_seed, seed_everything
+from xlnetcli.train.step_figures import HostCopy, StepFigures, clip_and_norms, deferred_check
+from xlnetcli.train.workload import Evaluation, Workload
 
 
 class Engine:
+    """The one training loop (see the module docstring): ``setup`` once, then ``fit``."""
+
     def __init__(
         self,
         model: torch.nn.Module,
-        recipe: Recipe,
+        workload: Workload,
         plan: TrainPlan,
         env: dist.DistEnv,
         run_dir: Path,
         cfg: Config,
         tokenizer_dir: Path | None = None,
         quiet: bool = False,
-        resume_from: Path | None = None,
-        report_to: str | list[str] = "auto",
     ) -> None:
-        self.model, self.recipe, self.plan, self.env = model, recipe, plan, env
-        self.report_to = report_to  # trackers besides metrics.jsonl (report/metrics_log.py)
-        self.run_dir, self.cfg, self.tokenizer_dir = run_dir, cfg, tokenizer_dir
-        self.quiet, self.resume_from = quiet, resume_from
+        self.model, self.workload, self.plan, self.env = model, workload, plan, env
+        self.run_dir, self.cfg, self.tokenizer_dir, self.quiet = run_dir, cfg, tokenizer_dir, quiet
+        self.resume_from: Path | None = None  # the step folder setup resumed from
         self.main = env.is_main
         self.say = printer(self.main and not quiet)
         self.progress = TrainProgress(env.world_size, plan.accumulation)
@@ -660,8 +95,11 @@ class Engine:
 
     # ---- setup: wrap, optimizer, the checkpointed collection, resume, run folder ---------------------------------
 
-    def setup(self) -> Engine:
+    def setup(self, resume_from: Path | None = None) -> Engine:
+        """Wrap the model, build the optimizer and the checkpointed collection, load ``resume_from`` (a step folder)
+        when given, and prepare the run folder (config.yaml, metrics.jsonl)."""
         plan, env, dev = self.plan, self.env, self.env.device
+        self.resume_from = resume_from
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")  # no in-place use
         ac = bool(plan.activation_checkpointing)
         self.model = parallelize(self.model, env, ac, plan.compile, plan.distributed, plan.cuda_graphs)
@@ -697,16 +135,14 @@ class Engine:
                 PROGRESS: self.progress,
                 "optimizer": OptimizerState(self.model, self.optimizer),
                 "scaler": self.scaler,
-                **self.recipe.states(),
+                **self.workload.states(),
             },
-            {"rng": RandomState(self._reseed if self.recipe.elastic else None), **self.recipe.rank_states()},
+            {"rng": RandomState(self._reseed if self.workload.elastic else None), **self.workload.rank_states()},
             self.cfg,
             env,
             self.tokenizer_dir,
-            self.recipe.keep_last,
-            self.recipe.hints.resume,
             plan.accumulation,
-            self.recipe.elastic,
+            ResumePolicy(self.workload.keep_last, self.workload.hints.resume, self.workload.elastic),
         )
         if self.resume_from is not None:
             self.checkpointer.load(self.resume_from)
@@ -721,7 +157,7 @@ class Engine:
                 truncate_metrics(self.run_dir, self.step)
             save_config(self.cfg, self.run_dir)
         dist.barrier()
-        self.logger = MetricsLogger(self.run_dir, self.report_to, self.cfg) if self.main else NullLogger()
+        self.logger = MetricsLogger(self.run_dir, plan.report_to, self.cfg) if self.main else NullLogger()
         return self
 
     def _reseed(self) -> None:
@@ -768,13 +204,13 @@ class Engine:
         self.model.train()
         with PreemptionGuard() as guard:
             self._evaluate_initial_weights()
-            with StepBar(self.recipe.name, self.plan.max_steps, self.step, quiet) as bar:
+            with StepBar(self.workload.name, self.plan.max_steps, self.step, quiet) as bar:
                 while self.step < self.plan.max_steps and (stop_after is None or self.step - first_step < stop_after):
                     lr = self.train_step()
                     self._count_step()
                     self._log_step(bar, lr)
                     with self.clock.paused():
-                        evaluated = self.recipe.eval_due(self.step)
+                        evaluated = self.workload.eval_due(self.step)
                         ev = self.evaluate(self.step) if evaluated else None
                         dev = self.env.device
                         preempted = guard.requested_late(dev) if self.deferred else guard.requested(dev)
@@ -793,18 +229,18 @@ class Engine:
         """Accumulate the step's micro-batches, clip, step; returns the lr. The step's figures join ``pending``: read
         and checked here before the update, or (``deferred``) after it, by ``settle``, with the update skipped on the
         device when they are not finite."""
-        plan, recipe, dev = self.plan, self.recipe, self.env.device
+        plan, workload, dev = self.plan, self.workload, self.env.device
         accum = plan.accumulation
         factor = lr_factor(self.step, plan.warmup_steps, plan.max_steps, plan.schedule, plan.min_lr_ratio)
         lr = set_lr(self.optimizer, plan.lr, factor)
         losses = []
         try:
             for a in range(accum):
-                batch = recipe.next_batch(self.step, a)
+                batch = workload.next_batch(self.step, a)
                 sync = self.ddp.no_sync() if (self.ddp is not None and a != accum - 1) else contextlib.nullcontext()
                 with sync:
                     with autocast_ctx(dev, plan.precision):
-                        loss = recipe.loss(self.model, batch, a)
+                        loss = workload.loss(self.model, batch, a)
                     self.scaler.scale(loss / accum).backward()
                 losses.append(loss.detach().float())
             self.scaler.unscale_(self.optimizer)
@@ -876,31 +312,15 @@ class Engine:
         self.clock.tick()
 
     def _oom_message(self, where: str) -> str:
-        return oom_message(self.plan, self.recipe.hints.lengths, self.env.world_size, self.env.device, where)
+        return oom_message(self.plan, self.workload.hints.lengths, self.env.world_size, self.env.device, where)
 
     def _nonfinite_message(self, f: StepFigures, loss_v: float, gnorm_v: float) -> str:
-        plan, name = self.plan, self.recipe.loss_name
-        if not math.isfinite(loss_v):
-            step_losses = f.losses.tolist()
-            bad = [i for i, v in enumerate(step_losses) if not math.isfinite(v)]
-            if bad:
-                what = f"{name} is {step_losses[bad[0]]} on micro-batch {bad[0]} of rank {self.env.rank}"
-            else:
-                what = f"{name} is {loss_v} on another rank"
-        else:
-            if f.param_norms is not None and f.param_names is not None:
-                finite = torch.isfinite(f.param_norms).tolist()
-                where = next((n for n, ok in zip(f.param_names, finite, strict=True) if not ok), None)
-            else:
-                where = _nonfinite_grad_name(self.model)  # FSDP: checked before the update, the gradients still there
-            what = (
-                f"gradient norm is {gnorm_v} (first non-finite gradient: {where or 'on another rank'}; "
-                f"loss {loss_v:.4f})"
-            )
+        plan = self.plan
+        what = nonfinite_what(f, loss_v, gnorm_v, self.workload.loss_name, self.env.rank, self.model)
         return (
             f"training diverged at step {f.step}: {what}; the update was not applied; "
             f"{self.checkpointer.last_good_text()}; try a lower {plan.section}.lr (now {plan.lr:g}), "
-            f"{self.recipe.hints.warmup} or {plan.section}.precision=fp32"
+            f"{self.workload.hints.warmup} or {plan.section}.precision=fp32"
         )
 
     # ---- logging -------------------------------------------------------------------------------------------------
@@ -926,7 +346,7 @@ class Engine:
         if self.device_peak and plan.flops_per_token:
             mfu = tps * plan.flops_per_token / (self.env.world_size * self.device_peak * 1e12)
         mem = dist.peak_memory_gib(dev)
-        extras = self.recipe.log_extras(step)
+        extras = self.workload.log_extras(step)
         self.logger.log(
             step,
             "train",
@@ -952,10 +372,10 @@ class Engine:
     # ---- evaluation and checkpoints ------------------------------------------------------------------------------
 
     def evaluate(self, step: int) -> Evaluation | None:
-        """The recipe's evaluation of the model at ``step``; its metrics go into the summary."""
+        """The workload's evaluation of the model at ``step``; its metrics go into the summary."""
         self.settle()  # a model whose last update went non-finite is not evaluated
         try:
-            ev = self.recipe.evaluate(self.model, step, self.logger.log)
+            ev = self.workload.evaluate(self.model, step, self.logger.log)
         except torch.OutOfMemoryError:
             raise XLNetError(self._oom_message("evaluation")) from None
         if ev is not None and ev.metrics is not None:
@@ -963,8 +383,8 @@ class Engine:
         return ev
 
     def _evaluate_initial_weights(self) -> None:
-        """The baseline before the first step, logged as step 0 (a fresh run whose recipe evaluates at step 0)."""
-        if self.step == 0 and self.recipe.eval_due(0):
+        """The baseline before the first step, logged as step 0 (a fresh run whose workload evaluates at step 0)."""
+        if self.step == 0 and self.workload.eval_due(0):
             self.evaluate(0)
             self.model.train()
 
@@ -983,11 +403,11 @@ class Engine:
             self.save(step, with_state)
 
     def save(self, step: int, with_state: bool = True) -> Path:
-        """Write step folder ``step`` (with train_state.safetensors when ``with_state``); the recipe's rotation and
+        """Write step folder ``step`` (with train_state.safetensors when ``with_state``); the workload's rotation and
         pinned steps decide which folders stay. A full disk is a one-line error naming the last good checkpoint."""
         self.settle()  # nothing is saved after a non-finite step; the loss window saved is complete
-        meta = {**self.recipe.step_meta(step), "step": step, "tokens_seen": self.progress.tokens_seen}
-        return self.checkpointer.save(step, with_state, meta, self.recipe.pinned_steps(with_state))
+        meta = {**self.workload.step_meta(step), "step": step, "tokens_seen": self.progress.tokens_seen}
+        return self.checkpointer.save(step, with_state, meta, self.workload.pinned_steps(with_state))
 
     # ---- the end of a fit ------------------------------------------------------------------------------------------
 
@@ -997,7 +417,7 @@ class Engine:
         return Preempted(
             f"stopped on SIGTERM after step {self.step} of {self.plan.max_steps}: checkpoint "
             f"{self.checkpointer.last_good} written; continue with "
-            f"{self.recipe.hints.resume.format(step=self.step)}"
+            f"{self.workload.hints.resume.format(step=self.step)}"
         )
 
     def _summary(self, first_step: int, stopped_early: bool) -> dict:

@@ -4,10 +4,10 @@
     finetune(cfg, "classification", "train.tsv", "valid.tsv", init="runs/pre", out="runs/sst2", resume=True)
 
 The loop, precision, checkpoints and resume are the engine's (train/engine.py); this module supplies the finetuning
-recipe (the shuffled example order, the head's loss, validation with the task metric, the best checkpoint) and the run
-folder. AdamW (no decay on LayerNorm/bias), linear warmup then linear decay, layer-wise lr decay as parameter groups,
-dropout/dropatt from cfg.finetune, evaluation every epoch or every N steps, optional early stopping, gradient
-accumulation, DDP under torchrun.
+workload (train/workload.py: the shuffled example order, the head's loss, validation with the task metric, the best
+checkpoint) and the run folder. AdamW (no decay on LayerNorm/bias), linear warmup then linear decay, layer-wise lr
+decay as parameter groups, dropout/dropatt from cfg.finetune, evaluation every epoch or every N steps, optional early
+stopping, gradient accumulation, DDP under torchrun.
 
 Run folder. The run is built in a hidden sibling ``.OUT.partial/`` and renamed to OUT when it completes, so OUT is
 either absent (or, with --overwrite, the previous result) or complete:
@@ -69,7 +69,11 @@ from xlnetcli.model.flops import forward_flops
 from xlnetcli.model.heads import carry_head
 from xlnetcli.report.trackers import require_trackers
 from xlnetcli.train.checkpointer import TRAIN_STATE, resumable_steps
-from xlnetcli.train.engine import Engine, Evaluation, Hints, TrainPlan, printer, resume_point
+from xlnetcli.train.display import printer
+from xlnetcli.train.engine import Engine
+from xlnetcli.train.plan import TrainPlan
+from xlnetcli.train.resume import resume_point
+from xlnetcli.train.workload import Evaluation, Hints
 
 # finetune.* keys that may change when resuming (how often metric lines and resumable checkpoints are written, where
 # metrics go, the device peak behind the logged MFU: nothing that changes what is computed)
@@ -97,7 +101,7 @@ def finetune_config_path(init: str | Path) -> Path | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The finetuning recipe
+# The finetuning workload
 
 
 class ExampleOrder:
@@ -173,8 +177,8 @@ class BestSoFar:
         self.stopped_early = bool(state["stopped_early"])
 
 
-class FinetuneRecipe:
-    """The engine's recipe for finetuning: each step takes the examples ``ExampleOrder`` draws, the head's loss,
+class FinetuneWorkload:
+    """What finetuning plugs into the engine: each step takes the examples ``ExampleOrder`` draws, the head's loss,
     validation with the task metric on rank 0, early stopping (``BestSoFar``), and which step folders stay (the best
     and the latest resumable one). Its checkpointed state (the train state's "task" entry, the same on every rank) is
     the run's identity (task, labels, file digests), the example order and the best so far."""
@@ -337,10 +341,8 @@ def finetune_plan(run_cfg: Config, train: TaskData, accum: int, total: int, warm
         "finetune",
         max_steps=total,
         warmup_steps=warmup,
-        global_batch_size=ft.batch_size,
+        batch_shape=(ft.batch_size, *(int(n) for n in shape[1:])),
         accumulation=accum,
-        seq_len=L,
-        rows=rows,
         save_on_eval=ft.save_every == 0,
         # the content stream over every position, no memory, no LM head (model/flops.py), for the logged MFU
         flops_per_token=3.0 * forward_flops(m, mb_rows, L, 0, 0, last_layer_query_only=False) / (mb_rows * L),
@@ -507,28 +509,19 @@ def _finetune(
     model = _build_model(run_cfg, task, train_data.label_list, init_ckpt, from_scratch, start is None, say)
     model.to(env.device).train()
 
-    recipe = _make_recipe(task, run_cfg, train_data, valid_data, init_ckpt, from_scratch, train, valid, env, steps, say)
+    workload = _make_workload(
+        task, run_cfg, train_data, valid_data, init_ckpt, from_scratch, train, valid, env, steps, say
+    )
     plan = finetune_plan(run_cfg, train_data, steps.accumulation, steps.total, steps.warmup)
     if env.is_main and mode == "fresh" and partial.exists():
         shutil.rmtree(partial)  # --overwrite: an interrupted earlier run is discarded
     dist.barrier()
-    engine = Engine(
-        model,
-        recipe,
-        plan,
-        env,
-        partial,
-        run_cfg,
-        init_ckpt.tokenizer_dir,
-        quiet,
-        resume_from=start[1] if start is not None else None,
-        report_to=run_cfg.finetune.report_to,
-    )
+    engine = Engine(model, workload, plan, env, partial, run_cfg, init_ckpt.tokenizer_dir, quiet)
     with _removed_on_failure(partial, env.is_main):
-        engine.setup()
+        engine.setup(resume_from=start[1] if start is not None else None)
         _say_header(say, engine, task, init_ckpt.path, out, train_data, valid_data, steps)
         result = engine.fit()
-    return _commit_results(recipe, result, out, partial, train_data, valid_data, say)
+    return _commit_results(workload, result, out, partial, train_data, valid_data, say)
 
 
 def _check_vocab(init_ckpt: InitCheckpoint, run_cfg: Config) -> None:
@@ -540,7 +533,7 @@ def _check_vocab(init_ckpt: InitCheckpoint, run_cfg: Config) -> None:
         )
 
 
-def _make_recipe(
+def _make_workload(
     task: str,
     run_cfg: Config,
     train_data: TaskData,
@@ -552,8 +545,8 @@ def _make_recipe(
     env: dist.DistEnv,
     steps: StepCounts,
     say: Any,
-) -> FinetuneRecipe:
-    """The engine's recipe, with the meta.json fields every step folder shares and the data files' hashes."""
+) -> FinetuneWorkload:
+    """The finetuning workload, with the meta.json fields every step folder shares and the data files' hashes."""
     meta_base = {
         "kind": "finetune",
         "task": task,
@@ -563,7 +556,7 @@ def _make_recipe(
         "squad_v2": bool(valid_data.squad_v2) if valid_data and task == "squad" else None,
     }
     files = {"train": sha256_file(train), **({"valid": sha256_file(valid)} if valid is not None else {})}
-    return FinetuneRecipe(
+    return FinetuneWorkload(
         task,
         run_cfg,
         train_data,
@@ -718,7 +711,7 @@ def _removed_on_failure(partial: Path, main: bool) -> Iterator[None]:
 
 
 def _commit_results(
-    recipe: FinetuneRecipe,
+    workload: FinetuneWorkload,
     result: dict,
     out: Path,
     partial: Path,
@@ -727,9 +720,9 @@ def _commit_results(
     say: Any,
 ) -> dict[str, Any]:
     """results.json into the partial folder, then the commit (prune, rename); the closing line."""
-    best = recipe.tracker.best
+    best = workload.tracker.best
     results = {
-        "task": recipe.task,
+        "task": workload.task,
         "out": str(out),
         "steps": result["step"],
         "best_step": best["step"],
@@ -742,11 +735,11 @@ def _commit_results(
         "valid_examples": len(valid_data.examples) if valid_data else 0,
         "labels": train_data.label_list,
         "seconds": round(result["elapsed_s"], 2),
-        "stopped_early": recipe.tracker.stopped_early,
+        "stopped_early": workload.tracker.stopped_early,
         "notes": (train_data.notes + (valid_data.notes if valid_data else [])),
         "final_train_loss": result["loss"],
     }
-    if recipe.env.is_main:
+    if workload.env.is_main:
         atomic_write_json(partial / "results.json", results)
         _commit(partial, out, best["step"])
     dist.barrier()

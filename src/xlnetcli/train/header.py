@@ -5,7 +5,6 @@ data and optimizer, numbers with thousands separators."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -54,11 +53,10 @@ def device_prose(engine: Engine, deterministic: bool) -> str:
     return f"{where} ({procs}), precision {precision}, {', '.join(flags)}"
 
 
-def say_header(
-    say: Any, cfg: Config, engine: Engine, sizes: tuple[int, int], meta: dict, data_dir: Path, out_dir: Path
-) -> None:
+def say_header(engine: Engine, sizes: tuple[int, int], meta: dict, data_dir: Path) -> None:
     """The header: the run, its objective, model (``sizes``: parameters with and without the embedding), batch,
     device, data (``meta``: the records' meta.json) and optimizer lines."""
+    say, cfg, out_dir = engine.say, engine.cfg, engine.run_dir
     t, m, d, plan, step = cfg.train, cfg.model, cfg.data, engine.plan, engine.step
     n_params, n_nonemb = sizes
     start = f"continuing from {t.init}" if t.init else "from scratch"

@@ -70,6 +70,11 @@ def build_optimizer(
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
 
 
+def fused_adamw(device: torch.device) -> bool:
+    """AdamW's fused kernels on CUDA (one launch per parameter group, and ``found_inf``); the CPU keeps foreach."""
+    return device.type == "cuda"
+
+
 def lr_factor(
     step: int, warmup_steps: int, total_steps: int, schedule: str = "linear", min_lr_ratio: float = 0.0
 ) -> float:

@@ -5,7 +5,8 @@
     summary = pretrain(load_config("configs/tiny.yaml"), "records/", "runs/tiny", resume=None)
 
 The loop, precision, checkpoints and resume are the engine's (train/engine.py); this module supplies the pretraining
-recipe: the records stream, the PLM loss with memories, held-out evaluation, and which step folders to keep.
+workload (train/workload.py): the records stream, the PLM loss with memories, held-out evaluation, and which step
+folders to keep.
 
 Batch maths: ``train.global_batch_size`` rows (parallel text streams, fixed for the run) per optimizer step;
 each of W processes runs A = global / (micro * W) micro-batches and accumulates gradients. Micro-batch a of rank r
@@ -24,7 +25,7 @@ Run folder::
         train_state.safetensors       optimizer, grad scaler, step, RNG states, data cursors and memories (by records
                                       row) of every rank
 
-The recipe's stateful objects are its records stream (``data``: the cursor) and its ``Memories`` (``mems``), both of
+The workload's stateful objects are its records stream (``data``: the cursor) and its ``Memories`` (``mems``), both of
 each rank; the engine checkpoints them with everything else it keeps (train/checkpointer.py).
 
 ``resume="latest"`` (or a step number) continues exactly: same data, same dropout masks, same memories. Rows are the
@@ -48,7 +49,7 @@ import torch
 
 from xlnetcli.checkpoint.folders import read_meta, step_folders
 from xlnetcli.checkpoint.load import StartingPoint, continued_model_config, load_starting_point, load_state
-from xlnetcli.config import Config, ModelConfig, check_config, config_to_dict, replace
+from xlnetcli.config import Config, ModelConfig, batch_maths, check_config, config_to_dict, replace
 from xlnetcli.core import dist
 from xlnetcli.core.errors import CheckpointError, ConfigError, DataError
 from xlnetcli.core.files import check_output_not_input, output_lock, sha256_file
@@ -64,17 +65,13 @@ from xlnetcli.model.objective import model_inputs as _model_inputs
 from xlnetcli.report.plot import maybe_plot
 from xlnetcli.report.trackers import require_trackers
 from xlnetcli.train.checkpointer import resumable_steps
-from xlnetcli.train.engine import (
-    Engine,
-    Evaluation,
-    Hints,
-    TrainPlan,
-    printer,
-    resume_point,
-    run_config_file,
-    seed_everything,
-)
+from xlnetcli.train.display import printer
+from xlnetcli.train.engine import Engine
 from xlnetcli.train.header import say_header
+from xlnetcli.train.plan import TrainPlan
+from xlnetcli.train.resume import resume_point, run_config_file
+from xlnetcli.train.rng import seed_everything
+from xlnetcli.train.workload import Evaluation, Hints
 
 # train.* keys that may change when resuming a run (they do not change what is computed, only how often we
 # log/evaluate/save, how long we train, or how the same maths is executed).
@@ -173,15 +170,15 @@ def check_run_dir(cfg: Config, out_dir: Path, resume: str | None) -> tuple[int, 
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The pretraining recipe
+# The pretraining workload
 
 
 def build_lm_model(cfg: Config) -> torch.nn.Module:
     return XLNetLMHeadModel(cfg.model)
 
 
-class PretrainRecipe:
-    """The engine's recipe for pretraining: the records stream of this rank, the PLM loss with one memory per
+class PretrainWorkload:
+    """What pretraining plugs into the engine: the records stream of this rank, the PLM loss with one memory per
     micro-batch index, held-out evaluation on the valid split, and the last ``train.keep_last`` step folders."""
 
     name = "pretrain"
@@ -322,9 +319,8 @@ def pretrain_plan(cfg: Config, accum: int) -> TrainPlan:
         "train",
         max_steps=t.max_steps,
         warmup_steps=t.warmup_steps,
-        global_batch_size=t.global_batch_size,
+        batch_shape=(t.global_batch_size, L),
         accumulation=accum,
-        seq_len=L,
         # model FLOPs per token at full memory (model/flops.py), for the logged MFU
         flops_per_token=train_flops(cfg.model, t.micro_batch_size, L, cfg.model.mem_len, cfg.data.num_predict)
         / (t.micro_batch_size * L),
@@ -371,7 +367,7 @@ def _pretrain(
     quiet: bool,
     stop_after: int | None,
 ) -> dict:
-    t, main = cfg.train, env.is_main
+    main = env.is_main
     meta, accum, start = _check_inputs(cfg, data_dir, out_dir, resume, env)
     init = load_init(cfg, data_dir) if cfg.train.init and start is None else None
     if init is not None:
@@ -381,31 +377,21 @@ def _pretrain(
     say = printer(main and not quiet)
     plan = pretrain_plan(cfg, accum)
     init_record = init.start.record() if init else (read_meta(start[1]).get("init") if start else None)
-    recipe = PretrainRecipe(cfg, data_dir, meta, env, accum, say, init_record)
-    engine = Engine(
-        model,
-        recipe,
-        plan,
-        env,
-        out_dir,
-        cfg,
-        data_dir / "tokenizer",
-        quiet,
-        resume_from=start[1] if start is not None else None,
-        report_to=t.report_to,
-    )
+    workload = PretrainWorkload(cfg, data_dir, meta, env, accum, say, init_record)
+    engine = Engine(model, workload, plan, env, out_dir, cfg, data_dir / "tokenizer", quiet)
     try:
         with _undone_on_failure(out_dir, main, lambda: engine.confirmed_step == 0):
-            return _run(engine, cfg, init, init_record, sizes, meta, data_dir, out_dir, stop_after, say)
+            engine.setup(resume_from=start[1] if start is not None else None)
+            return _run(engine, init, init_record, sizes, meta, data_dir, stop_after)
     finally:
-        recipe.stream.close()  # the prefetch thread ends here, not in the interpreter's shutdown
+        workload.stream.close()  # the prefetch thread ends here, not in the interpreter's shutdown
 
 
 @contextlib.contextmanager
 def _undone_on_failure(run_dir: Path, main: bool, before_first_step: Callable[[], bool]) -> Iterator[None]:
     """A start that fails before its first step (a tracker that cannot start, a probe file the step-0 probe refuses,
     ...) leaves the run folder as it found it: what this call created is removed, so the same command can be run
-    again (a run killed later, before its first checkpoint, is taken over by a rerun: engine.resume_point)."""
+    again (a run killed later, before its first checkpoint, is taken over by a rerun: resume.resume_point)."""
     before = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else None
     try:
         yield
@@ -422,19 +408,16 @@ def _undone_on_failure(run_dir: Path, main: bool, before_first_step: Callable[[]
 
 def _run(
     engine: Engine,
-    cfg: Config,
     init: Init | None,
     init_record: dict | None,
     sizes: tuple[int, int],
     meta: dict,
     data_dir: Path,
-    out_dir: Path,
     stop_after: int | None,
-    say: Any,
 ) -> dict:
-    """Set the engine up and train (or report a run already complete)."""
-    t, main, quiet = cfg.train, engine.main, engine.quiet
-    engine.setup()
+    """Train the engine (set up) and say so, or report a run already complete."""
+    cfg, out_dir, say, main, quiet = engine.cfg, engine.run_dir, engine.say, engine.main, engine.quiet
+    t = cfg.train
     if engine.step >= t.max_steps:
         result = engine.fit()  # nothing to train: the run's last logged figures
         say(
@@ -443,7 +426,7 @@ def _run(
         )
         return result
 
-    say_header(say, cfg, engine, sizes, meta, data_dir, out_dir)
+    say_header(engine, sizes, meta, data_dir)
     _say_init(say, init, init_record, engine.step)
     result = engine.fit(stop_after)
     if main and result["complete"]:
@@ -463,7 +446,8 @@ def _check_inputs(
     t = cfg.train
     meta = records_meta(data_dir)
     check_records(cfg, meta, data_dir)
-    accum = check_config(cfg, env.world_size, stage="pretrain", device=env.device).accumulation
+    check_config(cfg, env.world_size, stage="pretrain", device=env.device)
+    accum = batch_maths(cfg, env.world_size).accumulation
     require_trackers(t.report_to)
     if t.precision == "fp16" and env.device.type == "cpu":
         raise ConfigError("train.precision=fp16 needs a CUDA device (use bf16 or fp32 on CPU)")

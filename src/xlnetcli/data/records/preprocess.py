@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from xlnetcli.config import BatchPlan, Config, check_config, save_config, split_num_predict
+from xlnetcli.config import BatchMaths, Config, batch_maths, check_config, save_config, split_num_predict
 from xlnetcli.core.console import print0, step_progress
 from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_not_input, sha256_file
@@ -198,7 +198,8 @@ def preprocess(
         check_part(part)
     shards = Path(shards)
     check_output_not_input(out, [shards])
-    plan = check_config(cfg, stage="preprocess")
+    check_config(cfg, stage="preprocess")
+    maths = batch_maths(cfg)
     manifest, sha = check_shards(shards, cfg.model.vocab_size, verify=verify, workers=workers)
     manifest_sha = sha256_file(shards / "manifest.json")  # the records refuse shards that change after this
     vocab = int(manifest["vocab_size"])
@@ -206,19 +207,19 @@ def preprocess(
     ws_table = _word_starts(tok_dir, vocab, cfg.data.word_rule)
     dtype = manifest["dtype"]  # uint16 | uint32 (read_manifest checks it)
     params = _params(cfg)
-    splits = _split_layouts(shards, manifest, plan.forward_rows, cfg.data.seq_len, cfg.model.reuse_len)
-    meta = _records_meta(cfg, plan, sha, vocab, dtype)
+    splits = _split_layouts(shards, manifest, maths.forward_rows, cfg.data.seq_len, cfg.model.reuse_len)
+    meta = _records_meta(cfg, maths, sha, vocab, dtype)
     meta["shards"] = {**shards_location(shards, out), "manifest_sha256": manifest_sha}
-    G, passes = plan.global_batch_size, cfg.data.passes
+    G, passes = maths.global_batch_size, cfg.data.passes
     total_examples = sum(passes * G * s.steps for s in splits.values())
     with sigterm_as_interrupt(), atomic_output_dir(out, overwrite, "records") as tmp:
         ws_path = tmp / ".word_start.npy"
         np.save(ws_path, ws_table)
         jobs = []
         for split, layout in splits.items():
-            files, orders, split_jobs = _create_passes(tmp, cfg, plan, split, layout, workers, params, ws_path, vocab)
+            files, orders, split_jobs = _create_passes(tmp, cfg, maths, split, layout, workers, params, ws_path, vocab)
             jobs += split_jobs
-            meta["splits"][split] = _split_meta(layout, plan, passes, files)
+            meta["splits"][split] = _split_meta(layout, maths, passes, files)
             meta["splits"][split].update(shards=split_shards(manifest, split), orders=orders)
         if part is not None:
             rows = part_rows(G, *part)
@@ -258,14 +259,14 @@ def _params(cfg: Config) -> _Params:
     )
 
 
-def _split_meta(layout: _SplitLayout, plan: BatchPlan, passes: int, files: list[str]) -> dict[str, Any]:
+def _split_meta(layout: _SplitLayout, maths: BatchMaths, passes: int, files: list[str]) -> dict[str, Any]:
     """meta.json's entry for one split: its tokens, row layout, steps, passes, examples and record files (the
     shards it reads and their order in each pass are added by the caller)."""
-    G = plan.global_batch_size
+    G = maths.global_batch_size
     return {
         "tokens": layout.total,
         "rows": G,
-        "forward_rows": plan.forward_rows,
+        "forward_rows": maths.forward_rows,
         "row_len": layout.row_len,
         "steps_per_pass": layout.steps,
         "passes": passes,
@@ -304,16 +305,16 @@ def _split_layouts(shards: Path, manifest: dict, n_fwd: int, L: int, R: int) -> 
     return layouts
 
 
-def _records_meta(cfg: Config, plan: BatchPlan, sha: str, vocab: int, dtype: str) -> dict[str, Any]:
+def _records_meta(cfg: Config, maths: BatchMaths, sha: str, vocab: int, dtype: str) -> dict[str, Any]:
     """meta.json without its per-split entries and checksums (filled in as the records are written)."""
     return {
         "format_version": FORMAT_VERSION,
         "seq_len": cfg.data.seq_len,
         "reuse_len": cfg.model.reuse_len,
         "perm_size": cfg.perm_size,
-        "bi_data": plan.bi_data,
+        "bi_data": maths.bi_data,
         "num_predict": cfg.data.num_predict,
-        "num_predict_reuse": plan.num_predict_reuse,
+        "num_predict_reuse": maths.num_predict_reuse,
         "mask_alpha": cfg.data.mask_alpha,
         "mask_beta": cfg.data.mask_beta,
         "mask_mode": cfg.data.mask_mode,
@@ -323,8 +324,8 @@ def _records_meta(cfg: Config, plan: BatchPlan, sha: str, vocab: int, dtype: str
         "tokenizer_sha256": sha,
         "vocab_size": vocab,
         "dtype": dtype,
-        "global_batch_size": plan.global_batch_size,
-        "micro_batch_size": plan.micro_batch_size,
+        "global_batch_size": maths.global_batch_size,
+        "micro_batch_size": maths.micro_batch_size,
         "passes": cfg.data.passes,
         "layout": "rows [G, steps] of windows of the shards; bi_data blocks of micro_batch_size = [forward half ; "
         "same rows reversed]",
@@ -335,7 +336,7 @@ def _records_meta(cfg: Config, plan: BatchPlan, sha: str, vocab: int, dtype: str
 def _create_passes(
     tmp: Path,
     cfg: Config,
-    plan: BatchPlan,
+    maths: BatchMaths,
     split: str,
     layout: _SplitLayout,
     workers: int,
@@ -346,7 +347,7 @@ def _create_passes(
     """Create the split's pass files (each pass reads the shards in its own seeded order); returns their names, the
     orders and the jobs that fill them, a few rows each."""
     (tmp / split).mkdir()
-    G, mb = plan.global_batch_size, plan.micro_batch_size
+    G, mb = maths.global_batch_size, maths.micro_batch_size
     files, orders, jobs = [], [], []
     for pass_id in range(cfg.data.passes):
         rng = np.random.default_rng([cfg.data.seed, _SPLIT_IDS[split], pass_id])
@@ -365,10 +366,10 @@ def _create_passes(
                     split,
                     pass_id,
                     list(range(g0, min(G, g0 + chunk))),
-                    plan.forward_rows,
+                    maths.forward_rows,
                     layout.row_len,
                     layout.steps,
-                    plan.bi_data,
+                    maths.bi_data,
                     mb,
                     params,
                     str(ws_path),

@@ -8,7 +8,7 @@ assignment are sequential but cheap. So:
 
   part I of N  (0-based: I in 0..N-1, as SLURM_ARRAY_TASK_ID and JOB_COMPLETION_INDEX count)
       expands the inputs exactly as one host would, deals the *whole input files* to N parts (largest first, each to
-      the part with the fewest bytes so far: every part computes the same plan from the file list and sizes alone,
+      the part with the fewest bytes so far: every part computes the same assignment from the file list and sizes alone,
       without reading another part's text), and tokenises its own files into a part folder: per file its token ids
       (one <eod> per document), sentence parities and per-document token / line counts, in input order.
   shard-merge
@@ -72,7 +72,7 @@ MERGE_BLOCK_TOKENS = 1 << 22  # tokens replayed per step of the merge: memory st
 _KINDS = ("tokens", "sentid", "doctok", "doclines")
 
 
-def plan_parts(sizes: Sequence[int], parts: int) -> list[int]:
+def assign_files(sizes: Sequence[int], parts: int) -> list[int]:
     """The part of each input file: whole files, largest first, each to the part with the fewest bytes so far (then
     the fewest files, then the lowest index). Depends only on the sizes and ``parts``: every part computes the same."""
     load = [(0, 0, p) for p in range(parts)]
@@ -133,7 +133,7 @@ def shard_part(
     )
     all_files: list[tuple[Source, bool]] = [(p, False) for p in train_files] + [(p, True) for p in valid_files]
     sizes = [total_size([p]) for p, _ in all_files]
-    owner = plan_parts(sizes, n_parts)
+    owner = assign_files(sizes, n_parts)
     mine = [k for k in range(len(all_files)) if owner[k] == index]
     dtype = token_dtype(tok)
     stats = ReadStats()
@@ -260,7 +260,7 @@ def _check_parts(dirs: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
             raise DataError(f"{d0} and {d} differ in their plan: parts of different runs cannot be merged")
     metas = each_part_once(metas, n, "shard")
     n_files = len(m0["plan"].get("sizes", []))
-    owner = plan_parts(m0["plan"]["sizes"], n)
+    owner = assign_files(m0["plan"]["sizes"], n)
     for d, m in metas:
         got = [f["index"] for f in m["files"]]
         if got != [k for k in range(n_files) if owner[k] == m["part"]]:
@@ -271,7 +271,7 @@ def _check_parts(dirs: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
 
 
 def _verify_part(d: Path, m: dict[str, Any]) -> None:
-    """Every file of a part against its sha256 (and the tokenizer and config against the plan)."""
+    """Every file of a part against its sha256 (and the tokenizer and config against part.json's plan)."""
     checks = [(d / "tokenizer" / "spiece.model", m["plan"]["tokenizer_sha256"])]
     checks.append((d / "config.yaml", m["plan"]["config_sha256"]))
     for f in m["files"]:
@@ -320,19 +320,19 @@ def merge_shard_parts(
     dirs = [Path(p) for p in parts]
     check_output_dir(out, overwrite, "shards", dirs)
     metas = _check_parts(dirs)
-    plan = metas[0][1]["plan"]
+    agreed = metas[0][1]["plan"]  # what every part agreed on
     by_index = {f["index"]: (d, f) for d, m in metas for f in m["files"]}
-    dtype = np.dtype(plan["dtype"])
-    _check_counts(plan["shards"], 1)
+    dtype = np.dtype(agreed["dtype"])
+    _check_counts(agreed["shards"], 1)
     stats = ReadStats()
-    inputs = plan["inputs"]
+    inputs = agreed["inputs"]
     n_files = len(inputs["train"]) + len(inputs["valid"])
     with _write_errors(out), sigterm_as_interrupt(), atomic_output_dir(out, overwrite, "shards", dirs) as tmp:
         (tmp / "train").mkdir()
         (tmp / "valid").mkdir()
-        train = [_Shard(tmp, "train", i, dtype) for i in range(plan["shards"])]
+        train = [_Shard(tmp, "train", i, dtype) for i in range(agreed["shards"])]
         valid = _Shard(tmp, "valid", 0, dtype)
-        assigner = _Assigner(train, valid, plan["seed"], plan["valid_fraction"])
+        assigner = _Assigner(train, valid, agreed["seed"], agreed["valid_fraction"])
         for k in range(n_files):
             d, f = by_index[k]
             stats.files.append(FileStats(f["input"], bad_bytes=f["bad_bytes"], null_records=f["null_records"]))
@@ -347,11 +347,18 @@ def merge_shard_parts(
         d0 = metas[0][0]
         files = {split: list(names) for split, names in inputs.items()}
         write_manifest(
-            tmp, plan["tokenizer_sha256"], plan["vocab_size"], dtype, assigner, files, plan["bytes"], stats.bad_bytes
+            tmp,
+            agreed["tokenizer_sha256"],
+            agreed["vocab_size"],
+            dtype,
+            assigner,
+            files,
+            agreed["bytes"],
+            stats.bad_bytes,
         )
         shutil.copytree(d0 / "tokenizer", tmp / "tokenizer")
         shutil.copyfile(d0 / "config.yaml", tmp / "config.yaml")
-    return _summary(out, n_files, plan["bytes"], time.perf_counter() - t0, train, valid, stats)
+    return _summary(out, n_files, agreed["bytes"], time.perf_counter() - t0, train, valid, stats)
 
 
-__all__ = ["merge_shard_parts", "plan_parts", "shard_part"]
+__all__ = ["assign_files", "merge_shard_parts", "shard_part"]
