@@ -130,39 +130,49 @@ def build_row(
 # Whole passes
 
 
+@dataclass(frozen=True)
+class _RunShared:
+    """What every job of one preprocess run reads: the row layout of a batch and how examples are built."""
+
+    global_batch_size: int
+    micro_batch_size: int
+    bi_data: bool
+    params: _Params
+    ws_path: str  # the word-start table, saved once for the workers
+    vocab_size: int  # the shards' vocabulary: a larger token id is refused
+
+
 @dataclass
 class _Job:
+    """Rows ``rows`` of one pass of one split (a worker's unit of work)."""
+
     entries: list[tuple[str, str]]
     order: list[int]
     out_prefix: str
     split: str
     pass_id: int
     rows: list[int]
-    n_rows_fwd: int
     row_len: int
     steps: int
-    bi_data: bool
-    micro_batch_size: int
-    params: _Params
-    ws_path: str
-    vocab_size: int
+    run: _RunShared
 
 
 def _run_job(job: _Job) -> int:
-    ws_table = np.load(job.ws_path)
+    run = job.run
+    ws_table = np.load(run.ws_path)
     stream = PassStream([(Path(a), Path(b)) for a, b in job.entries], job.order)
-    out = PassWriter(job.out_prefix, job.steps, job.params.seq_len)
+    out = PassWriter(job.out_prefix, job.steps, run.params.seq_len)
     done = 0
     try:
-        srcs = [row_source(g, job.bi_data, job.micro_batch_size) for g in job.rows]
+        srcs = [row_source(g, run.bi_data, run.micro_batch_size) for g in job.rows]
         rows = [Row(stream, f, job.row_len, rev) for f, rev in srcs]
-        rngs = [_row_rng(job.params.seed, job.split, job.pass_id, g) for g in job.rows]
+        rngs = [_row_rng(run.params.seed, job.split, job.pass_id, g) for g in job.rows]
         for s0 in range(0, job.steps, STEP_BLOCK):
             s1 = min(job.steps, s0 + STEP_BLOCK)
-            for g, b in zip(job.rows, build_rows(rows, rngs, job.params, ws_table, s0, s1), strict=True):
-                if b.tokens.size and int(b.tokens.max()) >= job.vocab_size:
+            for g, b in zip(job.rows, build_rows(rows, rngs, run.params, ws_table, s0, s1), strict=True):
+                if b.tokens.size and int(b.tokens.max()) >= run.vocab_size:
                     raise DataError(
-                        f"shard token id {int(b.tokens.max())} >= vocab size {job.vocab_size}: the shards were made "
+                        f"shard token id {int(b.tokens.max())} >= vocab size {run.vocab_size}: the shards were made "
                         "with another tokenizer; rerun `xlnet shard` with this tokenizer"
                     )
                 out.write(g, s0, b.alen, b.bstart, b.label, b.masked)
@@ -215,9 +225,10 @@ def preprocess(
     with sigterm_as_interrupt(), atomic_output_dir(out, overwrite, "records") as tmp:
         ws_path = tmp / ".word_start.npy"
         np.save(ws_path, ws_table)
+        shared = _RunShared(G, maths.micro_batch_size, maths.bi_data, params, str(ws_path), vocab)
         jobs = []
         for split, layout in splits.items():
-            files, orders, split_jobs = _create_passes(tmp, cfg, maths, split, layout, workers, params, ws_path, vocab)
+            files, orders, split_jobs = _create_passes(tmp, cfg, split, layout, workers, shared)
             jobs += split_jobs
             meta["splits"][split] = _split_meta(layout, maths, passes, files)
             meta["splits"][split].update(shards=split_shards(manifest, split), orders=orders)
@@ -334,20 +345,12 @@ def _records_meta(cfg: Config, maths: BatchMaths, sha: str, vocab: int, dtype: s
 
 
 def _create_passes(
-    tmp: Path,
-    cfg: Config,
-    maths: BatchMaths,
-    split: str,
-    layout: _SplitLayout,
-    workers: int,
-    params: _Params,
-    ws_path: Path,
-    vocab: int,
+    tmp: Path, cfg: Config, split: str, layout: _SplitLayout, workers: int, run: _RunShared
 ) -> tuple[list[str], list[list[int]], list[_Job]]:
     """Create the split's pass files (each pass reads the shards in its own seeded order); returns their names, the
     orders and the jobs that fill them, a few rows each."""
     (tmp / split).mkdir()
-    G, mb = maths.global_batch_size, maths.micro_batch_size
+    G, mb = run.global_batch_size, run.micro_batch_size
     files, orders, jobs = [], [], []
     for pass_id in range(cfg.data.passes):
         rng = np.random.default_rng([cfg.data.seed, _SPLIT_IDS[split], pass_id])
@@ -366,14 +369,9 @@ def _create_passes(
                     split,
                     pass_id,
                     list(range(g0, min(G, g0 + chunk))),
-                    maths.forward_rows,
                     layout.row_len,
                     layout.steps,
-                    maths.bi_data,
-                    mb,
-                    params,
-                    str(ws_path),
-                    vocab,
+                    run,
                 )
             )
     return files, orders, jobs
