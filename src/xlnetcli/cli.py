@@ -135,7 +135,8 @@ def _as_given(ctx: click.Context, name: str, value: Any) -> str:
 def with_config(command: str, default: Callable[[dict[str, Any]], str | Path | None] | None = None):
     """Turn the command's --config, --set and setting options (SETTING_OPTIONS) into one ``cfg`` argument.
 
-    ``default(params)`` names the config to load when --config is not given (None: the defaults)."""
+    ``default(params)`` names the config to load when --config is not given (None: the defaults): an output's own
+    config.yaml, read in today's spelling when an earlier version wrote it (config.upgrade_config)."""
 
     def wrap(f):
         @functools.wraps(f)
@@ -147,9 +148,10 @@ def with_config(command: str, default: Callable[[dict[str, Any]], str | Path | N
                 if (value := params.pop(name)) is not None
             ]
             check_override_sections(overrides, command)
-            if config_path is None and default is not None:
+            own = config_path is None and default is not None  # an output's config.yaml: an earlier one is upgraded
+            if own:
                 config_path = default(params)
-            return f(load_config(config_path, overrides, settings), **params)
+            return f(load_config(config_path, overrides, settings, upgrade=own), **params)
 
         return run
 

@@ -630,7 +630,7 @@ def test_sigterm_keeps_the_previous_result_until_the_new_one_completes(work, tmp
         "--set",
         "finetune.eval_every=4",
         "--set",
-        "finetune.save_every=0",
+        "finetune.save_every=eval",
         "--quiet",
     ]
     with torch.random.fork_rng():

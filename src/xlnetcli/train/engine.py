@@ -131,11 +131,11 @@ class TrainPlan:
         seq_len: int,
         flops_per_token: float | None,
         rows: int = 1,
-        save_on_eval: bool = False,
     ) -> TrainPlan:
         """The plan of ``cfg``'s ``section``; the arguments are what the two trainings derive differently. ``rows``:
         sequences per example (the options of a multiple-choice example). Keys the section lacks (finetune has no
-        schedule, adam_betas, compile, ...; train no layer_decay) keep the defaults above."""
+        schedule, adam_betas, compile, ...; train no layer_decay) keep the defaults above. save_every's words: "end"
+        saves only at the end, "eval" at every evaluation (save_on_eval)."""
         sec = getattr(cfg, section)
         optional = (
             "adam_betas",
@@ -160,8 +160,8 @@ class TrainPlan:
             seq_len=seq_len,
             tokens_per_step=global_batch_size * rows * seq_len,
             log_every=sec.log_every,
-            save_every=sec.save_every,
-            save_on_eval=save_on_eval,
+            save_every=sec.save_every if isinstance(sec.save_every, int) else 0,  # "end" or "eval": none by count
+            save_on_eval=sec.save_every == "eval",
             weight_decay=sec.weight_decay,
             adam_eps=sec.adam_eps,
             n_layer=cfg.model.n_layer,
@@ -356,7 +356,7 @@ def resume_point(
     if resume is None and not step_folders(run_dir) and (run_dir / "metrics.jsonl").is_file():
         return None  # a run killed before its first checkpoint (it logged, so it is ours): nothing to lose, start again
     try:
-        old = load_config(run_cfg)
+        old = load_config(run_cfg, upgrade=True)
     except ConfigError as e:
         raise CheckpointError(f"{run_cfg} is not a valid config ({e}); choose another --out") from None
     if resume is None:

@@ -20,9 +20,10 @@ either absent (or, with --overwrite, the previous result) or complete:
     out/results.json      best step, its validation metrics, data statistics
 
 While it runs, ``.OUT.partial/`` also holds the latest resumable step folder (with train_state.safetensors: optimizer,
-example order, RNG states, best so far), written every ``finetune.save_every`` steps (0: at every evaluation) and on
-SIGTERM; ``resume=True`` (``--resume``) continues from it exactly. results.json is written into the partial folder
-before the resumable folders are pruned and the folder is renamed, so an interruption there is finished by ``--resume``.
+example order, RNG states, best so far), written as ``finetune.save_every`` says (by default ``eval``: at every
+evaluation) and on SIGTERM; ``resume=True`` (``--resume``) continues from it exactly. results.json is written into
+the partial folder before the resumable folders are pruned and the folder is renamed, so an interruption there is
+finished by ``--resume``.
 """
 
 from __future__ import annotations
@@ -218,10 +219,12 @@ class FinetuneRecipe:
         self._mine: np.ndarray = self.examples.order
         self.eval_steps = (
             set(range(ft.eval_every, total + 1, ft.eval_every))
-            if ft.eval_every
+            if isinstance(ft.eval_every, int)
             else {min(total, e * steps_per_epoch) for e in range(1, math.ceil(total / steps_per_epoch) + 1)}
+            if ft.eval_every == "epoch"
+            else set()
         )
-        self.eval_steps.add(total)
+        self.eval_steps.add(total)  # the last step always: with eval_every=never, where the last model is kept
         self.tracker = BestSoFar(ft.early_stopping_patience)
         self.saved_best: int | None = None  # the best step the latest resumable step folder records
 
@@ -255,7 +258,7 @@ class FinetuneRecipe:
     def _evaluate(self, model: torch.nn.Module, step: int, log: Any) -> Evaluation | None:
         """Validation metrics; a new best is kept. Without a validation file the last model is kept."""
         ft, best = self.cfg.finetune, self.tracker.best
-        if self.valid is None:
+        if self.valid is None or ft.eval_every == "never":
             if step != self.total:
                 return None
             best.update(step=step)
@@ -341,7 +344,6 @@ def finetune_plan(run_cfg: Config, train: TaskData, accum: int, total: int, warm
         accumulation=accum,
         seq_len=L,
         rows=rows,
-        save_on_eval=ft.save_every == 0,
         # the content stream over every position, no memory, no LM head (model/flops.py), for the logged MFU
         flops_per_token=3.0 * forward_flops(m, mb_rows, L, 0, 0, last_layer_query_only=False) / (mb_rows * L),
     )
@@ -637,7 +639,7 @@ def _resume_point(run_cfg: Config, partial: Path) -> tuple[int, Path] | None:
 def _step_counts(run_cfg: Config, n_train: int, world: int) -> StepCounts:
     ft = run_cfg.finetune
     per_epoch = max(1, math.ceil(n_train / ft.batch_size))
-    total = ft.max_steps or max(1, math.ceil(ft.epochs * per_epoch))
+    total = ft.max_steps if ft.max_steps is not None else max(1, math.ceil(ft.epochs * per_epoch))
     return StepCounts(ft.batch_size // (ft.micro_batch_size * world), per_epoch, total, round(ft.warmup_ratio * total))
 
 

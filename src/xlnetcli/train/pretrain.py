@@ -245,8 +245,9 @@ class PretrainRecipe:
         self.mems.carry(micro, out)
         return out.loss
 
-    def _due(self, every: int, step: int) -> bool:
-        return bool(every) and (step % every == 0 or step == self.cfg.train.max_steps)
+    def _due(self, every: int | str, step: int) -> bool:
+        """Every ``every`` steps and at the last; never for eval_every=never (a word) or probe_every=0."""
+        return isinstance(every, int) and every > 0 and (step % every == 0 or step == self.cfg.train.max_steps)
 
     def eval_due(self, step: int) -> bool:
         return self._due(self.cfg.train.eval_every, step) or self._due(self.cfg.train.probe_every, step)
@@ -602,5 +603,12 @@ def _say_header(
         )
     say(
         f"  optimizer  AdamW lr {t.lr:g}, warmup {t.warmup_steps}, {t.schedule} decay to x{t.min_lr_ratio:g}, "
-        f"wd {t.weight_decay:g}, clip {t.clip_norm:g}; eval every {t.eval_every}, save every {t.save_every}"
+        f"wd {t.weight_decay:g}, clip {t.clip_norm:g}; "
+        f"{_cadence('eval', t.eval_every)}, {_cadence('save', t.save_every)}"
     )
+
+
+def _cadence(what: str, every: int | str) -> str:
+    """'eval every 500', 'no evaluation', 'save at the end', 'save at every evaluation'."""
+    words = {"never": "no evaluation", "end": "save at the end", "eval": "save at every evaluation"}
+    return f"{what} every {every}" if isinstance(every, int) else words[every]
