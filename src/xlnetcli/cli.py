@@ -148,9 +148,9 @@ def with_config(command: str, default: Callable[[dict[str, Any]], str | Path | N
                 if (value := params.pop(name)) is not None
             ]
             check_override_sections(overrides, command)
-            own = config_path is None and default is not None  # an output's config.yaml: an earlier one is upgraded
-            if own:
-                config_path = default(params)
+            own = False  # an output's own config.yaml: an earlier version's is upgraded
+            if config_path is None and default is not None:
+                config_path, own = default(params), True
             return f(load_config(config_path, overrides, settings, upgrade=own), **params)
 
         return run

@@ -180,7 +180,8 @@ def test_an_earlier_versions_run_folders_still_load(init, tmp_path, capsys, monk
     import shutil
     import signal
 
-    from xlnetcli.train.finetune import FinetuneRecipe, partial_dir
+    from xlnetcli.train.finetune import partial_dir
+    from xlnetcli.train.finetune_recipe import FinetuneRecipe
 
     monkeypatch.setenv("XLNET_NO_PROGRESS", "1")
     old_init = tmp_path / "old"
@@ -212,6 +213,6 @@ def test_an_earlier_versions_run_folders_still_load(init, tmp_path, capsys, monk
     assert f"{partial / 'config.yaml'} was written by an earlier version" in err
     assert [r["step"] for r in _rows(out) if r["split"] == "eval"] == [5]
     _as_earlier_version(out / "step_0000005")
-    code, out_text, err = run_main(capsys, "eval", out, "--file", init / "train.tsv")
+    code, _, err = run_main(capsys, "eval", out, "--file", init / "train.tsv")
     assert code == 0, err
     assert "earlier version" in err
