@@ -99,7 +99,7 @@ def run_row(records: Path, sets: list[str], out: Path, opts: set, steps: int, de
 
     config = next(s.split("=", 1)[1] for s in sets if s.startswith("config="))
     over = [s for s in sets if not s.startswith("config=")]
-    over += [f"train.max_steps={steps}", "train.log_every=5", "train.eval_every=0", f"train.save_every={steps}"]
+    over += [f"train.max_steps={steps}", "train.log_every=5", "train.eval_every=never", f"train.save_every={steps}"]
     over += [f"train.compile={str('compile' in opts).lower()}", "train.warmup_steps=10"]
     if "nodet" in opts:
         over += ["train.deterministic=false"]

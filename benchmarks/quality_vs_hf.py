@@ -158,13 +158,13 @@ def prepare(work: Path, corpus: Path) -> None:
     say(f"transformers' data: {n} blocks of {TINY.data.seq_len} tokens")
 
 
-def ours_cmd(work: Path, out: Path, steps: int, seed: int, save_every: int, sets: list[str]) -> list[str]:
+def ours_cmd(work: Path, out: Path, steps: int, seed: int, save_every: int | str, sets: list[str]) -> list[str]:
     run_sets = {
         "train.max_steps": steps,
         "train.warmup_steps": steps // 10,
         "train.save_every": save_every,
         "train.keep_last": 8,
-        "train.eval_every": 0,
+        "train.eval_every": "never",
         "train.log_every": 1,
         "train.seed": seed,
     }
@@ -201,7 +201,7 @@ def run_both(
         "save": save["hf"],
         "sets": sets,
     }
-    save_every = save["ours"][0] if save["ours"] else 0
+    save_every = save["ours"][0] if save["ours"] else "end"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
     cmds = {
         "ours": ours_cmd(work, out / "ours", steps["ours"], seed, save_every, sets),

@@ -288,7 +288,7 @@ def test_engine_on_cuda_stops_a_diverging_run_and_saves_no_later_step(builds, tm
     from xlnetcli.train.pretrain import pretrain
 
     rec = builds.pipeline(FAST_PRETRAIN).records
-    over = ["train.max_steps=20", "train.save_every=1", "train.eval_every=0", "train.lr=1e30"]
+    over = ["train.max_steps=20", "train.save_every=1", "train.eval_every=never", "train.lr=1e30"]
     over += ["train.warmup_steps=0", "train.clip_norm=0", "train.precision=bf16"]
     cfg = load_config(TINY, [*FAST_PRETRAIN, *over])
     with pytest.raises(XLNetError) as e:

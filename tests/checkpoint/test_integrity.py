@@ -30,7 +30,7 @@ INTEGRITY_RUN = [
     "train.eval_batches=1",
     "train.save_every=2",
     "train.max_steps=4",
-    "train.eval_every=0",
+    "train.eval_every=never",
 ]
 
 
@@ -83,7 +83,7 @@ def test_two_pretraining_processes_on_one_folder_one_is_refused(pipeline, tmp_pa
     cfg = tmp_path / "cfg.yaml"
     from xlnetcli.config import dump_config
 
-    cfg.write_text(dump_config(load_config(TINY, [*INTEGRITY_RUN, "train.max_steps=400", "train.save_every=0"])))
+    cfg.write_text(dump_config(load_config(TINY, [*INTEGRITY_RUN, "train.max_steps=400", "train.save_every=end"])))
     env = child_env()
     first = subprocess.Popen(
         [

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from clitools import ROOT, SAMPLE, assert_one_line_error, run_main, set_args
 
-from xlnetcli.config import PRESETS, config_to_dict, load_config
+from xlnetcli.config import CONFIG_VERSION, PRESETS, Config, config_to_dict, load_config
 
 
 def test_presets_are_package_data():
@@ -94,7 +94,7 @@ def test_wheel_ships_the_presets_and_runs_them_without_a_checkout(tmp_path):
             text=True,
         )
         assert out.returncode == 0, out.stderr
-        assert yaml.safe_load(out.stdout) == config_to_dict(load_config(name))
+        assert yaml.safe_load(out.stdout) == _as_written(load_config(name))
     # without a checkout there is no bundled corpus: tokenize train without inputs says what to pass, in one line
     out = subprocess.run(
         [sys.executable, "-m", "xlnetcli", "tokenize", "train", "--out", "tok", "--config", "tiny"],
@@ -107,6 +107,11 @@ def test_wheel_ships_the_presets_and_runs_them_without_a_checkout(tmp_path):
     assert list(empty.iterdir()) == []
 
 
+def _as_written(cfg: Config) -> dict:
+    """A config as the tool writes it (config.yaml, `xlnet config show`): config_version, then the sections."""
+    return {"config_version": CONFIG_VERSION, **config_to_dict(cfg)}
+
+
 def test_config_by_name_from_an_empty_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code, _, err = run_main(
@@ -115,12 +120,13 @@ def test_config_by_name_from_an_empty_folder(tmp_path, monkeypatch, capsys):
     assert code == 0, err
     saved = yaml.safe_load((tmp_path / "tok" / "config.yaml").read_text())
     want = config_to_dict(load_config("tiny", ["tokenizer.vocab_size=1000"]))
+    assert saved.pop("config_version") == CONFIG_VERSION  # every config the tool writes says its version
     assert saved == want  # the tiny preset (character_coverage 0.9999, ...), with the vocabulary asked for
     assert saved["tokenizer"]["character_coverage"] == 0.9999
     # a path still works, and wins over a name only when it is a real file
     (tmp_path / "tiny").mkdir()
     code, out, err = run_main(capsys, "config", "show", "tiny")
-    assert code == 0 and yaml.safe_load(out) == config_to_dict(load_config("tiny"))
+    assert code == 0 and yaml.safe_load(out) == _as_written(load_config("tiny"))
     (tmp_path / "mine.yaml").write_text("train:\n  lr: 3.0e-4\n")
     code, out, _ = run_main(capsys, "config", "show", "mine.yaml")
     assert code == 0 and yaml.safe_load(out)["train"]["lr"] == 3e-4
@@ -129,9 +135,9 @@ def test_config_by_name_from_an_empty_folder(tmp_path, monkeypatch, capsys):
 def test_config_show(capsys):
     code, out, err = run_main(capsys, "config", "show", "tiny")
     assert code == 0 and err == ""
-    assert yaml.safe_load(out) == config_to_dict(load_config("tiny"))
+    assert yaml.safe_load(out) == _as_written(load_config("tiny"))
     code, out, _ = run_main(capsys, "config", "show")
-    assert code == 0 and yaml.safe_load(out) == config_to_dict(load_config(None))
+    assert code == 0 and yaml.safe_load(out) == _as_written(load_config(None))
     code, out, _ = run_main(
         capsys, "config", "show", "glue", "--set", "finetune.lr=5e-5", "--set", "tokenizer.vocab_size=1000"
     )
@@ -197,7 +203,7 @@ TWO_STEP_RUN = [
     "--set",
     "train.warmup_steps=1",
     "--set",
-    "train.eval_every=0",
+    "train.eval_every=never",
     "--set",
     "train.save_every=1",
     "--set",

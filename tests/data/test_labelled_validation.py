@@ -19,7 +19,7 @@ from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import atomic_write_json
 from xlnetcli.core.shapes import loads_strict
 from xlnetcli.data.labelled import Columns, read_choices, read_squad, read_table
-from xlnetcli.train.finetune import BestSoFar
+from xlnetcli.train.finetune_workload import BestSoFar
 
 GOOD_TSV = "sentence\tlabel\nthe cat sat\tpos\na dog ran\tneg\n"
 GOOD_REG = "sentence\tscore\nthe cat sat\t0.5\na dog ran\t1.5\n"

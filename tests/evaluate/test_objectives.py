@@ -40,7 +40,7 @@ OVER = [
     "train.warmup_steps=5",
     "train.lr=3e-3",
     "train.eval_batches=4",
-    "train.save_every=0",
+    "train.save_every=end",
     "train.log_every=10",
 ]
 L, R = 64, 32
@@ -288,7 +288,7 @@ def test_mlm_trains_under_torchrun_ddp(builds, tmp_path):
         "model.objective=mlm",
         "train.max_steps=4",
         "train.save_every=4",
-        "train.eval_every=0",
+        "train.eval_every=never",
         "model.dropout=0.0",
         "model.dropatt=0.0",
     ]

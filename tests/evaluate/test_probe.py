@@ -380,7 +380,7 @@ def test_probe_during_pretraining_is_logged_plotted_and_leaves_training_unchange
         "train.log_every=1",
         "train.eval_every=2",
         "train.eval_batches=1",
-        "train.save_every=0",
+        "train.save_every=end",
         "model.d_model=64",
         "model.n_head=2",
         "model.d_head=32",

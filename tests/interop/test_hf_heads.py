@@ -108,7 +108,7 @@ def test_classifier_export_gives_eval_predictions_in_transformers(cls_run, tmp_p
     assert [hf.config.id2label[i] for i in probs.argmax(-1)] == [r["prediction"] for r in ours]
     want = np.array([[r["probabilities"][lab] for lab in LABELS] for r in ours])
     assert np.abs(probs - want).max() < 1e-4
-    from xlnetcli.train.finetune import predict
+    from xlnetcli.evaluate.finetuned import predict
 
     mine = predict(model, data, 16, torch.device("cpu"))["logits"]
     assert np.abs(logits.numpy() - mine).max() < 1e-4
@@ -324,7 +324,8 @@ def same_beam(idx_a: np.ndarray, p_a: np.ndarray, idx_b: np.ndarray, p_b: np.nda
 def test_squad_export_gives_our_beam_in_transformers(work, tmp_path, capsys):
     """SquadHead is XLNetForQuestionAnswering's head parameter for parameter: the top-5 starts, their top-5 ends and
     the answerability logit agree, and so do the answers `xlnet eval` reads off them."""
-    from xlnetcli.train.finetune import finetune, predict
+    from xlnetcli.evaluate.finetuned import predict
+    from xlnetcli.train.finetune import finetune
 
     cfg = ft_cfg(
         "finetune.max_seq_length=96",

@@ -140,8 +140,8 @@ def test_export_of_a_real_pretraining_run_gives_our_logits_in_transformers(build
         "tokenizer.vocab_size=1000",
         "model.vocab_size=1000",
         "train.max_steps=3",
-        "train.eval_every=0",
-        "train.save_every=0",
+        "train.eval_every=never",
+        "train.save_every=end",
         "train.warmup_steps=1",
     ]
     cfg = load_config(TINY, over)

@@ -40,7 +40,7 @@ from xlnetcli.train.pretrain import list_checkpoints, pretrain
 torch.set_num_threads(1)  # as the subprocesses (OMP_NUM_THREADS=1): bit-identical float reductions
 
 # one evaluation at step 0 over 2 micro-batches (micro-batch indices 0 and 1: no memory), then 2 steps
-CONTINUE = ["train.max_steps=2", "train.eval_every=2", "train.eval_batches=1", "train.save_every=0"]
+CONTINUE = ["train.max_steps=2", "train.eval_every=2", "train.eval_batches=1", "train.save_every=end"]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def records(builds) -> Path:
 def source(records, tmp_path_factory) -> Path:
     """A pretraining run of 6 steps on the shared records: the checkpoint runs continue from."""
     out = tmp_path_factory.mktemp("source") / "run"
-    pretrain(_cfg("train.max_steps=6", "train.eval_every=0"), records, out, quiet=True)
+    pretrain(_cfg("train.max_steps=6", "train.eval_every=never"), records, out, quiet=True)
     return out
 
 

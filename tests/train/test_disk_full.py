@@ -135,7 +135,7 @@ def test_pretraining_checkpoint_onto_a_full_disk_then_resume(builds, tmp_path, m
 
     rec = builds.pipeline(FAST_PRETRAIN).records
     cfg = write_config(
-        tmp_path / "cfg.yaml", [*FAST_PRETRAIN, "train.max_steps=4", "train.save_every=2", "train.eval_every=0"]
+        tmp_path / "cfg.yaml", [*FAST_PRETRAIN, "train.max_steps=4", "train.save_every=2", "train.eval_every=never"]
     )
     code, _, err = run_main(capsys, "pretrain", "--config", cfg, "--data", rec, "--out", tmp_path / "a", "--quiet")
     assert code == 0, err

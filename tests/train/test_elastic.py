@@ -161,7 +161,7 @@ def test_micro_batch_size_change_on_one_process(records, tmp_path, capsys):
 def test_a_layout_change_reseeds_dropout_deterministically(records, tmp_path, capsys):
     """Dropout on: each process's generators cannot follow a layout change, so they are re-seeded from (train.seed,
     step, rank): two such resumes are the same run, which is not the uninterrupted one."""
-    over = [*RUN, "model.dropout=0.1", "model.dropatt=0.1", "train.micro_batch_size=4", "train.eval_every=0"]
+    over = [*RUN, "model.dropout=0.1", "model.dropatt=0.1", "train.micro_batch_size=4", "train.eval_every=never"]
     cfg_file = write_config(tmp_path / "cfg.yaml", over)
     ref = tmp_path / "ref"
     pretrain(load_config(cfg_file), records, ref, quiet=True)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from xlnetcli.config import Config
+from xlnetcli.config import Config, TrainConfig
 from xlnetcli.core.dist import DistEnv
 from xlnetcli.core.errors import Preempted, XLNetError
 from xlnetcli.report.metrics_log import read_metrics
@@ -319,7 +319,7 @@ def test_one_plan_for_both_sections():
     cfg = Config()
     common = dict(max_steps=10, warmup_steps=1, accumulation=2, flops_per_token=None)
     pre = TrainPlan.from_config(cfg, "train", batch_shape=(8, 16), **common)
-    ft = TrainPlan.from_config(cfg, "finetune", batch_shape=(8, 4, 16), save_on_eval=True, **common)  # 4 options
+    ft = TrainPlan.from_config(cfg, "finetune", batch_shape=(8, 4, 16), **common)  # 4 options
     assert (pre.section, pre.lr, pre.schedule, pre.adam_betas) == (
         "train",
         cfg.train.lr,
@@ -336,7 +336,11 @@ def test_one_plan_for_both_sections():
     assert ft.schedule == "linear" and ft.activation_checkpointing is None and not ft.compile
     assert (pre.tokens_per_step, ft.tokens_per_step) == (8 * 16, 8 * 4 * 16)
     assert (ft.global_batch_size, ft.seq_len, pre.report_to, ft.report_to) == (8, 16, "auto", "auto")
-    assert ft.save_on_eval and not pre.save_on_eval
+    # save_every's words mean the same in both sections: eval (finetune's default) = at every evaluation, end = none
+    assert (ft.save_every, ft.save_on_eval, pre.save_every, pre.save_on_eval) == (0, True, 10_000, False)
+    for word, on_eval in (("end", False), ("eval", True)):
+        plan = TrainPlan.from_config(Config(train=TrainConfig(save_every=word)), "train", batch_shape=(8, 16), **common)
+        assert (plan.save_every, plan.save_on_eval) == (0, on_eval)
 
 
 # ---- the deferred check: fused AdamW skips a non-finite step on the device, the host reads the figures a step later --

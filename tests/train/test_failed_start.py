@@ -38,7 +38,8 @@ def no_tracker(monkeypatch) -> None:
 
 def _cfg(tmp_path, *sets: str):
     return write_config(
-        tmp_path / "cfg.yaml", [*FAST_PRETRAIN, "train.max_steps=2", "train.save_every=2", "train.eval_every=0", *sets]
+        tmp_path / "cfg.yaml",
+        [*FAST_PRETRAIN, "train.max_steps=2", "train.save_every=2", "train.eval_every=never", *sets],
     )
 
 
@@ -71,7 +72,7 @@ def test_a_run_killed_before_its_first_checkpoint_is_taken_over_by_the_same_comm
     from xlnetcli.config import load_config
     from xlnetcli.train.pretrain import pretrain
 
-    cfg = _cfg(tmp_path, "train.max_steps=3", "train.save_every=0")
+    cfg = _cfg(tmp_path, "train.max_steps=3", "train.save_every=end")
     pretrain(load_config(cfg), rec, tmp_path / "a", quiet=True)
     run = tmp_path / "run"
     pretrain(load_config(cfg), rec, run, quiet=True, stop_after=1)  # as if killed after step 1: no checkpoint

@@ -607,7 +607,8 @@ def test_sigterm_keeps_the_previous_result_until_the_new_one_completes(work, tmp
 
     from clitools import run_main
 
-    from xlnetcli.train.finetune import FinetuneWorkload, partial_dir
+    from xlnetcli.train.finetune import partial_dir
+    from xlnetcli.train.finetune_workload import FinetuneWorkload
 
     train, valid, cfg = _resume_files(tmp_path)
     out = tmp_path / "out"
@@ -630,7 +631,7 @@ def test_sigterm_keeps_the_previous_result_until_the_new_one_completes(work, tmp
         "--set",
         "finetune.eval_every=4",
         "--set",
-        "finetune.save_every=0",
+        "finetune.save_every=eval",
         "--quiet",
     ]
     with torch.random.fork_rng():
@@ -665,7 +666,7 @@ def test_out_of_memory_and_divergence_are_diagnosed(work, tmp_path, monkeypatch,
     loss stops before the update; both one line, and before the first checkpoint nothing is left behind."""
     from clitools import assert_one_line_error, run_main
 
-    from xlnetcli.train.finetune import FinetuneWorkload
+    from xlnetcli.train.finetune_workload import FinetuneWorkload
 
     train, valid, cfg = _resume_files(tmp_path)
     argv = [

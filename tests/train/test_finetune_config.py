@@ -112,3 +112,107 @@ def test_a_config_saved_before_the_finetune_keys_still_loads(tmp_path):
     del raw["finetune"]["log_every"], raw["finetune"]["peak_tflops"]
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     assert load_config(tmp_path / "config.yaml") == load_config("tiny")
+
+
+def _rows(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _as_earlier_version(folder) -> None:
+    """Rewrite ``folder``'s config.yaml as an earlier version wrote it (0 for the special cadences, no
+    config_version), keeping a step folder's meta.json checksum true."""
+    from xlnetcli.core.files import sha256_file
+
+    path = folder / "config.yaml"
+    raw = yaml.safe_load(path.read_text())
+    del raw["config_version"]
+    raw["train"].update(eval_every=0, save_every=0)
+    raw["finetune"].update(eval_every=0, save_every=0, max_steps=raw["finetune"]["max_steps"] or 0)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    if (folder / "meta.json").is_file():
+        meta = json.loads((folder / "meta.json").read_text())
+        meta["sha256"]["config.yaml"] = sha256_file(path)
+        (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def _finetune(capsys, init, out, *extra: str) -> tuple[int, str]:
+    args = [*set_args(["finetune.batch_size=8", "finetune.micro_batch_size=8", "finetune.report_to=none"]), *extra]
+    code, _, err = run_main(
+        capsys,
+        "finetune",
+        "--task",
+        "classification",
+        "--train",
+        init / "train.tsv",
+        "--valid",
+        init / "train.tsv",
+        "--init",
+        init / "init",
+        "--out",
+        out,
+        "--quiet",
+        *args,
+    )
+    return code, err
+
+
+def test_default_cadence_is_every_epoch_and_never_keeps_the_last(init, tmp_path, capsys, monkeypatch):
+    """finetune.eval_every=epoch and save_every=eval (the defaults): an evaluation at each epoch's end (64 rows, 8
+    per step: steps 8 and 16 of 2 epochs, max_steps null); never: no evaluation, the last model kept."""
+    monkeypatch.setenv("XLNET_NO_PROGRESS", "1")
+    code, err = _finetune(capsys, init, tmp_path / "epochs", "--set", "finetune.epochs=2")
+    assert code == 0, err
+    assert [r["step"] for r in _rows(tmp_path / "epochs") if r["split"] == "eval"] == [8, 16]
+    code, err = _finetune(
+        capsys, init, tmp_path / "never", "--set", "finetune.epochs=2", "--set", "finetune.eval_every=never"
+    )
+    assert code == 0, err
+    assert [r for r in _rows(tmp_path / "never") if r["split"] == "eval"] == []
+    results = json.loads((tmp_path / "never" / "results.json").read_text())
+    assert results["best_step"] == 16 and results["metric"] is None
+
+
+def test_an_earlier_versions_run_folders_still_load(init, tmp_path, capsys, monkeypatch):
+    """Checkpoints written before config_version 2 (0 for the cadences): finetuning from one without --config reads
+    its config in today's spelling with one line naming the file; an interrupted run of that version resumes, and its
+    result evaluates."""
+    import os
+    import shutil
+    import signal
+
+    from xlnetcli.train.finetune import partial_dir
+    from xlnetcli.train.finetune_workload import FinetuneWorkload
+
+    monkeypatch.setenv("XLNET_NO_PROGRESS", "1")
+    old_init = tmp_path / "old"
+    shutil.copytree(init, old_init)
+    _as_earlier_version(old_init / "init")
+    out = tmp_path / "run"
+    real_loss = FinetuneWorkload.loss
+
+    def sigterm_at_step_3(self, model, batch, micro):
+        if self.examples.steps == 3 and micro == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_loss(self, model, batch, micro)
+
+    monkeypatch.setattr(FinetuneWorkload, "loss", sigterm_at_step_3)
+    code, err = _finetune(capsys, old_init, out, "--set", "finetune.max_steps=5")
+    assert code == 75, err
+    upgraded = [ln for ln in err.splitlines() if "earlier version" in ln]
+    assert upgraded == [
+        f"xlnet: {old_init / 'init' / 'config.yaml'} was written by an earlier version; read train.eval_every=0 as "
+        "never, train.save_every=0 as end, finetune.max_steps=0 as null, finetune.eval_every=0 as epoch, "
+        "finetune.save_every=0 as eval"
+    ]
+    partial = partial_dir(out)
+    _as_earlier_version(partial)
+    _as_earlier_version(partial / "step_0000003")
+    monkeypatch.setattr(FinetuneWorkload, "loss", real_loss)
+    code, err = _finetune(capsys, old_init, out, "--set", "finetune.max_steps=5", "--resume")
+    assert code == 0, err
+    assert f"{partial / 'config.yaml'} was written by an earlier version" in err
+    assert [r["step"] for r in _rows(out) if r["split"] == "eval"] == [5]
+    _as_earlier_version(out / "step_0000005")
+    code, _, err = run_main(capsys, "eval", out, "--file", init / "train.tsv")
+    assert code == 0, err
+    assert "earlier version" in err

@@ -39,7 +39,7 @@ def _header(cfg, meta=None, **plan):
 
 def test_header_names_the_objective_and_formats_numbers(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    cfg = load_config(TINY, ["train.max_steps=20000", "train.eval_every=0"])
+    cfg = load_config(TINY, ["train.max_steps=20000", "train.eval_every=never"])
     meta = {"splits": {"train": {"steps_per_pass": 1500}}, "passes": 1}
     text = _header(cfg, meta)
     assert "permutation language modelling" in text

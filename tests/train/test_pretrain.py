@@ -131,7 +131,7 @@ def test_resume_after_sigkill_is_exact(records, tmp_path):
 
 @pytest.mark.slow
 def test_resume_given_step(records, tmp_path):
-    cfg = _cfg("train.max_steps=6", "train.save_every=2", "train.keep_last=5", "train.eval_every=0")
+    cfg = _cfg("train.max_steps=6", "train.save_every=2", "train.keep_last=5", "train.eval_every=never")
     pretrain(cfg, records, tmp_path / "a", quiet=True)
     pretrain(cfg, records, tmp_path / "b", quiet=True)
     pretrain(cfg, records, tmp_path / "b", resume="2", quiet=True)  # continue from step 2 again
@@ -259,7 +259,7 @@ def test_tiny_config_learns_on_real_text(builds, tmp_path):
         "train.lr=2e-3",
         "train.eval_every=150",
         "train.eval_batches=8",
-        "train.save_every=0",
+        "train.save_every=end",
         "train.log_every=50",
     ]
     rec = builds.pipeline(over).records
@@ -296,11 +296,11 @@ def test_records_made_with_other_settings(records, tmp_path):
 
 @pytest.mark.slow
 def test_out_folder_of_another_run(records, tmp_path):
-    cfg = _cfg("train.max_steps=2", "train.save_every=2", "train.eval_every=0")
+    cfg = _cfg("train.max_steps=2", "train.save_every=2", "train.eval_every=never")
     pretrain(cfg, records, tmp_path / "run", quiet=True)
     with pytest.raises(XLNetError, match=r"already holds a pretraining run \(last checkpoint step 2\); pass --resume"):
         pretrain(cfg, records, tmp_path / "run", quiet=True)
-    other = _cfg("train.max_steps=2", "train.save_every=2", "train.eval_every=0", "train.lr=5e-4")
+    other = _cfg("train.max_steps=2", "train.save_every=2", "train.eval_every=never", "train.lr=5e-4")
     with pytest.raises(XLNetError, match=r"holds a run with train.lr=0.001 but this config has train.lr=0.0005"):
         pretrain(other, records, tmp_path / "run", resume="latest", quiet=True)
     (tmp_path / "junk").mkdir()
@@ -309,7 +309,7 @@ def test_out_folder_of_another_run(records, tmp_path):
         pretrain(cfg, records, tmp_path / "junk", quiet=True)
     # a longer run of the same config may be resumed (max_steps may change)
     res = pretrain(
-        _cfg("train.max_steps=3", "train.save_every=2", "train.eval_every=0"),
+        _cfg("train.max_steps=3", "train.save_every=2", "train.eval_every=never"),
         records,
         tmp_path / "run",
         resume="latest",
@@ -368,7 +368,7 @@ def test_nonfinite_loss_stops_with_diagnosis(records, tmp_path):
     cfg = _cfg(
         "train.max_steps=20",
         "train.save_every=1",
-        "train.eval_every=0",
+        "train.eval_every=never",
         "train.lr=1e30",
         "train.warmup_steps=0",
         "train.clip_norm=0",
@@ -394,7 +394,9 @@ def test_out_of_memory_is_one_line(records, tmp_path, monkeypatch):
         match=r"out of memory on cpu during training step 1 with micro-batch 2 x seq 32 .*activation_checkpointing",
     ):
         pretrain(
-            _cfg("train.max_steps=2", "train.eval_every=0", "train.global_batch_size=4", "train.micro_batch_size=2"),
+            _cfg(
+                "train.max_steps=2", "train.eval_every=never", "train.global_batch_size=4", "train.micro_batch_size=2"
+            ),
             records,
             tmp_path / "r",
             quiet=True,
@@ -421,7 +423,7 @@ def test_redirected_log_has_one_plain_line_per_interval(records, tmp_path):
     line however long; evaluations too; metrics.jsonl records the peak memory."""
     cfg_file = write_config(
         tmp_path / "cfg.yaml",
-        [*FAST_PRETRAIN, "train.max_steps=6", "train.log_every=2", "train.eval_every=3", "train.save_every=0"],
+        [*FAST_PRETRAIN, "train.max_steps=6", "train.log_every=2", "train.eval_every=3", "train.save_every=end"],
     )
     log = tmp_path / "log.txt"
     with open(log, "w") as f:
@@ -466,7 +468,7 @@ class _Payload:
 
 @pytest.mark.slow
 def test_train_state_is_stored_without_pickle_and_a_pickle_payload_is_refused(records, tmp_path):
-    cfg = _cfg("train.max_steps=4", "train.save_every=2", "train.eval_every=0")
+    cfg = _cfg("train.max_steps=4", "train.save_every=2", "train.eval_every=never")
     pretrain(cfg, records, tmp_path / "run", quiet=True, stop_after=2)
     folder = tmp_path / "run" / "step_0000002"
     with open(folder / "train_state.safetensors", "rb") as f:  # a safetensors header: JSON, then raw tensor bytes
@@ -491,8 +493,8 @@ def test_sigterm_writes_a_checkpoint_and_resume_is_exact(records, tmp_path):
     """A scheduler's SIGTERM: the current step finishes, a checkpoint is written, exit code 75 with one line; --resume
     then gives the uninterrupted run's losses, evaluations and final weights bit for bit."""
     n = 40
-    over = [f"train.max_steps={n}", "train.save_every=0", "train.eval_every=10", "train.keep_last=3"]
-    cfg_file = write_config(tmp_path / "cfg.yaml", FAST_PRETRAIN + over)  # save_every=0: only SIGTERM and the end save
+    over = [f"train.max_steps={n}", "train.save_every=end", "train.eval_every=10", "train.keep_last=3"]
+    cfg_file = write_config(tmp_path / "cfg.yaml", FAST_PRETRAIN + over)  # only SIGTERM and the end save
     pretrain(load_config(cfg_file), records, tmp_path / "a", quiet=True)
     run = tmp_path / "b"
     cmd = [
@@ -549,7 +551,7 @@ def test_disk_full_while_saving_names_the_last_good_checkpoint(records, tmp_path
 
     cfg_file = write_config(
         tmp_path / "cfg.yaml",
-        [*FAST_PRETRAIN, "train.max_steps=6", "train.save_every=2", "train.eval_every=0", "train.keep_last=5"],
+        [*FAST_PRETRAIN, "train.max_steps=6", "train.save_every=2", "train.eval_every=never", "train.keep_last=5"],
     )
     pretrain(load_config(cfg_file), records, tmp_path / "a", quiet=True)
     from xlnetcli.train import checkpointer

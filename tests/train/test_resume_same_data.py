@@ -29,7 +29,7 @@ def test_resume_against_other_records_is_refused_and_the_same_records_moved_are_
     rec = pipe.records
     other = builds.records(pipe.shards, load_config(TINY, FAST_PRETRAIN), passes=2)  # same shards, other records
     cfg = write_config(
-        tmp_path / "cfg.yaml", [*FAST_PRETRAIN, "train.max_steps=4", "train.save_every=2", "train.eval_every=0"]
+        tmp_path / "cfg.yaml", [*FAST_PRETRAIN, "train.max_steps=4", "train.save_every=2", "train.eval_every=never"]
     )
     pretrain(load_config(cfg), rec, tmp_path / "a", quiet=True)
     run = tmp_path / "run"

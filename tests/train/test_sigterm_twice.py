@@ -37,7 +37,8 @@ def _rows(run: Path) -> int:
 def test_two_sigterms_in_quick_succession_exit_75_and_resume_exactly(builds, tmp_path):
     records = builds.pipeline(FAST_PRETRAIN).records
     cfg = write_config(
-        tmp_path / "cfg.yaml", [*FAST_PRETRAIN, f"train.max_steps={STEPS}", "train.save_every=0", "train.eval_every=0"]
+        tmp_path / "cfg.yaml",
+        [*FAST_PRETRAIN, f"train.max_steps={STEPS}", "train.save_every=end", "train.eval_every=never"],
     )
     ref = subprocess.run(_cmd(records, cfg, tmp_path / "ref"), env=child_env(), capture_output=True, text=True)
     assert ref.returncode == 0, ref.stderr

@@ -19,7 +19,7 @@ BASE = [
     *FAST_PRETRAIN,
     "model.mem_len=24",
     "train.max_steps=4",
-    "train.eval_every=0",
+    "train.eval_every=never",
     "train.save_every=1",
     "train.keep_last=4",
 ]

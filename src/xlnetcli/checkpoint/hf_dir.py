@@ -28,7 +28,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from xlnetcli.config import Config, FinetuneConfig, ModelConfig, config_from_dict, config_to_dict
+from xlnetcli.config import (
+    CONFIG_VERSION,
+    Config,
+    FinetuneConfig,
+    ModelConfig,
+    config_from_dict,
+    config_to_dict,
+    upgrade_config,
+)
 from xlnetcli.config.sizes import check_weights_size
 from xlnetcli.core.errors import CheckpointError, ConfigError
 from xlnetcli.core.shapes import json_field, read_json_object
@@ -196,6 +204,7 @@ def model_for_hf(
         "`import` and `finetune --init` read it).",
         "task": task,
         "labels": labels,
+        "config_version": CONFIG_VERSION,  # of the finetune section (config/loading.py)
         "finetune": config_to_dict(cfg)["finetune"],
         **{k: meta[k] for k in _RECORD_META if meta.get(k) is not None},
     }
@@ -347,7 +356,9 @@ def _finetune_record(path: Path, head: HFHead) -> dict[str, Any]:
         return {}
     try:
         rec = json.loads(path.read_text(encoding="utf-8"))
-        FinetuneConfig(**rec.get("finetune", {}))
+        section = {"config_version": rec.get("config_version", 1), "finetune": rec.get("finetune", {})}
+        rec["finetune"] = upgrade_config(section, str(path))["finetune"]  # an earlier version's 0s read as today's
+        FinetuneConfig(**rec["finetune"])
     except (OSError, ValueError, TypeError, AttributeError) as e:
         raise CheckpointError(
             f"{path}: not a valid finetuning record ({type(e).__name__}); remove it to use the "

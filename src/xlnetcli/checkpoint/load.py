@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from xlnetcli.checkpoint.folders import MODEL_FILE, find_tokenizer, step_folders, verify_checkpoint
 from xlnetcli.checkpoint.hf_dir import load_hf_dir
-from xlnetcli.config import Config, ModelConfig, config_from_dict, replace, yaml_load
+from xlnetcli.config import Config, ModelConfig, config_from_dict, replace, upgrade_config, yaml_load
 from xlnetcli.config.sizes import check_weights_size
 from xlnetcli.core.errors import CheckpointError, ConfigError, DataError
 from xlnetcli.core.files import sha256_file
@@ -77,7 +77,9 @@ def load_step_folder(p: Path) -> tuple[Config, dict[str, torch.Tensor], dict[str
     meta = verify_checkpoint(p)  # every file meta.json lists (config.yaml, tokenizer, weights, train state)
     try:
         raw = yaml_load((p / "config.yaml").read_text(encoding="utf-8"))  # no aliases: a bomb cannot expand
-        cfg = config_from_dict(raw)
+        if not isinstance(raw, dict):
+            raise ConfigError(f"the config must be a mapping of sections, got {type(raw).__name__}")
+        cfg = config_from_dict(upgrade_config(raw, str(p / "config.yaml")))  # an earlier version's: today's spelling
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{p / 'config.yaml'}: unreadable ({e.__class__.__name__})") from None
     except ConfigError as e:

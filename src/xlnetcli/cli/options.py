@@ -143,7 +143,8 @@ def _as_given(ctx: click.Context, name: str, value: Any) -> str:
 def with_config(command: str, default: Callable[[dict[str, Any]], str | Path | None] | None = None):
     """--config NAME|FILE, repeated --set and the command's setting options (SETTING_OPTIONS) as one ``cfg`` argument.
 
-    ``default(params)`` names the config to load when --config is not given (None: the defaults)."""
+    ``default(params)`` names the config to load when --config is not given (None: the defaults): an output's own
+    config.yaml, read in today's spelling when an earlier version wrote it (config.upgrade_config)."""
 
     def wrap(f):
         @functools.wraps(f)
@@ -155,9 +156,10 @@ def with_config(command: str, default: Callable[[dict[str, Any]], str | Path | N
                 if (value := params.pop(name)) is not None
             ]
             check_override_sections(overrides, command)
+            own = False  # an output's own config.yaml: an earlier version's is upgraded
             if config_path is None and default is not None:
-                config_path = default(params)
-            return f(load_config(config_path, overrides, settings), **params)
+                config_path, own = default(params), True
+            return f(load_config(config_path, overrides, settings, upgrade=own), **params)
 
         run = set_option(command)(run)
         return click.option(

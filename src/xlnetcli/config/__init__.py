@@ -10,6 +10,7 @@ This module only names what other packages use.
 
 from xlnetcli.config.checks import BatchMaths, batch_maths, check_config, split_num_predict
 from xlnetcli.config.loading import (
+    CONFIG_VERSION,
     PRESETS,
     config_from_dict,
     config_to_dict,
@@ -19,6 +20,7 @@ from xlnetcli.config.loading import (
     preset_path,
     replace,
     save_config,
+    upgrade_config,
     yaml_load,
 )
 from xlnetcli.config.schema import (
@@ -33,6 +35,7 @@ from xlnetcli.config.schema import (
 )
 
 __all__ = [
+    "CONFIG_VERSION",
     "OBJECTIVES",
     "PRESETS",
     "SECTIONS",
@@ -54,5 +57,6 @@ __all__ = [
     "replace",
     "save_config",
     "split_num_predict",
+    "upgrade_config",
     "yaml_load",
 ]

@@ -36,6 +36,8 @@ def check_value(f: dataclasses.Field, value: Any, key: str) -> None:
     rng = f.metadata.get("range")
     if rng is None or value is None:
         return
+    if "spelled" in f.metadata and value == 0 and not isinstance(value, bool):
+        raise ConfigError(f"{key}=0 is no longer accepted: write {key}={f.metadata['spelled']}")
     for i, v in enumerate(value) if isinstance(value, tuple) else [(None, value)]:
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v not in rng:
             name = key if i is None else f"{key}[{i}]"
@@ -64,6 +66,9 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 return coerce(value, arg, key)
             except ConfigError as e:
                 errors.append(str(e))
+        if len(errors) > 1 and any(typing.get_origin(a) is Literal for a in args):  # int | Literal["never", ...]
+            forms = " or ".join(_expected(arg) for arg in args if arg is not type(None))
+            raise ConfigError(f"{key}: expected {forms}, got {short(value)}")
         raise ConfigError(errors[0] if errors else f"{key}: invalid value {short(value)}")
     if origin is list:
         if not isinstance(value, (list, tuple)):
@@ -94,6 +99,13 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a string, got {short(value)}")
         return value
     raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover - a programming error
+
+
+def _expected(tp: Any) -> str:
+    """How a message names the values of a simple type: 'an integer', "one of 'never', 'epoch'"."""
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
 
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")

@@ -5,11 +5,17 @@
 
 Unknown keys, wrong types and values out of range raise ConfigError naming the key, the allowed range and where the
 value came from (the file, or the ``--set`` item). The presets ship in the package (``xlnetcli/config/presets/``).
+
+Versions: every config the tool writes starts with ``config_version: 2``. A file without it was written by an earlier
+version (or by hand). Read as an output's own config (a run, step, records or shards folder: ``upgrade=True``), an
+earlier version's 0 in a cadence key is read in today's spelling (``upgrade_config``), with one line on stderr; in a
+file given with --config or a --set item, 0 is refused naming the new spelling.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import typing
 from importlib.resources import files
 from pathlib import Path
@@ -19,6 +25,7 @@ import yaml
 
 from xlnetcli.config.checks import check_value, coerce
 from xlnetcli.config.schema import SECTIONS, Config
+from xlnetcli.core.console import is_rank0
 from xlnetcli.core.errors import ConfigError
 from xlnetcli.core.files import atomic_write_text
 from xlnetcli.core.text import clip, printable, short
@@ -38,6 +45,12 @@ PRESETS = {
     "continue-base": "continue-base.yaml",
     "continue-large": "continue-large.yaml",
 }
+
+
+# Written at the top of every config.yaml; 1 = the files before it (no config_version), where 0 in train.eval_every,
+# train.save_every, finetune.eval_every, finetune.save_every and finetune.max_steps meant a different thing per section.
+CONFIG_VERSION = 2
+_UPGRADED: set[str] = set()  # files already announced in this process
 
 
 # ---- YAML without aliases -------------------------------------------------------------------------------------
@@ -142,9 +155,48 @@ def _check_raw(raw: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
+def config_version(raw: dict[str, Any]) -> int:
+    """The config_version of a config's sections (1: none, an earlier version's); a newer version's is refused."""
+    version = raw.get("config_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ConfigError(f"config_version must be a positive integer, got {short(version)}")
+    if version > CONFIG_VERSION:
+        raise ConfigError(
+            f"written by a newer xlnet (config_version {version}; this one reads up to {CONFIG_VERSION}): "
+            "upgrade xlnetcli"
+        )
+    return version
+
+
+def upgrade_config(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """The sections of a config an earlier version wrote (config_version < 2), in today's spelling: each 0 in a key
+    whose 0 meant the section's special case (schema.steps_or_word) becomes that case's word (finetune.eval_every: 0
+    -> epoch, train.save_every: 0 -> end, finetune.max_steps: 0 -> null, ...). Says so in one line on stderr, once per
+    file and process. Returns the sections without config_version."""
+    version = config_version(raw)
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items() if k != "config_version"}
+    if version >= CONFIG_VERSION:
+        return raw
+    changed = []
+    for name, values in raw.items():
+        if name not in SECTIONS or not isinstance(values, dict):
+            continue  # _check_raw names the problem
+        for f in dataclasses.fields(SECTIONS[name]):
+            v = values.get(f.name)
+            if "zero_was" in f.metadata and v == 0 and not isinstance(v, bool):
+                values[f.name] = f.metadata["zero_was"]
+                changed.append(f"{name}.{f.name}=0 as {'null' if values[f.name] is None else values[f.name]}")
+    if changed and where not in _UPGRADED and is_rank0():
+        _UPGRADED.add(where)
+        print(f"xlnet: {where} was written by an earlier version; read {', '.join(changed)}", file=sys.stderr)
+    return raw
+
+
 def config_from_dict(raw: dict[str, Any]) -> Config:
-    """Build a validated Config from nested dicts (missing keys take their defaults)."""
-    checked = _check_raw(raw)
+    """Build a validated Config from nested dicts (missing keys take their defaults; a config_version key is
+    checked and dropped: ``upgrade_config`` reads an earlier version's)."""
+    config_version(raw)
+    checked = _check_raw({k: v for k, v in raw.items() if k != "config_version"})
     return Config(**{name: SECTIONS[name](**values) for name, values in checked.items()})
 
 
@@ -171,17 +223,25 @@ def load_config(
     path: str | Path | None = None,
     overrides: typing.Sequence[str] = (),
     settings: typing.Sequence[tuple[str, str, Any]] = (),
+    *,
+    upgrade: bool = False,
 ) -> Config:
     """Load a YAML config or preset name (the defaults when ``path`` is None), apply ``section.key=value``
     overrides, then ``settings``: (source, "section.key", value) from a command's own options, e.g.
     ("--vocab-size 500", "tokenizer.vocab_size", 500). A problem is reported against its source: the file for its
     own keys, the ``--set`` item or option for an override (and for a combination that an override made
-    impossible)."""
+    impossible). ``upgrade``: the file is an output's own config.yaml (a run, step, records or shards folder), read
+    in today's spelling when an earlier version wrote it (``upgrade_config``); otherwise such a 0 is refused."""
     raw: dict[str, Any] = {}
     where = "the defaults"
     if path is not None:
         raw, where = _read_yaml(path)
     try:
+        if upgrade:
+            raw = upgrade_config(raw, where)
+        else:
+            config_version(raw)
+            raw = {k: v for k, v in raw.items() if k != "config_version"}
         file_values = _check_raw(raw)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
@@ -228,7 +288,8 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 
 
 def dump_config(cfg: Config) -> str:
-    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+    """The YAML of a config as every output keeps it: config_version first, then the sections."""
+    return yaml.safe_dump({"config_version": CONFIG_VERSION, **config_to_dict(cfg)}, sort_keys=False)
 
 
 def save_config(cfg: Config, directory: str | Path, name: str = "config.yaml") -> Path:

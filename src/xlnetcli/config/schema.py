@@ -55,6 +55,14 @@ def ranged(default: Any, spec: str) -> Any:
     return field(default=default, metadata={"range": Range.parse(spec)})
 
 
+def steps_or_word(default: Any, zero_was: Any, spelled: str) -> Any:
+    """A cadence or length in optimizer steps (>= 1), or one of the words its type allows (``never``, ``epoch``,
+    ``end``, ``eval``, or null), each meaning the same in train.* and finetune.*. Configs before config_version 2
+    wrote 0 for a section's special case: ``zero_was`` is that case in today's spelling (loading.upgrade reads it so),
+    ``spelled`` how the refusal of a new 0 names it."""
+    return field(default=default, metadata={"range": Range.parse("[1, inf)"), "zero_was": zero_was, "spelled": spelled})
+
+
 @dataclass
 class TokenizerConfig:
     # SentencePiece unigram vocabulary, ids 0-8 fixed (data/special.py)
@@ -140,7 +148,7 @@ class DataConfig:
 class TrainConfig:
     global_batch_size: int = ranged(2048, "[1, inf)")  # sequences per optimizer step over all ranks (v2: 8192)
     micro_batch_size: int = ranged(16, "[1, inf)")  # sequences per rank per forward/backward; accumulation follows
-    max_steps: int = ranged(500_000, "[1, inf)")  # optimizer steps
+    max_steps: int = ranged(500_000, "[1, inf)")  # optimizer steps (a number: pretraining has no epochs)
     lr: float = ranged(4e-4, "(0, inf)")  # peak learning rate
     warmup_steps: int = ranged(40_000, "[0, inf)")  # linear warmup from 0 (at most max_steps)
     schedule: Literal["linear", "cosine", "constant"] = "linear"  # decay after warmup
@@ -162,9 +170,11 @@ class TrainConfig:
     deterministic: bool = True  # deterministic GPU kernels: bit-identical runs and resumes (cost: BENCHMARKS.md)
     peak_tflops: float = ranged(0.0, "[0, inf)")  # device bf16 peak for the logged MFU; 0 = from the GPU's name
     distributed: Literal["ddp", "fsdp"] = "ddp"  # strategy under torchrun (fsdp = FSDP2 fully_shard)
-    eval_every: int = ranged(10_000, "[0, inf)")  # steps between evaluations on held-out records (0 = never)
+    # steps between evaluations on held-out records, or never ("epoch" is finetuning's: pretraining has no epochs)
+    eval_every: int | Literal["never", "epoch"] = steps_or_word(10_000, "never", "never (no evaluation)")
     eval_batches: int = ranged(50, "[1, inf)")  # batches per evaluation
-    save_every: int = ranged(10_000, "[0, inf)")  # steps between checkpoints (0 = only at the end)
+    # steps between resumable checkpoints, or end (only at the end) or eval (at every evaluation)
+    save_every: int | Literal["end", "eval"] = steps_or_word(10_000, "end", "end (only at the end) or eval")
     keep_last: int = ranged(3, "[1, inf)")  # checkpoints kept
     log_every: int = ranged(10, "[1, inf)")  # steps between metric lines
     seed: int = ranged(1234, "[0, 4294967295]")  # model init, dropout and factorisation-order seed
@@ -182,6 +192,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self, "train")
+        if self.eval_every == "epoch":
+            raise ConfigError("train.eval_every=epoch: pretraining has no epochs; give steps (e.g. 10000) or never")
         self.report_to = canonical_report_to(self.report_to, "train.report_to")
         if self.init is not None and not self.init.strip():
             raise ConfigError("train.init is empty; give a checkpoint (run, step or HF folder) or leave it unset")
@@ -195,8 +207,9 @@ class FinetuneConfig:
     batch_size: int = ranged(32, "[1, inf)")  # sequences per optimizer step over all ranks
     micro_batch_size: int = ranged(32, "[1, inf)")  # per rank per forward/backward
     lr: float = ranged(2e-5, "(0, inf)")
-    epochs: float = ranged(3.0, "(0, inf)")  # used when max_steps = 0
-    max_steps: int = ranged(0, "[0, inf)")  # optimizer steps (0 = derive from epochs)
+    epochs: float = ranged(3.0, "(0, inf)")  # used when max_steps is null
+    # optimizer steps; null = derive from epochs
+    max_steps: int | None = steps_or_word(None, None, "null (derive from finetune.epochs)")
     warmup_ratio: float = ranged(0.1, "[0, 1)")  # share of steps spent in linear warmup
     layer_decay: float = ranged(1.0, "(0, 1]")  # layer-wise lr decay: layer l gets lr * rate^(n_layer-1-l); SQuAD 0.75
     weight_decay: float = ranged(0.01, "[0, inf)")
@@ -209,9 +222,12 @@ class FinetuneConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     peak_tflops: float = ranged(0.0, "[0, inf)")  # as train.peak_tflops (the logged MFU), for finetuning runs
     log_every: int = ranged(10, "[1, inf)")  # steps between metric lines
-    eval_every: int = ranged(0, "[0, inf)")  # steps between evaluations (0 = every epoch)
+    # steps between evaluations, or epoch (at the end of every epoch) or never (the last model is kept); the last
+    # step is always evaluated unless never
+    eval_every: int | Literal["never", "epoch"] = steps_or_word("epoch", "epoch", "epoch (every epoch) or never")
     early_stopping_patience: int = ranged(0, "[0, inf)")  # stop after this many evaluations without gain (0 = off)
-    save_every: int = ranged(0, "[0, inf)")  # steps between resumable checkpoints (0 = at every evaluation)
+    # steps between resumable checkpoints, or eval (at every evaluation) or end (only at the end)
+    save_every: int | Literal["end", "eval"] = steps_or_word("eval", "eval", "eval (at every evaluation) or end")
     doc_stride: int = ranged(128, "[1, inf)")  # SQuAD: stride between windows of a long paragraph
     max_query_length: int = ranged(64, "[1, inf)")  # SQuAD: question tokens kept
     max_answer_length: int = ranged(64, "[1, inf)")  # SQuAD: longest predicted answer in tokens

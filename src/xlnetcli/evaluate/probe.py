@@ -4,8 +4,8 @@
     res["results"]["pretrained"]["mean"]["accuracy"], res["results"]["random"]["mean"]["accuracy"]
 
 Features (no finetuning, the model in eval mode): each example is encoded exactly as finetuning encodes it
-(data/labelled.py: ``[A <sep> B <sep> <cls>]``, left padded, so ``<cls>`` is the last position), run through the content
-stream once, and read at the last layer as
+(data/labelled/encode.py: ``[A <sep> B <sep> <cls>]``, left padded, so ``<cls>`` is the last position), run through
+the content stream once, and read at the last layer as
 - ``mean``: the mean over the example's real (non-pad) positions;
 - ``cls``: the ``<cls>`` position (what the finetuning summary ``last`` reads).
 

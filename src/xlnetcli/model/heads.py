@@ -28,7 +28,7 @@ from xlnetcli.core.errors import XLNetError
 from xlnetcli.model.xlnet import XLNetModel
 
 NEG = -1e30
-# data/labelled.py's class label of a row it cannot label (a label the run does not know, a choice row without one)
+# data/labelled's class label of a row it cannot label (a label the run does not know, a choice row without one)
 UNLABELLED = -1
 SQUAD_TOP_K = 5  # start and end candidates kept at inference (the original's start_n_top = end_n_top = 5)
 

@@ -85,8 +85,9 @@ def say_header(engine: Engine, sizes: tuple[int, int], meta: dict, data_dir: Pat
         )
     decay = "constant" if t.schedule == "constant" else f"{t.schedule} decay to {t.min_lr_ratio:g} x lr"
     clip = f"gradients clipped at norm {t.clip_norm:g}" if t.clip_norm else "no gradient clipping"
-    evals = f"every {counted(t.eval_every, 'step')}" if t.eval_every else "never"
-    saves = f"every {counted(t.save_every, 'step')}" if t.save_every else "at the end only"
+    evals = f"every {counted(t.eval_every, 'step')}" if isinstance(t.eval_every, int) else "never"
+    saves = {"end": "at the end only", "eval": "at every evaluation"}.get(str(t.save_every))
+    saves = saves or f"every {counted(int(t.save_every), 'step')}"
     say(
         f"  optimizer  AdamW, lr {t.lr:g} after {counted(t.warmup_steps, 'warmup step')}, then {decay}; weight decay "
         f"{t.weight_decay:g}, {clip}; evaluation {evals}, checkpoints {saves}"

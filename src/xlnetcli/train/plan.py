@@ -55,12 +55,12 @@ class TrainPlan:
         batch_shape: tuple[int, ...],
         accumulation: int,
         flops_per_token: float | None,
-        save_on_eval: bool = False,
     ) -> TrainPlan:
         """The plan of ``cfg``'s ``section``; the arguments are what the two trainings derive differently.
         ``batch_shape``: the token ids of one optimizer step, (examples, seq_len) or, with the options of a
         multiple-choice example, (examples, options, seq_len). Keys the section lacks (finetune has no schedule,
-        adam_betas, compile, ...; train no layer_decay) keep the defaults above."""
+        adam_betas, compile, ...; train no layer_decay) keep the defaults above. save_every's words: "end" saves only
+        at the end, "eval" at every evaluation (save_on_eval)."""
         sec = getattr(cfg, section)
         optional = (
             "adam_betas",
@@ -85,8 +85,8 @@ class TrainPlan:
             seq_len=batch_shape[-1],
             tokens_per_step=math.prod(batch_shape),
             log_every=sec.log_every,
-            save_every=sec.save_every,
-            save_on_eval=save_on_eval,
+            save_every=sec.save_every if isinstance(sec.save_every, int) else 0,  # "end" or "eval": none by count
+            save_on_eval=sec.save_every == "eval",
             weight_decay=sec.weight_decay,
             adam_eps=sec.adam_eps,
             n_layer=cfg.model.n_layer,

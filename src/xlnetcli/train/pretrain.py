@@ -243,8 +243,9 @@ class PretrainWorkload:
         self.mems.carry(micro, out)
         return out.loss
 
-    def _due(self, every: int, step: int) -> bool:
-        return bool(every) and (step % every == 0 or step == self.cfg.train.max_steps)
+    def _due(self, every: int | str, step: int) -> bool:
+        """Every ``every`` steps and at the last; never for eval_every=never (a word) or probe_every=0."""
+        return isinstance(every, int) and every > 0 and (step % every == 0 or step == self.cfg.train.max_steps)
 
     def eval_due(self, step: int) -> bool:
         return self._due(self.cfg.train.eval_every, step) or self._due(self.cfg.train.probe_every, step)

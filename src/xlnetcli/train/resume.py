@@ -63,7 +63,7 @@ def resume_point(
     if resume is None and not step_folders(run_dir) and (run_dir / "metrics.jsonl").is_file():
         return None  # a run killed before its first checkpoint (it logged, so it is ours): nothing to lose, start again
     try:
-        old = load_config(run_cfg)
+        old = load_config(run_cfg, upgrade=True)
     except ConfigError as e:
         raise CheckpointError(f"{run_cfg} is not a valid config ({e}); choose another --out") from None
     if resume is None:

@@ -1,0 +1,62 @@
+"""Finetuning data (docs/xlnet.md §9), split by job: reading labelled files into examples, and building the model's
+inputs from them exactly as the original XLNet.
+
+    read.py     TSV / CSV / JSONL tables (GLUE's columns found by name), JSONL multiple choice, SQuAD JSON; labels
+    encode.py   [A <sep> B <sep> <cls>] left padded, multiple-choice options, SQuAD windows and answer positions
+
+Code outside this package imports these names from here (``from xlnetcli.data import labelled``).
+"""
+
+from xlnetcli.data.labelled.encode import (
+    SQUAD_FEATURES,
+    SQUAD_INPUTS,
+    SQUAD_LABELS,
+    Encoded,
+    build_pair,
+    encode_choices,
+    encode_squad,
+    encode_texts,
+    left_pad,
+    squad_predictions,
+    tokenize_with_offsets,
+    truncate_pair,
+)
+from xlnetcli.data.labelled.read import (
+    TASKS,
+    ChoiceExample,
+    Columns,
+    SquadExample,
+    TextExample,
+    build_label_list,
+    check_labels,
+    read_choices,
+    read_squad,
+    read_table,
+    squad_is_v2,
+)
+
+__all__ = [
+    "SQUAD_FEATURES",
+    "SQUAD_INPUTS",
+    "SQUAD_LABELS",
+    "TASKS",
+    "ChoiceExample",
+    "Columns",
+    "Encoded",
+    "SquadExample",
+    "TextExample",
+    "build_label_list",
+    "build_pair",
+    "check_labels",
+    "encode_choices",
+    "encode_squad",
+    "encode_texts",
+    "left_pad",
+    "read_choices",
+    "read_squad",
+    "read_table",
+    "squad_is_v2",
+    "squad_predictions",
+    "tokenize_with_offsets",
+    "truncate_pair",
+]

@@ -1,0 +1,313 @@
+"""The finetuning workload the engine runs (train/workload.py): the shuffled example order, the head's loss, validation
+with the task metric, the best checkpoint and early stopping; the run's arguments (``FinetuneArgs``) and batch maths
+(``StepCounts``), and its ``TrainPlan``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from xlnetcli.config import Config
+from xlnetcli.core import dist
+from xlnetcli.core.errors import CheckpointError, DataError
+from xlnetcli.core.files import sha256_file
+from xlnetcli.data import labelled
+from xlnetcli.evaluate.finetuned import TRAIN_KEYS, TaskData, make_batch, predict, primary_metric, score
+from xlnetcli.model.flops import forward_flops
+from xlnetcli.train.plan import TrainPlan
+from xlnetcli.train.workload import Evaluation, Hints
+
+
+@dataclass(frozen=True)
+class FinetuneArgs:
+    """What one finetuning call is asked, besides its config: built once (by ``finetune()``, which the CLI calls) and
+    passed down."""
+
+    task: str
+    """classification, regression, multiple-choice or squad (``labelled.TASKS``)."""
+    train: Path
+    """The training file: TSV/CSV/JSONL, or SQuAD JSON."""
+    valid: Path | None
+    """The validation file, evaluated as ``finetune.eval_every`` says; None: no validation, the last model is kept."""
+    init: Path
+    """The starting checkpoint: a pretraining run or step folder, a finetuned checkpoint, or an HF XLNet directory."""
+    out: Path
+    """The run folder (built in a hidden ``.OUT.partial/`` sibling and renamed when complete)."""
+    columns: labelled.Columns | None = None
+    """Which columns hold the texts and the label (None: the usual names)."""
+    header: bool = True
+    """Whether a TSV/CSV file starts with a header row."""
+    overwrite: bool = False
+    """Replace a finished run in ``out`` (or discard an interrupted one)."""
+    device: str | None = "auto"
+    """auto, cpu, cuda or cuda:N (under torchrun: cuda:LOCAL_RANK)."""
+    quiet: bool = False
+    """No progress bar or header."""
+    from_scratch: bool = False
+    """Take only the architecture and tokenizer from ``init``: random weights (a baseline)."""
+    resume: bool = False
+    """Continue an interrupted run into ``out`` exactly (a completed one is reported, not redone)."""
+
+
+class StepCounts(NamedTuple):
+    """The batch maths of a run: micro-batches per step and rank, steps per epoch, steps, warmup steps."""
+
+    accumulation: int
+    per_epoch: int
+    total: int
+    warmup: int
+
+
+class ExampleOrder:
+    """The examples of each optimizer step: the next ``batch_size`` of a shuffled order, a new permutation per epoch,
+    the same on every rank (each takes its share). Its state: the generator, the permutation and the cursor in it."""
+
+    def __init__(self, n_examples: int, batch_size: int, seed: int) -> None:
+        self.n_examples, self.batch_size = n_examples, batch_size
+        self.rng = np.random.default_rng(seed)
+        self.order: np.ndarray = np.empty(0, dtype=np.int64)
+        self.cursor = 0
+        self.steps = 0  # optimizer steps whose examples were drawn
+
+    def draw(self) -> np.ndarray:
+        need, picked = self.batch_size, []
+        while need:
+            if self.cursor >= len(self.order):
+                self.order, self.cursor = self.rng.permutation(self.n_examples), 0
+            take = self.order[self.cursor : self.cursor + need]
+            picked.append(take)
+            self.cursor += len(take)
+            need -= len(take)
+        self.steps += 1
+        return np.concatenate(picked)
+
+    def state_dict(self) -> dict:
+        return {
+            "step": self.steps,
+            "rng": self.rng.bit_generator.state,
+            "order": torch.from_numpy(self.order.copy()),
+            "cursor": self.cursor,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.order, self.cursor = state["order"].numpy().copy(), int(state["cursor"])
+        self.steps = int(state["step"])
+
+
+def _rank(value: float | None) -> float:
+    """A metric for comparison: NaN, None (a NaN written as null) and infinities rank lowest."""
+    return value if value is not None and math.isfinite(value) else -math.inf
+
+
+class BestSoFar:
+    """The best validation result so far (the checkpoint kept) and early stopping: evaluations since it improved."""
+
+    def __init__(self, patience: int) -> None:
+        self.patience = patience
+        self.best: dict[str, Any] = {"step": None, "value": -math.inf, "metric": None, "metrics": None}
+        self.bad_evals = 0
+        self.stopped_early = False
+
+    def update(self, step: int, metric: str, value: float, metrics: dict) -> bool:
+        """Record an evaluation; True if it is a new best. A NaN metric (a diverged model, a constant prediction's
+        correlation) ranks below every number: kept only until any finite value comes."""
+        improved = _rank(value) > _rank(self.best["value"]) or self.best["step"] is None
+        if improved:
+            self.best.update(step=step, value=value, metric=metric, metrics=metrics)
+            self.bad_evals = 0
+        else:
+            self.bad_evals += 1
+        return improved
+
+    def patience_spent(self) -> bool:
+        return bool(self.patience) and self.bad_evals >= self.patience
+
+    def state_dict(self) -> dict:
+        return {"best": dict(self.best), "bad_evals": self.bad_evals, "stopped_early": self.stopped_early}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.bad_evals = dict(state["best"]), int(state["bad_evals"])
+        self.stopped_early = bool(state["stopped_early"])
+
+
+class FinetuneWorkload:
+    """What finetuning plugs into the engine: each step takes the examples ``ExampleOrder`` draws, the head's loss,
+    validation with the task metric on rank 0, early stopping (``BestSoFar``), and which step folders stay (the best
+    and the latest resumable one). Its checkpointed state (the train state's "task" entry, the same on every rank) is
+    the run's identity (task, labels, file digests), the example order and the best so far."""
+
+    loss_name = "loss"
+    keep_last = 1  # the latest resumable step folder; pinned_steps adds the best ones
+    elastic = False  # each rank draws its share of the examples: resume with the same number of processes
+
+    def __init__(
+        self,
+        args: FinetuneArgs,
+        run_cfg: Config,
+        data: tuple[TaskData, TaskData | None],
+        env: dist.DistEnv,
+        steps: StepCounts,
+        init_path: Path,
+        say: Any,
+    ) -> None:
+        ft, task = run_cfg.finetune, args.task
+        self.name = f"finetune {task}"
+        self.hints = Hints(
+            lengths=f"finetune.max_seq_length ({ft.max_seq_length})",
+            warmup="a larger finetune.warmup_ratio",
+            resume="--resume",
+        )
+        self.task, self.cfg, (self.train, self.valid), self.labels = task, run_cfg, data, data[0].label_list
+        self.env, self.total, self.steps_per_epoch, self.say = env, steps.total, steps.per_epoch, say
+        # what every step folder's meta.json shares, and the data files' digests (a resume must see the same files)
+        self.meta_base = {
+            "kind": "finetune",
+            "task": task,
+            "labels": self.labels,
+            "init": str(init_path),
+            "from_scratch": args.from_scratch,
+            "squad_v2": bool(self.valid.squad_v2) if self.valid and task == "squad" else None,
+        }
+        self.files = {
+            "train": sha256_file(args.train),
+            **({"valid": sha256_file(args.valid)} if args.valid is not None else {}),
+        }
+        total = steps.total
+        self.keys = TRAIN_KEYS[task]
+        self.examples = ExampleOrder(len(self.train), ft.batch_size, ft.seed)
+        self._mine: np.ndarray = self.examples.order
+        self.eval_steps = (
+            set(range(ft.eval_every, total + 1, ft.eval_every))
+            if isinstance(ft.eval_every, int)
+            else {min(total, e * steps.per_epoch) for e in range(1, math.ceil(total / steps.per_epoch) + 1)}
+            if ft.eval_every == "epoch"
+            else set()
+        )
+        self.eval_steps.add(total)  # the last step always: with eval_every=never, where the last model is kept
+        self.tracker = BestSoFar(ft.early_stopping_patience)
+        self.saved_best: int | None = None  # the best step the latest resumable step folder records
+
+    # ---- batches and loss ----------------------------------------------------------------------------------------
+
+    def next_batch(self, step: int, micro: int) -> dict:
+        mb = self.cfg.finetune.micro_batch_size
+        if micro == 0:
+            self._mine = self.examples.draw()[self.env.rank :: self.env.world_size]
+        return make_batch(self.train.enc, self._mine[micro * mb : (micro + 1) * mb], self.keys, self.env.device)
+
+    def loss(self, model: torch.nn.Module, batch: dict, micro: int) -> torch.Tensor:
+        return model(batch)["loss"]
+
+    # ---- validation and what to keep ---------------------------------------------------------------------------
+
+    def eval_due(self, step: int) -> bool:
+        return step in self.eval_steps
+
+    def evaluate(self, model: torch.nn.Module, step: int, log: Any) -> Evaluation | None:
+        ev = self._evaluate(model, step, log) if self.env.is_main else None
+        ev = dist.broadcast_object(ev)
+        if ev is not None and ev.stop:
+            self.tracker.stopped_early = True
+            self.say(
+                f"  early stop at step {step}: {self.cfg.finetune.early_stopping_patience} evaluations "
+                "without improvement"
+            )
+        return ev
+
+    def _evaluate(self, model: torch.nn.Module, step: int, log: Any) -> Evaluation | None:
+        """Validation metrics; a new best is kept. Without a validation file the last model is kept."""
+        ft, best = self.cfg.finetune, self.tracker.best
+        if self.valid is None or ft.eval_every == "never":
+            if step != self.total:
+                return None
+            best.update(step=step)
+            return Evaluation(keep_model=True)
+        outputs = predict(model, self.valid, ft.micro_batch_size * 2, self.env.device, ft.precision)
+        metrics, _ = score(self.valid, outputs, self.labels, self.cfg)
+        name, value = primary_metric(self.task, metrics)
+        log(step, "eval", metric=value, metric_name=name, **metrics)
+        improved = self.tracker.update(step, name, value, metrics)
+        stop = self.tracker.patience_spent() and step < self.total
+        best = self.tracker.best
+        self.say(
+            f"  step {step}: {name} {value:.4f}"
+            + (" (best so far, saved)" if improved else f" (best {best['value']:.4f} at step {best['step']})")
+        )
+        return Evaluation(metrics=metrics, keep_model=improved, stop=stop)
+
+    def log_extras(self, step: int) -> dict:
+        return {"epoch": round(step / self.steps_per_epoch, 3)}
+
+    def step_meta(self, step: int) -> dict:
+        meta = dict(self.meta_base)
+        best = self.tracker.best
+        if step == best["step"] and best["metrics"] is not None:
+            meta.update(metric=best["metric"], value=best["value"], metrics=best["metrics"])
+            if self.task == "squad" and "best_f1_thresh" in best["metrics"]:
+                meta["null_odds_threshold"] = best["metrics"]["best_f1_thresh"]
+        return meta
+
+    def pinned_steps(self, with_state: bool) -> set[int]:
+        """Besides the latest resumable step folder: the best one, and the best that folder records (a resume from it
+        needs it)."""
+        if with_state:
+            self.saved_best = self.tracker.best["step"]
+        return {s for s in (self.saved_best, self.tracker.best["step"]) if s is not None}
+
+    # ---- checkpointed state (the same on every rank) ---------------------------------------------------------------
+
+    def states(self) -> dict:
+        return {"task": self}  # the entry's name in train_state.safetensors
+
+    def rank_states(self) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {
+            "task": self.task,
+            "labels": self.labels,
+            "files": self.files,
+            **self.examples.state_dict(),
+            **self.tracker.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("task") != self.task or state.get("labels") != self.labels:
+            raise CheckpointError(
+                f"the run being resumed finetunes {state.get('task')} with labels "
+                f"{state.get('labels')}, not {self.task} with {self.labels}; start again with "
+                "--overwrite"
+            )
+        for split, digest in self.files.items():
+            if state["files"].get(split) != digest:
+                raise DataError(
+                    f"the {split} file differs from the one the run started with (sha256); resume with "
+                    "the same files, or start again with --overwrite"
+                )
+        self.examples.load_state_dict(state)
+        self.tracker.load_state_dict(state)
+        self.saved_best = self.tracker.best["step"]
+
+
+def finetune_plan(run_cfg: Config, train: TaskData, steps: StepCounts) -> TrainPlan:
+    """The engine's plan of a finetuning run: the finetune section, the batch maths, the FLOPs per token for MFU."""
+    ft, m = run_cfg.finetune, run_cfg.model
+    shape = train.enc.arrays["input_ids"].shape  # [N, L] or [N, options, L]
+    rows, L = int(np.prod(shape[1:-1], dtype=np.int64)), int(shape[-1])
+    mb_rows = ft.micro_batch_size * rows
+    return TrainPlan.from_config(
+        run_cfg,
+        "finetune",
+        max_steps=steps.total,
+        warmup_steps=steps.warmup,
+        batch_shape=(ft.batch_size, *(int(n) for n in shape[1:])),
+        accumulation=steps.accumulation,
+        # the content stream over every position, no memory, no LM head (model/flops.py), for the logged MFU
+        flops_per_token=3.0 * forward_flops(m, mb_rows, L, 0, 0, last_layer_query_only=False) / (mb_rows * L),
+    )
