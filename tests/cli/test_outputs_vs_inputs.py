@@ -24,13 +24,16 @@ pytestmark = pytest.mark.slow  # the module finetunes a small model once (~10 s 
 @pytest.fixture(scope="module")
 def world(builds, tmp_path_factory) -> dict[str, Path]:
     """init/ (a pretrained step folder), ft/ (a finetuned run), train/valid TSVs, records (shared), a probe JSON."""
-    from xlnetcli.train.finetune import finetune
+    from xlnetcli.train.finetune import FinetuneArgs, finetune
 
     root = random_init_checkpoint(builds, tmp_path_factory.mktemp("outputs"))
     (root / "train.tsv").write_text("\n".join(TRAIN_TSV.read_text().splitlines()[:41]) + "\n")
     (root / "valid.tsv").write_text("\n".join(VALID_TSV.read_text().splitlines()[:21]) + "\n")
     cfg = ft_cfg("finetune.max_steps=2", "finetune.eval_every=2")
-    finetune(cfg, "classification", root / "train.tsv", root / "valid.tsv", root / "init", root / "ft", quiet=True)
+    finetune(
+        cfg,
+        FinetuneArgs("classification", root / "train.tsv", root / "valid.tsv", root / "init", root / "ft", quiet=True),
+    )
     (root / "probe.json").write_text('{"results": {}}\n')
     (root / "links").mkdir()
     step = next((root / "ft").glob("step_*"))

@@ -45,18 +45,13 @@ def small_tsv(path: Path, src: Path, n: int | None, labels: set[str] | None = No
 def cls_run(work, tmp_path_factory):
     """A 4-label classifier: 60 steps on the docstrings (5 s; 0.60 accuracy on 48 validation rows, 3 labels
     predicted)."""
-    from xlnetcli.train.finetune import finetune
+    from xlnetcli.train.finetune import FinetuneArgs, finetune
 
     d = tmp_path_factory.mktemp("cls")
     train, valid = small_tsv(d / "train.tsv", TRAIN_TSV, None), small_tsv(d / "valid.tsv", VALID_TSV, 48)
     finetune(
         ft_cfg("finetune.max_steps=60", "finetune.eval_every=60"),
-        "classification",
-        train,
-        valid,
-        work / "init",
-        d / "run",
-        quiet=True,
+        FinetuneArgs("classification", train, valid, work / "init", d / "run", quiet=True),
     )
     return d
 
@@ -232,17 +227,12 @@ def regression_tsv(path: Path, src: Path = TRAIN_TSV, n: int = 128) -> Path:
 
 
 def test_regression_export(work, tmp_path, capsys):
-    from xlnetcli.train.finetune import finetune
+    from xlnetcli.train.finetune import FinetuneArgs, finetune
 
     train, valid = regression_tsv(tmp_path / "train.tsv"), regression_tsv(tmp_path / "valid.tsv", VALID_TSV, 32)
     finetune(
         ft_cfg("finetune.max_steps=8", "finetune.summary_type=first", "finetune.summary_use_proj=false"),
-        "regression",
-        train,
-        valid,
-        work / "init",
-        tmp_path / "run",
-        quiet=True,
+        FinetuneArgs("regression", train, valid, work / "init", tmp_path / "run", quiet=True),
     )
     assert run_main(capsys, "export", tmp_path / "run", "--out", tmp_path / "hf")[0] == 0
     hc = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -259,7 +249,7 @@ def test_regression_export(work, tmp_path, capsys):
 
 
 def test_multiple_choice_export(work, tmp_path, capsys):
-    from xlnetcli.train.finetune import finetune
+    from xlnetcli.train.finetune import FinetuneArgs, finetune
 
     rng = random.Random(0)
     rows = pydocs_rows(TRAIN_TSV)
@@ -286,12 +276,7 @@ def test_multiple_choice_export(work, tmp_path, capsys):
         ft_cfg(
             "finetune.max_seq_length=48", "finetune.batch_size=8", "finetune.micro_batch_size=8", "finetune.max_steps=4"
         ),
-        "multiple-choice",
-        file,
-        file,
-        work / "init",
-        tmp_path / "run",
-        quiet=True,
+        FinetuneArgs("multiple-choice", file, file, work / "init", tmp_path / "run", quiet=True),
     )
     assert run_main(capsys, "export", tmp_path / "run", "--out", tmp_path / "hf")[0] == 0
     hf = transformers.AutoModelForMultipleChoice.from_pretrained(tmp_path / "hf").eval()
@@ -325,7 +310,7 @@ def test_squad_export_gives_our_beam_in_transformers(work, tmp_path, capsys):
     """SquadHead is XLNetForQuestionAnswering's head parameter for parameter: the top-5 starts, their top-5 ends and
     the answerability logit agree, and so do the answers `xlnet eval` reads off them."""
     from xlnetcli.evaluate.finetuned import predict
-    from xlnetcli.train.finetune import finetune
+    from xlnetcli.train.finetune import FinetuneArgs, finetune
 
     cfg = ft_cfg(
         "finetune.max_seq_length=96",
@@ -337,7 +322,7 @@ def test_squad_export_gives_our_beam_in_transformers(work, tmp_path, capsys):
         "finetune.max_answer_length=16",
         "finetune.lr=2e-3",
     )
-    finetune(cfg, "squad", SQUAD, SQUAD, work / "init", tmp_path / "run", quiet=True)
+    finetune(cfg, FinetuneArgs("squad", SQUAD, SQUAD, work / "init", tmp_path / "run", quiet=True))
     code, _, err = run_main(capsys, "export", tmp_path / "run", "--out", tmp_path / "hf")
     assert code == 0 and "as XLNetForQuestionAnswering" in err
     hf = transformers.XLNetForQuestionAnswering.from_pretrained(tmp_path / "hf").eval()
@@ -372,17 +357,12 @@ def test_squad_export_gives_our_beam_in_transformers(work, tmp_path, capsys):
 def test_heads_transformers_cannot_represent(work, tmp_path, capsys):
     """summary_type mean (ours averages real tokens, transformers' the padding too) is refused with one line;
     --backbone-only exports the transformer as XLNetModel, which gives our hidden states."""
-    from xlnetcli.train.finetune import finetune
+    from xlnetcli.train.finetune import FinetuneArgs, finetune
 
     train = small_tsv(tmp_path / "t.tsv", TRAIN_TSV, 64)
     finetune(
         ft_cfg("finetune.max_steps=1", "finetune.summary_type=mean"),
-        "classification",
-        train,
-        None,
-        work / "init",
-        tmp_path / "run",
-        quiet=True,
+        FinetuneArgs("classification", train, None, work / "init", tmp_path / "run", quiet=True),
     )
     code, _, err = run_main(capsys, "export", tmp_path / "run", "--out", tmp_path / "hf")
     assert_one_line_error(code, err, "summary_type 'mean'", "--backbone-only")

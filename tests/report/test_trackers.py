@@ -181,7 +181,7 @@ def test_finetune_report_to_mlflow(builds, tmp_path, mlflow_store):
     """finetune.report_to is the finetuning run's own key (its train.* settings come from the checkpoint)."""
     from xlnetcli.checkpoint.folders import save_model_dir
     from xlnetcli.model import XLNetLMHeadModel
-    from xlnetcli.train.finetune import finetune
+    from xlnetcli.train.finetune import FinetuneArgs, finetune
 
     base = load_config(
         TINY, [*TRACKED_RUN, "model.mem_len=0", "model.reuse_len=0", "model.bi_data=false", "data.perm_size=16"]
@@ -207,7 +207,10 @@ def test_finetune_report_to_mlflow(builds, tmp_path, mlflow_store):
             "finetune.precision=fp32",
         ],
     )
-    finetune(cfg, "classification", tmp_path / "train.tsv", None, tmp_path / "init", tmp_path / "ft", quiet=True)
+    finetune(
+        cfg,
+        FinetuneArgs("classification", tmp_path / "train.tsv", None, tmp_path / "init", tmp_path / "ft", quiet=True),
+    )
     run_id = json.loads((tmp_path / "ft" / "trackers.json").read_text())["mlflow"]["run_id"]
     want = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "ft") if r["split"] == "train"}
     assert want and _mlflow_history(mlflow_store, run_id, "train/loss") == want

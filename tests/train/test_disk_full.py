@@ -62,13 +62,16 @@ def _no_progress(monkeypatch):
 def world(builds, tmp_path_factory) -> Path:
     """init/ (a pretrained step folder), ft/ (a 2-step finetuned run), the TSVs it was trained on, hf/ (its export)."""
     from xlnetcli.interop.huggingface import export_hf
-    from xlnetcli.train.finetune import finetune
+    from xlnetcli.train.finetune import FinetuneArgs, finetune
 
     root = random_init_checkpoint(builds, tmp_path_factory.mktemp("diskfull"))
     (root / "train.tsv").write_text("\n".join(TRAIN_TSV.read_text().splitlines()[:41]) + "\n")
     (root / "valid.tsv").write_text("\n".join(VALID_TSV.read_text().splitlines()[:21]) + "\n")
     cfg = ft_cfg("finetune.max_steps=2", "finetune.eval_every=2")
-    finetune(cfg, "classification", root / "train.tsv", root / "valid.tsv", root / "init", root / "ft", quiet=True)
+    finetune(
+        cfg,
+        FinetuneArgs("classification", root / "train.tsv", root / "valid.tsv", root / "init", root / "ft", quiet=True),
+    )
     export_hf(root / "ft", root / "hf")
     return root
 

@@ -188,10 +188,10 @@ def test_glue_style_files(tmp_path):
 def test_classification_end_to_end(work, tmp_path, capsys):
     from xlnetcli.cli import main
     from xlnetcli.evaluate.checkpoint_eval import evaluate
-    from xlnetcli.train.finetune import finetune
+    from xlnetcli.train.finetune import FinetuneArgs, finetune
 
     out = tmp_path / "cls"
-    res = finetune(ft_cfg(), "classification", TRAIN_TSV, VALID_TSV, work / "init", out, quiet=True)
+    res = finetune(ft_cfg(), FinetuneArgs("classification", TRAIN_TSV, VALID_TSV, work / "init", out, quiet=True))
     # random init, 2 epochs (118 steps, ~10 s): 0.67-0.74 accuracy over seeds 0-2; chance is 0.25
     assert res["value"] > 0.5, res
     assert res["labels"] == LABELS and res["metric"] == "accuracy"
@@ -225,7 +225,7 @@ def test_classification_end_to_end(work, tmp_path, capsys):
 @pytest.mark.slow
 def test_regression_end_to_end(work, tmp_path, capsys):
     from xlnetcli.evaluate.checkpoint_eval import evaluate_task
-    from xlnetcli.train.finetune import finetune
+    from xlnetcli.train.finetune import FinetuneArgs, finetune
 
     files = {}
     for split, path, n in (("train", TRAIN_TSV, None), ("valid", VALID_TSV, 200)):
@@ -235,11 +235,7 @@ def test_regression_end_to_end(work, tmp_path, capsys):
     out = tmp_path / "reg"
     res = finetune(
         ft_cfg("finetune.eval_every=30", "finetune.early_stopping_patience=3"),
-        "regression",
-        files["train"],
-        files["valid"],
-        work / "init",
-        out,
+        FinetuneArgs("regression", files["train"], files["valid"], work / "init", out),
     )
     assert res["metric"] == "pearson" and {"pearson", "spearman", "mse"} <= set(res["valid"])
     # not a terminal: a plain line per log interval and one per evaluation, unwrapped
@@ -254,7 +250,7 @@ def test_regression_end_to_end(work, tmp_path, capsys):
 @pytest.mark.slow
 def test_multiple_choice_end_to_end(work, tmp_path):
     from xlnetcli.evaluate.checkpoint_eval import evaluate_task
-    from xlnetcli.train.finetune import finetune
+    from xlnetcli.train.finetune import FinetuneArgs, finetune
 
     rng = random.Random(0)
     files = {}
@@ -282,12 +278,7 @@ def test_multiple_choice_end_to_end(work, tmp_path):
     out = tmp_path / "mc"
     res = finetune(
         ft_cfg("finetune.max_seq_length=48", "finetune.micro_batch_size=16"),
-        "multiple-choice",
-        files["train"],
-        files["valid"],
-        work / "init",
-        out,
-        quiet=True,
+        FinetuneArgs("multiple-choice", files["train"], files["valid"], work / "init", out, quiet=True),
     )
     # random init, 2 epochs (26 steps x 32 questions x 4 options): 0.66 on 100 questions; chance is 0.25
     assert res["metric"] == "accuracy" and res["value"] > 0.4, res["valid"]
@@ -300,7 +291,7 @@ def test_multiple_choice_end_to_end(work, tmp_path):
 @pytest.mark.slow
 def test_squad_end_to_end(work, tmp_path):
     from xlnetcli.evaluate.checkpoint_eval import evaluate_task
-    from xlnetcli.train.finetune import finetune
+    from xlnetcli.train.finetune import FinetuneArgs, finetune
 
     out = tmp_path / "squad"
     cfg = ft_cfg(
@@ -316,7 +307,7 @@ def test_squad_end_to_end(work, tmp_path):
         "finetune.lr=2e-3",
         "finetune.dropout=0.0",
     )
-    res = finetune(cfg, "squad", SQUAD, SQUAD, work / "init", out, quiet=True)
+    res = finetune(cfg, FinetuneArgs("squad", SQUAD, SQUAD, work / "init", out, quiet=True))
     v = res["valid"]
     assert res["metric"] == "best_f1"
     assert v["HasAns_total"] == 23 and v["NoAns_total"] == 8 and v["total"] == 31
@@ -335,7 +326,7 @@ def test_squad_end_to_end(work, tmp_path):
 @pytest.mark.slow
 def test_finetune_from_hf_directory(work, tok_dir, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from xlnetcli.train.finetune import finetune
+    from xlnetcli.train.finetune import FinetuneArgs, finetune
 
     hf = tmp_path / "hf"
     torch.manual_seed(0)
@@ -344,7 +335,10 @@ def test_finetune_from_hf_directory(work, tok_dir, tmp_path):
     shutil.copy(tok_dir / "spiece.model", hf / "spiece.model")
     train = tmp_path / "train.tsv"
     train.write_text("\n".join(["text\tlabel"] + [f"{t}\t{lab}" for t, lab in pydocs_rows(TRAIN_TSV, 64)]) + "\n")
-    res = finetune(ft_cfg("finetune.max_steps=4"), "classification", train, VALID_TSV, hf, tmp_path / "out", quiet=True)
+    res = finetune(
+        ft_cfg("finetune.max_steps=4"),
+        FinetuneArgs("classification", train, VALID_TSV, hf, tmp_path / "out", quiet=True),
+    )
     assert res["steps"] == 4 and 0.0 <= res["value"] <= 1.0
     assert (Path(res["checkpoint"]) / "tokenizer" / "spiece.model").is_file()
 
@@ -356,14 +350,14 @@ def test_finetune_from_hf_directory(work, tok_dir, tmp_path):
 @pytest.mark.slow
 def test_bad_input(work, tmp_path, capsys):
     from xlnetcli.cli import main
-    from xlnetcli.train.finetune import finetune
+    from xlnetcli.train.finetune import FinetuneArgs, finetune
 
     train = tmp_path / "train.tsv"
     train.write_text("text\tlabel\nCreate a socket.\tinternet\nDraw a button.\tgui\n")
     valid = tmp_path / "valid.tsv"
     valid.write_text("text\tlabel\nRun the test case.\ttesting\nOpen a window.\tgui\n")
     with pytest.raises(DataError, match=r"valid.tsv: label\(s\) never seen .*'testing'"):
-        finetune(ft_cfg(), "classification", train, valid, work / "init", tmp_path / "o1", quiet=True)
+        finetune(ft_cfg(), FinetuneArgs("classification", train, valid, work / "init", tmp_path / "o1", quiet=True))
     wrong = tmp_path / "wrong.tsv"
     wrong.write_text("sentence\tscore\nx\t1\n")
     with pytest.raises(DataError, match=r"wrong.tsv: missing column\(s\) 'label'.*columns are: sentence, score"):
@@ -394,12 +388,7 @@ def test_bad_input(work, tmp_path, capsys):
             "finetune.max_steps=2",
             "finetune.max_query_length=24",
         ),
-        "squad",
-        bad_squad,
-        None,
-        work / "init",
-        tmp_path / "o2",
-        quiet=True,
+        FinetuneArgs("squad", bad_squad, None, work / "init", tmp_path / "o2", quiet=True),
     )
     assert any("1 of 31 questions skipped" in n for n in res["notes"])
     assert (Path(res["checkpoint"]) / "model.safetensors").is_file()  # no validation file: the last model is kept

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -11,7 +11,7 @@ from xlnetcli.cli.options import DEFAULT_CONFIG, column_options, device_option, 
 from xlnetcli.config import Config
 
 if TYPE_CHECKING:
-    from xlnetcli.data.labelled import Columns
+    pass
 
 
 def _pretrain_config_path(data_dir: Path, out_dir: Path, resume: str | None) -> Path | str:
@@ -87,10 +87,10 @@ def _finetune_config_path(init: Path) -> Path | None:
     type=click.Choice(["classification", "regression", "multiple-choice", "squad"]),
     help="classification/regression: TSV/CSV/JSONL; multiple-choice: JSONL; squad: SQuAD v1.1/v2.0 JSON.",
 )
-@click.option("--train", "train_file", required=True, type=click.Path(path_type=Path), help="Training file.")
+@click.option("--train", "train", required=True, type=click.Path(path_type=Path), help="Training file.")
 @click.option(
     "--valid",
-    "valid_file",
+    "valid",
     default=None,
     type=click.Path(path_type=Path),
     help="Validation file: evaluated every epoch (or finetune.eval_every steps); the best checkpoint is kept.",
@@ -103,7 +103,7 @@ def _finetune_config_path(init: Path) -> Path | None:
     help="Pretrained checkpoint: a run folder, a step folder, or a Hugging Face XLNet directory (a "
     "finetuned one keeps its head when task and labels match).",
 )
-@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Run folder.")
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Run folder.")
 @column_options
 @click.option(
     "--from-scratch",
@@ -119,40 +119,12 @@ def _finetune_config_path(init: Path) -> Path | None:
 @device_option
 @quiet_option
 @with_config("finetune", default=lambda p: _finetune_config_path(p["init"]))
-def finetune_cmd(
-    cfg: Config,
-    task: str,
-    train_file: Path,
-    valid_file: Path | None,
-    init: Path,
-    out_dir: Path,
-    columns: Columns,
-    header: bool,
-    from_scratch: bool,
-    overwrite: bool,
-    resume: bool,
-    device: str,
-    quiet: bool,
-) -> None:
+def finetune_cmd(cfg: Config, **args: Any) -> None:
     """Finetune a pretrained XLNet on a labelled file (torchrun --nproc-per-node N for several processes).
 
     The architecture and tokenizer come from --init; finetuning settings from --config (presets glue, squad, race),
     else the checkpoint's own config, then --set finetune.KEY=VALUE.
     """
-    from xlnetcli.train.finetune import finetune
+    from xlnetcli.train.finetune import FinetuneArgs, finetune
 
-    finetune(
-        cfg,
-        task,
-        train_file,
-        valid_file,
-        init,
-        out_dir,
-        columns=columns,
-        header=header,
-        overwrite=overwrite,
-        device=device,
-        quiet=quiet,
-        from_scratch=from_scratch,
-        resume=resume,
-    )
+    finetune(cfg, FinetuneArgs(**args))

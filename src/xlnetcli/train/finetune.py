@@ -1,7 +1,8 @@
 """`xlnet finetune`: classification, regression, multiple choice and SQuAD span extraction.
 
-    finetune(cfg, "classification", "train.tsv", "valid.tsv", init="runs/pre", out="runs/sst2")
-    finetune(cfg, "classification", "train.tsv", "valid.tsv", init="runs/pre", out="runs/sst2", resume=True)
+    args = FinetuneArgs("classification", "train.tsv", "valid.tsv", init="runs/pre", out="runs/sst2")
+    finetune(cfg, args)
+    finetune(cfg, dataclasses.replace(args, resume=True))     # continue an interrupted run exactly
 
 The loop, precision, checkpoints and resume are the engine's (train/engine.py); the finetuning workload (the shuffled
 example order, the head's loss, validation with the task metric, the best checkpoint) is train/finetune_workload.py's;
@@ -140,45 +141,11 @@ def _say_complete(say: Any, out: Path, results: dict) -> None:
 # Entry point
 
 
-def finetune(
-    cfg: Config,
-    task: str,
-    train: str | Path,
-    valid: str | Path | None,
-    init: str | Path,
-    out: str | Path,
-    columns: labelled.Columns | None = None,
-    header: bool = True,
-    overwrite: bool = False,
-    device: str | None = "auto",
-    quiet: bool = False,
-    from_scratch: bool = False,
-    resume: bool = False,
-) -> dict[str, Any]:
-    """Finetune ``init`` (a pretraining run/step folder, a finetuned checkpoint or an HF directory) on ``train``;
-    evaluate on ``valid``; keep the best checkpoint in ``out``. Returns the results dict (also out/results.json).
-    ``from_scratch`` takes only the architecture and tokenizer from ``init`` (random weights: a baseline).
-    ``resume`` continues an interrupted run into ``out`` exactly (a completed one is reported, not redone).
-    On SIGTERM the run stops after the current step with a checkpoint and raises errors.Preempted (exit code 75)."""
-    args = FinetuneArgs(
-        task,
-        Path(train),
-        Path(valid) if valid else None,
-        Path(init),
-        Path(out),
-        columns,
-        header,
-        overwrite,
-        device,
-        quiet,
-        from_scratch,
-        resume,
-    )
-    return run_finetune(cfg, args)
-
-
-def run_finetune(cfg: Config, args: FinetuneArgs) -> dict[str, Any]:
-    """``finetune()`` with its arguments as one object."""
+def finetune(cfg: Config, args: FinetuneArgs) -> dict[str, Any]:
+    """Finetune ``args.init`` (a pretraining run/step folder, a finetuned checkpoint or an HF directory) on
+    ``args.train``; evaluate on ``args.valid``; keep the best checkpoint in ``args.out``. Returns the results dict
+    (also out/results.json). On SIGTERM the run stops after the current step with a checkpoint and raises
+    errors.Preempted (exit code 75)."""
     if args.task not in labelled.TASKS:
         raise ConfigError(f"unknown task {args.task!r} (choose from {', '.join(labelled.TASKS)})")
     env = dist.init_distributed(args.device)

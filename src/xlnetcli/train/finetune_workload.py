@@ -25,8 +25,8 @@ from xlnetcli.train.workload import Evaluation, Hints
 
 @dataclass(frozen=True)
 class FinetuneArgs:
-    """What one finetuning call is asked, besides its config: built once (by ``finetune()``, which the CLI calls) and
-    passed down."""
+    """What one finetuning call is asked, besides its config (``finetune(cfg, args)``; the CLI builds it from its
+    options): built once and passed down."""
 
     task: str
     """classification, regression, multiple-choice or squad (``labelled.TASKS``)."""
@@ -52,6 +52,12 @@ class FinetuneArgs:
     """Take only the architecture and tokenizer from ``init``: random weights (a baseline)."""
     resume: bool = False
     """Continue an interrupted run into ``out`` exactly (a completed one is reported, not redone)."""
+
+    def __post_init__(self) -> None:  # paths given as strings (the Python API) are read as paths
+        for name in ("train", "valid", "init", "out"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
 
 
 class StepCounts(NamedTuple):
