@@ -142,7 +142,7 @@ def main() -> None:
     from xlnetcli.config import load_config
     from xlnetcli.data.records.format import open_records
     from xlnetcli.data.records.stream import PretrainStream
-    from xlnetcli.data.shards.shard import shard_corpus
+    from xlnetcli.data.shards.shard import ShardOptions, shard_corpus
     from xlnetcli.data.tokenizer import train_tokenizer
 
     torch.set_num_threads(1)
@@ -160,7 +160,9 @@ def main() -> None:
         for name, frac in (("quarter", 0.25), ("half", 0.5), ("full", 1.0)):
             corpus = d / f"corpus_{name}.txt"
             sizes[name] = build_corpus(corpus, mb * frac)
-            shard_corpus(none_held_out, [str(corpus)], d / f"shards_{name}", d / "tok", shards=4, quiet=True)
+            shard_corpus(
+                none_held_out, [str(corpus)], d / f"shards_{name}", d / "tok", ShardOptions(shards=4, quiet=True)
+            )
         mem = {name: run_child(d / f"shards_{name}", d / f"rec_{name}", vocab, B) for name in ("quarter", "half")}
 
         def read_all(dense: bool, limit: float | None = None) -> tuple[int, float]:

@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 from xlnetcli.config import load_config  # noqa: E402
 from xlnetcli.data.records.preprocess import preprocess  # noqa: E402
 from xlnetcli.data.records.stream import PretrainStream, permutation_batch  # noqa: E402
-from xlnetcli.data.shards.shard import shard_corpus  # noqa: E402
+from xlnetcli.data.shards.shard import ShardOptions, shard_corpus  # noqa: E402
 from xlnetcli.data.tokenizer import train_tokenizer  # noqa: E402
 
 LAYOUTS = {"tiny": ("tiny", 128, 64, 21), "base": ("base", 512, 256, 85)}
@@ -239,8 +239,7 @@ def main() -> None:
             [str(d / "corpus.txt")],
             d / "shards",
             d / "tok",
-            shards=4,
-            quiet=True,
+            ShardOptions(shards=4, quiet=True),
         )
         res = {"corpus_mb": round(size / 1e6, 1), "repeats": repeats}
         for name in args.layouts.split(","):

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from xlnetcli.config import load_config  # noqa: E402
-from xlnetcli.data.shards.shard import shard_corpus  # noqa: E402
+from xlnetcli.data.shards.shard import ShardOptions, shard_corpus  # noqa: E402
 from xlnetcli.data.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
 
 
@@ -137,7 +137,9 @@ def main() -> None:
             best, cpu = None, (float("inf"), float("inf"))
             for r in range(args.repeats):
                 p0, c0 = _cpu()
-                s = shard_corpus(held_out, [corpus], tmp / f"out{w}_{r}", tok, shards=4, workers=w, quiet=True)
+                s = shard_corpus(
+                    held_out, [corpus], tmp / f"out{w}_{r}", tok, ShardOptions(shards=4, workers=w, quiet=True)
+                )
                 p1, c1 = _cpu()
                 if best is None or s.seconds < best.seconds:
                     best = s

@@ -79,13 +79,13 @@ class Builds:
     ) -> Path:
         """``src`` sharded with ``tokenizer`` (a folder from :meth:`tokenizer`)."""
         from xlnetcli.config import Config, DataConfig
-        from xlnetcli.data.shards.shard import shard_corpus
+        from xlnetcli.data.shards.shard import ShardOptions, shard_corpus
 
         cfg = Config(data=DataConfig(valid_fraction=valid_fraction, seed=seed))
         return self._once(
             ("shards", str(tokenizer), str(src), valid_fraction, seed, shards),
             "shards",
-            lambda out: shard_corpus(cfg, [src], out, tokenizer, shards=shards, quiet=True),
+            lambda out: shard_corpus(cfg, [src], out, tokenizer, ShardOptions(shards=shards, quiet=True)),
         )
 
     def records(self, shards: Path, cfg, passes: int | None = None) -> Path:

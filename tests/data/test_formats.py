@@ -18,7 +18,7 @@ from xlnetcli.config import TokenizerConfig
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.data.corpus.inputs import detect_format, expand_inputs
 from xlnetcli.data.corpus.reader import FileStats, iter_file_text
-from xlnetcli.data.shards.shard import shard_corpus
+from xlnetcli.data.shards.shard import ShardOptions, shard_corpus
 from xlnetcli.data.tokenizer import train_tokenizer
 
 pytestmark = pytest.mark.slow  # every test here trains, runs subprocesses or builds large inputs
@@ -119,13 +119,13 @@ def test_detect_format(files):
 
 def test_shards_identical_to_plain_text(files, tok_dir, tmp_path):
     cfg, kw = settings_config("data", valid_fraction=0.1, seed=3), dict(shards=2, quiet=True)
-    want = shard_corpus(cfg, [files["plain"]], tmp_path / "plain", tok_dir, **kw)
+    want = shard_corpus(cfg, [files["plain"]], tmp_path / "plain", tok_dir, ShardOptions(**kw))
     ref = _shard_bytes(tmp_path / "plain")
     assert want.documents["train"] + want.documents["valid"] == N_DOCS  # one document per record
     for name, path in files.items():
         if name == "plain":
             continue
-        got = shard_corpus(cfg, [path], tmp_path / name, tok_dir, text_field=_field(name), **kw)
+        got = shard_corpus(cfg, [path], tmp_path / name, tok_dir, ShardOptions(text_field=_field(name), **kw))
         assert (got.tokens, got.documents) == (want.tokens, want.documents), name
         assert _shard_bytes(tmp_path / name) == ref, name
 
@@ -226,8 +226,8 @@ def test_directory_and_glob_pick_up_every_format(files, tok_dir, tmp_path):
     (d / "stats.json").write_text("{}")  # a stray .json in a folder is not taken for JSONL
     assert [p.name for p in expand_inputs([d])] == ["a.txt", "b.jsonl.zst", "c.parquet"]
     none_held_out = settings_config("data", valid_fraction=0.0)
-    shard_corpus(none_held_out, [d], tmp_path / "dir", tok_dir, quiet=True)
-    shard_corpus(none_held_out, [files["plain"]], tmp_path / "plain", tok_dir, quiet=True)
+    shard_corpus(none_held_out, [d], tmp_path / "dir", tok_dir, ShardOptions(quiet=True))
+    shard_corpus(none_held_out, [files["plain"]], tmp_path / "plain", tok_dir, ShardOptions(quiet=True))
     assert _shard_bytes(tmp_path / "dir") == _shard_bytes(tmp_path / "plain")
     assert expand_inputs([str(files["datasets"].parent / "d*")]) == [files["datasets"]]  # a glob may name one
 
@@ -262,7 +262,13 @@ def test_null_records_are_skipped_and_counted(tok_dir, tmp_path, capsys):
         )
         assert code == 0, err
         assert f"skipped {2 if 'parquet' in name else 1} record(s) whose text is null" in err
-    shard_corpus(settings_config("data", valid_fraction=0.0), [tmp_path / "p.txt"], tmp_path / "p", tok_dir, quiet=True)
+    shard_corpus(
+        settings_config("data", valid_fraction=0.0),
+        [tmp_path / "p.txt"],
+        tmp_path / "p",
+        tok_dir,
+        ShardOptions(quiet=True),
+    )
     assert _shard_bytes(tmp_path / "parquet") == _shard_bytes(tmp_path / "jsonl") == _shard_bytes(tmp_path / "p")
 
 

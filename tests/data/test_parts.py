@@ -16,7 +16,7 @@ from xlnetcli.config import TokenizerConfig
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.data.parts import parse_part
 from xlnetcli.data.shards.parts import assign_files, merge_shard_parts, shard_part
-from xlnetcli.data.shards.shard import shard_corpus
+from xlnetcli.data.shards.shard import ShardOptions, shard_corpus
 
 SHARDS = 3
 
@@ -59,7 +59,7 @@ def cfg(valid_fraction=0.1, seed=42):
 @pytest.fixture(scope="module")
 def one_host(tmp_path_factory, corpus, part_tok) -> Path:
     out = tmp_path_factory.mktemp("one_host") / "shards"
-    shard_corpus(cfg(), [str(p) for p in corpus], out, part_tok, shards=SHARDS, quiet=True)
+    shard_corpus(cfg(), [str(p) for p in corpus], out, part_tok, ShardOptions(shards=SHARDS, quiet=True))
     return out
 
 
@@ -67,7 +67,9 @@ def make_parts(root: Path, corpus, part_tok, n: int, c=None, **kw) -> list[Path]
     out = []
     for i in range(n):
         p = root / f"part{i}"
-        shard_part(c or cfg(), [str(f) for f in corpus], p, part_tok, (i, n), shards=SHARDS, quiet=True, **kw)
+        shard_part(
+            c or cfg(), [str(f) for f in corpus], p, part_tok, (i, n), ShardOptions(shards=SHARDS, quiet=True, **kw)
+        )
         out.append(p)
     return out
 
@@ -93,11 +95,18 @@ def test_valid_files_and_workers_byte_identical(tmp_path, corpus, part_tok):
     """--valid files are dealt to parts like the others; the part's --workers changes nothing."""
     train, valid = [str(p) for p in corpus[:-1]], [str(corpus[-1])]
     one = tmp_path / "one"
-    shard_corpus(cfg(0.0), train, one, part_tok, shards=2, valid_inputs=valid, quiet=True)
+    shard_corpus(cfg(0.0), train, one, part_tok, ShardOptions(shards=2, valid_inputs=valid, quiet=True))
     parts = []
     for i in range(2):
         parts.append(tmp_path / f"p{i}")
-        shard_part(cfg(0.0), train, parts[-1], part_tok, (i, 2), shards=2, valid_inputs=valid, workers=2, quiet=True)
+        shard_part(
+            cfg(0.0),
+            train,
+            parts[-1],
+            part_tok,
+            (i, 2),
+            ShardOptions(shards=2, valid_inputs=valid, workers=2, quiet=True),
+        )
     merge_shard_parts(parts, tmp_path / "merged", quiet=True)
     assert digest(tmp_path / "merged") == digest(one)
 
@@ -173,20 +182,26 @@ def test_missing_and_duplicated_parts(tmp_path, capsys, two_parts):
 
 def test_parts_of_different_runs(tmp_path, capsys, corpus, part_tok, builds, two_parts):
     other_seed = tmp_path / "seed"
-    shard_part(cfg(seed=7), [str(f) for f in corpus], other_seed, part_tok, (1, 2), shards=SHARDS, quiet=True)
+    shard_part(
+        cfg(seed=7), [str(f) for f in corpus], other_seed, part_tok, (1, 2), ShardOptions(shards=SHARDS, quiet=True)
+    )
     refused(capsys, tmp_path, [two_parts[0], other_seed], "differ in seed")
     other_n = tmp_path / "n3"
-    shard_part(cfg(), [str(f) for f in corpus], other_n, part_tok, (1, 3), shards=SHARDS, quiet=True)
+    shard_part(cfg(), [str(f) for f in corpus], other_n, part_tok, (1, 3), ShardOptions(shards=SHARDS, quiet=True))
     refused(capsys, tmp_path, [two_parts[0], other_n], "part of 2", "part of 3")
     other_shards = tmp_path / "shards"
-    shard_part(cfg(), [str(f) for f in corpus], other_shards, part_tok, (1, 2), shards=SHARDS + 1, quiet=True)
+    shard_part(
+        cfg(), [str(f) for f in corpus], other_shards, part_tok, (1, 2), ShardOptions(shards=SHARDS + 1, quiet=True)
+    )
     refused(capsys, tmp_path, [two_parts[0], other_shards], "differ in shards")
     other_inputs = tmp_path / "inputs"
-    shard_part(cfg(), [str(f) for f in corpus[:-1]], other_inputs, part_tok, (1, 2), shards=SHARDS, quiet=True)
+    shard_part(
+        cfg(), [str(f) for f in corpus[:-1]], other_inputs, part_tok, (1, 2), ShardOptions(shards=SHARDS, quiet=True)
+    )
     refused(capsys, tmp_path, [two_parts[0], other_inputs], "differ in inputs")
     tok2 = builds.tokenizer(TokenizerConfig(vocab_size=1000, character_coverage=0.9999, threads=1))
     other_tok = tmp_path / "tok"
-    shard_part(cfg(), [str(f) for f in corpus], other_tok, tok2, (1, 2), shards=SHARDS, quiet=True)
+    shard_part(cfg(), [str(f) for f in corpus], other_tok, tok2, (1, 2), ShardOptions(shards=SHARDS, quiet=True))
     refused(capsys, tmp_path, [two_parts[0], other_tok], "differ in tokenizer")
 
 

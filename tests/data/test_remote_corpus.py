@@ -22,7 +22,7 @@ from xlnetcli.core.errors import DataError
 from xlnetcli.data.corpus.inputs import expand_inputs
 from xlnetcli.data.corpus.reader import FileStats, iter_file_text
 from xlnetcli.data.corpus.remote import RemoteFile
-from xlnetcli.data.shards.shard import shard_corpus
+from xlnetcli.data.shards.shard import ShardOptions, shard_corpus
 
 fsspec = pytest.importorskip("fsspec")
 
@@ -108,7 +108,7 @@ def mem():
 
 def shard(inputs, out, tok, **kw):
     cfg = settings_config("data", valid_fraction=0.1, seed=7)
-    return shard_corpus(cfg, [str(i) for i in inputs], out, tok, quiet=True, shards=2, **kw)
+    return shard_corpus(cfg, [str(i) for i in inputs], out, tok, ShardOptions(quiet=True, shards=2, **kw))
 
 
 def shard_bytes(d: Path) -> dict[str, bytes]:

@@ -19,7 +19,7 @@ from xlnetcli.cli import cli
 from xlnetcli.config import TokenizerConfig
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.data.shards.format import NpyStreamWriter, open_shards, read_manifest, verify_shards
-from xlnetcli.data.shards.shard import shard_corpus
+from xlnetcli.data.shards.shard import ShardOptions, shard_corpus
 from xlnetcli.data.special import EOD_ID
 from xlnetcli.data.tokenizer import Tokenizer
 
@@ -46,7 +46,7 @@ def tree_bytes(d: Path) -> dict[str, bytes]:
 def shard(inputs, out, tok, valid_fraction=0.0, seed=42, **kw):
     kw.setdefault("quiet", True)
     cfg = settings_config("data", valid_fraction=valid_fraction, seed=seed)
-    return shard_corpus(cfg, [str(i) for i in inputs], out, tok, **kw)
+    return shard_corpus(cfg, [str(i) for i in inputs], out, tok, ShardOptions(**kw))
 
 
 # ---- end to end --------------------------------------------------------------------------------------------------

@@ -170,39 +170,29 @@ def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_
 @quiet_option
 @with_config("shard")
 def shard_cmd(
-    cfg: Config,
-    inputs: tuple[str, ...],
-    tok_path: Path,
-    out_dir: Path,
-    shards: int,
-    workers: int,
-    valid_inputs: tuple[str, ...],
-    text_field: str,
-    part: tuple[int, int] | None,
-    overwrite: bool,
-    quiet: bool,
+    cfg: Config, inputs: tuple[str, ...], tok_path: Path, out_dir: Path, part: tuple[int, int] | None, **options: Any
 ) -> None:
     from xlnetcli.checkpoint.folders import find_tokenizer
     from xlnetcli.core.console import console
     from xlnetcli.data.shards.parts import shard_part
-    from xlnetcli.data.shards.shard import shard_corpus
+    from xlnetcli.data.shards.shard import ShardOptions, shard_corpus
 
-    if valid_inputs and click.get_current_context().params["valid_fraction"] is not None:
+    o = ShardOptions(**options)
+    if o.valid_inputs and click.get_current_context().params["valid_fraction"] is not None:
         raise XLNetError("pass either --valid-fraction or --valid FILE, not both")
     if inputs[:1] == ("merge",) and not Path("merge").exists():
         raise XLNetError("no input file named merge: parts are combined with `xlnet shard-merge PARTS... --out DIR`")
     args = (cfg, inputs_or_bundled(inputs), out_dir, find_tokenizer(tok_path))
-    kw: dict[str, Any] = {"shards": shards, "workers": workers, "valid_inputs": valid_inputs, "overwrite": overwrite}
     if part is not None:
-        files = shard_part(*args, part, **kw, quiet=quiet, text_field=text_field)["files"]
-        if not quiet:
+        files = shard_part(*args, part, o)["files"]
+        if not o.quiet:
             docs, tokens = sum(f["documents"] for f in files), sum(f["tokens"] for f in files)
             say_part_written(part, f"{len(files)} file(s), {docs:,} docs, {tokens:,} tokens", out_dir, "shard-merge")
         return
-    s = shard_corpus(*args, **kw, quiet=quiet, text_field=text_field)
-    if not quiet:
+    s = shard_corpus(*args, o)
+    if not o.quiet:
         console.print(
-            f"wrote {shards} train shard(s) ({s.tokens['train']:,} tokens, {s.documents['train']:,} docs) "
+            f"wrote {o.shards} train shard(s) ({s.tokens['train']:,} tokens, {s.documents['train']:,} docs) "
             f"+ valid ({s.tokens['valid']:,} tokens, {s.documents['valid']:,} docs) to {out_dir} in "
             f"{s.seconds:.1f} s ({s.mb_per_s:.1f} MB/s, {s.tokens_per_s / 1e3:.0f}K tokens/s)"
         )

@@ -50,8 +50,8 @@ from xlnetcli.data.corpus.reader import FileStats, ReadStats, iter_chunks
 from xlnetcli.data.parts import check_part, each_part_once
 from xlnetcli.data.shards.format import FORMAT_VERSION, NpyFile, NpyStreamWriter
 from xlnetcli.data.shards.shard import (
-    CHUNK_CHARS,
     ChunkResult,
+    ShardOptions,
     ShardSummary,
     _Assigner,
     _check_counts,
@@ -115,21 +115,15 @@ def shard_part(
     out_dir: str | Path,
     tokenizer: str | Path | Tokenizer,
     part: tuple[int, int],
-    *,
-    shards: int = 1,
-    workers: int = 1,
-    valid_inputs: Iterable[str] = (),
-    overwrite: bool = False,
-    quiet: bool = False,
-    chunk_chars: int = CHUNK_CHARS,
-    text_field: str = "text",
+    options: ShardOptions | None = None,
 ) -> dict[str, Any]:
     """Tokenise part ``part`` = (I, N) of the inputs into the part folder ``out_dir``; returns its part.json."""
     check_part(part)
     index, n_parts = part
-    _check_counts(shards, workers)
+    o = options or ShardOptions()
+    _check_counts(o.shards, o.workers)
     cfg, out, tok, train_files, valid_files = prepare_inputs(
-        cfg, inputs, valid_inputs, out_dir, tokenizer, overwrite, "a shard part"
+        cfg, inputs, o.valid_inputs, out_dir, tokenizer, o.overwrite, "a shard part"
     )
     all_files: list[tuple[Source, bool]] = [(p, False) for p in train_files] + [(p, True) for p in valid_files]
     sizes = [total_size([p]) for p, _ in all_files]
@@ -140,8 +134,8 @@ def shard_part(
     with (
         _write_errors(out),
         sigterm_as_interrupt(),
-        atomic_output_dir(out, overwrite, "a shard part") as tmp,
-        byte_progress(quiet) as prog,
+        atomic_output_dir(out, o.overwrite, "a shard part") as tmp,
+        byte_progress(o.quiet) as prog,
     ):
         (tmp / "files").mkdir()
         task = prog.add_task(f"part {index}/{n_parts}", total=sum(sizes[k] for k in mine), info="")
@@ -154,14 +148,14 @@ def shard_part(
                 stats.files.append(fs)
                 writers[k] = _FileWriter(tmp, k, dtype)
                 for text in iter_chunks(
-                    path, fs, chunk_chars, on_bytes=lambda n: prog.advance(task, n), text_field=text_field
+                    path, fs, o.chunk_chars, on_bytes=lambda n: prog.advance(task, n), text_field=o.text_field
                 ):
                     yield text, k
 
         def take(res: ChunkResult, k: Any) -> None:
             writers[k].add(res)
 
-        _encode_in_order(chunks(), tok, dtype, workers, take)
+        _encode_in_order(chunks(), tok, dtype, o.workers, take)
         for fw in writers.values():
             fw.close()
         for line in stats.warnings():
@@ -194,7 +188,7 @@ def shard_part(
                 "inputs": {"train": [str(p) for p in train_files], "valid": [str(p) for p in valid_files]},
                 "sizes": sizes,
                 "bytes": sum(sizes),
-                "shards": shards,
+                "shards": o.shards,
                 "seed": cfg.data.seed,
                 "valid_fraction": cfg.data.valid_fraction,
                 "tokenizer_sha256": tok.sha256,

@@ -318,27 +318,37 @@ def token_dtype(tok: Tokenizer) -> np.dtype:
     return np.dtype(np.uint16) if tok.vocab_size <= 1 << 16 else np.dtype(np.uint32)
 
 
+@dataclass(frozen=True)
+class ShardOptions:
+    """How `xlnet shard` runs, besides its config and paths (the command's options)."""
+
+    shards: int = 1  # train shards written (the valid split is one more)
+    workers: int = 1  # tokenisation processes
+    valid_inputs: Iterable[str | os.PathLike[str]] = ()  # the validation split's files, instead of data.valid_fraction
+    text_field: str = "text"  # the field (JSONL) or column (Parquet, datasets) holding each document's text
+    overwrite: bool = False  # replace an existing output folder
+    quiet: bool = False  # no progress bar
+    chunk_chars: int = CHUNK_CHARS  # characters of text per work item (tests make it small)
+
+
 def shard_corpus(
     cfg: Config,
     inputs: Iterable[str | os.PathLike[str]],
     out_dir: str | os.PathLike[str],
     tokenizer: str | os.PathLike[str] | Tokenizer,
-    *,
-    shards: int = 1,
-    workers: int = 1,
-    valid_inputs: Iterable[str | os.PathLike[str]] = (),
-    overwrite: bool = False,
-    quiet: bool = False,
-    chunk_chars: int = CHUNK_CHARS,
-    text_field: str = "text",
+    options: ShardOptions = ShardOptions(),
 ) -> ShardSummary:
     """Tokenise ``inputs`` into ``shards`` train shards (+ a valid shard) under ``out_dir``; see the module doc.
 
-    ``cfg.data.valid_fraction`` of the documents are held out for validation (none with ``valid_inputs``, which are
-    the validation split instead), chosen by ``cfg.data.seed``; ``cfg`` is saved as config.yaml. Inputs may be text,
-    JSONL, Parquet or datasets folders (data/corpus/reader.py); ``text_field`` names their text field."""
-    _check_counts(shards, workers)
-    cfg, out, tok, train_files, valid_files = prepare_inputs(cfg, inputs, valid_inputs, out_dir, tokenizer, overwrite)
+    ``cfg.data.valid_fraction`` of the documents are held out for validation (none with ``options.valid_inputs``,
+    which are the validation split instead), chosen by ``cfg.data.seed``; ``cfg`` is saved as config.yaml. Inputs may
+    be text, JSONL, Parquet or datasets folders (data/corpus/reader.py); ``options.text_field`` names their text
+    field."""
+    o = options
+    _check_counts(o.shards, o.workers)
+    cfg, out, tok, train_files, valid_files = prepare_inputs(
+        cfg, inputs, o.valid_inputs, out_dir, tokenizer, o.overwrite
+    )
     all_files = [(p, False) for p in train_files] + [(p, True) for p in valid_files]
     dtype = token_dtype(tok)
     nbytes = total_size(p for p, _ in all_files)
@@ -347,20 +357,20 @@ def shard_corpus(
     with (
         _write_errors(out),
         sigterm_as_interrupt(),
-        atomic_output_dir(out, overwrite, "shards") as tmp,
-        byte_progress(quiet) as prog,
+        atomic_output_dir(out, o.overwrite, "shards") as tmp,
+        byte_progress(o.quiet) as prog,
     ):
         (tmp / "train").mkdir()
         (tmp / "valid").mkdir()
-        train = [_Shard(tmp, "train", i, dtype) for i in range(shards)]
+        train = [_Shard(tmp, "train", i, dtype) for i in range(o.shards)]
         valid = _Shard(tmp, "valid", 0, dtype)
         assigner = _Assigner(train, valid, cfg.data.seed, cfg.data.valid_fraction)
-        _shard_pass(all_files, stats, chunk_chars, text_field, tok, dtype, workers, assigner, prog, nbytes)
+        _shard_pass(all_files, stats, o, tok, assigner, prog, nbytes)
         for s in [*train, valid]:
             s.close()
         for w in stats.warnings():
             console.print(w)
-        _check_split(assigner, len(all_files), quiet)
+        _check_split(assigner, len(all_files), o.quiet)
         _finish_output(tmp, cfg, tok, dtype, assigner, {"train": train_files, "valid": valid_files}, nbytes, stats)
     return _summary(out, len(all_files), nbytes, time.perf_counter() - t0, train, valid, stats)
 
@@ -377,11 +387,8 @@ def _check_counts(shards: int, workers: int) -> None:
 def _shard_pass(
     all_files: list[tuple[Source, bool]],
     stats: ReadStats,
-    chunk_chars: int,
-    text_field: str,
+    options: ShardOptions,
     tok: Tokenizer,
-    dtype: np.dtype,
-    workers: int,
     assigner: _Assigner,
     prog: Any,
     nbytes: int,
@@ -396,8 +403,8 @@ def _shard_pass(
         n_tok += res.tokens.size
         prog.update(task, info=f"{n_tok / 1e6:.2f}M tokens")
 
-    chunks = _chunk_stream(all_files, stats, chunk_chars, lambda n: prog.advance(task, n), text_field)
-    _encode_in_order(chunks, tok, dtype, workers, assign)
+    chunks = _chunk_stream(all_files, stats, options.chunk_chars, lambda n: prog.advance(task, n), options.text_field)
+    _encode_in_order(chunks, tok, token_dtype(tok), options.workers, assign)
 
 
 def _summary(
