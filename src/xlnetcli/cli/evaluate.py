@@ -56,15 +56,7 @@ from xlnetcli.core.shapes import dumps_strict
     help="SQuAD 2.0: predict no answer above this null odds (default: the one found on validation).",
 )
 def eval_cmd(
-    ckpt: Path,
-    output: Path | None,
-    device: str,
-    file: Path | None,
-    data_dir: Path | None,
-    split: str,
-    batches: int | None,
-    predict_file: Path | None,
-    **labelled: Any,
+    ckpt: Path, output: Path | None, file: Path | None, data_dir: Path | None, predict_file: Path | None, **options: Any
 ) -> None:
     """Evaluate a checkpoint: a finetuned one on --file (task metrics), a pretrained one on --data (PLM metrics).
 
@@ -72,9 +64,9 @@ def eval_cmd(
     """
     from xlnetcli.evaluate.checkpoint_eval import evaluate
 
-    # --data: the records' split; --file: the labelled file's columns, header, batch size and null-odds threshold
-    kwargs = {"split": split, "batches": batches} if data_dir is not None else labelled
-    res = evaluate(ckpt, file=file, data=data_dir, predict=predict_file, output=output, device=device, **kwargs)
+    # the options of the checkpoint's kind: --data reads the records' split; --file its columns, header, batch size,
+    # null-odds threshold (evaluate ignores the other kind's)
+    res = evaluate(ckpt, file=file, data=data_dir, predict=predict_file, output=output, **options)
     click.echo(dumps_strict(res, indent=2))
 
 

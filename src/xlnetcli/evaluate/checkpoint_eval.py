@@ -13,6 +13,7 @@ Results are returned and, with ``output``, written as JSON.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,21 @@ from xlnetcli.evaluate.finetuned import predict as run_predict
 from xlnetcli.model.objective import evaluate_plm
 
 
+@dataclass(frozen=True)
+class TaskEvalSettings:
+    """How a finetuned checkpoint scores a labelled file (`xlnet eval --file`'s options)."""
+
+    columns: labelled.Columns | None = None  # which columns hold the texts and the label (None: the usual names)
+    header: bool = True  # a TSV/CSV file starts with a header row
+    device: str | None = "auto"  # auto, cpu, cuda or cuda:N
+    batch_size: int | None = None  # examples per forward pass (None: 2 x the run's finetune.micro_batch_size)
+    precision: str | None = None  # fp32, bf16 or fp16 (None: the run's finetune.precision)
+    null_odds_threshold: float | None = None  # SQuAD 2.0: no answer above it (None: the one found on validation)
+
+
+PLM_EVAL_KEYS = ("split", "batches", "device", "precision")  # what `xlnet eval --data` reads of the options
+
+
 def _is_finetuned(path: Path) -> bool:
     p = resolve_checkpoint(path)
     if is_hf_dir(p):  # an export with a task head (XLNetForSequenceClassification, ...)
@@ -49,22 +65,22 @@ def evaluate(
     output: str | Path | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """Dispatch: a finetuned checkpoint needs ``file``; a pretrained one needs ``data`` (records). ``predict`` and
-    ``output`` are checked against every input before any work (core.files.check_file_outputs)."""
+    """Dispatch: a finetuned checkpoint needs ``file`` (``kwargs``: TaskEvalSettings' fields); a pretrained one needs
+    ``data`` (records; ``kwargs``: PLM_EVAL_KEYS). Options of the other kind are ignored. ``predict`` and ``output``
+    are checked against every input before any work (core.files.check_file_outputs)."""
     ckpt = Path(checkpoint)
     check_file_outputs({"--predict": predict, "--output": output}, [*checkpoint_inputs(ckpt), file, data])
     if _is_finetuned(ckpt):
         if file is None:
             raise XLNetError(f"{ckpt} is a finetuned checkpoint: pass --file FILE (the labelled data to score)")
-        res = evaluate_task(ckpt, file, predict=predict, **kwargs)
+        names = {f.name for f in fields(TaskEvalSettings)}
+        res = evaluate_task(ckpt, file, predict, TaskEvalSettings(**{k: v for k, v in kwargs.items() if k in names}))
     else:
         if data is None:
             raise XLNetError(f"{ckpt} is a pretrained checkpoint: pass --data RECORDS_DIR (from `xlnet preprocess`)")
         if predict is not None:
             raise XLNetError("--predict needs a finetuned checkpoint (from `xlnet finetune`)")
-        res = evaluate_plm_checkpoint(
-            ckpt, data, **{k: v for k, v in kwargs.items() if k in ("split", "batches", "device", "precision")}
-        )
+        res = evaluate_plm_checkpoint(ckpt, data, **{k: v for k, v in kwargs.items() if k in PLM_EVAL_KEYS})
     if output is not None:
         atomic_write_json(output, res)
     return res
@@ -103,16 +119,11 @@ def evaluate_task(
     checkpoint: str | Path,
     file: str | Path,
     predict: str | Path | None = None,
-    columns: labelled.Columns | None = None,
-    header: bool = True,
-    device: str | None = "auto",
-    batch_size: int | None = None,
-    precision: str | None = None,
-    null_odds_threshold: float | None = None,
-    quiet: bool = True,
+    settings: TaskEvalSettings = TaskEvalSettings(),
 ) -> dict[str, Any]:
     """The task metrics of a finetuned checkpoint on ``file``; with ``predict`` also write the predictions."""
-    dev = dist.resolve_device(device)
+    s = settings
+    dev = dist.resolve_device(s.device)
     model, cfg, meta = load_finetuned(checkpoint, dev)
     task = meta["task"]
     ckpt = Path(meta["path"])
@@ -124,18 +135,20 @@ def evaluate_task(
         tok,
         cfg,
         labels,
-        columns,
-        header,
+        s.columns,
+        s.header,
         training=False,
         require_label=predict is None,
         train_path="the finetuning data",
     )
     if len(data) == 0:
         raise DataError(f"{file}: no examples")
-    thresh = null_odds_threshold if null_odds_threshold is not None else float(meta.get("null_odds_threshold", 0.0))
-    bs = batch_size or cfg.finetune.micro_batch_size * 2
+    thresh = s.null_odds_threshold
+    if thresh is None:
+        thresh = float(meta.get("null_odds_threshold", 0.0))
+    bs = s.batch_size or cfg.finetune.micro_batch_size * 2
     try:
-        outputs = run_predict(model, data, bs, dev, precision or cfg.finetune.precision)
+        outputs = run_predict(model, data, bs, dev, s.precision or cfg.finetune.precision)
     except torch.OutOfMemoryError:
         raise XLNetError(f"out of memory evaluating with batch {bs}; pass --batch-size smaller") from None
     metrics, rows = score(data, outputs, labels, cfg, thresh)
