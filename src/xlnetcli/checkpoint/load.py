@@ -175,48 +175,71 @@ CONTINUE_MUTABLE = ("dropout", "dropatt", "mem_len", "reuse_len", "bi_data", "ob
 
 @dataclass
 class StartingPoint:
-    """What `xlnet pretrain --init` starts from."""
+    """The checkpoint a run starts from (`xlnet pretrain --init`, `xlnet finetune --init`): a run or step folder of
+    ours (pretrained or finetuned) or a Hugging Face directory, its files checked and its weights loaded as stored."""
 
-    path: Path  # the checkpoint folder (a run resolves to its latest step folder)
-    model: ModelConfig  # its model config (the architecture)
-    state: dict[str, torch.Tensor]  # weights in XLNetLMHeadModel's names
-    sha256: str  # of its weights file, recorded in the run's meta.json
-    source: str  # what it is, for the log: "pretrained checkpoint", "finetuned checkpoint (classification)", ...
-    lm_bias: bool  # the LM bias comes from the checkpoint (else zeros)
+    path: Path  # the checkpoint folder (a run resolves to its latest step folder) or HF directory
+    cfg: Config  # its config: model is the architecture; finetune the settings a finetuned checkpoint was trained with
+    state: dict[str, torch.Tensor]  # its weights in our names (a finetuned checkpoint's task head included)
+    meta: dict[str, Any]  # its meta.json (an HF directory's: what hf_dir read of it)
     tokenizer: Path | None  # its tokenizer for Tokenizer.load (None: an HF directory without a SentencePiece model)
 
+    @property
+    def model(self) -> ModelConfig:
+        return self.cfg.model
+
+    @property
+    def hf(self) -> bool:
+        return is_hf_dir(self.path)
+
+    @property
+    def source(self) -> str:
+        """What it is, for the log: "pretrained checkpoint", "finetuned checkpoint (classification: ...)", ..."""
+        kind = self.meta.get("kind")
+        if self.hf:
+            source = f"Hugging Face {self.meta['hf_class']}"
+        else:
+            source = "finetuned checkpoint" if kind == "finetune" else "pretrained checkpoint"
+        if kind == "finetune":
+            source += f" ({self.meta.get('task')}: its transformer, the task head left out)"
+        return source
+
+    @property
+    def lm_bias(self) -> bool:
+        """The LM bias comes from the checkpoint (else zeros: a finetuned checkpoint or a model without LM head)."""
+        if self.meta.get("kind") == "finetune":
+            return False
+        return bool(self.meta["lm_bias"]) if self.hf else "lm_bias" in self.state
+
+    def sha256(self) -> str:
+        """Of its weights file, recorded in the run's meta.json (ours: from its checked meta.json)."""
+        if self.hf:
+            return sha256_file(self.path / self.meta.get("weights", MODEL_FILE))
+        return (self.meta.get("sha256") or {}).get(MODEL_FILE) or sha256_file(self.path / MODEL_FILE)
+
+    def lm_weights(self) -> dict[str, torch.Tensor]:
+        """Its weights for XLNetLMHeadModel (continued pretraining), checked against the architecture's keys and
+        shapes: a finetuned encoder under the tied LM head with a zero bias, its task head left out."""
+        state = lm_state(self.state, self.meta, self.model.vocab_size)
+        with torch.device("meta"):  # shapes only, nothing allocated
+            check_state_keys(XLNetLMHeadModel(self.model), state, where=f"checkpoint {self.path}")
+        return state
+
     def record(self) -> dict[str, Any]:
-        """meta.json's ``init`` entry of every step folder of the run."""
-        return {"path": str(self.path), "sha256": self.sha256, "source": self.source, "lm_bias": self.lm_bias}
+        """meta.json's ``init`` entry of every step folder of a run started from it."""
+        return {"path": str(self.path), "sha256": self.sha256(), "source": self.source, "lm_bias": self.lm_bias}
 
 
 def load_starting_point(path: str | Path) -> StartingPoint:
-    """The weights, architecture and tokenizer of ``path`` (a run, step folder, finetuned run or HF directory), checked
-    (checksums, finite values, keys and shapes) and in XLNetLMHeadModel's names."""
+    """The config, weights, meta.json and tokenizer of ``path`` (a run, step folder, finetuned run or HF directory),
+    checked (checksums, finite values; the keys and shapes where a model takes them)."""
     cfg, state, meta = load_model_dir(path)
     p = Path(meta["path"])
-    hf = is_hf_dir(p)
-    if hf:
-        weights = p / meta.get("weights", MODEL_FILE)
-        sha = sha256_file(weights)
-    else:
-        sha = (meta.get("sha256") or {}).get(MODEL_FILE) or sha256_file(p / MODEL_FILE)
-    kind = meta.get("kind")
-    if hf:
-        source = f"Hugging Face {meta['hf_class']}"
-    else:
-        source = "finetuned checkpoint" if kind == "finetune" else "pretrained checkpoint"
-    if kind == "finetune":
-        source += f" ({meta.get('task')}: its transformer, the task head left out)"
-    has_bias = kind != "finetune" and (bool(meta["lm_bias"]) if hf else "lm_bias" in state)
-    state = lm_state(state, meta, cfg.model.vocab_size)
-    with torch.device("meta"):  # shapes only, nothing allocated
-        check_state_keys(XLNetLMHeadModel(cfg.model), state, where=f"checkpoint {p}")
     try:
         tok: Path | None = find_tokenizer(p)
     except (CheckpointError, DataError):
         tok = None
-    return StartingPoint(p, cfg.model, state, sha, source, has_bias, tok)
+    return StartingPoint(p, cfg, state, meta, tok)
 
 
 def continued_model_config(start: ModelConfig, cfg: ModelConfig, where: str) -> tuple[ModelConfig, list[str]]:

@@ -35,14 +35,13 @@ import json
 import math
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from xlnetcli.checkpoint.folders import step_dir_name, step_folders, tokenizer_dir_of
-from xlnetcli.checkpoint.load import load_model_dir, resolve_checkpoint
+from xlnetcli.checkpoint.load import StartingPoint, load_starting_point, resolve_checkpoint
 from xlnetcli.config import Config, check_config, config_from_dict, config_to_dict
 from xlnetcli.core import dist
 from xlnetcli.core.errors import CheckpointError, ConfigError, DataError, XLNetError
@@ -158,18 +157,6 @@ def finetune(cfg: Config, args: FinetuneArgs) -> dict[str, Any]:
         dist.cleanup()
 
 
-@dataclass
-class InitCheckpoint:
-    """What ``--init`` gives the run: its folder, config, weights, meta.json and tokenizer."""
-
-    path: Path
-    cfg: Config
-    state: dict[str, torch.Tensor]
-    meta: dict
-    tokenizer_dir: Path
-    tokenizer: Tokenizer
-
-
 def _finetune(cfg: Config, args: FinetuneArgs, env: dist.DistEnv) -> dict[str, Any]:
     """The steps of one finetuning call: the run folder's state, the init checkpoint, the data, the batch maths, the
     resume point, the model, the training and the commit."""
@@ -180,34 +167,36 @@ def _finetune(cfg: Config, args: FinetuneArgs, env: dist.DistEnv) -> dict[str, A
     if mode in ("complete", "finish"):
         return _report_finished(mode, out, partial, env, say)
 
-    init_ckpt = _load_init(args.init)
-    run_cfg = run_config(init_ckpt.cfg, cfg)
-    _check_vocab(init_ckpt, run_cfg)
-    train_data, valid_data = _load_data(args, init_ckpt.tokenizer, run_cfg)
+    init = load_starting_point(args.init)
+    tok_dir = tokenizer_dir_of(init.path)  # finetuning needs the checkpoint's own SentencePiece model
+    tok = Tokenizer.load(tok_dir)
+    run_cfg = run_config(init.cfg, cfg)
+    _check_vocab(tok, tok_dir, run_cfg)
+    train_data, valid_data = _load_data(args, tok, run_cfg)
     check_config(run_cfg, env.world_size, stage="finetune", device=env.device)
     steps = _step_counts(run_cfg, len(train_data), env.world_size)
     start = _resume_point(run_cfg, partial) if mode == "resume" else None
-    model = _build_model(run_cfg, args, train_data.label_list, init_ckpt, start is None, say)
+    model = _build_model(run_cfg, args, train_data.label_list, init, start is None, say)
     model.to(env.device).train()
 
-    workload = FinetuneWorkload(args, run_cfg, (train_data, valid_data), env, steps, init_ckpt.path, say)
+    workload = FinetuneWorkload(args, run_cfg, (train_data, valid_data), env, steps, init.path, say)
     plan = finetune_plan(run_cfg, train_data, steps)
     if env.is_main and mode == "fresh" and partial.exists():
         shutil.rmtree(partial)  # --overwrite: an interrupted earlier run is discarded
     dist.barrier()
-    engine = Engine(model, workload, plan, env, partial, run_cfg, init_ckpt.tokenizer_dir, args.quiet)
+    engine = Engine(model, workload, plan, env, partial, run_cfg, tok_dir, args.quiet)
     with _removed_on_failure(partial, env.is_main):
         engine.setup(resume_from=start[1] if start is not None else None)
-        _say_header(say, engine, args, init_ckpt.path, workload, steps)
+        _say_header(say, engine, args, init.path, workload, steps)
         result = engine.fit()
     return _commit_results(workload, result, out, partial, say)
 
 
-def _check_vocab(init_ckpt: InitCheckpoint, run_cfg: Config) -> None:
+def _check_vocab(tok: Tokenizer, tok_dir: Path, run_cfg: Config) -> None:
     """The init checkpoint's tokenizer must have exactly as many pieces as the run's model has embeddings."""
-    if init_ckpt.tokenizer.vocab_size != run_cfg.model.vocab_size:
+    if tok.vocab_size != run_cfg.model.vocab_size:
         raise CheckpointError(
-            f"tokenizer in {init_ckpt.tokenizer_dir} has {init_ckpt.tokenizer.vocab_size} pieces "
+            f"tokenizer in {tok_dir} has {tok.vocab_size} pieces "
             f"but the model's vocab_size is {run_cfg.model.vocab_size}"
         )
 
@@ -221,13 +210,6 @@ def _report_finished(mode: str, out: Path, partial: Path, env: dist.DistEnv, say
     dist.barrier()
     _say_complete(say, out, results)
     return results
-
-
-def _load_init(init: Path) -> InitCheckpoint:
-    path = resolve_checkpoint(init)
-    init_cfg, state, meta = load_model_dir(path)
-    tok_dir = tokenizer_dir_of(path)
-    return InitCheckpoint(path, init_cfg, state, meta, tok_dir, Tokenizer.load(tok_dir))
 
 
 def _load_data(args: FinetuneArgs, tok: Tokenizer, run_cfg: Config) -> tuple[TaskData, TaskData | None]:
@@ -272,7 +254,7 @@ def _build_model(
     run_cfg: Config,
     args: FinetuneArgs,
     label_list: list[str] | None,
-    init_ckpt: InitCheckpoint,
+    init: StartingPoint,
     load_init: bool,
     say: Any,
 ) -> torch.nn.Module:
@@ -281,17 +263,17 @@ def _build_model(
     task, from_scratch = args.task, args.from_scratch
     torch.manual_seed(run_cfg.finetune.seed)
     model = build_finetune_model(run_cfg, task, len(label_list) if label_list else 1)
-    ckpt = init_ckpt.path
+    ckpt = init.path
     if from_scratch:
         say(f"  init       random weights (architecture and tokenizer of {ckpt}; --from-scratch baseline)")
     elif load_init:
-        load_pretrained_into(model, init_ckpt.state, f"checkpoint {ckpt}")
+        load_pretrained_into(model, init.state, f"checkpoint {ckpt}")
         head_note = carry_head(
-            model, init_ckpt.state, init_ckpt.cfg.finetune, init_ckpt.meta, task, label_list, run_cfg.finetune, ckpt
+            model, init.state, init.cfg.finetune, init.meta, task, label_list, run_cfg.finetune, ckpt
         )
         if head_note:
             say(f"  head       {head_note}")
-    init_ckpt.state = {}
+    init.state = {}
     # the query stream is not used in finetuning: freeze its start vector (DDP rejects parameters without gradients)
     model.transformer.mask_emb.requires_grad_(False)
     return model

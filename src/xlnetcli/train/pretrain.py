@@ -41,7 +41,6 @@ import contextlib
 import dataclasses
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,7 @@ import torch
 
 from xlnetcli.checkpoint.folders import read_meta, step_folders
 from xlnetcli.checkpoint.load import StartingPoint, continued_model_config, load_starting_point, load_state
-from xlnetcli.config import Config, ModelConfig, batch_maths, check_config, config_to_dict, replace
+from xlnetcli.config import Config, batch_maths, check_config, config_to_dict, replace
 from xlnetcli.core import dist
 from xlnetcli.core.errors import CheckpointError, ConfigError, DataError
 from xlnetcli.core.files import check_output_not_input, output_lock, sha256_file
@@ -371,19 +370,28 @@ def _pretrain(
     main = env.is_main
     meta, accum, start = _check_inputs(cfg, data_dir, out_dir, resume, env)
     init = load_init(cfg, data_dir) if cfg.train.init and start is None else None
-    if init is not None:
-        cfg = replace(cfg, model=dataclasses.asdict(init.model))
+    init_lines: list[str] = []
+    init_record: dict | None = None  # meta.json's "init" of every step folder: where the weights started
+    if init is not None:  # a fresh run continuing a checkpoint: its architecture, the run's other model keys
+        model_cfg, changes = continued_model_config(init.model, cfg.model, where=f"--init {init.path}")
+        cfg = replace(cfg, model=dataclasses.asdict(model_cfg))
+        init_record = init.record()
+        init_lines = _init_lines(init, changes, init_record["sha256"])
+    else:  # resuming: a continued run's step folders record where it started
+        init_record = read_meta(start[1]).get("init") if start else None
+        if init_record is not None:
+            path, sha = init_record.get("path"), str(init_record.get("sha256"))[:12]
+            init_lines = [f"  init       the run started from {path} (weights sha256 {sha})"]
     model = _build_model(cfg, env, init)
     sizes = num_params(model), num_params(model, embedding=False)  # before wrapping (FSDP shards in place)
     say = printer(main and not quiet)
     plan = pretrain_plan(cfg, accum)
-    init_record = init.start.record() if init else (read_meta(start[1]).get("init") if start else None)
     workload = PretrainWorkload(cfg, data_dir, meta, env, accum, say, init_record)
     engine = Engine(model, workload, plan, env, out_dir, cfg, data_dir / "tokenizer", quiet)
     try:
         with _undone_on_failure(out_dir, main, lambda: engine.confirmed_step == 0):
             engine.setup(resume_from=start[1] if start is not None else None)
-            return _run(engine, init, init_record, sizes, meta, data_dir, stop_after)
+            return _run(engine, init_lines, sizes, meta, data_dir, stop_after)
     finally:
         workload.stream.close()  # the prefetch thread ends here, not in the interpreter's shutdown
 
@@ -409,8 +417,7 @@ def _undone_on_failure(run_dir: Path, main: bool, before_first_step: Callable[[]
 
 def _run(
     engine: Engine,
-    init: Init | None,
-    init_record: dict | None,
+    init_lines: list[str],
     sizes: tuple[int, int],
     meta: dict,
     data_dir: Path,
@@ -428,7 +435,8 @@ def _run(
         return result
 
     say_header(engine, sizes, meta, data_dir)
-    _say_init(say, init, init_record, engine.step)
+    for line in init_lines:
+        say(line)
     result = engine.fit(stop_after)
     if main and result["complete"]:
         result["plot"] = str(maybe_plot(out_dir) or "")
@@ -480,15 +488,15 @@ def check_same_records(was: Any, data_dir: Path, step_dir: Path) -> None:
         )
 
 
-def _build_model(cfg: Config, env: dist.DistEnv, init: Init | None) -> torch.nn.Module:
+def _build_model(cfg: Config, env: dist.DistEnv, init: StartingPoint | None) -> torch.nn.Module:
     """The same init on every rank (random, or the ``init`` checkpoint's weights); then each rank draws its own dropout
     masks."""
     dist.set_deterministic(cfg.train.deterministic)
     seed_everything(cfg.train.seed)
     model = build_lm_model(cfg)
     if init is not None:
-        load_state(model, init.start.state, where=f"checkpoint {init.start.path}")
-        init.start.state = {}  # the model holds the weights now
+        load_state(model, init.lm_weights(), where=f"checkpoint {init.path}")
+        init.state = {}  # the model holds the weights now
     model = model.to(env.device)
     seed_everything(cfg.train.seed + 7919 * env.rank)
     return model
@@ -498,21 +506,14 @@ def _build_model(cfg: Config, env: dist.DistEnv, init: Init | None) -> torch.nn.
 # Continued pretraining (train.init, `xlnet pretrain --init`)
 
 
-@dataclass
-class Init:
-    """The checkpoint a fresh run starts from, and its model keys the run changes (for the log)."""
-
-    start: StartingPoint
-    model: ModelConfig  # the run's model config: the checkpoint's architecture, the run's CONTINUE_MUTABLE keys
-    changes: list[str]
-
-
-def load_init(cfg: Config, data_dir: Path) -> Init:
+def load_init(cfg: Config, data_dir: Path) -> StartingPoint:
     """Load ``train.init`` for a fresh run on the records in ``data_dir``: its architecture must be the config's, its
-    tokenizer the one the records were sharded with (same spiece.model sha256) and as large as its embedding."""
+    weights those of an XLNetLMHeadModel of it, its tokenizer the one the records were sharded with (same
+    spiece.model sha256) and as large as its embedding."""
     assert cfg.train.init is not None
     start = load_starting_point(cfg.train.init)
-    model, changes = continued_model_config(start.model, cfg.model, where=f"--init {start.path}")
+    continued_model_config(start.model, cfg.model, where=f"--init {start.path}")  # the architecture agrees
+    start.lm_weights()  # keys and shapes checked now, before anything is built
     records_tok = Tokenizer.load(data_dir / "tokenizer")
     if start.tokenizer is not None:
         tok = Tokenizer.load(start.tokenizer)
@@ -527,21 +528,20 @@ def load_init(cfg: Config, data_dir: Path) -> Init:
                 f"{records_tok.sha256[:12]}) than --init {start.path} has ({tok.sha256[:12]}); shard the corpus "
                 f"with the checkpoint's: xlnet shard --tokenizer {start.path} ..., then xlnet preprocess"
             )
-    return Init(start, model, changes)
+    return start
 
 
-def _say_init(say: Any, init: Init | None, record: dict | None, step: int) -> None:
-    """Where the weights started: the checkpoint, its LM bias, the model keys the run changes."""
-    if record is None:
-        return
-    if init is None:  # resuming a continued run: its own checkpoint holds the weights
-        say(f"  init       the run started from {record.get('path')} (weights sha256 {str(record.get('sha256'))[:12]})")
-        return
-    s = init.start
-    say(f"  init       {s.source} {s.path} (weights sha256 {s.sha256[:12]}); fresh optimizer, schedule and data")
+def _init_lines(s: StartingPoint, changes: list[str], sha256: str) -> list[str]:
+    """The header's lines on where the weights start: the checkpoint, its LM bias, the model keys the run changes."""
     bias = "from the checkpoint" if s.lm_bias else "zeros (the checkpoint has none)"
-    say(f"             LM head tied to the embeddings, its bias {bias}")
-    if init.changes:
-        say(f"             changed from the checkpoint: {', '.join(init.changes)}")
+    lines = [
+        f"  init       {s.source} {s.path} (weights sha256 {sha256[:12]}); fresh optimizer, schedule and data",
+        f"             LM head tied to the embeddings, its bias {bias}",
+    ]
+    if changes:
+        lines.append(f"             changed from the checkpoint: {', '.join(changes)}")
     if s.tokenizer is None:
-        say("             the checkpoint has no SentencePiece model: the records' tokenizer is trusted (same size)")
+        lines.append(
+            "             the checkpoint has no SentencePiece model: the records' tokenizer is trusted (same size)"
+        )
+    return lines
