@@ -25,7 +25,6 @@ import yaml
 
 from xlnetcli.config.checks import check_value, coerce
 from xlnetcli.config.schema import SECTIONS, Config
-from xlnetcli.core.console import is_rank0
 from xlnetcli.core.errors import ConfigError
 from xlnetcli.core.files import atomic_write_text
 from xlnetcli.core.text import clip, printable, short
@@ -186,7 +185,11 @@ def upgrade_config(raw: dict[str, Any], where: str) -> dict[str, Any]:
             if "zero_was" in f.metadata and v == 0 and not isinstance(v, bool):
                 values[f.name] = f.metadata["zero_was"]
                 changed.append(f"{name}.{f.name}=0 as {'null' if values[f.name] is None else values[f.name]}")
-    if changed and where not in _UPGRADED and is_rank0():
+    if changed and where not in _UPGRADED:
+        from xlnetcli.core.console import is_rank0  # noqa: PLC0415 - rich is heavy: not on every command's start-up
+
+        if not is_rank0():
+            return raw
         _UPGRADED.add(where)
         print(f"xlnet: {where} was written by an earlier version; read {', '.join(changed)}", file=sys.stderr)
     return raw
