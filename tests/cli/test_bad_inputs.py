@@ -105,7 +105,9 @@ def _snapshot(parent: Path) -> set[str]:
 
 
 def _case(work, name):
-    """Build the arguments of one bad-input case; returns (args, output path that must not appear, expected text)."""
+    """Build the arguments of one bad-input case; returns (args, output path that must not appear, expected text).
+    Each case is a lambda, so only the asked-for case builds its inputs (a corrupt tokenizer, other shards, a NaN
+    checkpoint ...), not every case's."""
     w = work
     cfg = w / "small.yaml"
     bad = w / "cases" / name
@@ -119,17 +121,17 @@ def _case(work, name):
 
     cases = {
         # --- tokenize train
-        "tok-missing-input": (["tokenize", "train", bad / "nope.txt", "--out", out], "nope.txt"),
-        "tok-binary": (
+        "tok-missing-input": lambda: (["tokenize", "train", bad / "nope.txt", "--out", out], "nope.txt"),
+        "tok-binary": lambda: (
             ["tokenize", "train", text("img.txt", b"\x89PNG\r\n\x1a\n\x00\x00" * 100), "--out", out],
             "binary",
         ),
-        "tok-invalid-utf8": (
+        "tok-invalid-utf8": lambda: (
             ["tokenize", "train", text("latin.txt", "caf\xe9 cr\xe8me ".encode("latin-1") * 200), "--out", out],
             "UTF-8",
         ),
-        "tok-empty": (["tokenize", "train", text("empty.txt", ""), "--out", out], "no text"),
-        "tok-lines-too-long": (
+        "tok-empty": lambda: (["tokenize", "train", text("empty.txt", ""), "--out", out], "no text"),
+        "tok-lines-too-long": lambda: (
             [
                 "tokenize",
                 "train",
@@ -141,48 +143,60 @@ def _case(work, name):
             ],
             "split the text into lines",
         ),
-        "tok-dir-without-text": (["tokenize", "train", (bad / "d").mkdir() or bad / "d", "--out", out], "no text"),
-        "tok-existing-output": (["tokenize", "train", SAMPLE, "--out", w / "tok"], "--overwrite"),
-        "tok-unknown-key": (
+        "tok-dir-without-text": lambda: (
+            ["tokenize", "train", (bad / "d").mkdir() or bad / "d", "--out", out],
+            "no text",
+        ),
+        "tok-existing-output": lambda: (["tokenize", "train", SAMPLE, "--out", w / "tok"], "--overwrite"),
+        "tok-unknown-key": lambda: (
             ["tokenize", "train", SAMPLE, "--out", out, "--set", "tokenizer.vocab=10"],
             "unknown key tokenizer.vocab",
         ),
-        "tok-wrong-type": (
+        "tok-wrong-type": lambda: (
             ["tokenize", "train", SAMPLE, "--out", out, "--set", "tokenizer.uncased=maybe"],
             "tokenizer.uncased",
         ),
-        "config-bad-yaml": (
+        "config-bad-yaml": lambda: (
             ["tokenize", "train", SAMPLE, "--out", out, "--config", text("c.yaml", "model: [1, 2\n")],
             "not valid YAML",
         ),
-        "config-missing": (
+        "config-missing": lambda: (
             ["tokenize", "train", SAMPLE, "--out", out, "--config", bad / "missing.yaml"],
             "config file not found",
         ),
         # --- tokenize encode
-        "encode-missing-tokenizer": (["tokenize", "encode", "--tokenizer", bad / "notok", "--text", "hi"], "notok"),
-        "encode-corrupt-model": (
+        "encode-missing-tokenizer": lambda: (
+            ["tokenize", "encode", "--tokenizer", bad / "notok", "--text", "hi"],
+            "notok",
+        ),
+        "encode-corrupt-model": lambda: (
             ["tokenize", "encode", "--tokenizer", _corrupt_tokenizer(w, bad), "--text", "hi"],
             "tokenizer",
         ),
         # --- shard
-        "shard-gz-corrupt": (
+        "shard-gz-corrupt": lambda: (
             ["shard", text("c.txt.gz", b"\x1f\x8b\x08\x00garbage"), "--tokenizer", w / "tok", "--out", out],
             "c.txt.gz",
         ),
-        "shard-existing-output": (["shard", SAMPLE, "--tokenizer", w / "tok", "--out", w / "shards"], "--overwrite"),
-        "shard-blank-corpus": (
+        "shard-existing-output": lambda: (
+            ["shard", SAMPLE, "--tokenizer", w / "tok", "--out", w / "shards"],
+            "--overwrite",
+        ),
+        "shard-blank-corpus": lambda: (
             ["shard", text("blank.txt", "\n\n   \n"), "--tokenizer", w / "tok", "--out", out],
             "no text",
         ),
-        "shard-tokenizer-edited": (
+        "shard-tokenizer-edited": lambda: (
             ["shard", SAMPLE, "--tokenizer", _edited_tokenizer(w, bad), "--out", out],
             "tokenizer",
         ),
         # --- preprocess
-        "prep-not-shards": (["preprocess", "--shards", w / "tok", "--out", out, "--config", cfg], "manifest"),
-        "prep-too-small": (["preprocess", "--shards", _tiny_shards(w, bad), "--out", out, "--config", cfg], "tokens"),
-        "prep-odd-bi-batch": (
+        "prep-not-shards": lambda: (["preprocess", "--shards", w / "tok", "--out", out, "--config", cfg], "manifest"),
+        "prep-too-small": lambda: (
+            ["preprocess", "--shards", _tiny_shards(w, bad), "--out", out, "--config", cfg],
+            "tokens",
+        ),
+        "prep-odd-bi-batch": lambda: (
             [
                 "preprocess",
                 "--shards",
@@ -198,34 +212,34 @@ def _case(work, name):
             ],
             "even",
         ),
-        "prep-num-predict": (
+        "prep-num-predict": lambda: (
             ["preprocess", "--shards", w / "shards", "--out", out, "--config", cfg, "--set", "data.num_predict=40"],
             "num_predict",
         ),
-        "prep-other-tokenizer": (
+        "prep-other-tokenizer": lambda: (
             ["preprocess", "--shards", _other_tokenizer_shards(w, bad), "--out", out, "--config", cfg],
             "tokenizer",
         ),
         # --- pretrain
-        "pre-records-disagree": (
+        "pre-records-disagree": lambda: (
             ["pretrain", "--config", cfg, "--data", w / "records", "--out", out, "--set", "data.num_predict=6"],
             "num_predict",
         ),
-        "pre-missing-data": (["pretrain", "--config", cfg, "--data", bad / "nodata", "--out", out], "nodata"),
-        "pre-other-run": (
+        "pre-missing-data": lambda: (["pretrain", "--config", cfg, "--data", bad / "nodata", "--out", out], "nodata"),
+        "pre-other-run": lambda: (
             ["pretrain", "--config", cfg, "--data", w / "records", "--out", w / "pre", "--set", "model.d_inner=128"],
             "--resume",
         ),
-        "pre-batch-maths": (
+        "pre-batch-maths": lambda: (
             ["pretrain", "--config", cfg, "--data", w / "records", "--out", out, "--set", "train.global_batch_size=5"],
             "multiple",
         ),
-        "pre-interrupted-run": (
+        "pre-interrupted-run": lambda: (
             ["pretrain", "--config", cfg, "--data", w / "records", "--out", _interrupted_run(w, bad), "--resume"],
             "step_",
         ),
         # --- finetune
-        "ft-missing-column": (
+        "ft-missing-column": lambda: (
             [
                 "finetune",
                 "--task",
@@ -243,7 +257,7 @@ def _case(work, name):
             ],
             "gold",
         ),
-        "ft-empty-train": (
+        "ft-empty-train": lambda: (
             [
                 "finetune",
                 "--task",
@@ -259,7 +273,7 @@ def _case(work, name):
             ],
             "e.tsv",
         ),
-        "ft-unseen-label": (
+        "ft-unseen-label": lambda: (
             [
                 "finetune",
                 "--task",
@@ -277,7 +291,7 @@ def _case(work, name):
             ],
             "mystery",
         ),
-        "ft-not-a-checkpoint": (
+        "ft-not-a-checkpoint": lambda: (
             [
                 "finetune",
                 "--task",
@@ -293,7 +307,7 @@ def _case(work, name):
             ],
             "shards",
         ),
-        "ft-nan-weights": (
+        "ft-nan-weights": lambda: (
             [
                 "finetune",
                 "--task",
@@ -310,14 +324,14 @@ def _case(work, name):
             "non-finite",
         ),
         # --- eval / export / import
-        "eval-nothing-to-score": (["eval", w / "ft"], "--file"),
-        "eval-missing-file": (["eval", w / "ft", "--file", bad / "nofile.tsv"], "nofile.tsv"),
-        "eval-nan-weights": (["eval", _nan_checkpoint(w, bad), "--data", w / "records"], "non-finite"),
-        "export-missing": (["export", bad / "nockpt", "--out", out], "nockpt"),
-        "import-not-hf": (["import", "--from-hf", w / "tok", "--out", out], "config.json"),
+        "eval-nothing-to-score": lambda: (["eval", w / "ft"], "--file"),
+        "eval-missing-file": lambda: (["eval", w / "ft", "--file", bad / "nofile.tsv"], "nofile.tsv"),
+        "eval-nan-weights": lambda: (["eval", _nan_checkpoint(w, bad), "--data", w / "records"], "non-finite"),
+        "export-missing": lambda: (["export", bad / "nockpt", "--out", out], "nockpt"),
+        "import-not-hf": lambda: (["import", "--from-hf", w / "tok", "--out", out], "config.json"),
     }
     cases.update(_value_and_usage_cases(w, bad, out, text))
-    args, expect = cases[name]
+    args, expect = cases[name]()
     return args, out, expect
 
 
@@ -351,117 +365,138 @@ def _value_and_usage_cases(w: Path, bad: Path, out: Path, text) -> dict:
     ]
     return {
         # --- config values, via --set (each names the key and the allowed range)
-        "pre-lr-nan": ([*pretrain, "--set", "train.lr=.nan"], "train.lr must be a finite number > 0, got nan"),
-        "pre-lr-inf": ([*pretrain, "--set", "train.lr=inf"], "train.lr must be a finite number > 0, got inf"),
-        "pre-adam-betas": (
+        "pre-lr-nan": lambda: ([*pretrain, "--set", "train.lr=.nan"], "train.lr must be a finite number > 0, got nan"),
+        "pre-lr-inf": lambda: ([*pretrain, "--set", "train.lr=inf"], "train.lr must be a finite number > 0, got inf"),
+        "pre-adam-betas": lambda: (
             [*pretrain, "--set", "train.adam_betas=[0.9, 1.0]"],
             "train.adam_betas[1] must be in [0, 1)",
         ),
-        "pre-adam-eps-negative": ([*pretrain, "--set", "train.adam_eps=-1e-6"], "train.adam_eps must be"),
-        "pre-layer-norm-eps": ([*pretrain, "--set", "model.layer_norm_eps=-1e-12"], "model.layer_norm_eps must be in"),
-        "pre-seed-negative": ([*pretrain, "--set", "train.seed=-1"], "train.seed must be in [0, 4294967295]"),
-        "pre-weight-decay": ([*pretrain, "--set", "train.weight_decay=-0.01"], "train.weight_decay must be"),
-        "pre-save-every": ([*pretrain, "--set", "train.save_every=-1"], "train.save_every must be >= 1"),
-        "pre-clip-norm-inf": ([*pretrain, "--set", "train.clip_norm=inf"], "train.clip_norm must be a finite"),
-        "pre-min-lr-ratio": ([*pretrain, "--set", "train.min_lr_ratio=2"], "train.min_lr_ratio must be in [0, 1]"),
-        "pre-warmup-over-max": ([*pretrain, "--set", "train.warmup_steps=10"], "train.warmup_steps"),
-        "pre-keep-last-zero": ([*pretrain, "--set", "train.keep_last=0"], "train.keep_last must be >= 1"),
-        "pre-eval-batches": ([*pretrain, "--set", "train.eval_batches=0"], "train.eval_batches must be >= 1"),
-        "pre-log-every": ([*pretrain, "--set", "train.log_every=0"], "train.log_every must be >= 1"),
-        "pre-peak-tflops": ([*pretrain, "--set", "train.peak_tflops=-1"], "train.peak_tflops must be"),
-        "pre-init-range-nan": ([*pretrain, "--set", "model.initializer_range=.nan"], "model.initializer_range"),
-        "pre-mem-len": ([*pretrain, "--set", "model.mem_len=-1"], "model.mem_len must be >= 0"),
-        "pre-clamp-len": ([*pretrain, "--set", "model.clamp_len=-2"], "model.clamp_len must be >= -1"),
-        "pre-dropout-one": ([*pretrain, "--set", "model.dropout=1"], "model.dropout must be in [0, 1)"),
-        "pre-n-head-zero": ([*pretrain, "--set", "model.n_head=0"], "model.n_head must be >= 1"),
-        "pre-max-steps-zero": ([*pretrain, "--set", "train.max_steps=0"], "train.max_steps must be >= 1"),
-        "pre-set-finetune": ([*pretrain, "--set", "finetune.lr=1e-5"], "xlnet pretrain reads tokenizer.*"),
-        "pre-resume-word": (["pretrain", "--data", rec, "--out", pre, "--resume", "first"], "--resume takes"),
-        "pre-config-folder": (["pretrain", "--config", w / "tok", "--data", rec, "--out", out], "is a folder"),
-        "pre-config-unknown": (
+        "pre-adam-eps-negative": lambda: ([*pretrain, "--set", "train.adam_eps=-1e-6"], "train.adam_eps must be"),
+        "pre-layer-norm-eps": lambda: (
+            [*pretrain, "--set", "model.layer_norm_eps=-1e-12"],
+            "model.layer_norm_eps must be in",
+        ),
+        "pre-seed-negative": lambda: ([*pretrain, "--set", "train.seed=-1"], "train.seed must be in [0, 4294967295]"),
+        "pre-weight-decay": lambda: ([*pretrain, "--set", "train.weight_decay=-0.01"], "train.weight_decay must be"),
+        "pre-save-every": lambda: ([*pretrain, "--set", "train.save_every=-1"], "train.save_every must be >= 1"),
+        "pre-clip-norm-inf": lambda: ([*pretrain, "--set", "train.clip_norm=inf"], "train.clip_norm must be a finite"),
+        "pre-min-lr-ratio": lambda: (
+            [*pretrain, "--set", "train.min_lr_ratio=2"],
+            "train.min_lr_ratio must be in [0, 1]",
+        ),
+        "pre-warmup-over-max": lambda: ([*pretrain, "--set", "train.warmup_steps=10"], "train.warmup_steps"),
+        "pre-keep-last-zero": lambda: ([*pretrain, "--set", "train.keep_last=0"], "train.keep_last must be >= 1"),
+        "pre-eval-batches": lambda: ([*pretrain, "--set", "train.eval_batches=0"], "train.eval_batches must be >= 1"),
+        "pre-log-every": lambda: ([*pretrain, "--set", "train.log_every=0"], "train.log_every must be >= 1"),
+        "pre-peak-tflops": lambda: ([*pretrain, "--set", "train.peak_tflops=-1"], "train.peak_tflops must be"),
+        "pre-init-range-nan": lambda: ([*pretrain, "--set", "model.initializer_range=.nan"], "model.initializer_range"),
+        "pre-mem-len": lambda: ([*pretrain, "--set", "model.mem_len=-1"], "model.mem_len must be >= 0"),
+        "pre-clamp-len": lambda: ([*pretrain, "--set", "model.clamp_len=-2"], "model.clamp_len must be >= -1"),
+        "pre-dropout-one": lambda: ([*pretrain, "--set", "model.dropout=1"], "model.dropout must be in [0, 1)"),
+        "pre-n-head-zero": lambda: ([*pretrain, "--set", "model.n_head=0"], "model.n_head must be >= 1"),
+        "pre-max-steps-zero": lambda: ([*pretrain, "--set", "train.max_steps=0"], "train.max_steps must be >= 1"),
+        "pre-set-finetune": lambda: ([*pretrain, "--set", "finetune.lr=1e-5"], "xlnet pretrain reads tokenizer.*"),
+        "pre-resume-word": lambda: (["pretrain", "--data", rec, "--out", pre, "--resume", "first"], "--resume takes"),
+        "pre-config-folder": lambda: (["pretrain", "--config", w / "tok", "--data", rec, "--out", out], "is a folder"),
+        "pre-config-unknown": lambda: (
             ["pretrain", "--config", "tinyy", "--data", rec, "--out", out],
             "tiny, base, large, glue, squad, race",
         ),
-        "pre-missing-data-option": (["pretrain", "--config", cfg, "--out", out], "Missing option '--data'"),
+        "pre-missing-data-option": lambda: (["pretrain", "--config", cfg, "--out", out], "Missing option '--data'"),
         # --- tokenizer values (SentencePiece's own limits, checked before it runs)
-        "tok-threads-negative": ([*tok, "--threads", "-1"], "tokenizer.threads must be in [0, 1024]"),
-        "tok-threads-too-many": ([*tok, "--threads", "5000"], "tokenizer.threads must be in [0, 1024]"),
-        "tok-vocab-int-range": (
+        "tok-threads-negative": lambda: ([*tok, "--threads", "-1"], "tokenizer.threads must be in [0, 1024]"),
+        "tok-threads-too-many": lambda: ([*tok, "--threads", "5000"], "tokenizer.threads must be in [0, 1024]"),
+        "tok-vocab-int-range": lambda: (
             [*tok, "--vocab-size", "3000000000"],
             "tokenizer.vocab_size must be in [9, 2147483647]",
         ),
-        "tok-input-sentence-size": ([*tok, "--input-sentence-size", "-1"], "tokenizer.input_sentence_size"),
-        "tok-character-coverage": ([*tok, "--character-coverage", "0.5"], "character_coverage must be in [0.98, 1]"),
-        "tok-set-other-section": ([*tok, "--set", "train.lr=1"], "xlnet tokenize train reads tokenizer.*"),
-        "tok-vocab-abc": ([*tok, "--vocab-size", "abc"], "Invalid value for '--vocab-size'"),
-        "tok-missing-out": (["tokenize", "train", SAMPLE], "Missing option '--out'"),
-        "tok-set-no-section": ([*tok, "--set", "lr=1"], "expected section.key=value"),
-        "tok-set-huge-value": ([*tok, "--set", "tokenizer.uncased=" + "x" * 100_000], "tokenizer.uncased"),
+        "tok-input-sentence-size": lambda: ([*tok, "--input-sentence-size", "-1"], "tokenizer.input_sentence_size"),
+        "tok-character-coverage": lambda: (
+            [*tok, "--character-coverage", "0.5"],
+            "character_coverage must be in [0.98, 1]",
+        ),
+        "tok-set-other-section": lambda: ([*tok, "--set", "train.lr=1"], "xlnet tokenize train reads tokenizer.*"),
+        "tok-vocab-abc": lambda: ([*tok, "--vocab-size", "abc"], "Invalid value for '--vocab-size'"),
+        "tok-missing-out": lambda: (["tokenize", "train", SAMPLE], "Missing option '--out'"),
+        "tok-set-no-section": lambda: ([*tok, "--set", "lr=1"], "expected section.key=value"),
+        "tok-set-huge-value": lambda: ([*tok, "--set", "tokenizer.uncased=" + "x" * 100_000], "tokenizer.uncased"),
         # --- config files
-        "config-alias-bomb": ([*tok, "--config", text("bomb.yaml", BOMB)], "aliases"),
-        "config-alias-in-set": ([*tok, "--set", "tokenizer.threads=[&a 1, *a]"], "aliases"),
-        "config-not-a-mapping": ([*tok, "--config", text("list.yaml", "- 1\n- 2\n")], "mapping"),
-        "config-unknown-section": (
+        "config-alias-bomb": lambda: ([*tok, "--config", text("bomb.yaml", BOMB)], "aliases"),
+        "config-alias-in-set": lambda: ([*tok, "--set", "tokenizer.threads=[&a 1, *a]"], "aliases"),
+        "config-not-a-mapping": lambda: ([*tok, "--config", text("list.yaml", "- 1\n- 2\n")], "mapping"),
+        "config-unknown-section": lambda: (
             [*tok, "--config", text("sec.yaml", "tokeniser:\n  threads: 1\n")],
             "unknown section 'tokeniser'",
         ),
-        "config-file-value": (
+        "config-file-value": lambda: (
             [*tok, "--config", text("v.yaml", "tokenizer:\n  threads: -1\n")],
             "v.yaml: tokenizer.threads must be in [0, 1024]",
         ),
-        "config-binary-file": ([*tok, "--config", text("b.yaml", b"\xff\xfe\x00garbage")], "not valid YAML"),
-        "config-show-unknown": (["config", "show", "nope"], "nor a preset name"),
-        "config-show-bad-set": (["config", "show", "tiny", "--set", "train.lr=-1"], "--set train.lr=-1"),
-        "config-show-folder": (["config", "show", bad], "is a folder"),
-        "config-show-bomb": (["config", "show", text("bomb2.yaml", BOMB)], "aliases"),
+        "config-binary-file": lambda: ([*tok, "--config", text("b.yaml", b"\xff\xfe\x00garbage")], "not valid YAML"),
+        "config-show-unknown": lambda: (["config", "show", "nope"], "nor a preset name"),
+        "config-show-bad-set": lambda: (["config", "show", "tiny", "--set", "train.lr=-1"], "--set train.lr=-1"),
+        "config-show-folder": lambda: (["config", "show", bad], "is a folder"),
+        "config-show-bomb": lambda: (["config", "show", text("bomb2.yaml", BOMB)], "aliases"),
         # --- tokenize encode
-        "encode-neither": (["tokenize", "encode", "--tokenizer", w / "tok"], "pass either --text"),
-        "encode-missing-tokenizer-option": (["tokenize", "encode", "--text", "hi"], "Missing option '--tokenizer'"),
+        "encode-neither": lambda: (["tokenize", "encode", "--tokenizer", w / "tok"], "pass either --text"),
+        "encode-missing-tokenizer-option": lambda: (
+            ["tokenize", "encode", "--text", "hi"],
+            "Missing option '--tokenizer'",
+        ),
         # --- shard
-        "shard-shards-abc": ([*shard, "--shards", "abc"], "'abc' is not a valid integer"),
-        "shard-shards-zero": ([*shard, "--shards", "0"], "--shards"),
-        "shard-too-many-shards": ([*shard, "--shards", str(_beyond_open_file_limit())], "open files"),
-        "shard-workers-zero": ([*shard, "--workers", "0"], "--workers"),
-        "shard-valid-fraction": ([*shard, "--valid-fraction", "1.5"], "--valid-fraction"),
-        "shard-seed-negative": ([*shard, "--seed", "-1"], "--seed"),
-        "shard-missing-tokenizer": (["shard", SAMPLE, "--out", out], "Missing option '--tokenizer'"),
-        "shard-set-model": ([*shard, "--set", "model.d_model=64"], "xlnet shard reads data.*"),
-        "shard-unknown-option": ([*shard, "--foo"], "No such option"),
-        "shard-valid-and-fraction": ([*shard, "--valid", SAMPLE, "--valid-fraction", "0.1"], "not both"),
-        "shard-data-seed": ([*shard, "--set", "data.seed=-5"], "data.seed must be in [0, 4294967295]"),
+        "shard-shards-abc": lambda: ([*shard, "--shards", "abc"], "'abc' is not a valid integer"),
+        "shard-shards-zero": lambda: ([*shard, "--shards", "0"], "--shards"),
+        "shard-too-many-shards": lambda: ([*shard, "--shards", str(_beyond_open_file_limit())], "open files"),
+        "shard-workers-zero": lambda: ([*shard, "--workers", "0"], "--workers"),
+        "shard-valid-fraction": lambda: ([*shard, "--valid-fraction", "1.5"], "--valid-fraction"),
+        "shard-seed-negative": lambda: ([*shard, "--seed", "-1"], "--seed"),
+        "shard-missing-tokenizer": lambda: (["shard", SAMPLE, "--out", out], "Missing option '--tokenizer'"),
+        "shard-set-model": lambda: ([*shard, "--set", "model.d_model=64"], "xlnet shard reads data.*"),
+        "shard-unknown-option": lambda: ([*shard, "--foo"], "No such option"),
+        "shard-valid-and-fraction": lambda: ([*shard, "--valid", SAMPLE, "--valid-fraction", "0.1"], "not both"),
+        "shard-data-seed": lambda: ([*shard, "--set", "data.seed=-5"], "data.seed must be in [0, 4294967295]"),
         # --- preprocess
-        "prep-passes-zero": ([*prep, "--passes", "0"], "--passes"),
-        "prep-workers-abc": ([*prep, "--workers", "abc"], "--workers"),
-        "prep-mask-mode": ([*prep, "--mask-mode", "nope"], "'nope' is not one of"),
-        "prep-set-finetune": ([*prep, "--set", "finetune.lr=1"], "xlnet preprocess reads"),
-        "prep-perm-size-zero": ([*prep, "--set", "data.perm_size=0"], "data.perm_size must be >= 1"),
-        "prep-mask-beta-zero": ([*prep, "--set", "data.mask_beta=0"], "data.mask_beta must be >= 1"),
-        "prep-valid-fraction": ([*prep, "--set", "data.valid_fraction=1"], "data.valid_fraction must be in [0, 1)"),
+        "prep-passes-zero": lambda: ([*prep, "--passes", "0"], "--passes"),
+        "prep-workers-abc": lambda: ([*prep, "--workers", "abc"], "--workers"),
+        "prep-mask-mode": lambda: ([*prep, "--mask-mode", "nope"], "'nope' is not one of"),
+        "prep-set-finetune": lambda: ([*prep, "--set", "finetune.lr=1"], "xlnet preprocess reads"),
+        "prep-perm-size-zero": lambda: ([*prep, "--set", "data.perm_size=0"], "data.perm_size must be >= 1"),
+        "prep-mask-beta-zero": lambda: ([*prep, "--set", "data.mask_beta=0"], "data.mask_beta must be >= 1"),
+        "prep-valid-fraction": lambda: (
+            [*prep, "--set", "data.valid_fraction=1"],
+            "data.valid_fraction must be in [0, 1)",
+        ),
         # --- finetune
-        "ft-set-train-lr": ([*fine, "--set", "train.lr=1e-3"], "did you mean finetune.lr?"),
-        "ft-max-steps-negative": ([*fine, "--set", "finetune.max_steps=-1"], "finetune.max_steps must be >= 1"),
-        "ft-layer-decay-zero": ([*fine, "--set", "finetune.layer_decay=0"], "finetune.layer_decay must be in (0, 1]"),
-        "ft-epochs-zero": ([*fine, "--set", "finetune.epochs=0"], "finetune.epochs must be"),
-        "ft-lr-nan": ([*fine, "--set", "finetune.lr=nan"], "finetune.lr must be a finite number > 0"),
-        "ft-doc-stride-zero": ([*fine, "--set", "finetune.doc_stride=0"], "finetune.doc_stride must be >= 1"),
-        "ft-warmup-ratio": ([*fine, "--set", "finetune.warmup_ratio=1"], "finetune.warmup_ratio must be in [0, 1)"),
-        "ft-task-unknown": (
+        "ft-set-train-lr": lambda: ([*fine, "--set", "train.lr=1e-3"], "did you mean finetune.lr?"),
+        "ft-max-steps-negative": lambda: ([*fine, "--set", "finetune.max_steps=-1"], "finetune.max_steps must be >= 1"),
+        "ft-layer-decay-zero": lambda: (
+            [*fine, "--set", "finetune.layer_decay=0"],
+            "finetune.layer_decay must be in (0, 1]",
+        ),
+        "ft-epochs-zero": lambda: ([*fine, "--set", "finetune.epochs=0"], "finetune.epochs must be"),
+        "ft-lr-nan": lambda: ([*fine, "--set", "finetune.lr=nan"], "finetune.lr must be a finite number > 0"),
+        "ft-doc-stride-zero": lambda: ([*fine, "--set", "finetune.doc_stride=0"], "finetune.doc_stride must be >= 1"),
+        "ft-warmup-ratio": lambda: (
+            [*fine, "--set", "finetune.warmup_ratio=1"],
+            "finetune.warmup_ratio must be in [0, 1)",
+        ),
+        "ft-task-unknown": lambda: (
             ["finetune", "--task", "nope", "--train", w / "train.tsv", "--init", pre, "--out", out],
             "'nope' is not one of",
         ),
-        "ft-missing-init": (
+        "ft-missing-init": lambda: (
             ["finetune", "--task", "classification", "--train", w / "train.tsv", "--out", out],
             "Missing option '--init'",
         ),
-        "ft-preset-unknown": ([*fine[:-1], "gluee"], "nor a preset name"),
+        "ft-preset-unknown": lambda: ([*fine[:-1], "gluee"], "nor a preset name"),
         # --- eval / export / import / plot / the command itself
-        "eval-batches-zero": (["eval", pre, "--data", rec, "--batches", "0"], "--batches"),
-        "eval-batch-size-abc": (["eval", ft, "--file", w / "train.tsv", "--batch-size", "abc"], "--batch-size"),
-        "eval-missing-checkpoint": (["eval"], "Missing argument"),
-        "export-format": (["export", pre, "--format", "onnx", "--out", out], "--format"),
-        "import-missing-out": (["import", "--from-hf", pre], "Missing option '--out'"),
-        "plot-missing-run": (["plot", bad / "norun"], "norun"),
-        "usage-unknown-command": (["pretrian", "--data", rec], "No such command 'pretrian'"),
+        "eval-batches-zero": lambda: (["eval", pre, "--data", rec, "--batches", "0"], "--batches"),
+        "eval-batch-size-abc": lambda: (["eval", ft, "--file", w / "train.tsv", "--batch-size", "abc"], "--batch-size"),
+        "eval-missing-checkpoint": lambda: (["eval"], "Missing argument"),
+        "export-format": lambda: (["export", pre, "--format", "onnx", "--out", out], "--format"),
+        "import-missing-out": lambda: (["import", "--from-hf", pre], "Missing option '--out'"),
+        "plot-missing-run": lambda: (["plot", bad / "norun"], "norun"),
+        "usage-unknown-command": lambda: (["pretrian", "--data", rec], "No such command 'pretrian'"),
     }
 
 

@@ -2,6 +2,8 @@
 model/kernels.py: the output and the gradient of every input (q, k, v, kr, the three biases, seg_embed) with memory
 0 and > 0, query-stream rows, bi_data's two position tables, segments, perm masks with fully masked rows, dropout
 (through the kernel's debug keep mask), and the whole model's loss and gradients. Skipped without triton.
+The interpreter runs a kernel at Python speed: one case per property stays in `make test-fast`, the other shapes,
+layouts and the whole model are marked slow.
 
 The interpreter is chosen when a kernel is defined (@triton.jit reads TRITON_INTERPRET): tests/conftest.py sets it
 on machines without CUDA before anything imports triton. With CUDA the same tests run the compiled kernels."""
@@ -109,12 +111,17 @@ def positions(request, monkeypatch):
 @pytest.mark.parametrize(
     "B,M,P,G,seg,mask",
     [
-        (2, 8, 4, 1, True, True),
-        (2, 0, 4, 2, True, True),
-        (2, 8, 0, 2, False, True),
-        (2, 0, 0, 1, True, False),
-        (2, 8, 4, 2, False, False),
-        (4, 8, 4, 2, True, True),  # two rows per table (bi_data): the table's [G, H, B/G·P, R] layout
+        (2, 8, 4, 1, True, True),  # memory, query rows, segments and masks: the quick case
+        *(
+            pytest.param(*shape, marks=pytest.mark.slow)
+            for shape in [
+                (2, 0, 4, 2, True, True),
+                (2, 8, 0, 2, False, True),
+                (2, 0, 0, 1, True, False),
+                (2, 8, 4, 2, False, False),
+                (4, 8, 4, 2, True, True),  # two rows per table (bi_data): the table's [G, H, B/G·P, R] layout
+            ]
+        ),
     ],
 )
 def test_core_matches_float64_einsum(B, M, P, G, seg, mask, positions):
@@ -122,6 +129,7 @@ def test_core_matches_float64_einsum(B, M, P, G, seg, mask, positions):
     check(ins, layout)
 
 
+@pytest.mark.slow
 def test_keys_values_and_output_gradient_as_the_layer_lays_them_out(positions):
     """k and v as the layer makes them, views of one [B,K,2,H,D] projection (rows 2·H·D apart), and the output's
     gradient as the o projection gives it back ([B,N,H·D] viewed per head): the kernels read them in place (no copy
@@ -167,6 +175,7 @@ def test_the_op_takes_k_and_v_in_unlike_layouts():
     assert torch.equal(ta.rel_attn(qw, qr, kk, v, *args)[0], want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("B,M,P,G", [(4, 8, 4, 2), (2, 0, 3, 1)])
 def test_content_bias_from_the_forward_table(B, M, P, G, monkeypatch):
     """CONTENT_BIAS "table" (kept for the GPU benchmark's same-call comparison): the content rows' bias read from the
@@ -199,6 +208,7 @@ def test_query_rows_only():
     check(ins, layout.query_rows())
 
 
+@pytest.mark.parametrize("positions", ["table", pytest.param("band", marks=pytest.mark.slow)], indirect=True)
 def test_dropout_through_the_debug_keep_mask(positions):
     """The kernels' hashed keep mask is hash_keep_mask's (the output and gradients match the reference given the mask
     torch computes), its rate, reproducible under torch.manual_seed, and the same mask recomputed in backward."""
@@ -231,6 +241,7 @@ def test_table_bias_is_the_rel_shifted_position_and_segment_term(n_table):
     assert bias.shape == (B, H, N, K) and maxdiff(bias, want) <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("positions", ["table", "band"])
 def test_backward_writes_every_entry_it_allocates(positions, monkeypatch):
     """Every buffer backward takes from torch.empty is written whole: the same gradients, bit for bit, when each
@@ -296,9 +307,10 @@ def run_model(cfg, batch, mems):
     return o.loss, {k: p.grad for k, p in m.named_parameters()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "bi_data,positions",
-    [(True, "band"), (True, "table"), pytest.param(False, "table", marks=pytest.mark.slow)],
+    [(True, "band"), (True, "table"), (False, "table")],
     indirect=["positions"],
 )
 def test_model_matches_einsum(bi_data, positions):
@@ -319,6 +331,7 @@ def test_cpu_without_the_interpreter_is_refused(monkeypatch):
         resolve_impl("triton", torch.device("cpu"))
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_recomputes_the_same_dropout():
     """Under torch.utils.checkpoint the op runs again in backward: its seed comes from torch's RNG, which checkpoint
     restores, so the recomputed keep mask and the gradients equal the plain run's (bit for bit)."""
@@ -359,7 +372,12 @@ def test_compiled_layers_match_eager():
 
 
 @pytest.mark.parametrize(
-    "tile,positions", [((32, 16), "table"), ((16, 32), "table"), ((32, 16), "band")], indirect=["positions"]
+    "tile,positions",
+    [
+        ((32, 16), "table"),
+        *(pytest.param(*p, marks=pytest.mark.slow) for p in (((16, 32), "table"), ((32, 16), "band"))),
+    ],
+    indirect=["positions"],
 )
 def test_row_and_key_tiles_may_differ(tile, positions, monkeypatch):
     """Table rows run with BM rows by BN keys per tile (GPU_TILES' BN); band rows keep BN = BM (the band's BM + BN

@@ -111,6 +111,7 @@ def test_unused_loss_or_unused_logits_need_no_zero_gradient(use_triton, monkeypa
     assert torch.isfinite(x.grad).all()
 
 
+@pytest.mark.slow  # the whole model in Triton's interpreter
 def test_the_model_takes_the_triton_head_with_the_triton_core(monkeypatch):
     calls = []
     real = th.ce_grad

@@ -132,6 +132,7 @@ def _hf_config():
 # ---- where a run starts from ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # trains
 def test_init_from_our_run_starts_from_its_weights_and_records_it(source, records, tmp_path, capsys):
     code, err = _continue(capsys, records, tmp_path / "cont", source, "model.mem_len=8", "model.dropout=0.0")
     assert code == 0, err
@@ -155,6 +156,7 @@ def test_init_from_our_run_starts_from_its_weights_and_records_it(source, record
     assert first["step"] == 1 and first["lr"] == pytest.approx(_cfg().train.lr / 2)
 
 
+@pytest.mark.slow  # trains
 def test_init_from_our_export_is_bit_identical_to_the_run(source, records, tmp_path, capsys):
     """Our HF export (XLNetLMHeadModel, with its bias) and the run itself start the same model, to the bit."""
     code, _, err = run_main(capsys, "export", str(source), "--out", str(tmp_path / "hf"))
@@ -171,6 +173,7 @@ def test_init_from_our_export_is_bit_identical_to_the_run(source, records, tmp_p
     assert meta["sha256"] == sha256_file(tmp_path / "hf" / "model.safetensors")
 
 
+@pytest.mark.slow  # trains
 def test_init_from_a_bare_model_file_beside_its_config(source, records, tmp_path, capsys):
     """model.safetensors + config.json alone (no tokenizer): the same start; the log says the tokenizer is unchecked."""
     code, _, err = run_main(capsys, "export", str(source), "--out", str(tmp_path / "hf"))
@@ -184,6 +187,7 @@ def test_init_from_a_bare_model_file_beside_its_config(source, records, tmp_path
     assert _step0(tmp_path / "cont") == _our_eval(list_checkpoints(source)[-1][1], records)
 
 
+@pytest.mark.slow  # trains
 @pytest.mark.parametrize("cls", ["XLNetLMHeadModel", "XLNetModel", "XLNetForSequenceClassification"])
 def test_init_from_a_transformers_directory_matches_its_loss(cls, records, tmp_path, capsys):
     """A directory written by transformers from random weights: the step-0 evaluation equals transformers' own loss on
@@ -212,6 +216,7 @@ def test_init_from_a_transformers_directory_matches_its_loss(cls, records, tmp_p
     assert _step0(tmp_path / "cont") == pytest.approx(_hf_loss(lm, records), abs=1e-5)
 
 
+@pytest.mark.slow  # trains
 def test_init_from_a_finetuned_run_takes_its_transformer(source, records, tmp_path, capsys):
     """A finetuned run: its transformer under the tied LM head, bias zeros (its task head left out)."""
     code, _, err = run_main(
@@ -282,6 +287,7 @@ def test_continued_run_on_two_processes_matches_one(source, records, tmp_path):
     assert [b for _, b in l2] == pytest.approx([a for _, a in l1], rel=1e-5)  # all-reduce order: ~1e-7 apart
 
 
+@pytest.mark.slow  # trains
 def test_resume_with_another_init_is_refused(source, records, tmp_path, capsys):
     code, err = _continue(capsys, records, tmp_path / "cont", source)
     assert code == 0, err

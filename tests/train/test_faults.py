@@ -14,7 +14,7 @@ from clitools import BIN, MICRO_MODEL, child_env, kill_and_resume, train_losses,
 
 from xlnetcli.core.files import sha256_file
 
-KILLS = int(os.environ.get("XLNET_FAULT_KILLS", "20"))
+KILLS = int(os.environ.get("XLNET_FAULT_KILLS", "9"))  # 3 of them mid-save; XLNET_FAULT_KILLS=60 for a long sweep
 STEPS = 60
 FAULT_RUN = [
     *MICRO_MODEL,
