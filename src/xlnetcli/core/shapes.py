@@ -62,6 +62,18 @@ def read_json_object(path: str | Path, error: type[XLNetError] = DataError, what
     return obj
 
 
+def read_folder_json(folder: Path, name: str, what: str, create: str, rerun: str) -> dict[str, Any]:
+    """``folder/name``, the JSON object that makes ``folder`` a ``what`` (a shard directory, a shard part, ...), read
+    with read_json_object; DataError naming the command that makes one (``create``) when the folder or the file is
+    missing, and the one to rerun (``rerun``) when the file is damaged."""
+    path = folder / name
+    if not folder.is_dir():
+        raise DataError(f"{what} {folder} does not exist; create it with `{create}`")
+    if not path.is_file():
+        raise DataError(f"{folder} has no {name}: not a {what} (create one with `{create}`)")
+    return read_json_object(path, DataError, f"rerun `{rerun}`")
+
+
 def describe(value: Any) -> str:
     """A short account of a JSON value for a message: its kind and, when short, the value ("a string \"3\"")."""
     if value is None:

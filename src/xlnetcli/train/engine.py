@@ -175,19 +175,6 @@ class Engine:
             "data cursors re-assigned by row; dropout re-seeded (its masks differ from an uninterrupted run's)"
         )
 
-    def describe(self) -> str:
-        """The device line of a run's header."""
-        env, dev, plan = self.env, self.env.device, self.plan
-        threads = f", {torch.get_num_threads()} threads" if dev.type == "cpu" else ""
-        precision = plan.precision + (" + grad scaler" if self.scaler.is_enabled() else "")
-        wrapper = f", {plan.distributed}" if env.distributed else ""
-        return (
-            f"{dev}{threads} ({env.backend or 'single process'}{wrapper})"
-            f", precision {precision}, fused AdamW {self.fused}, compile {plan.compile}"
-            f"{' (CUDA graphs)' if plan.cuda_graphs else ''}, activation checkpointing "
-            f"{bool(plan.activation_checkpointing)}"
-        )
-
     # ---- the loop --------------------------------------------------------------------------------------------------
 
     def fit(self, stop_after: int | None = None) -> dict:

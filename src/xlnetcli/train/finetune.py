@@ -55,6 +55,7 @@ from xlnetcli.train.checkpointer import TRAIN_STATE, resumable_steps
 from xlnetcli.train.display import printer
 from xlnetcli.train.engine import Engine
 from xlnetcli.train.finetune_workload import FinetuneArgs, FinetuneWorkload, StepCounts, finetune_plan
+from xlnetcli.train.header import device_prose
 from xlnetcli.train.resume import resume_point
 
 # finetune.* keys that may change when resuming (how often metric lines and resumable checkpoints are written, where
@@ -305,7 +306,7 @@ def _say_header(
     )
     say(
         f"  optimizer  AdamW lr {ft.lr:g}, layer decay {ft.layer_decay:g}, wd {ft.weight_decay:g}, "
-        f"dropout {ft.dropout:g}/{ft.dropatt:g}; device {engine.describe()}"
+        f"dropout {ft.dropout:g}/{ft.dropatt:g}; device {device_prose(engine)}"
     )
 
 

@@ -37,8 +37,9 @@ def objective_prose(cfg: Config) -> str:
     return f"{OBJECTIVES[m.objective]}; {', '.join(parts)}"
 
 
-def device_prose(engine: Engine, deterministic: bool) -> str:
-    """Where the run goes, its precision and the speed-ups on or off."""
+def device_prose(engine: Engine, deterministic: bool | None = None) -> str:
+    """Where the run goes, its precision and the speed-ups on or off (the device line of pretraining's and
+    finetuning's headers); ``deterministic``: train.deterministic (None: not said)."""
     env, dev, plan = engine.env, engine.env.device, engine.plan
     where = f"{dev} with {counted(torch.get_num_threads(), 'thread')}" if dev.type == "cpu" else str(dev)
     procs = f"{env.backend}, {plan.distributed}" if env.distributed else env.backend or "a single process"
@@ -48,8 +49,9 @@ def device_prose(engine: Engine, deterministic: bool) -> str:
         "fused AdamW" if engine.fused else "unfused AdamW",
         compiled,
         "activation checkpointing" if plan.activation_checkpointing else "no activation checkpointing",
-        "deterministic kernels" if deterministic else "nondeterministic kernels",
     ]
+    if deterministic is not None:
+        flags.append("deterministic kernels" if deterministic else "nondeterministic kernels")
     return f"{where} ({procs}), precision {precision}, {', '.join(flags)}"
 
 

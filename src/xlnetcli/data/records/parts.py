@@ -21,7 +21,7 @@ from typing import Any
 
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_dir, sha256_file
-from xlnetcli.core.shapes import read_json_object
+from xlnetcli.core.shapes import read_folder_json
 from xlnetcli.core.signals import sigterm_as_interrupt
 from xlnetcli.data.parts import each_part_once
 from xlnetcli.data.records.format import checksums, create_npy, shards_location
@@ -82,11 +82,7 @@ def write_part_meta(tmp: Path, meta: dict[str, Any], part: tuple[int, int], shar
 
 def _read_part(d: Path) -> dict[str, Any]:
     path = d / "part.json"
-    if not d.is_dir():
-        raise DataError(f"records part {d} does not exist; create it with `xlnet preprocess --part I/N`")
-    if not path.is_file():
-        raise DataError(f"{d} has no part.json: not a records part (create one with `xlnet preprocess --part I/N`)")
-    m = read_json_object(path, DataError, "rerun `xlnet preprocess --part`")
+    m = read_folder_json(d, "part.json", "records part", "xlnet preprocess --part I/N", "xlnet preprocess --part")
     ok = m.get("kind") == PART_KIND and m.get("format_version") == PART_FORMAT_VERSION
     try:
         ok = (

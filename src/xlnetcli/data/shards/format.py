@@ -36,7 +36,7 @@ from numpy.typing import DTypeLike
 
 from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import sha256_file
-from xlnetcli.core.shapes import describe, json_field, read_json_object, str_map
+from xlnetcli.core.shapes import describe, json_field, read_folder_json, str_map
 
 FORMAT_VERSION = 1
 NPY_HEADER = 128  # fixed .npy header size so that shards can be streamed and the header written last
@@ -241,11 +241,7 @@ def read_manifest(shard_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Load and check manifest.json of a shard directory (DataError if missing or corrupt)."""
     d = Path(shard_dir)
     path = d / "manifest.json"
-    if not d.is_dir():
-        raise DataError(f"shard directory {d} does not exist; create it with `xlnet shard`")
-    if not path.is_file():
-        raise DataError(f"{d} has no manifest.json: not a shard directory (create one with `xlnet shard`)")
-    m = read_json_object(path, DataError, "rerun `xlnet shard`")
+    m = read_folder_json(d, "manifest.json", "shard directory", "xlnet shard", "xlnet shard")
     if m.get("format_version") != FORMAT_VERSION:
         raise DataError(f"{path}: unsupported or missing format_version (expected {FORMAT_VERSION})")
     for key in ("tokenizer_sha256", "vocab_size", "dtype", "splits"):

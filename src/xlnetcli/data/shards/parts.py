@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 
 from xlnetcli.config import Config, save_config
-from xlnetcli.core.console import byte_progress, console
+from xlnetcli.core.console import console
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_dir, sha256_file
-from xlnetcli.core.shapes import read_json_object
+from xlnetcli.core.shapes import read_folder_json
 from xlnetcli.core.signals import sigterm_as_interrupt
 from xlnetcli.data.corpus.inputs import Source, total_size
 from xlnetcli.data.corpus.reader import FileStats, ReadStats, iter_chunks
@@ -61,6 +61,7 @@ from xlnetcli.data.shards.shard import (
     _summary,
     _write_errors,
     prepare_inputs,
+    shard_output,
     token_dtype,
     write_manifest,
 )
@@ -121,22 +122,14 @@ def shard_part(
     check_part(part)
     index, n_parts = part
     o = options or ShardOptions()
-    _check_counts(o.shards, o.workers)
-    cfg, out, tok, train_files, valid_files = prepare_inputs(
-        cfg, inputs, o.valid_inputs, out_dir, tokenizer, o.overwrite, "a shard part"
-    )
+    cfg, out, tok, train_files, valid_files = prepare_inputs(cfg, inputs, out_dir, tokenizer, o, "a shard part")
     all_files: list[tuple[Source, bool]] = [(p, False) for p in train_files] + [(p, True) for p in valid_files]
     sizes = [total_size([p]) for p, _ in all_files]
     owner = assign_files(sizes, n_parts)
     mine = [k for k in range(len(all_files)) if owner[k] == index]
     dtype = token_dtype(tok)
     stats = ReadStats()
-    with (
-        _write_errors(out),
-        sigterm_as_interrupt(),
-        atomic_output_dir(out, o.overwrite, "a shard part") as tmp,
-        byte_progress(o.quiet) as prog,
-    ):
+    with shard_output(out, o, "a shard part") as (tmp, prog):
         (tmp / "files").mkdir()
         task = prog.add_task(f"part {index}/{n_parts}", total=sum(sizes[k] for k in mine), info="")
         writers: dict[int, _FileWriter] = {}
@@ -209,11 +202,7 @@ def shard_part(
 def _read_part(d: Path) -> dict[str, Any]:
     """part.json of a part folder, checked for shape (DataError if it is not a shard part)."""
     path = d / "part.json"
-    if not d.is_dir():
-        raise DataError(f"shard part {d} does not exist; create it with `xlnet shard --part I/N`")
-    if not path.is_file():
-        raise DataError(f"{d} has no part.json: not a shard part (create one with `xlnet shard --part I/N`)")
-    m = read_json_object(path, DataError, "rerun `xlnet shard --part`")
+    m = read_folder_json(d, "part.json", "shard part", "xlnet shard --part I/N", "xlnet shard --part")
     if m.get("kind") != PART_KIND or m.get("format_version") != PART_FORMAT_VERSION:
         raise DataError(f"{path}: not a shard part of format {PART_FORMAT_VERSION}; rerun `xlnet shard --part`")
     try:

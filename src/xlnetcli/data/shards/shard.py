@@ -295,22 +295,35 @@ def _chunk_stream(
 def prepare_inputs(
     cfg: Config,
     inputs: Iterable[str | os.PathLike[str]],
-    valid_inputs: Iterable[str | os.PathLike[str]],
     out_dir: str | os.PathLike[str],
     tokenizer: str | os.PathLike[str] | Tokenizer,
-    overwrite: bool,
+    options: ShardOptions,
     what: str = "shards",
 ) -> tuple[Config, Path, Tokenizer, list[Source], list[Source]]:
     """Checks and inputs of a sharding run (whole or a part): (cfg, the output folder, the tokenizer, train files,
     valid files); with --valid files, valid_fraction is 0 (they are the validation split)."""
+    _check_counts(options.shards, options.workers)
     out = Path(out_dir)
-    check_output_dir(out, overwrite, what)
+    check_output_dir(out, options.overwrite, what)
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(tokenizer)
     tok_path = None if isinstance(tokenizer, Tokenizer) else Path(tokenizer)
-    train_files, valid_files = _input_files(inputs, valid_inputs, out, tok_path)
+    train_files, valid_files = _input_files(inputs, options.valid_inputs, out, tok_path)
     if valid_files:
         cfg = replace(cfg, data={"valid_fraction": 0.0})
     return cfg, out, tok, train_files, valid_files
+
+
+@contextlib.contextmanager
+def shard_output(out: Path, options: ShardOptions, what: str) -> Iterator[tuple[Path, Any]]:
+    """(the temporary folder renamed to ``out`` when the block succeeds, the progress bar); SIGTERM as an interrupt,
+    a full disk or a folder we may not write to as one line."""
+    with (
+        _write_errors(out),
+        sigterm_as_interrupt(),
+        atomic_output_dir(out, options.overwrite, what) as tmp,
+        byte_progress(options.quiet) as prog,
+    ):
+        yield tmp, prog
 
 
 def token_dtype(tok: Tokenizer) -> np.dtype:
@@ -345,21 +358,13 @@ def shard_corpus(
     be text, JSONL, Parquet or datasets folders (data/corpus/reader.py); ``options.text_field`` names their text
     field."""
     o = options
-    _check_counts(o.shards, o.workers)
-    cfg, out, tok, train_files, valid_files = prepare_inputs(
-        cfg, inputs, o.valid_inputs, out_dir, tokenizer, o.overwrite
-    )
+    cfg, out, tok, train_files, valid_files = prepare_inputs(cfg, inputs, out_dir, tokenizer, o)
     all_files = [(p, False) for p in train_files] + [(p, True) for p in valid_files]
     dtype = token_dtype(tok)
     nbytes = total_size(p for p, _ in all_files)
     stats = ReadStats()
     t0 = time.perf_counter()
-    with (
-        _write_errors(out),
-        sigterm_as_interrupt(),
-        atomic_output_dir(out, o.overwrite, "shards") as tmp,
-        byte_progress(o.quiet) as prog,
-    ):
+    with shard_output(out, o, "shards") as (tmp, prog):
         (tmp / "train").mkdir()
         (tmp / "valid").mkdir()
         train = [_Shard(tmp, "train", i, dtype) for i in range(o.shards)]
