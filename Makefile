@@ -4,6 +4,8 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   ?= torch==2.13.0
+# pytest processes (pytest-xdist, one test file per process at a time): CI has 2 cores; `make test JOBS=8` for more
+JOBS    ?= 2
 
 .PHONY: install test test-fast lint bench demo clean
 
@@ -17,7 +19,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -n $(JOBS) --dist loadfile
 
 # ruff (lint, then format as a check) and mypy, configured in pyproject.toml
 lint: $(STAMP)
@@ -27,7 +29,7 @@ lint: $(STAMP)
 
 # the inner loop: every package's quick tests, under 2 minutes on 2 cores (tests marked slow are left to `make test`)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests -m "not slow"
+	$(BIN)/python -m pytest tests -m "not slow" -n $(JOBS) --dist loadfile
 
 demo: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python scripts/demo.py

@@ -33,6 +33,13 @@ def _children() -> list[int]:
     return child_pids(os.getpid())
 
 
+@pytest.fixture
+def others():
+    """Children this process had before the test (a test of another module in the same pytest worker may leave a
+    long-lived one, e.g. torch.compile's pool): the assertions below count only the helpers a test made."""
+    return set(_children())
+
+
 @pytest.mark.parametrize("helpers", [0, 1, 3])
 def test_results_come_in_input_order_from_helpers_and_this_process(helpers):
     before = set(_children())
@@ -51,21 +58,21 @@ def _fails_at_7(x: int) -> int:
     return x
 
 
-def test_an_error_in_a_helper_is_raised_here_with_its_type():
+def test_an_error_in_a_helper_is_raised_here_with_its_type(others):
     with pytest.raises(ValueError, match="bad item 7"):
         list(ordered_map(_fails_at_7, range(40), helpers=2, local=lambda x: x if x != 7 else _fails_at_7(x)))
     time.sleep(0.1)
-    assert _children() == []
+    assert set(_children()) <= others
 
 
 def _dies(x: int) -> int:
     os._exit(3)
 
 
-def test_a_helper_that_dies_is_a_one_line_error():
+def test_a_helper_that_dies_is_a_one_line_error(others):
     with pytest.raises(XLNetError, match=r"a helper process died \(exit code 3\)"):
         list(ordered_map(_dies, range(40), helpers=1, local=lambda x: time.sleep(0.05) or x))
-    assert _children() == []
+    assert set(_children()) <= others
 
 
 _INIT: list[int] = []
@@ -87,7 +94,7 @@ def test_the_initializer_runs_in_each_helper_only():
     assert _INIT == []  # not in this process
 
 
-def test_leaving_early_at_random_points_never_hangs_and_leaves_no_helper():
+def test_leaving_early_at_random_points_never_hangs_and_leaves_no_helper(others):
     """The consumer stops (break, an exception) at random points while items larger than a pipe are in flight in
     both directions: every helper is gone at once (what multiprocessing.Pool.terminate could not promise)."""
     rng = random.Random(0)
@@ -100,7 +107,7 @@ def test_leaving_early_at_random_points_never_hangs_and_leaves_no_helper():
                 break
         gen.close()
         assert time.time() - t0 < 30
-        assert _children() == []
+        assert set(_children()) <= others
 
 
 def test_sigterm_mid_stream_unwinds_and_kills_the_helpers(tmp_path):
