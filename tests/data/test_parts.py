@@ -133,6 +133,8 @@ def test_an_input_file_called_merge_is_an_input(tmp_path, capsys, monkeypatch, p
     shutil.copyfile(SAMPLE, tmp_path / "merge")
     code, _, err = run_main(capsys, "shard", "merge", "--tokenizer", part_tok, "--out", "shards", "--quiet")
     assert code == 0, err
+    code, _, err = run_main(capsys, "preprocess", "merge", "parts/0", "--out", "records")  # the earlier spelling
+    assert_one_line_error(code, err, "xlnet preprocess-merge PARTS")
     assert (tmp_path / "shards" / "manifest.json").is_file()
 
 

@@ -83,7 +83,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except click.exceptions.UsageError as e:  # bad or missing option, unknown command: one line, with a pointer
         where = e.ctx.command_path if e.ctx is not None else "xlnet"
-        click.echo(f"xlnet: error: {_one_line(e.format_message())} (see '{where} --help')", err=True)
+        message = _one_line(e.format_message())
+        if (sys.argv[1:] if argv is None else argv)[:2] == ["preprocess", "merge"]:  # the earlier spelling
+            where = "xlnet preprocess-merge"
+            message = f"parts are combined with `{where} PARTS... --out DIR`"
+        click.echo(f"xlnet: error: {message} (see '{where} --help')", err=True)
         sys.exit(2)
     except click.exceptions.ClickException as e:
         click.echo(f"xlnet: error: {_one_line(e.format_message())}", err=True)
