@@ -131,7 +131,8 @@ PREDICT_KEYS = {**TRAIN_KEYS, "squad": labelled.SQUAD_INPUTS}
 
 
 def make_batch(enc: labelled.Encoded, idx: np.ndarray, keys: tuple[str, ...], device: torch.device) -> dict:
-    return {k: torch.from_numpy(enc.arrays[k][idx]).to(device, non_blocking=True) for k in keys}
+    """Rows ``idx`` on the device, padded only to their longest example (labelled.Encoded.batch)."""
+    return {k: torch.from_numpy(v).to(device, non_blocking=True) for k, v in enc.batch(idx, keys).items()}
 
 
 @torch.no_grad()

@@ -184,15 +184,15 @@ def extract_features(model: torch.nn.Module, enc: labelled.Encoded, batch_size: 
     if sharded is not None:
         sharded.unshard()
     device = next(transformer.parameters()).device
-    a = enc.arrays
     n = len(enc)
     out: dict[str, list[np.ndarray]] = {k: [] for k in FEATURES}
     try:
         for s in range(0, n, batch_size):
-            sl = slice(s, min(n, s + batch_size))
-            ids = torch.from_numpy(a["input_ids"][sl]).to(device)
-            seg = torch.from_numpy(a["token_type_ids"][sl]).to(device)
-            mask = torch.from_numpy(a["attention_mask"][sl]).to(device)
+            # each batch padded only to its longest example (left padding: <cls> stays last)
+            a = enc.batch(np.arange(s, min(n, s + batch_size)), ("input_ids", "token_type_ids", "attention_mask"))
+            ids = torch.from_numpy(a["input_ids"]).to(device)
+            seg = torch.from_numpy(a["token_type_ids"]).to(device)
+            mask = torch.from_numpy(a["attention_mask"]).to(device)
             hidden = transformer(
                 ids, token_type_ids=seg, attention_mask=mask, mems=None, return_mems=False, bi_data=False
             ).hidden.double()

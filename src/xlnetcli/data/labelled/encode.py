@@ -71,6 +71,12 @@ def left_pad(ids: list[int], seg: list[int], max_len: int) -> tuple[list[int], l
     return [PAD_ID] * n + ids, [SEG_ID_PAD] * n + seg, [0] * n + [1] * len(ids)
 
 
+# The arrays whose last axis is the sequence: a batch keeps only the columns where some row has a real token.
+SEQUENCE_KEYS = ("input_ids", "token_type_ids", "attention_mask", "p_mask")
+# Token positions within a sequence (SQuAD's labels and <cls>): they move when leading columns are cut.
+POSITION_KEYS = ("start_positions", "end_positions", "cls_index")
+
+
 @dataclass
 class Encoded:
     arrays: dict[str, np.ndarray]
@@ -81,6 +87,24 @@ class Encoded:
 
     def __len__(self) -> int:
         return len(next(iter(self.arrays.values())))
+
+    def batch(self, idx: np.ndarray, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        """Rows ``idx`` of ``keys``, padded only to the batch's longest example: the leading (left padding: texts,
+        choices) or trailing (right padding: SQuAD windows) columns that hold no real token in any row are cut. The
+        model's outputs for the real tokens are the same (relative positions and masked keys do not see padding);
+        only the compute on padding goes. Positions (``POSITION_KEYS``) move with a leading cut; SQuAD windows are
+        right padded, so their positions never move."""
+        out = {k: self.arrays[k][idx] for k in keys}
+        real = (self.arrays["attention_mask"][idx] != 0).reshape(-1, self.arrays["attention_mask"].shape[-1]).any(0)
+        if not real.any():
+            return out
+        lo, hi = int(real.argmax()), len(real) - int(real[::-1].argmax())
+        if lo and any(k in out for k in POSITION_KEYS):
+            lo = 0  # positions are read against the full window (squad_predictions): keep them where they are
+        for k in SEQUENCE_KEYS:
+            if k in out:
+                out[k] = np.ascontiguousarray(out[k][..., lo:hi])
+        return out
 
 
 def encode_texts(
