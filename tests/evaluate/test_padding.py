@@ -12,7 +12,7 @@ from finetunetools import MODEL_SETS, ft_cfg
 from xlnetcli.data import labelled
 from xlnetcli.data.labelled.encode import _add_window
 from xlnetcli.data.special import CLS_ID, SEP_ID
-from xlnetcli.evaluate.finetuned import build_finetune_model, make_batch
+from xlnetcli.evaluate.finetuned import TaskData, build_finetune_model, make_batch, predict
 from xlnetcli.evaluate.probe import extract_features
 
 L = 64
@@ -134,3 +134,20 @@ def test_probe_features_do_not_see_the_cut():
     m = a["attention_mask"].double()[:, :, None]
     np.testing.assert_allclose(got["mean"], ((hidden * m).sum(1) / m.sum(1)).numpy(), atol=1e-5)
     np.testing.assert_allclose(got["cls"], hidden[:, -1].numpy(), atol=1e-5)
+
+
+def test_predict_runs_similar_lengths_together_and_answers_in_row_order():
+    """Inference batches rows of similar length (Encoded.by_length, a stable sort): fewer padded columns per batch,
+    and predict's outputs still come back in the file's row order."""
+    enc = _texts(30)
+    batches = enc.by_length(4)
+    lengths = enc.arrays["attention_mask"].sum(-1)
+    assert sorted(np.concatenate(batches)) == list(range(30))
+    assert list(lengths[np.concatenate(batches)]) == sorted(lengths)  # shortest first
+    model = _model("classification")
+    data = TaskData("classification", "rows", [None] * 30, enc)
+    got = predict(model, data, 4, CPU)["logits"]
+    keys = ("input_ids", "token_type_ids", "attention_mask")
+    with torch.no_grad():
+        want = model(_full(enc, np.arange(30), keys))["logits"].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-5)

@@ -139,15 +139,16 @@ def make_batch(enc: labelled.Encoded, idx: np.ndarray, keys: tuple[str, ...], de
 def predict(
     model: torch.nn.Module, data: TaskData, batch_size: int, device: torch.device, precision: str = "fp32"
 ) -> dict[str, np.ndarray]:
-    """Raw outputs for every row of ``data`` (logits, or the SQuAD top-k starts/ends and answerability logits)."""
+    """Raw outputs for every row of ``data`` (logits, or the SQuAD top-k starts/ends and answerability logits), in
+    row order; the rows run in batches of similar length (labelled.Encoded.by_length), each padded to its longest."""
     net = dist.unwrap(model)
     was_training = net.training
     net.eval()
     keys = tuple(k for k in PREDICT_KEYS[data.task] if k != "labels")
     chunks: dict[str, list[np.ndarray]] = {}
+    batches = data.enc.by_length(batch_size)
     try:
-        for s in range(0, len(data), batch_size):
-            idx = np.arange(s, min(s + batch_size, len(data)))
+        for idx in batches:
             with autocast_ctx(device, precision):
                 out = net(make_batch(data.enc, idx, keys, device))
             for k, v in out.items():
@@ -158,7 +159,7 @@ def predict(
     finally:
         if was_training:
             net.train()
-    return {k: np.concatenate(v) for k, v in chunks.items()}
+    return {k: labelled.in_row_order(v, batches) for k, v in chunks.items()}
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

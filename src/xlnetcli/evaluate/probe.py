@@ -184,12 +184,11 @@ def extract_features(model: torch.nn.Module, enc: labelled.Encoded, batch_size: 
     if sharded is not None:
         sharded.unshard()
     device = next(transformer.parameters()).device
-    n = len(enc)
     out: dict[str, list[np.ndarray]] = {k: [] for k in FEATURES}
+    batches = enc.by_length(batch_size)  # similar lengths together, each batch padded only to its longest
     try:
-        for s in range(0, n, batch_size):
-            # each batch padded only to its longest example (left padding: <cls> stays last)
-            a = enc.batch(np.arange(s, min(n, s + batch_size)), ("input_ids", "token_type_ids", "attention_mask"))
+        for idx in batches:
+            a = enc.batch(idx, ("input_ids", "token_type_ids", "attention_mask"))  # left padding: <cls> stays last
             ids = torch.from_numpy(a["input_ids"]).to(device)
             seg = torch.from_numpy(a["token_type_ids"]).to(device)
             mask = torch.from_numpy(a["attention_mask"]).to(device)
@@ -204,7 +203,7 @@ def extract_features(model: torch.nn.Module, enc: labelled.Encoded, batch_size: 
             sharded.reshard()
         if was_training:
             net.train()
-    return {k: np.concatenate(v) for k, v in out.items()}
+    return {k: labelled.in_row_order(v, batches) for k, v in out.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------------

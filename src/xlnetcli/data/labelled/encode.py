@@ -88,6 +88,15 @@ class Encoded:
     def __len__(self) -> int:
         return len(next(iter(self.arrays.values())))
 
+    def by_length(self, batch_size: int) -> list[np.ndarray]:
+        """Row indices in batches of ``batch_size`` for inference, shortest examples first (a stable sort by real
+        length, the longest option of a choice): each batch is then padded to little more than its own rows. The
+        caller puts the outputs back in row order (``np.concatenate(batches)`` is the permutation)."""
+        mask = self.arrays["attention_mask"]
+        lengths = (mask != 0).reshape(len(mask), -1, mask.shape[-1]).sum(-1).max(-1)
+        order = np.argsort(lengths, kind="stable")
+        return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+
     def batch(self, idx: np.ndarray, keys: Sequence[str]) -> dict[str, np.ndarray]:
         """Rows ``idx`` of ``keys``, padded only to the batch's longest example: the leading (left padding: texts,
         choices) or trailing (right padding: SQuAD windows) columns that hold no real token in any row are cut. The
@@ -105,6 +114,15 @@ class Encoded:
             if k in out:
                 out[k] = np.ascontiguousarray(out[k][..., lo:hi])
         return out
+
+
+def in_row_order(outputs: Sequence[np.ndarray], batches: Sequence[np.ndarray]) -> np.ndarray:
+    """The outputs of ``batches`` (Encoded.by_length: ``outputs[b][i]`` belongs to row ``batches[b][i]``), indexed by
+    row."""
+    values = np.concatenate(outputs)
+    out = np.empty_like(values)
+    out[np.concatenate(batches)] = values
+    return out
 
 
 def encode_texts(
