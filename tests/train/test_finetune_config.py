@@ -64,25 +64,17 @@ def init(builds, tmp_path_factory):
     return root
 
 
+def _finetune(capsys, init, out, *extra: str) -> tuple[int, str]:
+    """`xlnet finetune` of the classification rows of ``init`` into ``out``, quiet; ``extra``: more arguments."""
+    cmd = ["finetune", "--task", "classification", "--train", init / "train.tsv", "--init", init / "init"]
+    code, _, err = run_main(capsys, *cmd, "--out", out, "--quiet", *extra)
+    return code, err
+
+
 def _train_steps(capsys, init, out, *sets: str) -> list[int]:
-    args = set_args([*FT_SETS, *sets])
-    code, _, err = run_main(
-        capsys,
-        "finetune",
-        "--task",
-        "classification",
-        "--train",
-        init / "train.tsv",
-        "--init",
-        init / "init",
-        "--out",
-        out,
-        "--quiet",
-        *args,
-    )
+    code, err = _finetune(capsys, init, out, *set_args([*FT_SETS, *sets]))
     assert code == 0, err
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r["step"] for r in rows if r["split"] == "train"]
+    return [r["step"] for r in _rows(out) if r["split"] == "train"]
 
 
 def test_finetune_log_every_sets_the_log_interval(init, tmp_path, capsys, monkeypatch):
@@ -135,35 +127,20 @@ def _as_earlier_version(folder) -> None:
         (folder / "meta.json").write_text(json.dumps(meta))
 
 
-def _finetune(capsys, init, out, *extra: str) -> tuple[int, str]:
-    args = [*set_args(["finetune.batch_size=8", "finetune.micro_batch_size=8", "finetune.report_to=none"]), *extra]
-    code, _, err = run_main(
-        capsys,
-        "finetune",
-        "--task",
-        "classification",
-        "--train",
-        init / "train.tsv",
-        "--valid",
-        init / "train.tsv",
-        "--init",
-        init / "init",
-        "--out",
-        out,
-        "--quiet",
-        *args,
-    )
-    return code, err
+def _validated(capsys, init, out, *extra: str) -> tuple[int, str]:
+    """``_finetune`` at batch 8, validated on its training rows."""
+    sets = set_args(["finetune.batch_size=8", "finetune.micro_batch_size=8", "finetune.report_to=none"])
+    return _finetune(capsys, init, out, "--valid", init / "train.tsv", *sets, *extra)
 
 
 def test_default_cadence_is_every_epoch_and_never_keeps_the_last(init, tmp_path, capsys, monkeypatch):
     """finetune.eval_every=epoch and save_every=eval (the defaults): an evaluation at each epoch's end (64 rows, 8
     per step: steps 8 and 16 of 2 epochs, max_steps null); never: no evaluation, the last model kept."""
     monkeypatch.setenv("XLNET_NO_PROGRESS", "1")
-    code, err = _finetune(capsys, init, tmp_path / "epochs", "--set", "finetune.epochs=2")
+    code, err = _validated(capsys, init, tmp_path / "epochs", "--set", "finetune.epochs=2")
     assert code == 0, err
     assert [r["step"] for r in _rows(tmp_path / "epochs") if r["split"] == "eval"] == [8, 16]
-    code, err = _finetune(
+    code, err = _validated(
         capsys, init, tmp_path / "never", "--set", "finetune.epochs=2", "--set", "finetune.eval_every=never"
     )
     assert code == 0, err
@@ -196,7 +173,7 @@ def test_an_earlier_versions_run_folders_still_load(init, tmp_path, capsys, monk
         return real_loss(self, model, batch, micro)
 
     monkeypatch.setattr(FinetuneWorkload, "loss", sigterm_at_step_3)
-    code, err = _finetune(capsys, old_init, out, "--set", "finetune.max_steps=5")
+    code, err = _validated(capsys, old_init, out, "--set", "finetune.max_steps=5")
     assert code == 75, err
     upgraded = [ln for ln in err.splitlines() if "earlier version" in ln]
     assert upgraded == [
@@ -208,7 +185,7 @@ def test_an_earlier_versions_run_folders_still_load(init, tmp_path, capsys, monk
     _as_earlier_version(partial)
     _as_earlier_version(partial / "step_0000003")
     monkeypatch.setattr(FinetuneWorkload, "loss", real_loss)
-    code, err = _finetune(capsys, old_init, out, "--set", "finetune.max_steps=5", "--resume")
+    code, err = _validated(capsys, old_init, out, "--set", "finetune.max_steps=5", "--resume")
     assert code == 0, err
     assert f"{partial / 'config.yaml'} was written by an earlier version" in err
     assert [r["step"] for r in _rows(out) if r["split"] == "eval"] == [5]

@@ -186,12 +186,11 @@ def upgrade_config(raw: dict[str, Any], where: str) -> dict[str, Any]:
                 values[f.name] = f.metadata["zero_was"]
                 changed.append(f"{name}.{f.name}=0 as {'null' if values[f.name] is None else values[f.name]}")
     if changed and where not in _UPGRADED:
+        _UPGRADED.add(where)
         from xlnetcli.core.console import is_rank0  # noqa: PLC0415 - rich is heavy: not on every command's start-up
 
-        if not is_rank0():
-            return raw
-        _UPGRADED.add(where)
-        print(f"xlnet: {where} was written by an earlier version; read {', '.join(changed)}", file=sys.stderr)
+        if is_rank0():
+            print(f"xlnet: {where} was written by an earlier version; read {', '.join(changed)}", file=sys.stderr)
     return raw
 
 

@@ -184,18 +184,10 @@ class FinetuneWorkload:
             "train": sha256_file(args.train),
             **({"valid": sha256_file(args.valid)} if args.valid is not None else {}),
         }
-        total = steps.total
         self.keys = TRAIN_KEYS[task]
         self.examples = ExampleOrder(len(self.train), ft.batch_size, ft.seed)
         self._mine: np.ndarray = self.examples.order
-        self.eval_steps = (
-            set(range(ft.eval_every, total + 1, ft.eval_every))
-            if isinstance(ft.eval_every, int)
-            else {min(total, e * steps.per_epoch) for e in range(1, math.ceil(total / steps.per_epoch) + 1)}
-            if ft.eval_every == "epoch"
-            else set()
-        )
-        self.eval_steps.add(total)  # the last step always: with eval_every=never, where the last model is kept
+        self.eval_steps = _eval_steps(ft.eval_every, steps)
         self.tracker = BestSoFar(ft.early_stopping_patience)
         self.saved_best: int | None = None  # the best step the latest resumable step folder records
 
@@ -299,6 +291,17 @@ class FinetuneWorkload:
         self.examples.load_state_dict(state)
         self.tracker.load_state_dict(state)
         self.saved_best = self.tracker.best["step"]
+
+
+def _eval_steps(eval_every: int | str, steps: StepCounts) -> set[int]:
+    """The steps finetune.eval_every names, and the last always (with never, where the last model is kept)."""
+    if isinstance(eval_every, int):
+        due = set(range(eval_every, steps.total + 1, eval_every))
+    elif eval_every == "epoch":
+        due = {min(steps.total, e * steps.per_epoch) for e in range(1, math.ceil(steps.total / steps.per_epoch) + 1)}
+    else:
+        due = set()
+    return due | {steps.total}
 
 
 def finetune_plan(run_cfg: Config, train: TaskData, steps: StepCounts) -> TrainPlan:

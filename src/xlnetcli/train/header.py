@@ -12,7 +12,7 @@ from xlnetcli.config import Config
 from xlnetcli.core.text import counted
 from xlnetcli.train.engine import Engine
 
-OBJECTIVES = {
+OBJECTIVE_PROSE = {  # model.objective -> what the header calls it
     "plm": "permutation language modelling (XLNet: each target predicted from a random factorisation order)",
     "mlm": "masked language modelling (<mask> at the targets: DAE + Transformer-XL)",
     "clm": "left-to-right language modelling (Transformer-XL's)",
@@ -34,7 +34,7 @@ def objective_prose(cfg: Config) -> str:
         parts.append("no memory")
     if m.bi_data:
         parts.append("bidirectional data (half of each batch reversed)")
-    return f"{OBJECTIVES[m.objective]}; {', '.join(parts)}"
+    return f"{OBJECTIVE_PROSE[m.objective]}; {', '.join(parts)}"
 
 
 def device_prose(engine: Engine, deterministic: bool | None = None) -> str:
@@ -88,8 +88,8 @@ def say_header(engine: Engine, sizes: tuple[int, int], meta: dict, data_dir: Pat
     decay = "constant" if t.schedule == "constant" else f"{t.schedule} decay to {t.min_lr_ratio:g} x lr"
     clip = f"gradients clipped at norm {t.clip_norm:g}" if t.clip_norm else "no gradient clipping"
     evals = f"every {counted(t.eval_every, 'step')}" if isinstance(t.eval_every, int) else "never"
-    saves = {"end": "at the end only", "eval": "at every evaluation"}.get(str(t.save_every))
-    saves = saves or f"every {counted(int(t.save_every), 'step')}"
+    words = {"end": "at the end only", "eval": "at every evaluation"}
+    saves = words[t.save_every] if isinstance(t.save_every, str) else f"every {counted(t.save_every, 'step')}"
     say(
         f"  optimizer  AdamW, lr {t.lr:g} after {counted(t.warmup_steps, 'warmup step')}, then {decay}; weight decay "
         f"{t.weight_decay:g}, {clip}; evaluation {evals}, checkpoints {saves}"

@@ -48,7 +48,7 @@ import torch
 
 from xlnetcli.checkpoint.folders import read_meta, step_folders
 from xlnetcli.checkpoint.load import StartingPoint, continued_model_config, load_starting_point, load_state
-from xlnetcli.config import Config, batch_maths, check_config, config_to_dict, replace
+from xlnetcli.config import Config, ModelConfig, batch_maths, check_config, config_to_dict, replace
 from xlnetcli.core import dist
 from xlnetcli.core.errors import CheckpointError, ConfigError, DataError
 from xlnetcli.core.files import check_output_not_input, output_lock, sha256_file
@@ -369,11 +369,11 @@ def _pretrain(
 ) -> dict:
     main = env.is_main
     meta, accum, start = _check_inputs(cfg, data_dir, out_dir, resume, env)
-    init = load_init(cfg, data_dir) if cfg.train.init and start is None else None
+    init: StartingPoint | None = None
     init_lines: list[str] = []
     init_record: dict | None = None  # meta.json's "init" of every step folder: where the weights started
-    if init is not None:  # a fresh run continuing a checkpoint: its architecture, the run's other model keys
-        model_cfg, changes = continued_model_config(init.model, cfg.model, where=f"--init {init.path}")
+    if cfg.train.init and start is None:  # a fresh run continuing a checkpoint: its architecture, its other keys
+        init, model_cfg, changes = load_init(cfg, data_dir)
         cfg = replace(cfg, model=dataclasses.asdict(model_cfg))
         init_record = init.record()
         init_lines = _init_lines(init, changes, init_record["sha256"])
@@ -495,7 +495,7 @@ def _build_model(cfg: Config, env: dist.DistEnv, init: StartingPoint | None) -> 
     seed_everything(cfg.train.seed)
     model = build_lm_model(cfg)
     if init is not None:
-        load_state(model, init.lm_weights(), where=f"checkpoint {init.path}")
+        load_state(model, init.state, where=f"checkpoint {init.path}")
         init.state = {}  # the model holds the weights now
     model = model.to(env.device)
     seed_everything(cfg.train.seed + 7919 * env.rank)
@@ -506,14 +506,15 @@ def _build_model(cfg: Config, env: dist.DistEnv, init: StartingPoint | None) -> 
 # Continued pretraining (train.init, `xlnet pretrain --init`)
 
 
-def load_init(cfg: Config, data_dir: Path) -> StartingPoint:
+def load_init(cfg: Config, data_dir: Path) -> tuple[StartingPoint, ModelConfig, list[str]]:
     """Load ``train.init`` for a fresh run on the records in ``data_dir``: its architecture must be the config's, its
-    weights those of an XLNetLMHeadModel of it, its tokenizer the one the records were sharded with (same
-    spiece.model sha256) and as large as its embedding."""
+    weights those of an XLNetLMHeadModel of it (``state`` is then in its names), its tokenizer the one the records
+    were sharded with (same spiece.model sha256) and as large as its embedding. Also returns the run's model config
+    (the checkpoint's architecture, the run's CONTINUE_MUTABLE keys) and its changes against the checkpoint's."""
     assert cfg.train.init is not None
     start = load_starting_point(cfg.train.init)
-    continued_model_config(start.model, cfg.model, where=f"--init {start.path}")  # the architecture agrees
-    start.lm_weights()  # keys and shapes checked now, before anything is built
+    model, changes = continued_model_config(start.model, cfg.model, where=f"--init {start.path}")
+    start.state = start.lm_weights()  # in XLNetLMHeadModel's names, keys and shapes checked before anything is built
     records_tok = Tokenizer.load(data_dir / "tokenizer")
     if start.tokenizer is not None:
         tok = Tokenizer.load(start.tokenizer)
@@ -528,7 +529,7 @@ def load_init(cfg: Config, data_dir: Path) -> StartingPoint:
                 f"{records_tok.sha256[:12]}) than --init {start.path} has ({tok.sha256[:12]}); shard the corpus "
                 f"with the checkpoint's: xlnet shard --tokenizer {start.path} ..., then xlnet preprocess"
             )
-    return start
+    return start, model, changes
 
 
 def _init_lines(s: StartingPoint, changes: list[str], sha256: str) -> list[str]:

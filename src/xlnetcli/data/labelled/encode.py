@@ -104,7 +104,8 @@ class Encoded:
         only the compute on padding goes. Positions (``POSITION_KEYS``) move with a leading cut; SQuAD windows are
         right padded, so their positions never move."""
         out = {k: self.arrays[k][idx] for k in keys}
-        real = (self.arrays["attention_mask"][idx] != 0).reshape(-1, self.arrays["attention_mask"].shape[-1]).any(0)
+        mask = out["attention_mask"] if "attention_mask" in out else self.arrays["attention_mask"][idx]
+        real = (mask != 0).reshape(-1, mask.shape[-1]).any(0)
         if not real.any():
             return out
         lo, hi = int(real.argmax()), len(real) - int(real[::-1].argmax())
