@@ -11,11 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import click
 import pytest
 import sentencepiece as spm
 from safetensors.torch import load_file
 
-from xlnetcli.cli import main
+from xlnetcli.cli import cli, main
 from xlnetcli.config import Config, dump_config, load_config
 from xlnetcli.data.tokenizer import CONTROL_SYMBOLS, USER_DEFINED_SYMBOLS
 from xlnetcli.report.metrics_log import read_metrics
@@ -293,3 +294,16 @@ def wait_gone(pids: list[int], seconds: float = 10.0, what: str = "a helper outl
     while any(_alive(k) for k in pids):
         assert time.time() < deadline, what
         time.sleep(0.05)
+
+
+def parse_command(argv: list[str], where: str = "") -> click.Context:
+    """Resolve ``xlnet ARGV``'s sub-command and parse its options exactly as click would (unknown options, missing
+    required options and bad choices fail here); nothing is run. The context of the command reached."""
+    ctx = cli.make_context("xlnet", list(argv), resilient_parsing=False)
+    group, args = cli, list(argv)
+    while isinstance(group, click.Group):
+        name, cmd, args = group.resolve_command(ctx, args)
+        assert cmd is not None, f"{where or argv}: unknown command {name}"
+        ctx = cmd.make_context(name, list(args), parent=ctx)
+        group = cmd
+    return ctx

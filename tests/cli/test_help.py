@@ -7,7 +7,7 @@ import shlex
 
 import click
 import pytest
-from clitools import run_main
+from clitools import parse_command, run_main
 
 from xlnetcli.cli import COMMAND_SECTIONS, SET_EXAMPLES, check_override_sections, cli
 from xlnetcli.config import PRESETS, load_config
@@ -38,14 +38,8 @@ def test_help_shows_examples_that_parse(path, cmd, capsys):
     argvs = _examples(path, capsys)
     assert argvs, f"`xlnet {' '.join(path)} --help` shows no example"
     for argv in argvs:
-        ctx = cli.make_context("xlnet", list(argv))
-        group, args = cli, list(argv)
-        while isinstance(group, click.Group):
-            name, sub, args = group.resolve_command(ctx, args)
-            assert sub is not None, f"{argv}: unknown command {name}"
-            ctx = sub.make_context(name, list(args), parent=ctx)
-            group = sub
-        assert isinstance(cmd, click.Group) or group is cmd, f"an example of {path} runs {group.name}"
+        ctx = parse_command(argv)
+        assert isinstance(cmd, click.Group) or ctx.command is cmd, f"an example of {path} runs {ctx.command.name}"
         for item in ctx.params.get("overrides", ()):
             check_override_sections([item], ctx.command_path.removeprefix("xlnet "))
             load_config(None, [item])
