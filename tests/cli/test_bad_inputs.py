@@ -326,6 +326,11 @@ def _case(work, name):
         # --- eval / export / import
         "eval-nothing-to-score": lambda: (["eval", w / "ft"], "--file"),
         "eval-missing-file": lambda: (["eval", w / "ft", "--file", bad / "nofile.tsv"], "nofile.tsv"),
+        "eval-empty-file": lambda: (["eval", w / "ft", "--file", text("e.tsv", "text\tlabel\n")], "e.tsv: no examples"),
+        "eval-unseen-label": lambda: (
+            ["eval", w / "ft", "--file", text("v.tsv", "text\tlabel\nsome words\tmystery\n"), "--output", out],
+            "v.tsv: label(s) never seen in the training data: 'mystery' (1x); known labels: ",
+        ),
         "eval-nan-weights": lambda: (["eval", _nan_checkpoint(w, bad), "--data", w / "records"], "non-finite"),
         "export-missing": lambda: (["export", bad / "nockpt", "--out", out], "nockpt"),
         "import-not-hf": lambda: (["import", "--from-hf", w / "tok", "--out", out], "config.json"),
@@ -610,6 +615,8 @@ CASES = [
     "ft-nan-weights",
     "eval-nothing-to-score",
     "eval-missing-file",
+    "eval-empty-file",
+    "eval-unseen-label",
     "eval-nan-weights",
     "export-missing",
     "import-not-hf",

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
-from clitools import assert_one_line_error, run_main
+from clitools import assert_one_line_error, run_main, set_args
 from conftest import tree_digest
 from finetunetools import random_init_checkpoint
 
@@ -197,13 +197,31 @@ def test_the_best_step_is_never_chosen_on_a_nan():
 
 # ---- the CLI: one line, exit 2, nothing written, inputs untouched ----------------------------------------------
 
-BAD_FILES = {
+
+def _choice(n_options: int) -> str:
+    return json.dumps({"context": "c", "question": "q", "options": [f"o{i}" for i in range(n_options)], "answer": 0})
+
+
+BAD_FILES = {  # name: (task, the training file's text, what the one line says); "empty.tsv" is test_bad_inputs'
     "stray-tab.tsv": ("classification", GOOD_TSV + "x\ty\tpos\n", "3 fields, the header has 2"),
     "nan-label.tsv": ("regression", GOOD_REG + "x\tnan\n", "not a finite number"),
     "inf-label.tsv": ("regression", GOOD_REG + "x\t-inf\n", "not a finite number"),
     "dup-header.tsv": ("classification", "sentence\tlabel\tsentence\na\tpos\tb\n", "names column 'sentence' twice"),
     "list-text.jsonl": ("classification", '{"text": ["a"], "label": "x"}\n', "must be text"),
     "nan-token.jsonl": ("regression", '{"text": "a", "label": Infinity}\n', "not valid JSON"),
+    "header-only.tsv": ("classification", "sentence\tlabel\n", "no examples (the file is empty or has only a header)"),
+    "one-label.tsv": ("classification", GOOD_TSV.replace("neg", "pos"), "needs at least 2 distinct labels"),
+    "empty.jsonl": ("multiple-choice", "", "no examples (the file is empty)"),
+    "no-options.jsonl": ("multiple-choice", _choice(0) + "\n", "options must be a list of at least 2 strings"),
+    "one-option.jsonl": ("multiple-choice", _choice(1) + "\n", "options must be a list of at least 2 strings"),
+    "many-options.jsonl": (
+        "multiple-choice",
+        _choice(4) + "\n" + _choice(5000) + "\n",
+        ":2: 5000 options, more than 64",
+    ),
+    "no-data.json": ("squad", '{"version": "v2.0", "data": []}', "no questions"),
+    "no-qas.json": ("squad", json.dumps(_squad(para_change={"qas": []})), "no questions"),
+    "no-answer-found.json": ("squad", json.dumps(_squad(answer={"text": "dog"})), "every answer was missing"),
 }
 
 
@@ -230,3 +248,23 @@ def test_cli_refuses_one_column_for_text_and_label(init, tmp_path, capsys):
     code, _, err = run_main(capsys, "finetune", "--task", "classification", *args)
     assert_one_line_error(code, err, "chosen as both text_a and label")
     assert not (tmp_path / "ft").exists()
+
+
+def test_blank_and_long_texts_are_kept_and_noted(init, tmp_path, capsys):
+    """A row whose text is empty is kept as ``<sep> <cls>`` (no row is ever all padding) and counted; a text longer than
+    finetune.max_seq_length is cut and counted (the header's warnings, results.json's and `xlnet eval`'s notes)."""
+    long = " ".join(["the socket module provides access to the interface"] * 20)
+    train = _write(tmp_path, "t.tsv", GOOD_TSV + f"\tpos\n \tneg\n{long}\tneg\n")
+    out = tmp_path / "ft"
+    sets = set_args(["finetune.max_seq_length=16", "finetune.max_steps=2", "finetune.batch_size=5"])
+    sets += ["--set", "finetune.micro_batch_size=5"]
+    args = ["--init", init, "--train", train, "--valid", train, "--out", out, "--device", "cpu", *sets]
+    code, _, err = run_main(capsys, "finetune", "--task", "classification", *args)
+    assert code == 0, err
+    blank = "2 of 5 examples have no text (special tokens only); kept"
+    cut = "1 of 5 examples truncated to 16 tokens (finetune.max_seq_length); the longer text is cut first"
+    assert err.count(blank) == err.count(cut) == 2, err  # a warning line for each file
+    res = json.loads((out / "results.json").read_text())
+    assert math.isfinite(res["final_train_loss"]) and res["notes"] == [blank, cut] * 2
+    code, stdout, err = run_main(capsys, "eval", out, "--file", train, "--device", "cpu")
+    assert code == 0 and json.loads(stdout)["notes"] == [blank, cut], err

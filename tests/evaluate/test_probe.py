@@ -269,6 +269,9 @@ def test_bad_inputs_are_one_line(env, tmp_path, capsys):
     unseen = _write(tmp_path / "unseen.tsv", [("a sentence", "a"), ("another one", "c")])
     code, _, err = run_main(capsys, *base, "--train", env["planted_train"], "--valid", unseen)
     assert_one_line_error(code, err, "never seen", "'c'")
+    empty = _write(tmp_path / "empty.tsv", [])  # a header alone
+    code, _, err = run_main(capsys, *base, "--train", env["planted_train"], "--valid", empty)
+    assert_one_line_error(code, err, "empty.tsv: no examples")
     code, _, err = run_main(capsys, *base, "--train", tmp_path / "missing.tsv", "--valid", env["planted_valid"])
     assert_one_line_error(code, err, "file not found")
     code, _, err = run_main(

@@ -62,12 +62,14 @@ def eval_cmd(
 
     Prints the results as JSON on stdout.
     """
+    from xlnetcli.core.console import is_rank0
     from xlnetcli.evaluate.checkpoint_eval import evaluate
 
     # the options of the checkpoint's kind: --data reads the records' split; --file its columns, header, batch size,
     # null-odds threshold (evaluate ignores the other kind's)
     res = evaluate(ckpt, file=file, data=data_dir, predict=predict_file, output=output, **options)
-    click.echo(dumps_strict(res, indent=2))
+    if is_rank0():  # under torchrun: printed once
+        click.echo(dumps_strict(res, indent=2))
 
 
 @click.command(

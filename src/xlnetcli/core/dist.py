@@ -113,6 +113,11 @@ def in_group() -> bool:
     return tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1
 
 
+def world_and_rank() -> tuple[int, int]:
+    """(processes, this one's rank) of the process group; (1, 0) in one process."""
+    return (tdist.get_world_size(), tdist.get_rank()) if in_group() else (1, 0)
+
+
 def barrier() -> None:
     if in_group():
         tdist.barrier()

@@ -23,6 +23,7 @@ from xlnetcli.checkpoint.folders import read_meta, tokenizer_dir_of
 from xlnetcli.checkpoint.hf_dir import hf_dir_task
 from xlnetcli.checkpoint.load import checkpoint_inputs, is_hf_dir, load_lm_model, resolve_checkpoint
 from xlnetcli.core import dist
+from xlnetcli.core.console import is_rank0
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_write_json, atomic_write_text, check_file_outputs
 from xlnetcli.core.shapes import dumps_strict
@@ -81,7 +82,7 @@ def evaluate(
         if predict is not None:
             raise XLNetError("--predict needs a finetuned checkpoint (from `xlnet finetune`)")
         res = evaluate_plm_checkpoint(ckpt, data, **{k: v for k, v in kwargs.items() if k in PLM_EVAL_KEYS})
-    if output is not None:
+    if output is not None and is_rank0():  # under torchrun every rank has the result; rank 0 writes it
         atomic_write_json(output, res)
     return res
 
@@ -121,9 +122,19 @@ def evaluate_task(
     predict: str | Path | None = None,
     settings: TaskEvalSettings = TaskEvalSettings(),
 ) -> dict[str, Any]:
-    """The task metrics of a finetuned checkpoint on ``file``; with ``predict`` also write the predictions."""
-    s = settings
-    dev = dist.resolve_device(s.device)
+    """The task metrics of a finetuned checkpoint on ``file``; with ``predict`` also write the predictions. Under
+    torchrun each rank runs its share of the batches (finetuned.predict) and rank 0 writes."""
+    env = dist.init_distributed(settings.device)
+    try:
+        return _evaluate_task(checkpoint, file, predict, settings, env)
+    finally:
+        dist.cleanup()
+
+
+def _evaluate_task(
+    checkpoint: str | Path, file: str | Path, predict: str | Path | None, s: TaskEvalSettings, env: dist.DistEnv
+) -> dict[str, Any]:
+    dev = env.device
     model, cfg, meta = load_finetuned(checkpoint, dev)
     task = meta["task"]
     ckpt = Path(meta["path"])
@@ -139,7 +150,6 @@ def evaluate_task(
         s.header,
         training=False,
         require_label=predict is None,
-        train_path="the finetuning data",
     )
     if len(data) == 0:
         raise DataError(f"{file}: no examples")
@@ -165,7 +175,8 @@ def evaluate_task(
     if task == "squad" and data.squad_v2:
         res["null_odds_threshold"] = thresh
     if predict is not None:
-        write_predictions(predict, rows)
+        if env.is_main:
+            write_predictions(predict, rows)
         res["predictions"] = str(predict)
     return res
 

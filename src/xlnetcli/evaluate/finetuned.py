@@ -67,13 +67,17 @@ def load_task_data(
         enc = labelled.encode_texts(tok, examples, ft.max_seq_length, task, label_list)
         present = all(ex.label is not None for ex in examples)
         data = TaskData(task, str(path), examples, enc, present, label_list=label_list)
+        if enc.extra["blank"]:
+            notes.append(f"{enc.extra['blank']} of {len(examples)} examples have no text (special tokens only); kept")
     elif task == "multiple-choice":
         choices = labelled.read_choices(path, require_label)
         enc = labelled.encode_choices(tok, choices, ft.max_seq_length)
         data = TaskData(task, str(path), choices, enc, all(ex.label is not None for ex in choices))
     elif task == "squad":
         questions = labelled.read_squad(path)
-        enc = labelled.encode_squad(tok, questions, ft.max_seq_length, ft.doc_stride, ft.max_query_length, training)
+        enc = labelled.encode_squad(
+            tok, questions, ft.max_seq_length, ft.doc_stride, ft.max_query_length, training, where=str(path)
+        )
         data = TaskData(task, str(path), questions, enc, True, any(ex.is_impossible for ex in questions))
         if enc.n_skipped:
             notes.append(f"{enc.n_skipped} of {len(questions)} questions skipped: answer text not found in its context")
@@ -140,26 +144,33 @@ def predict(
     model: torch.nn.Module, data: TaskData, batch_size: int, device: torch.device, precision: str = "fp32"
 ) -> dict[str, np.ndarray]:
     """Raw outputs for every row of ``data`` (logits, or the SQuAD top-k starts/ends and answerability logits), in
-    row order; the rows run in batches of similar length (labelled.Encoded.by_length), each padded to its longest."""
+    row order; the rows run in batches of similar length (labelled.Encoded.by_length), each padded to its longest.
+    Under torchrun every rank calls it: rank r runs batches r, r + W, ... and every rank gets all the outputs (the
+    same batches as one process, so the same outputs)."""
     net = dist.unwrap(model)
     was_training = net.training
     net.eval()
     keys = tuple(k for k in PREDICT_KEYS[data.task] if k != "labels")
-    chunks: dict[str, list[np.ndarray]] = {}
     batches = data.enc.by_length(batch_size)
+    world, rank = dist.world_and_rank()
+    mine: list[dict[str, np.ndarray]] = []
     try:
-        for idx in batches:
+        for idx in batches[rank::world]:
             with autocast_ctx(device, precision):
                 out = net(make_batch(data.enc, idx, keys, device))
-            for k, v in out.items():
-                if isinstance(v, torch.Tensor) and k != "loss":
-                    chunks.setdefault(k, []).append(
-                        v.float().cpu().numpy() if v.is_floating_point() else v.cpu().numpy()
-                    )
+            mine.append(
+                {
+                    k: v.float().cpu().numpy() if v.is_floating_point() else v.cpu().numpy()
+                    for k, v in out.items()
+                    if isinstance(v, torch.Tensor) and k != "loss"
+                }
+            )
     finally:
         if was_training:
             net.train()
-    return {k: labelled.in_row_order(v, batches) for k, v in chunks.items()}
+    ranks = dist.all_gather_object(mine) if world > 1 else [mine]
+    done = [ranks[b % world][b // world] for b in range(len(batches))]  # batch b ran on rank b % world
+    return {k: labelled.in_row_order([d[k] for d in done], batches) for k in (done[0] if done else {})}
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

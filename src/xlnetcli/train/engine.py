@@ -171,8 +171,8 @@ class Engine:
         g = plan.global_batch_size
         return (
             f"checkpoint of {world} process(es) x micro {g // (world * accum)} x accumulation {accum} continued on "
-            f"{self.env.world_size} x micro {plan.micro_batch_size} x accumulation {plan.accumulation}: memories and "
-            "data cursors re-assigned by row; dropout re-seeded (its masks differ from an uninterrupted run's)"
+            f"{self.env.world_size} x micro {plan.micro_batch_size} x accumulation {plan.accumulation}: "
+            f"{self.workload.hints.relayout}; dropout re-seeded (its masks differ from an uninterrupted run's)"
         )
 
     # ---- the loop --------------------------------------------------------------------------------------------------

@@ -25,7 +25,8 @@ While it runs, ``.OUT.partial/`` also holds the latest resumable step folder (wi
 example order, RNG states, best so far), written as ``finetune.save_every`` says (by default ``eval``: at every
 evaluation) and on SIGTERM; ``resume=True`` (``--resume``) continues from it exactly. results.json is written into
 the partial folder before the resumable folders are pruned and the folder is renamed, so an interruption there is
-finished by ``--resume``.
+finished by ``--resume``. The example order is global, so a run resumes on another number of processes (or
+micro-batch size) too: the same examples per step, dropout re-seeded (the header's ``layout`` line says so).
 """
 
 from __future__ import annotations
@@ -57,10 +58,18 @@ from xlnetcli.train.engine import Engine
 from xlnetcli.train.finetune_workload import FinetuneArgs, FinetuneWorkload, StepCounts, finetune_plan
 from xlnetcli.train.header import device_prose
 from xlnetcli.train.resume import resume_point
+from xlnetcli.train.rng import seed_everything
 
 # finetune.* keys that may change when resuming (how often metric lines and resumable checkpoints are written, where
-# metrics go, the device peak behind the logged MFU: nothing that changes what is computed)
-RESUME_MUTABLE = {"finetune.save_every", "finetune.report_to", "finetune.log_every", "finetune.peak_tflops"}
+# metrics go, the device peak behind the logged MFU, and the micro-batch size: the same examples per step, other
+# micro-batches, as on another number of processes; nothing that changes what is computed beyond float rounding)
+RESUME_MUTABLE = {
+    "finetune.save_every",
+    "finetune.report_to",
+    "finetune.log_every",
+    "finetune.peak_tflops",
+    "finetune.micro_batch_size",
+}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -179,6 +188,8 @@ def _finetune(cfg: Config, args: FinetuneArgs, env: dist.DistEnv) -> dict[str, A
     start = _resume_point(run_cfg, partial) if mode == "resume" else None
     model = _build_model(run_cfg, args, train_data.label_list, init, start is None, say)
     model.to(env.device).train()
+    if env.rank:  # each rank its own dropout masks (rank 0 goes on from the generator the model was built with)
+        seed_everything(run_cfg.finetune.seed + 7919 * env.rank)
 
     workload = FinetuneWorkload(args, run_cfg, (train_data, valid_data), env, steps, init.path, say)
     plan = finetune_plan(run_cfg, train_data, steps)
@@ -308,6 +319,8 @@ def _say_header(
         f"  optimizer  AdamW lr {ft.lr:g}, layer decay {ft.layer_decay:g}, wd {ft.weight_decay:g}, "
         f"dropout {ft.dropout:g}/{ft.dropatt:g}; device {device_prose(engine)}"
     )
+    if engine.relayout:
+        say(f"  layout     {engine.relayout}")
 
 
 @contextlib.contextmanager

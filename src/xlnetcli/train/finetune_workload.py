@@ -144,13 +144,16 @@ class BestSoFar:
 
 class FinetuneWorkload:
     """What finetuning plugs into the engine: each step takes the examples ``ExampleOrder`` draws, the head's loss,
-    validation with the task metric on rank 0, early stopping (``BestSoFar``), and which step folders stay (the best
-    and the latest resumable one). Its checkpointed state (the train state's "task" entry, the same on every rank) is
-    the run's identity (task, labels, file digests), the example order and the best so far."""
+    validation with the task metric (each rank predicts its share of the batches, rank 0 scores), early stopping
+    (``BestSoFar``), and which step folders stay (the best and the latest resumable one). Its checkpointed state (the
+    train state's "task" entry, the same on every rank) is the run's identity (task, labels, file digests), the
+    example order and the best so far."""
 
     loss_name = "loss"
     keep_last = 1  # the latest resumable step folder; pinned_steps adds the best ones
-    elastic = False  # each rank draws its share of the examples: resume with the same number of processes
+    # the example order is global (each rank takes [rank::world] of a step's examples): a checkpoint resumes on
+    # any number of processes and micro-batch size for the same batch_size; only dropout is re-seeded
+    elastic = True
 
     def __init__(
         self,
@@ -168,6 +171,7 @@ class FinetuneWorkload:
             lengths=f"finetune.max_seq_length ({ft.max_seq_length})",
             warmup="a larger finetune.warmup_ratio",
             resume="--resume",
+            relayout="the same examples each step (the example order is global)",
         )
         self.task, self.cfg, (self.train, self.valid), self.labels = task, run_cfg, data, data[0].label_list
         self.env, self.total, self.steps_per_epoch, self.say = env, steps.total, steps.per_epoch, say
@@ -208,7 +212,10 @@ class FinetuneWorkload:
         return step in self.eval_steps
 
     def evaluate(self, model: torch.nn.Module, step: int, log: Any) -> Evaluation | None:
-        ev = self._evaluate(model, step, log) if self.env.is_main else None
+        ft, outputs = self.cfg.finetune, None
+        if self.valid is not None and ft.eval_every != "never":  # every rank runs its share of the batches
+            outputs = predict(model, self.valid, ft.micro_batch_size * 2, self.env.device, ft.precision)
+        ev = self._evaluate(outputs, step, log) if self.env.is_main else None
         ev = dist.broadcast_object(ev)
         if ev is not None and ev.stop:
             self.tracker.stopped_early = True
@@ -218,15 +225,15 @@ class FinetuneWorkload:
             )
         return ev
 
-    def _evaluate(self, model: torch.nn.Module, step: int, log: Any) -> Evaluation | None:
-        """Validation metrics; a new best is kept. Without a validation file the last model is kept."""
-        ft, best = self.cfg.finetune, self.tracker.best
-        if self.valid is None or ft.eval_every == "never":
+    def _evaluate(self, outputs: dict | None, step: int, log: Any) -> Evaluation | None:
+        """Validation metrics of the model's ``outputs``; a new best is kept. Without a validation file (no outputs)
+        the last model is kept."""
+        best = self.tracker.best
+        if outputs is None or self.valid is None:
             if step != self.total:
                 return None
             best.update(step=step)
             return Evaluation(keep_model=True)
-        outputs = predict(model, self.valid, ft.micro_batch_size * 2, self.env.device, ft.precision)
         metrics, _ = score(self.valid, outputs, self.labels, self.cfg)
         name, value = primary_metric(self.task, metrics)
         log(step, "eval", metric=value, metric_name=name, **metrics)

@@ -36,6 +36,7 @@ class Hints:
     lengths: str  # out of memory: the length keys to lower, with their values
     warmup: str  # divergence: how to warm up longer
     resume: str = "--resume {step}"  # how to continue from a checkpoint of step {step}
+    relayout: str = "memories and data cursors re-assigned by row"  # what follows a resume on another layout
 
 
 @dataclass

@@ -139,10 +139,11 @@ def encode_texts(
     mask_arr = np.zeros((n, max_len), dtype=np.float32)
     labels = np.zeros(n, dtype=np.float32 if task == "regression" else np.int64)
     has_label = np.zeros(n, dtype=bool)
-    n_cut = 0
+    n_cut = n_blank = 0
     for i, ex in enumerate(examples):
         ids, seg, cut = build_pair(enc(ex.text_a), None if ex.text_b is None else enc(ex.text_b), max_len)
         n_cut += cut
+        n_blank += len(ids) == (2 if ex.text_b is None else 3)  # no piece of text: <sep> (<sep>) <cls> only
         ids, seg, mask = left_pad(ids, seg, max_len)
         ids_arr[i], seg_arr[i], mask_arr[i] = ids, seg, mask
         if ex.label is not None:
@@ -154,7 +155,7 @@ def encode_texts(
         "attention_mask": mask_arr,
         "labels": labels,
     }
-    return Encoded(arrays, n_truncated=n_cut, n_examples=n, extra={"has_label": has_label})
+    return Encoded(arrays, n_truncated=n_cut, n_examples=n, extra={"has_label": has_label, "blank": n_blank})
 
 
 def encode_choices(tok: Any, examples: Sequence[ChoiceExample], max_len: int) -> Encoded:
@@ -258,9 +259,16 @@ SQUAD_FEATURES = SQUAD_INPUTS + SQUAD_LABELS
 
 
 def encode_squad(
-    tok: Any, examples: Sequence[SquadExample], max_len: int, doc_stride: int, max_query_length: int, training: bool
+    tok: Any,
+    examples: Sequence[SquadExample],
+    max_len: int,
+    doc_stride: int,
+    max_query_length: int,
+    training: bool,
+    where: str = "SQuAD data",
 ) -> Encoded:
-    """Features (one per paragraph window) plus what post-processing needs (``extra``)."""
+    """Features (one per paragraph window) plus what post-processing needs (``extra``); ``where`` names the file in
+    messages."""
     if max_len < max_query_length + 8:
         raise DataError(f"finetune.max_seq_length ({max_len}) must exceed max_query_length ({max_query_length}) + 8")
     feats: dict[str, list] = {k: [] for k in SQUAD_FEATURES}
@@ -293,7 +301,7 @@ def encode_squad(
                 }
             )
     if not meta:
-        raise DataError("no SQuAD features: every answer was missing from its context")
+        raise DataError(f"{where}: no SQuAD features: every answer was missing from its context")
     dtypes = {"attention_mask": np.float32, "p_mask": np.float32, "is_impossible": np.float32}
     arrays = {k: np.asarray(v, dtype=dtypes.get(k, np.int64)) for k, v in feats.items()}
     arrays["feature_index"] = np.arange(len(meta), dtype=np.int64)

@@ -18,6 +18,9 @@ from xlnetcli.core.shapes import describe, json_field, loads_strict
 from xlnetcli.data.corpus.inputs import JSONL_SUFFIXES
 
 TASKS = ("classification", "regression", "multiple-choice", "squad")
+# Options of one multiple-choice question at most: each option is a sequence of its own, and every question of a file
+# is padded to its largest count (RACE, SWAG and ARC have 4 or 5; thousands are a malformed file)
+MAX_OPTIONS = 64
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -341,6 +344,11 @@ def read_choices(path: str | Path, require_label: bool = True) -> list[ChoiceExa
         options = row["options"]
         if not isinstance(options, list) or len(options) < 2 or not all(isinstance(o, str) for o in options):
             raise DataError(f"{path}:{line}: options must be a list of at least 2 strings")
+        if len(options) > MAX_OPTIONS:
+            raise DataError(
+                f"{path}:{line}: {len(options)} options, more than {MAX_OPTIONS} (each option is a sequence of its own "
+                "and every question is padded to the most options in the file)"
+            )
         label = None if row.get("answer") is None else _answer_index(row["answer"], options, path, line)
         context = _text_cell(context, path, line, "context")
         question = _text_cell(row["question"], path, line, "question")
