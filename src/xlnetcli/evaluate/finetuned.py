@@ -8,6 +8,7 @@ metrics, rows = score(data, outputs, label_list, cfg)                       # ta
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,10 +138,16 @@ def make_batch(enc: labelled.Encoded, idx: np.ndarray, keys: tuple[str, ...], de
 
 @torch.no_grad()
 def predict(
-    model: torch.nn.Module, data: TaskData, batch_size: int, device: torch.device, precision: str = "fp32"
+    model: torch.nn.Module,
+    data: TaskData,
+    batch_size: int,
+    device: torch.device,
+    precision: str = "fp32",
+    on_rows: Callable[[int], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Raw outputs for every row of ``data`` (logits, or the SQuAD top-k starts/ends and answerability logits), in
-    row order; the rows run in batches of similar length (labelled.Encoded.by_length), each padded to its longest."""
+    row order; the rows run in batches of similar length (labelled.Encoded.by_length), each padded to its longest.
+    ``on_rows(n)`` after each batch of ``n`` rows (a progress bar: core.console.CountProgress.advance)."""
     net = dist.unwrap(model)
     was_training = net.training
     net.eval()
@@ -156,6 +163,8 @@ def predict(
                     chunks.setdefault(k, []).append(
                         v.float().cpu().numpy() if v.is_floating_point() else v.cpu().numpy()
                     )
+            if on_rows is not None:
+                on_rows(len(idx))
     finally:
         if was_training:
             net.train()
