@@ -50,6 +50,13 @@ from xlnetcli.core.shapes import dumps_strict
 )
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Examples per forward pass.")
 @click.option(
+    "--precision",
+    type=click.Choice(["auto", "fp32", "bf16", "fp16"]),
+    default=None,
+    help="Autocast precision (default: with --file the run's finetune.precision, with --data auto: bf16 on a CUDA "
+    "GPU with bf16, else fp32).",
+)
+@click.option(
     "--null-odds-threshold",
     type=float,
     default=None,

@@ -250,7 +250,9 @@ def column_options(f):
 
 
 def scoring_options(f):
-    """What `xlnet eval` and `xlnet probe` share: the checkpoint, --output, the labelled file's columns, --device."""
+    """What `xlnet eval` and `xlnet probe` share: the checkpoint, --output, the labelled file's columns, --device,
+    --quiet."""
+    f = click.option("--quiet", is_flag=True, help="No progress bar (or, redirected, progress lines) on stderr.")(f)
     f = click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")(f)
     f = column_options(f)
     f = output_option(f)

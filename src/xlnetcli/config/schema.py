@@ -157,7 +157,9 @@ class TrainConfig:
     adam_betas: tuple[float, float] = ranged((0.9, 0.999), "[0, 1)")
     adam_eps: float = ranged(1e-6, "(0, inf)")
     clip_norm: float = ranged(1.0, "[0, inf)")  # global gradient-norm clip (0 = off)
-    precision: Literal["fp32", "bf16", "fp16"] = "bf16"  # autocast dtype; fp16 uses a grad scaler
+    # autocast dtype; fp16 uses a grad scaler; auto = bf16 on a CUDA GPU with bf16, else fp32 (a CPU runs bf16 about
+    # 2x slower), resolved once at the start of a run: the run's config.yaml records the value used
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False  # torch.compile the model
     # pretraining memory padded to model.mem_len from the first step, padding masked: the same maths, every step the
     # same shapes (CUDA graphs / torch.compile mode="reduce-overhead" capture one step)
@@ -219,7 +221,7 @@ class FinetuneConfig:
     dropatt: float = ranged(0.1, "[0, 1)")
     summary_type: Literal["last", "first", "mean", "attn"] = "last"  # sequence summary for classification heads
     summary_use_proj: bool = True  # dense(d, tanh) projection on the summary
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "fp32"  # as train.precision (auto: bf16 on a GPU, else fp32)
     peak_tflops: float = ranged(0.0, "[0, inf)")  # as train.peak_tflops (the logged MFU), for finetuning runs
     log_every: int = ranged(10, "[1, inf)")  # steps between metric lines
     # steps between evaluations, or epoch (at the end of every epoch) or never (the last model is kept); the last

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 from rich.console import Console
@@ -104,3 +105,61 @@ def step_progress(quiet: bool = False) -> Progress | NullProgress:
         console=console,
         transient=not sys.stderr.isatty(),
     )
+
+
+class CountProgress:
+    """Progress of a loop over a known number of items (examples, batches, fits) that prints nothing else while it
+    works (`xlnet eval`, `--predict`, `xlnet probe`): in a terminal a bar with the count, items/s and ETA; otherwise
+    (a log file, a pipe) plain lines like training's, ``eval: 320/1,000 examples (32%), 151.2 examples/s, ETA 4s``,
+    at the first item, at each further tenth of the total or after ``every`` seconds, and at the end (the final line
+    has the elapsed time instead of the ETA). Nothing when quiet, on ranks but 0, or with XLNET_NO_PROGRESS=1.
+
+        with CountProgress("eval", len(data), "examples", quiet) as bar:
+            for batch in batches: ...; bar.advance(len(batch))
+    """
+
+    def __init__(self, label: str, total: int, unit: str = "examples", quiet: bool = False, every: float = 30.0):
+        self.label, self.total, self.unit, self.every = label, max(1, total), unit, every
+        self.enabled, self.live = _enabled(quiet), progress_is_live(quiet)
+        self._progress = step_progress(quiet) if self.live else NullProgress()
+        self.done = self._said = self._tenth = 0
+        self._start = self._last = time.perf_counter()
+
+    def __enter__(self) -> CountProgress:
+        self._progress.__enter__()
+        self._task = self._progress.add_task(self.label, total=self.total, info="")
+        self._start = self._last = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._progress.__exit__(*exc)
+        if exc[0] is None and self.enabled and not self.live and self.done != self._said:
+            self._line(time.perf_counter())  # a loop that ended short of its total still says where it ended
+
+    def advance(self, n: int = 1) -> None:
+        self.done = min(self.total, self.done + n)  # under torchrun rank 0 counts its batches times the ranks
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if self.live:
+            self._progress.update(self._task, completed=self.done, info=f"{self._rate(now):,.1f} {self.unit}/s")
+            return
+        tenth = 10 * self.done // self.total
+        if not self._said or tenth > self._tenth or now - self._last >= self.every or self.done >= self.total:
+            self._tenth = tenth
+            self._line(now)
+
+    def _rate(self, now: float) -> float:
+        return self.done / max(now - self._start, 1e-9)
+
+    def _line(self, now: float) -> None:
+        rate, elapsed = self._rate(now), now - self._start
+        when = (
+            f"in {duration(elapsed)}" if self.done >= self.total else f"ETA {duration((self.total - self.done) / rate)}"
+        )
+        console.print(
+            f"{self.label}: {self.done:,}/{self.total:,} {self.unit} ({100 * self.done // self.total}%), "
+            f"{rate:,.1f} {self.unit}/s, {when}",
+            soft_wrap=True,
+        )
+        self._said, self._last = self.done, now

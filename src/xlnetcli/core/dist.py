@@ -16,6 +16,7 @@ import contextlib
 import datetime
 import gc
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ try:
 except ImportError:  # pragma: no cover - not on POSIX
     resource = None  # type: ignore[assignment]
 
-from xlnetcli.core.errors import XLNetError
+from xlnetcli.core.errors import ConfigError, XLNetError
 
 
 @dataclass
@@ -232,8 +233,41 @@ def set_deterministic(enabled: bool) -> None:
     torch.use_deterministic_algorithms(enabled, warn_only=True)
 
 
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``auto``: bf16 where the device runs it fast (a CUDA GPU with bf16 support), else fp32; any other value is
+    kept."""
+    if precision != "auto":
+        return precision
+    return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def cpu_has_bf16() -> bool:
+    """This CPU has bf16 matrix instructions (AVX512-BF16 or AMX): bf16 autocast ran 1.5-2.2x faster than fp32 on
+    such a CPU (BENCHMARKS.md, engine vs HF), and 2.1-2.4x slower without them (issue 33: tiny model, seq 128)."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's, private: absent means no
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def checked_precision(
+    precision: str, device: torch.device, key: str, warn: Callable[[str], None], fix: str | None = None
+) -> str:
+    """``precision`` (named ``key``: a config key or an option) as a run on ``device`` uses it: auto resolved
+    (``resolve_precision``); fp16 on a CPU refused (its autocast overflows the attention mask's -1e30); bf16 on a CPU
+    without bf16 instructions kept, with one line through ``warn`` saying what it costs and the ``fix``."""
+    if device.type == "cpu" and precision == "fp16":
+        raise ConfigError(f"{key}=fp16 needs a CUDA device (use auto or fp32 on CPU)")
+    if device.type == "cpu" and precision == "bf16" and not cpu_has_bf16():
+        warn(
+            f"[yellow]warning:[/yellow] {key}=bf16 on a CPU runs about 2x slower than fp32 here (no bf16 "
+            f"instructions); use {fix or f'{key}=auto or fp32'}"
+        )
+    return resolve_precision(precision, device)
+
+
 def autocast_ctx(device: torch.device, precision: str):
-    """Mixed precision for a forward pass: nothing for fp32, else torch.autocast in bf16 or fp16."""
+    """Mixed precision for a forward pass: nothing for fp32, else torch.autocast in bf16 or fp16 (auto: as
+    resolve_precision; a run resolves it once at its start)."""
+    precision = resolve_precision(precision, device)
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)

@@ -23,7 +23,7 @@ from xlnetcli.checkpoint.folders import read_meta, tokenizer_dir_of
 from xlnetcli.checkpoint.hf_dir import hf_dir_task
 from xlnetcli.checkpoint.load import checkpoint_inputs, is_hf_dir, load_lm_model, resolve_checkpoint
 from xlnetcli.core import dist
-from xlnetcli.core.console import is_rank0
+from xlnetcli.core.console import CountProgress, is_rank0, print0
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_write_json, atomic_write_text, check_file_outputs
 from xlnetcli.core.shapes import dumps_strict
@@ -44,11 +44,13 @@ class TaskEvalSettings:
     header: bool = True  # a TSV/CSV file starts with a header row
     device: str | None = "auto"  # auto, cpu, cuda or cuda:N
     batch_size: int | None = None  # examples per forward pass (None: 2 x the run's finetune.micro_batch_size)
-    precision: str | None = None  # fp32, bf16 or fp16 (None: the run's finetune.precision)
+    precision: str | None = None  # auto, fp32, bf16 or fp16 (None: the run's finetune.precision)
     null_odds_threshold: float | None = None  # SQuAD 2.0: no answer above it (None: the one found on validation)
+    quiet: bool = False  # no progress bar (or plain progress lines)
 
 
-PLM_EVAL_KEYS = ("split", "batches", "device", "precision")  # what `xlnet eval --data` reads of the options
+PRECISION_FIX = "--precision auto or fp32"  # what the warning for bf16 on a CPU suggests
+PLM_EVAL_KEYS = ("split", "batches", "device", "precision", "quiet")  # what `xlnet eval --data` reads of the options
 
 
 def _is_finetuned(path: Path) -> bool:
@@ -94,17 +96,22 @@ def evaluate_plm_checkpoint(
     batches: int | None = None,
     device: str | None = "auto",
     precision: str | None = None,
+    quiet: bool = False,
 ) -> dict[str, Any]:
-    """PLM loss / perplexity / target accuracy of a pretrained checkpoint on preprocessed records."""
+    """PLM loss / perplexity / target accuracy of a pretrained checkpoint on preprocessed records (``precision``
+    None: auto, bf16 on a CUDA GPU with bf16, else fp32)."""
     dev = dist.resolve_device(device)
+    prec = dist.checked_precision(precision or "auto", dev, "--precision", print0, PRECISION_FIX)
     meta = records_meta(records)
     model, cfg, _ = load_lm_model(
         checkpoint, dev, overrides={"bi_data": bool(meta.get("bi_data", False)), "dropout": 0.0, "dropatt": 0.0}
     )
     mb = int(meta.get("micro_batch_size", cfg.train.micro_batch_size))
     stream = PretrainStream(records, split, 0, 1, mb, cfg.data.seed, loop=False, objective=cfg.model.objective)
-    n = batches if batches is not None else 10**9
-    res = evaluate_plm(model, stream, n, precision or ("bf16" if dev.type == "cuda" else "fp32"), dev)
+    total = stream.total_steps * stream.accumulation  # micro-batches in the split
+    n = total if batches is None else min(batches, total)
+    with CountProgress("eval", n * mb, "sequences", quiet) as bar:
+        res = evaluate_plm(model, stream, n, prec, dev, on_rows=bar.advance)
     if res["targets"] == 0:
         raise DataError(f"{records}: the {split} split has no batches to evaluate")
     return {
@@ -157,8 +164,13 @@ def _evaluate_task(
     if thresh is None:
         thresh = float(meta.get("null_odds_threshold", 0.0))
     bs = s.batch_size or cfg.finetune.micro_batch_size * 2
+    # None: the run's precision, which its config.yaml records as trained (train.plan.run_precision)
+    key = "--precision" if s.precision else "the run's finetune.precision"
+    precision = dist.checked_precision(s.precision or cfg.finetune.precision, dev, key, print0, PRECISION_FIX)
+    unit = "features" if task == "squad" else "examples"
     try:
-        outputs = run_predict(model, data, bs, dev, s.precision or cfg.finetune.precision)
+        with CountProgress("eval", len(data), unit, s.quiet) as bar:
+            outputs = run_predict(model, data, bs, dev, precision, on_rows=bar.advance)
     except torch.OutOfMemoryError:
         raise XLNetError(f"out of memory evaluating with batch {bs}; pass --batch-size smaller") from None
     metrics, rows = score(data, outputs, labels, cfg, thresh)

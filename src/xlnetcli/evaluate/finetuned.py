@@ -8,6 +8,7 @@ metrics, rows = score(data, outputs, label_list, cfg)                       # ta
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,12 +142,18 @@ def make_batch(enc: labelled.Encoded, idx: np.ndarray, keys: tuple[str, ...], de
 
 @torch.no_grad()
 def predict(
-    model: torch.nn.Module, data: TaskData, batch_size: int, device: torch.device, precision: str = "fp32"
+    model: torch.nn.Module,
+    data: TaskData,
+    batch_size: int,
+    device: torch.device,
+    precision: str = "fp32",
+    on_rows: Callable[[int], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Raw outputs for every row of ``data`` (logits, or the SQuAD top-k starts/ends and answerability logits), in
     row order; the rows run in batches of similar length (labelled.Encoded.by_length), each padded to its longest.
     Under torchrun every rank calls it: rank r runs batches r, r + W, ... and every rank gets all the outputs (the
-    same batches as one process, so the same outputs)."""
+    same batches as one process, so the same outputs). ``on_rows(n)`` after each batch (a progress bar:
+    core.console.CountProgress.advance), counting the rows of all ranks (W batches of rank 0's size)."""
     net = dist.unwrap(model)
     was_training = net.training
     net.eval()
@@ -165,6 +172,8 @@ def predict(
                     if isinstance(v, torch.Tensor) and k != "loss"
                 }
             )
+            if on_rows is not None:
+                on_rows(len(idx) * world)
     finally:
         if was_training:
             net.train()

@@ -34,7 +34,7 @@ that one file). It leaves the model's mode, its gradients and every RNG untouche
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -46,6 +46,7 @@ from xlnetcli.checkpoint import lm
 from xlnetcli.checkpoint.folders import tokenizer_dir_of
 from xlnetcli.checkpoint.load import checkpoint_inputs
 from xlnetcli.core import dist
+from xlnetcli.core.console import CountProgress
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_write_json, check_file_outputs
 from xlnetcli.data import labelled
@@ -168,11 +169,17 @@ def _stratified(
 
 
 @torch.no_grad()
-def extract_features(model: torch.nn.Module, enc: labelled.Encoded, batch_size: int = 64) -> dict[str, np.ndarray]:
+def extract_features(
+    model: torch.nn.Module,
+    enc: labelled.Encoded,
+    batch_size: int = 64,
+    on_rows: Callable[[int], None] | None = None,
+) -> dict[str, np.ndarray]:
     """{"mean": [N, d], "cls": [N, d]} float64 features of encoded examples from the last layer's content stream.
 
     ``model``: an XLNetLMHeadModel, a finetuning model or a bare XLNetModel (its ``transformer`` is used). Runs in
-    eval mode without memory and without bi_data (as finetuning does); the model's mode is restored."""
+    eval mode without memory and without bi_data (as finetuning does); the model's mode is restored. ``on_rows(n)``
+    after each batch of ``n`` examples (a progress bar: core.console.CountProgress.advance)."""
     net = dist.unwrap(model)
     transformer = getattr(net, "transformer", net)
     was_training = net.training
@@ -198,6 +205,8 @@ def extract_features(model: torch.nn.Module, enc: labelled.Encoded, batch_size: 
             m = mask.double()[:, :, None]
             out["mean"].append(((hidden * m).sum(1) / m.sum(1).clamp_min(1.0)).cpu().numpy())
             out["cls"].append(hidden[:, -1].cpu().numpy())  # left padding: <cls> is always last
+            if on_rows is not None:
+                on_rows(len(idx))
     finally:
         if sharded is not None:
             sharded.reshard()
@@ -259,10 +268,15 @@ def _accuracy(model: tuple[_Standardizer, torch.Tensor, torch.Tensor], x: np.nda
 
 
 def linear_probe(
-    data: ProbeArrays, l2_grid: Sequence[float] = L2_GRID, heldout_fraction: float = HELDOUT_FRACTION, seed: int = 0
+    data: ProbeArrays,
+    l2_grid: Sequence[float] = L2_GRID,
+    heldout_fraction: float = HELDOUT_FRACTION,
+    seed: int = 0,
+    on_fit: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Choose L2 on a stratified held-out part of the training set (rows of a group in ``data.groups`` never
-    split, see ``word_bag_groups``), refit on all of it, score the validation set.
+    split, see ``word_bag_groups``), refit on all of it, score the validation set (``len(l2_grid) + 1`` fits, each
+    followed by ``on_fit(1)``).
 
     Returns {"accuracy" (validation), "train_accuracy" (the refitted probe on its own training set), "l2" (chosen),
     "heldout" {l2: held-out accuracy}}. The validation arrays are read once, after everything else is fixed."""
@@ -272,13 +286,16 @@ def linear_probe(
         raise DataError(
             "the probe's training file needs at least 2 examples of some label to hold out for choosing the L2 strength"
         )
+    fitted = on_fit or (lambda n: None)
     scores = {}
     for l2 in l2_grid:
         clf = fit_logistic(x_train[fit_idx], y_train[fit_idx], n_classes, l2)
         scores[l2] = _accuracy(clf, x_train[held_idx], y_train[held_idx])
+        fitted(1)
     best = max(scores.values())
     l2 = max(v for v, s in scores.items() if s == best)  # ties: the stronger penalty
     clf = fit_logistic(x_train, y_train, n_classes, l2)
+    fitted(1)
     return {
         "accuracy": _accuracy(clf, data.x_valid, data.y_valid),
         "train_accuracy": _accuracy(clf, x_train, y_train),
@@ -288,20 +305,35 @@ def linear_probe(
 
 
 def label_curve(
-    data: ProbeArrays, sizes: Sequence[int], l2_grid: Sequence[float] = L2_GRID, draws: int = CURVE_DRAWS, seed: int = 0
+    data: ProbeArrays,
+    sizes: Sequence[int],
+    l2_grid: Sequence[float] = L2_GRID,
+    draws: int = CURVE_DRAWS,
+    seed: int = 0,
+    on_fit: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """``linear_probe`` on stratified draws of ``n`` training rows for each ``n`` in ``sizes`` (smaller than the
     training set; draw ``k`` uses seed ``seed + k``): [{"n", "accuracy" (mean over draws), "accuracies"}]."""
     out, y_train = [], data.y_train
-    for n in sorted(set(sizes)):
-        if n >= len(y_train):
-            continue
+    for n in _curve_sizes(sizes, len(y_train)):
         accs = []
         for k in range(draws):
             _, rows = _stratified(y_train, n / len(y_train), seed + k)
-            accs.append(linear_probe(data.subset(rows), l2_grid, seed=seed)["accuracy"])
+            accs.append(linear_probe(data.subset(rows), l2_grid, seed=seed, on_fit=on_fit)["accuracy"])
         out.append({"n": n, "accuracy": float(np.mean(accs)), "accuracies": accs})
     return out
+
+
+def _curve_sizes(sizes: Sequence[int], n_train: int) -> list[int]:
+    """The sizes of the label-efficiency curve: each once, ascending, below the training set's."""
+    return [n for n in sorted(set(sizes)) if n < n_train]
+
+
+def _fit_count(settings: ProbeSettings, n_train: int) -> int:
+    """The logistic fits of one kind of features: one per L2 strength and the refit (``linear_probe``), on all
+    ``n_train`` training rows and on each draw of the label-efficiency curve (``label_curve``)."""
+    probes = 1 + CURVE_DRAWS * len(_curve_sizes(settings.train_sizes, n_train))
+    return probes * (len(settings.l2_grid) + 1)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -336,9 +368,11 @@ def probe_checkpoint(
     valid_rows: Sequence[labelled.TextExample],
     settings: ProbeSettings,
     label_list: Sequence[str] | None = None,
+    progress: str | None = None,
 ) -> dict[str, Any]:
     """Linear probes (``mean`` and ``cls`` features) of ``model`` on labelled rows (``settings.max_seq_length``
-    must be set; ``settings.device`` is not read: the model's is used).
+    must be set; ``settings.device`` is not read: the model's is used). ``progress``: the name the progress of the
+    features and of the fits is shown under (`xlnet probe`: core.console.CountProgress); None: none (pretraining).
 
     Returns {"accuracy": {"mean": a, "cls": a}, "features": {kind: linear_probe result}, "labels", "train_examples",
     "valid_examples", "majority" (validation accuracy of always answering the training file's commonest label),
@@ -351,14 +385,20 @@ def probe_checkpoint(
     tr = labelled.encode_texts(tokenizer, train_rows, s.max_seq_length, "classification", label_list)
     va = labelled.encode_texts(tokenizer, valid_rows, s.max_seq_length, "classification", label_list)
     y_tr, y_va = tr.arrays["labels"], va.arrays["labels"]
-    f_tr, f_va = extract_features(model, tr, s.batch_size), extract_features(model, va, s.batch_size)
+    quiet = progress is None
+    with CountProgress(f"{progress} features", len(tr) + len(va), "examples", quiet) as bar:
+        f_tr, f_va = (
+            extract_features(model, tr, s.batch_size, bar.advance),
+            extract_features(model, va, s.batch_size, bar.advance),
+        )
     groups = word_bag_groups(train_rows)
     feats = {}
-    for k in FEATURES:
-        data = ProbeArrays(f_tr[k], y_tr, f_va[k], y_va, len(label_list), groups)
-        feats[k] = linear_probe(data, s.l2_grid, seed=s.seed)
-        if s.train_sizes:
-            feats[k]["curve"] = label_curve(data, s.train_sizes, s.l2_grid, seed=s.seed)
+    with CountProgress(f"{progress} fits", len(FEATURES) * _fit_count(s, len(y_tr)), "fits", quiet) as bar:
+        for k in FEATURES:
+            data = ProbeArrays(f_tr[k], y_tr, f_va[k], y_va, len(label_list), groups)
+            feats[k] = linear_probe(data, s.l2_grid, seed=s.seed, on_fit=bar.advance)
+            if s.train_sizes:
+                feats[k]["curve"] = label_curve(data, s.train_sizes, s.l2_grid, seed=s.seed, on_fit=bar.advance)
     commonest = int(np.bincount(y_tr, minlength=len(label_list)).argmax())
     return {
         "accuracy": {k: v["accuracy"] for k, v in feats.items()},
@@ -443,12 +483,13 @@ def probe(
     output: str | Path | None = None,
     columns: labelled.Columns | None = None,
     header: bool = True,
+    quiet: bool = False,
 ) -> dict[str, Any]:
     """Probe a checkpoint (run folder, step folder or HF directory) with ``train``/``valid`` labelled files; with
     ``output``, also write the result as JSON (``format_table`` renders it for a terminal). ``baseline="random"``
     adds the same architecture from random init. ``settings.max_seq_length`` defaults to the checkpoint's
     finetune.max_seq_length. ``settings.train_sizes`` adds the label-efficiency curve (``label_curve``) of every
-    model."""
+    model. Progress goes to stderr unless ``quiet``."""
     _check_probe_args(baseline, settings.batch_size, settings.train_sizes)
     check_file_outputs({"--output": output}, [*checkpoint_inputs(checkpoint), train, valid])
     train_rows = read_rows(train, columns, header)
@@ -466,7 +507,7 @@ def probe(
     if baseline == "random":
         models["random"] = random_init_like(xl.model, xl.config.train.seed)
     results = {
-        name: probe_checkpoint(m, tok, train_rows, valid_rows, settings, label_list=label_list)
+        name: probe_checkpoint(m, tok, train_rows, valid_rows, settings, label_list, None if quiet else name)
         for name, m in models.items()
     }
     res = _probe_report(xl, train, valid, label_list, settings, baseline, results)

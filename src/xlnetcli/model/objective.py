@@ -11,7 +11,7 @@ used by pretraining and by `xlnet eval`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -174,11 +174,13 @@ def evaluate_plm(
     n_batches: int,
     precision: str = "fp32",
     device: torch.device | str | None = None,
+    on_rows: Callable[[int], None] | None = None,
 ) -> dict:
     """PLM loss, perplexity and target accuracy over the first ``n_batches`` micro-batches of ``stream``.
 
     Memory is carried across the stream's batches per micro-batch index, as in training. Counts are summed over all
-    ranks (each rank reads its own rows). Returns {"loss", "ppl", "acc", "targets", "batches"}.
+    ranks (each rank reads its own rows). ``on_rows(n)`` after each micro-batch of ``n`` sequences (`xlnet eval`'s
+    progress: evaluate/ passes it down, being above this layer). Returns {"loss", "ppl", "acc", "targets", "batches"}.
     """
     net = dist.unwrap(model)
     # config is a plain attribute of the LM model; nn.Module.__getattr__ would type it Tensor | Module
@@ -210,6 +212,8 @@ def evaluate_plm(
             totals[1] += ((logits.argmax(-1) == labels).float() * w).sum().double()
             totals[2] += w.sum().double()
             totals[3] += 1
+            if on_rows is not None:
+                on_rows(len(labels))
     finally:
         if was_training:
             net.train()

@@ -57,6 +57,7 @@ from xlnetcli.train.display import printer
 from xlnetcli.train.engine import Engine
 from xlnetcli.train.finetune_workload import FinetuneArgs, FinetuneWorkload, StepCounts, finetune_plan
 from xlnetcli.train.header import device_prose
+from xlnetcli.train.plan import run_precision
 from xlnetcli.train.resume import resume_point
 from xlnetcli.train.rng import seed_everything
 
@@ -180,7 +181,7 @@ def _finetune(cfg: Config, args: FinetuneArgs, env: dist.DistEnv) -> dict[str, A
     init = load_starting_point(args.init)
     tok_dir = tokenizer_dir_of(init.path)  # finetuning needs the checkpoint's own SentencePiece model
     tok = Tokenizer.load(tok_dir)
-    run_cfg = run_config(init.cfg, cfg)
+    run_cfg = run_precision(run_config(init.cfg, cfg), "finetune", env.device, say)  # config.yaml: the value used
     _check_vocab(tok, tok_dir, run_cfg)
     train_data, valid_data = _load_data(args, tok, run_cfg)
     check_config(run_cfg, env.world_size, stage="finetune", device=env.device)

@@ -3,10 +3,15 @@ for finetuning) and the figures each training derives (steps, batch shape, FLOPs
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from xlnetcli.config import Config
+from xlnetcli.core.dist import checked_precision
 
 
 @dataclass
@@ -19,7 +24,7 @@ class TrainPlan:
     lr: float
     warmup_steps: int
     clip_norm: float
-    precision: str
+    precision: str  # resolved: fp32, bf16 or fp16 (run_precision)
     micro_batch_size: int
     global_batch_size: int
     accumulation: int
@@ -96,3 +101,12 @@ class TrainPlan:
             report_to=sec.report_to,
             **{key: getattr(sec, key) for key in optional if hasattr(sec, key)},
         )
+
+
+def run_precision(cfg: Config, section: str, device: torch.device, say: Callable[[str], None]) -> Config:
+    """``cfg`` with ``{section}.precision`` as a run on ``device`` uses it (core.dist.checked_precision: auto
+    resolved, fp16 on a CPU refused, bf16 there kept with one warning line), once at the start of a run and before the
+    resume check: the run's config.yaml records the value used, so a resume and `xlnet eval` run as training did."""
+    sec = getattr(cfg, section)
+    precision = checked_precision(sec.precision, device, f"{section}.precision", say)
+    return dataclasses.replace(cfg, **{section: dataclasses.replace(sec, precision=precision)})

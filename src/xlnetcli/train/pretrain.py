@@ -50,7 +50,7 @@ from xlnetcli.checkpoint.folders import read_meta, step_folders
 from xlnetcli.checkpoint.load import StartingPoint, continued_model_config, load_starting_point, load_state
 from xlnetcli.config import Config, ModelConfig, batch_maths, check_config, config_to_dict, replace
 from xlnetcli.core import dist
-from xlnetcli.core.errors import CheckpointError, ConfigError, DataError
+from xlnetcli.core.errors import CheckpointError, DataError
 from xlnetcli.core.files import check_output_not_input, output_lock, sha256_file
 from xlnetcli.data.records.format import read_meta as records_meta
 from xlnetcli.data.records.stream import PretrainStream
@@ -67,7 +67,7 @@ from xlnetcli.train.checkpointer import resumable_steps
 from xlnetcli.train.display import printer
 from xlnetcli.train.engine import Engine
 from xlnetcli.train.header import say_header
-from xlnetcli.train.plan import TrainPlan
+from xlnetcli.train.plan import TrainPlan, run_precision
 from xlnetcli.train.resume import resume_point, run_config_file
 from xlnetcli.train.rng import seed_everything
 from xlnetcli.train.workload import Evaluation, Hints
@@ -368,7 +368,7 @@ def _pretrain(
     stop_after: int | None,
 ) -> dict:
     main = env.is_main
-    meta, accum, start = _check_inputs(cfg, data_dir, out_dir, resume, env)
+    cfg, meta, accum, start = _check_inputs(cfg, data_dir, out_dir, resume, env, printer(main and not quiet))
     init: StartingPoint | None = None
     init_lines: list[str] = []
     init_record: dict | None = None  # meta.json's "init" of every step folder: where the weights started
@@ -449,21 +449,21 @@ def _run(
 
 
 def _check_inputs(
-    cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, env: dist.DistEnv
-) -> tuple[dict, int, tuple[int, Path] | None]:
-    """Checks before any work: (the records' meta, accumulation, the checkpoint to resume from or None)."""
+    cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, env: dist.DistEnv, say: Callable[[str], None]
+) -> tuple[Config, dict, int, tuple[int, Path] | None]:
+    """Checks before any work: (the config with train.precision resolved, the records' meta, accumulation, the
+    checkpoint to resume from or None)."""
     t = cfg.train
     meta = records_meta(data_dir)
     check_records(cfg, meta, data_dir)
     check_config(cfg, env.world_size, stage="pretrain", device=env.device)
     accum = batch_maths(cfg, env.world_size).accumulation
     require_trackers(t.report_to)
-    if t.precision == "fp16" and env.device.type == "cpu":
-        raise ConfigError("train.precision=fp16 needs a CUDA device (use bf16 or fp32 on CPU)")
+    cfg = run_precision(cfg, "train", env.device, say)  # before the resume check: config.yaml holds the value used
     start = check_run_dir(cfg, out_dir, resume)
     if start is not None:
         check_same_records(read_meta(start[1]).get("records"), data_dir, start[1])
-    return meta, accum, dist.broadcast_object(start)
+    return cfg, meta, accum, dist.broadcast_object(start)
 
 
 def records_identity(data_dir: Path) -> dict[str, str]:
