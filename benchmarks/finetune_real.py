@@ -130,7 +130,8 @@ def finetune_sets(a: argparse.Namespace, seed: int) -> list[str]:
         "save_every": "eval" if a.best_epoch else "end",
         "early_stopping_patience": 0,
     }
-    return [f"finetune.{k}={v:g}" if isinstance(v, float) else f"finetune.{k}={v}" for k, v in sets.items()]
+    common = [f"finetune.{k}={v:g}" if isinstance(v, float) else f"finetune.{k}={v}" for k, v in sets.items()]
+    return common + list(a.ours_set)  # the levers (--ours-set) come last and win
 
 
 def run_ours(a: argparse.Namespace, train: Path, valid: Path, out: Path, seed: int, scratch: bool) -> dict:
@@ -550,6 +551,13 @@ def main() -> None:
     ap.add_argument(
         "--best-epoch", action="store_true", help="ours evaluates every epoch and keeps the best (on valid)"
     )
+    ap.add_argument(
+        "--ours-set",
+        action="append",
+        default=[],
+        metavar="finetune.KEY=VALUE",
+        help="a lever for our side only (ours and scratch), after the shared settings; repeatable",
+    )
     ap.add_argument("--threads", type=int, default=2, help="OpenMP / torch threads of every run (default 2)")
     ap.add_argument("--limit", type=int, default=None, help="a stratified draw of N training rows (smoke runs)")
     ap.add_argument("--limit-valid", type=int, default=None, help="the same for the validation file")
@@ -658,6 +666,7 @@ def main() -> None:
                 "clip_norm",
                 "summary_type",
                 "best_epoch",
+                "ours_set",
                 "threads",
                 "limit",
                 "limit_valid",
