@@ -72,6 +72,9 @@ class ToyWorkload:
         loss = nn.functional.mse_loss(model(x), y)
         return loss * math.nan if self.step == self.nan_at else loss
 
+    def step_tokens(self) -> None:
+        return None
+
     def eval_due(self, step: int) -> bool:
         return bool(self.eval_every) and step % self.eval_every == 0
 
@@ -290,6 +293,44 @@ def test_an_early_stop_is_the_end_of_the_run(tmp_path):
     assert summary["eval"] == {"step_seen": 4}
     assert [r["step"] for r in rows(tmp_path / "run", "eval")] == [0, 2, 4]  # step 0: the initial weights
     assert load_train_state(tmp_path / "run" / "step_0000004")["step"] == 4
+
+
+def test_tokens_per_s_and_eta_leave_evaluations_and_checkpoints_out(tmp_path, monkeypatch):
+    """On a fake clock a micro-batch takes 1/64 s, an evaluation (the initial weights' before the first step too)
+    100 s and a checkpoint 50 s: every logged tokens/s and ETA, and the summary's time, are the steps' alone."""
+    from types import SimpleNamespace
+
+    from xlnetcli.train import progress
+
+    now = [0.0]
+    monkeypatch.setattr(progress, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+
+    class SlowEvaluation(ToyWorkload):
+        def next_batch(self, step: int, micro: int):
+            now[0] += 1 / 64
+            return super().next_batch(step, micro)
+
+        def evaluate(self, model: nn.Module, step: int, log) -> Evaluation:
+            now[0] += 100
+            return super().evaluate(model, step, log)
+
+    engine = make_engine(tmp_path / "run", SlowEvaluation(4, 2, eval_every=2), accum=2, max_steps=6, save_every=3)
+    save, logged = engine.save, []
+
+    def slow_save(*args, **kwargs):
+        now[0] += 50
+        return save(*args, **kwargs)
+
+    def log(step, gnorm_v, lr, tps, eta, live):
+        logged.append((tps, eta))
+        return log_row(step, gnorm_v, lr, tps, eta, live)
+
+    engine.save, log_row, engine._log = slow_save, engine._log, log
+    summary = engine.fit()
+    assert [r["step"] for r in rows(tmp_path / "run", "eval")] == [0, 2, 4, 6]
+    step_s = 2 / 64  # 8 tokens a step
+    assert logged == [(8 / step_s, (6 - s) * step_s) for s in range(1, 7)]
+    assert summary["elapsed_s"] == 6 * step_s and summary["tokens_per_s"] == 8 / step_s
 
 
 def test_out_of_memory_and_divergence_give_the_workloads_advice(tmp_path):

@@ -208,6 +208,9 @@ class FinetuneConfig:
     max_seq_length: int = ranged(128, "[5, inf)")  # [A <sep> B <sep> <cls>], left padded (SQuAD: right padded)
     batch_size: int = ranged(32, "[1, inf)")  # sequences per optimizer step over all ranks
     micro_batch_size: int = ranged(32, "[1, inf)")  # per rank per forward/backward
+    # steps of similar lengths, padded less: an epoch's order sorted by length within windows of this many steps, the
+    # steps of a window shuffled (0 = off); 16 halved the training time of the bundled tasks at the same accuracy
+    length_buckets: int = ranged(16, "[0, inf)")
     lr: float = ranged(2e-5, "(0, inf)")
     epochs: float = ranged(3.0, "(0, inf)")  # used when max_steps is null
     # optimizer steps; null = derive from epochs

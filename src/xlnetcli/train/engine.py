@@ -10,10 +10,10 @@ supplies the batches, the loss, the evaluation and its stateful objects; a ``Tra
 The engine owns what both trainings share: gradient accumulation (DDP's ``no_sync`` on all but the last micro-batch),
 mixed precision (autocast, and a ``GradScaler`` that is a pass-through unless fp16 on CUDA), global-norm clipping, the
 AdamW step and the lr schedule (train/optim.py), the cadence of logging, evaluation and checkpoints, out-of-memory and
-non-finite diagnosis (train/diagnosis.py), throughput / MFU / peak memory, distributed wrapping (model/parallel.py).
-Its components: the clock and counters (train/progress.py), the progress bar (train/display.py), preemption
-(train/preemption.py), the step's figures (train/step_figures.py), RNG state (train/rng.py), the checkpointer
-(train/checkpointer.py) and which checkpoint to resume from (train/resume.py).
+non-finite diagnosis (train/diagnosis.py), throughput (real tokens per second of step time) / MFU / peak memory,
+distributed wrapping (model/parallel.py). Its components: the clock and counters (train/progress.py), the progress
+bar (train/display.py), preemption (train/preemption.py), the step's figures (train/step_figures.py), RNG state
+(train/rng.py), the checkpointer (train/checkpointer.py) and which checkpoint to resume from (train/resume.py).
 
 A step's loss and gradient norm stay on the device (``StepFigures``) until ``settle`` reads them. With a fused AdamW
 (CUDA), no grad scaler and no FSDP, a non-finite step is skipped on the device (the optimizer's ``found_inf``) and
@@ -190,7 +190,8 @@ class Engine:
         self.clock = StepClock()
         self.model.train()
         with PreemptionGuard() as guard:
-            self._evaluate_initial_weights()
+            with self.clock.paused():  # the baseline evaluation is no part of the training's time
+                self._evaluate_initial_weights()
             with StepBar(self.workload.name, self.plan.max_steps, self.step, quiet) as bar:
                 while self.step < self.plan.max_steps and (stop_after is None or self.step - first_step < stop_after):
                     lr = self.train_step()
@@ -208,7 +209,7 @@ class Engine:
                     if stop:
                         stopped_early = True
                         break
-        return self._summary(first_step, stopped_early)
+        return self._summary(stopped_early)
 
     # ---- one optimizer step --------------------------------------------------------------------------------------
 
@@ -294,9 +295,12 @@ class Engine:
             self.confirmed_step = f.step
 
     def _count_step(self) -> None:
+        """One more step, and its tokens: the real ones (padding left out) when the workload counts them."""
+        tokens = self.workload.step_tokens()
+        tokens = self.plan.tokens_per_step if tokens is None else tokens
         self.progress.step += 1
-        self.progress.tokens_seen += self.plan.tokens_per_step
-        self.clock.tick()
+        self.progress.tokens_seen += tokens
+        self.clock.tick(tokens)
 
     def _oom_message(self, where: str) -> str:
         return oom_message(self.plan, self.workload.hints.lengths, self.env.world_size, self.env.device, where)
@@ -317,7 +321,7 @@ class Engine:
         step, plan = self.step, self.plan
         if step % plan.log_every == 0 or step == plan.max_steps:
             self.settle()  # the row's losses, and the clock's interval ends with the device's work
-            tps, eta = self.clock.interval(plan.tokens_per_step, plan.max_steps - step)
+            tps, eta = self.clock.interval(plan.max_steps - step)
             bar.update(step, self._log(step, self.last_grad_norm, lr, tps, eta, bar.live))
         else:
             bar.update(step)
@@ -407,11 +411,10 @@ class Engine:
             f"{self.workload.hints.resume.format(step=self.step)}"
         )
 
-    def _summary(self, first_step: int, stopped_early: bool) -> dict:
+    def _summary(self, stopped_early: bool) -> dict:
         self.settle()
         elapsed = self.clock.elapsed()
         self.logger.close()
-        done = self.step - first_step
         self.result.update(
             step=self.step,
             loss=self._recent_loss(),
@@ -419,7 +422,7 @@ class Engine:
             stopped_early=stopped_early,
             complete=self.step >= self.plan.max_steps or stopped_early,
             already_complete=False,
-            tokens_per_s=self.plan.tokens_per_step * done / elapsed if elapsed > 0 and done else 0.0,
+            tokens_per_s=self.clock.tokens / elapsed if elapsed > 0 else 0.0,
         )
         return self.result
 

@@ -314,7 +314,7 @@ def _say_header(
     say(
         f"  batch      {ft.batch_size} = micro {ft.micro_batch_size} x accumulation {steps.accumulation} x "
         f"{engine.env.world_size} process(es); {steps.total} steps ({steps.per_epoch} per epoch), "
-        f"warmup {steps.warmup}"
+        f"warmup {steps.warmup}" + (f"; length buckets of {ft.length_buckets} steps" if ft.length_buckets else "")
     )
     say(
         f"  optimizer  AdamW lr {ft.lr:g}, layer decay {ft.layer_decay:g}, wd {ft.weight_decay:g}, "

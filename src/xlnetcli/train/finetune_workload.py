@@ -71,10 +71,13 @@ class StepCounts(NamedTuple):
 
 class ExampleOrder:
     """The examples of each optimizer step: the next ``batch_size`` of a shuffled order, a new permutation per epoch,
-    the same on every rank (each takes its share). Its state: the generator, the permutation and the cursor in it."""
+    the same on every rank (each takes its share). With ``buckets`` N > 0 an epoch's permutation is sorted by length
+    (``lengths``) within windows of N steps' worth of examples, cut into steps and the steps of each window shuffled:
+    each step then holds examples of similar length, padded less (transformers' group_by_length, with windows of
+    steps). Its state: the generator, the permutation (bucketed or not: the epoch's order) and the cursor in it."""
 
-    def __init__(self, n_examples: int, batch_size: int, seed: int) -> None:
-        self.n_examples, self.batch_size = n_examples, batch_size
+    def __init__(self, lengths: np.ndarray, batch_size: int, seed: int, buckets: int = 0) -> None:
+        self.lengths, self.batch_size, self.buckets = lengths, batch_size, buckets
         self.rng = np.random.default_rng(seed)
         self.order: np.ndarray = np.empty(0, dtype=np.int64)
         self.cursor = 0
@@ -84,13 +87,29 @@ class ExampleOrder:
         need, picked = self.batch_size, []
         while need:
             if self.cursor >= len(self.order):
-                self.order, self.cursor = self.rng.permutation(self.n_examples), 0
+                self.order, self.cursor = self._epoch(need % self.batch_size), 0
             take = self.order[self.cursor : self.cursor + need]
             picked.append(take)
             self.cursor += len(take)
             need -= len(take)
         self.steps += 1
         return np.concatenate(picked)
+
+    def _epoch(self, head: int) -> np.ndarray:
+        """A new epoch's order. Its first ``head`` examples complete a step begun in the previous epoch; with buckets,
+        the windows start after them, so that every later step is one of a window's."""
+        order = self.rng.permutation(len(self.lengths))
+        if not self.buckets:
+            return order
+        n, bs = len(order), self.batch_size
+        end = head + max(n - head, 0) // bs * bs  # the rest, a partial step, continues into the next epoch
+        parts = [order[:head]]
+        for start in range(head, end, self.buckets * bs):
+            window = order[start : min(start + self.buckets * bs, end)]
+            steps = window[np.argsort(self.lengths[window], kind="stable")].reshape(-1, bs)
+            parts.append(steps[self.rng.permutation(len(steps))].ravel())
+        parts.append(order[end:])
+        return np.concatenate(parts)
 
     def state_dict(self) -> dict:
         return {
@@ -189,8 +208,14 @@ class FinetuneWorkload:
             **({"valid": sha256_file(args.valid)} if args.valid is not None else {}),
         }
         self.keys = TRAIN_KEYS[task]
-        self.examples = ExampleOrder(len(self.train), ft.batch_size, ft.seed)
+        self.lengths, self.real_tokens = self.train.enc.lengths(), self.train.enc.real_tokens()
+        self.examples = ExampleOrder(self.lengths, ft.batch_size, ft.seed, ft.length_buckets)
+        # a step of several micro-batches is sorted by length before it is split (ranks take every world_size-th):
+        # each micro-batch is then padded to little more than its own examples, and the step's gradient is the mean
+        # over the same examples. One micro-batch gains nothing, and stays as drawn (dropout's masks on the same rows)
+        self.sort_steps = steps.accumulation * env.world_size > 1
         self._mine: np.ndarray = self.examples.order
+        self._step_tokens = 0
         self.eval_steps = _eval_steps(ft.eval_every, steps)
         self.tracker = BestSoFar(ft.early_stopping_patience)
         self.saved_best: int | None = None  # the best step the latest resumable step folder records
@@ -200,8 +225,16 @@ class FinetuneWorkload:
     def next_batch(self, step: int, micro: int) -> dict:
         mb = self.cfg.finetune.micro_batch_size
         if micro == 0:
-            self._mine = self.examples.draw()[self.env.rank :: self.env.world_size]
+            drawn = self.examples.draw()
+            if self.sort_steps:
+                drawn = drawn[np.argsort(self.lengths[drawn], kind="stable")]
+            self._step_tokens = int(self.real_tokens[drawn].sum())
+            self._mine = drawn[self.env.rank :: self.env.world_size]
         return make_batch(self.train.enc, self._mine[micro * mb : (micro + 1) * mb], self.keys, self.env.device)
+
+    def step_tokens(self) -> int:
+        """The real tokens of the step last drawn, every rank's (padding left out)."""
+        return self._step_tokens
 
     def loss(self, model: torch.nn.Module, batch: dict, micro: int) -> torch.Tensor:
         return model(batch)["loss"]
@@ -312,11 +345,15 @@ def _eval_steps(eval_every: int | str, steps: StepCounts) -> set[int]:
 
 
 def finetune_plan(run_cfg: Config, train: TaskData, steps: StepCounts) -> TrainPlan:
-    """The engine's plan of a finetuning run: the finetune section, the batch maths, the FLOPs per token for MFU."""
+    """The engine's plan of a finetuning run: the finetune section, the batch maths, the FLOPs per real token for
+    MFU."""
     ft, m = run_cfg.finetune, run_cfg.model
     shape = train.enc.arrays["input_ids"].shape  # [N, L] or [N, options, L]
-    rows, L = int(np.prod(shape[1:-1], dtype=np.int64)), int(shape[-1])
-    mb_rows = ft.micro_batch_size * rows
+    mb_rows = ft.micro_batch_size * int(np.prod(shape[1:-1], dtype=np.int64))
+    # the logged tokens/s counts real tokens (FinetuneWorkload.step_tokens): a sequence of l of them costs a*l + b*l^2
+    # (attention), so the FLOPs per real token are those at the token-weighted mean length sum(l^2) / sum(l)
+    seqs = (train.enc.arrays["attention_mask"] != 0).reshape(-1, shape[-1]).sum(-1)
+    L = max(1, round(float((seqs**2).sum() / max(int(seqs.sum()), 1))))
     return TrainPlan.from_config(
         run_cfg,
         "finetune",
@@ -324,6 +361,6 @@ def finetune_plan(run_cfg: Config, train: TaskData, steps: StepCounts) -> TrainP
         warmup_steps=steps.warmup,
         batch_shape=(ft.batch_size, *(int(n) for n in shape[1:])),
         accumulation=steps.accumulation,
-        # the content stream over every position, no memory, no LM head (model/flops.py), for the logged MFU
+        # the content stream over every real position, no memory, no LM head (model/flops.py), for the logged MFU
         flops_per_token=3.0 * forward_flops(m, mb_rows, L, 0, 0, last_layer_query_only=False) / (mb_rows * L),
     )

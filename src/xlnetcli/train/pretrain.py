@@ -242,6 +242,9 @@ class PretrainWorkload:
         self.mems.carry(micro, out)
         return out.loss
 
+    def step_tokens(self) -> None:
+        return None  # records are full rows: every token of the plan's batch is real
+
     def _due(self, every: int | str, step: int) -> bool:
         """Every ``every`` steps and at the last; never for eval_every=never (a word) or probe_every=0."""
         return isinstance(every, int) and every > 0 and (step % every == 0 or step == self.cfg.train.max_steps)

@@ -42,18 +42,20 @@ class StepClock:
         self.start = self.interval_start = time.perf_counter()
         self.paused_s = 0.0
         self.steps = 0  # steps of this fit
-        self.steps_in_interval = 0  # steps since the last train row
+        self.tokens = 0  # tokens of this fit's steps
+        self.tokens_in_interval = 0  # since the last train row
 
-    def tick(self) -> None:
+    def tick(self, tokens: int) -> None:
         self.steps += 1
-        self.steps_in_interval += 1
+        self.tokens += tokens
+        self.tokens_in_interval += tokens
 
-    def interval(self, tokens_per_step: int, steps_left: int) -> tuple[float, float]:
+    def interval(self, steps_left: int) -> tuple[float, float]:
         """(tokens/s over the steps since the last call, seconds left); the next interval starts now."""
         now = time.perf_counter()
-        tps = tokens_per_step * self.steps_in_interval / max(now - self.interval_start, 1e-9)
+        tps = self.tokens_in_interval / max(now - self.interval_start, 1e-9)
         eta = steps_left * (now - self.start - self.paused_s) / max(self.steps, 1)
-        self.interval_start, self.steps_in_interval = now, 0
+        self.interval_start, self.tokens_in_interval = now, 0
         return tps, eta
 
     @contextlib.contextmanager

@@ -88,13 +88,25 @@ class Encoded:
     def __len__(self) -> int:
         return len(next(iter(self.arrays.values())))
 
-    def by_length(self, batch_size: int) -> list[np.ndarray]:
-        """Row indices in batches of ``batch_size`` for inference, shortest examples first (a stable sort by real
-        length, the longest option of a choice): each batch is then padded to little more than its own rows. The
-        caller puts the outputs back in row order (``np.concatenate(batches)`` is the permutation)."""
+    def _real(self) -> np.ndarray:
+        """[rows, sequences per row (a choice's options), L]: which positions hold a real token."""
         mask = self.arrays["attention_mask"]
-        lengths = (mask != 0).reshape(len(mask), -1, mask.shape[-1]).sum(-1).max(-1)
-        order = np.argsort(lengths, kind="stable")
+        return (mask != 0).reshape(len(mask), -1, mask.shape[-1])
+
+    def lengths(self) -> np.ndarray:
+        """Per row, the real tokens of its longest sequence (a choice's longest option): the width ``batch`` pads the
+        row to (real tokens are contiguous: left-padded texts and choices, right-padded SQuAD windows)."""
+        return self._real().sum(-1).max(-1)
+
+    def real_tokens(self) -> np.ndarray:
+        """Per row, its real tokens (every option of a choice): the work a row asks for, padding left out."""
+        return self._real().sum((1, 2))
+
+    def by_length(self, batch_size: int) -> list[np.ndarray]:
+        """Row indices in batches of ``batch_size`` for inference, shortest examples first (a stable sort by
+        ``lengths``): each batch is then padded to little more than its own rows. The caller puts the outputs back in
+        row order (``np.concatenate(batches)`` is the permutation)."""
+        order = np.argsort(self.lengths(), kind="stable")
         return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
 
     def batch(self, idx: np.ndarray, keys: Sequence[str]) -> dict[str, np.ndarray]:
