@@ -1,10 +1,11 @@
 import dataclasses
+import re
 import time
 import typing
 
 import pytest
 import yaml
-from clitools import PRESET_DIR, ROOT
+from clitools import PRESET_DIR, ROOT, assert_one_line_error, run_main
 
 from xlnetcli.cli import COMMAND_SECTIONS, check_override_sections
 from xlnetcli.config import (
@@ -239,6 +240,38 @@ def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
     assert "aliases" in str(e.value) and "line 2" in str(e.value) and len(str(e.value)) < 300
     with pytest.raises(ConfigError, match="aliases"):
         load_config(None, ["train.adam_betas=[&x 0.9, *x]"])
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("train:\n  lr: 1e-3\n  seed: 3\n  lr: 1e-4\n", "key 'lr' is given twice (lines 2 and 4); keep one"),
+        ("train:\n  lr: 1e-3\nmodel: {}\ntrain:\n  seed: 3\n", "key 'train' is given twice (lines 1 and 4)"),
+    ],
+)
+def test_a_key_given_twice_in_a_config_is_refused(tmp_path, capsys, text, needle):
+    """Issue 35: YAML's last value won silently, so the first was a setting the user believed in and never got."""
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: {re.escape(needle)}"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"--set train.adam_betas=\{a: 1, a: 2\}: key 'a' is given twice"):
+        load_config(None, ["train.adam_betas={a: 1, a: 2}"])
+    assert load_config(None, ["train.adam_betas=[0.9, 0.9]"]).train.adam_betas == (0.9, 0.9)  # values may repeat
+
+
+def test_a_deeply_nested_config_or_set_value_is_one_line(tmp_path, capsys):
+    """Issue 35: nesting deeper than Python's stack gave a RecursionError traceback (a config file, a --set value)."""
+    path = tmp_path / "deep.yaml"
+    path.write_text("train:\n  lr: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: not valid YAML \(nested too deeply"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"^--set train\.lr=\[\[\[.*: nested too deeply"):
+        load_config(None, ["train.lr=" + "[" * 5000 + "]" * 5000])
+    out = tmp_path / "tok"
+    code, _, err = run_main(capsys, "tokenize", "train", ROOT / "README.md", "--out", out, "--config", path)
+    assert_one_line_error(code, err, "deep.yaml: not valid YAML (nested too deeply")
+    assert not out.exists()
 
 
 def test_unbounded_values_are_cut_in_messages():

@@ -17,7 +17,7 @@ from finetunetools import random_init_checkpoint
 from xlnetcli.checkpoint.load import load_model_dir
 from xlnetcli.core.errors import CheckpointError, DataError, XLNetError
 from xlnetcli.core.files import lock_path, output_lock
-from xlnetcli.core.shapes import json_field, read_json_object
+from xlnetcli.core.shapes import json_field, loads_strict, read_json_object
 from xlnetcli.data.records.format import open_records, read_meta
 from xlnetcli.data.shards.format import read_manifest
 from xlnetcli.report.trackers import start_trackers
@@ -238,3 +238,22 @@ def test_arguments_that_are_not_utf8_are_one_line(tmp_path, capsys, arg):
     code, _, err = run_main(capsys, "tokenize", "encode", "--tokenizer", tmp_path, "--text", arg)
     assert_one_line_error(code, err, "not valid UTF-8")
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- nesting deeper than Python's stack (issue 35) --------------------------------------------------------------
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_deeply_nested_json_is_a_value_error_not_a_recursion_error():
+    with pytest.raises(ValueError, match="nested too deeply"):
+        loads_strict(DEEP)
+
+
+def test_a_deeply_nested_corpus_line_is_one_line_naming_it(tmp_path, capsys):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "a line of text"}\n' + '{"text": ' + DEEP + "}\n")
+    before = corpus.read_bytes()
+    code, _, err = run_main(capsys, "tokenize", "train", corpus, "--out", tmp_path / "tok")
+    assert_one_line_error(code, err, "corpus.jsonl line 2 is not JSON (nested too deeply)")
+    assert corpus.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl"]

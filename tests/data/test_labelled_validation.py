@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
+import torch
 from clitools import assert_one_line_error, run_main, set_args
 from conftest import tree_digest
-from finetunetools import random_init_checkpoint
+from finetunetools import MODEL_SETS, ft_cfg, random_init_checkpoint
 
+from xlnetcli.checkpoint.folders import save_model_dir
 from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import atomic_write_json
 from xlnetcli.core.shapes import loads_strict
 from xlnetcli.data.labelled import Columns, read_choices, read_squad, read_table
+from xlnetcli.evaluate.finetuned import build_finetune_model
 from xlnetcli.train.finetune_workload import BestSoFar
 
 GOOD_TSV = "sentence\tlabel\nthe cat sat\tpos\na dog ran\tneg\n"
@@ -63,6 +67,16 @@ def test_non_finite_regression_labels_are_refused(tmp_path, label):
     path = _write(tmp_path, "reg.tsv", GOOD_REG + f"odd one\t{label}\n")
     with pytest.raises(DataError, match=r"reg\.tsv:4: regression label .* not a finite number"):
         read_table(path, task="regression")
+
+
+@pytest.mark.parametrize("label", ["1e308", "-1e308", "3e38", "1e20"])
+def test_regression_labels_whose_square_overflows_float32_are_refused(tmp_path, label):
+    """Issue 35: 1e308 passed the finite check, became inf in float32 and the run "diverged", blamed on the learning
+    rate; a label whose square (the squared error) overflows float32 does the same at the first step."""
+    path = _write(tmp_path, "reg.tsv", GOOD_REG + f"odd one\t{label}\n")
+    with pytest.raises(DataError, match=r"reg\.tsv:4: regression label .* beyond 1\.8e\+19, .* rescale the labels"):
+        read_table(path, task="regression")
+    assert read_table(_write(tmp_path, "ok.tsv", GOOD_REG + "big\t-1e18\n"), task="regression")[-1].label == -1e18
 
 
 def test_a_nan_token_in_jsonl_is_not_json(tmp_path):
@@ -162,6 +176,15 @@ def test_a_deeply_nested_squad_file_is_refused_not_a_recursion_error(tmp_path):
         read_squad(path)
 
 
+def test_a_squad_question_id_given_twice_is_refused(tmp_path):
+    """Issue 35: the metric is keyed by id (as the official evaluator's), so a repeated id silently lost a question."""
+    doc = _squad()
+    para = doc["data"][0]["paragraphs"][0]
+    doc["data"].append({"title": "u", "paragraphs": [{"context": "a dog ran", "qas": [dict(para["qas"][0])]}]})
+    with pytest.raises(DataError, match=r"sq\.json: question id 'q1' appears twice \(data\[1\]\.paragraphs\[0\] and "):
+        read_squad(_write(tmp_path, "sq.json", json.dumps(doc)))
+
+
 def test_a_good_squad_file_still_reads(tmp_path):
     (ex,) = read_squad(_write(tmp_path, "sq.json", json.dumps(_squad())))
     assert (ex.answers, ex.answer_starts, ex.is_impossible) == (["cat"], [4], False)
@@ -222,6 +245,12 @@ BAD_FILES = {  # name: (task, the training file's text, what the one line says);
     "no-data.json": ("squad", '{"version": "v2.0", "data": []}', "no questions"),
     "no-qas.json": ("squad", json.dumps(_squad(para_change={"qas": []})), "no questions"),
     "no-answer-found.json": ("squad", json.dumps(_squad(answer={"text": "dog"})), "every answer was missing"),
+    "huge-label.tsv": ("regression", GOOD_REG + "x\t1e308\n", ":4: regression label '1e308' is beyond"),
+    "dup-ids.json": (
+        "squad",
+        json.dumps({"data": [{"paragraphs": [_squad()["data"][0]["paragraphs"][0]] * 2}]}),
+        "question id 'q1' appears twice",
+    ),
 }
 
 
@@ -268,3 +297,65 @@ def test_blank_and_long_texts_are_kept_and_noted(init, tmp_path, capsys):
     assert math.isfinite(res["final_train_loss"]) and res["notes"] == [blank, cut] * 2
     code, stdout, err = run_main(capsys, "eval", out, "--file", train, "--device", "cpu")
     assert code == 0 and json.loads(stdout)["notes"] == [blank, cut], err
+
+
+# ---- pipes, predictions as TSV, --file with --data ---------------------------------------------------------------
+
+
+def test_a_pipe_is_refused_as_not_a_regular_file_not_as_missing(init, tmp_path, capsys):
+    """Issue 35: `--train <(cat x.tsv)` was "file not found". A labelled file is read more than once (finetuning
+    records its sha256), so a pipe is refused for what it is, without being opened (opening a FIFO would block)."""
+    for read, name in ((read_table, "train.tsv"), (read_choices, "train.jsonl"), (read_squad, "train.json")):
+        os.mkfifo(tmp_path / name)
+        with pytest.raises(DataError, match=rf"{name} is not a regular file \(a pipe or a device\); .* save it"):
+            read(tmp_path / name)
+    with pytest.raises(DataError, match="is a folder"):
+        read_table(tmp_path)
+    fifo = tmp_path / "train.tsv"
+    args = ["--task", "classification", "--init", init, "--train", fifo, "--out", tmp_path / "ft"]
+    code, _, err = run_main(capsys, "finetune", *args)
+    assert_one_line_error(code, err, "train.tsv is not a regular file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.json", "train.jsonl", "train.tsv"]
+
+
+@pytest.fixture(scope="module")
+def choice_run(builds, tmp_path_factory) -> Path:
+    """A finetuned multiple-choice checkpoint (random weights): what `xlnet eval --predict` reads ids for."""
+    cfg = ft_cfg(*MODEL_SETS)
+    torch.manual_seed(0)
+    model = build_finetune_model(cfg, "multiple-choice", 1)
+    meta = {"kind": "finetune", "task": "multiple-choice", "step": 1}
+    d = tmp_path_factory.mktemp("mc")
+    return save_model_dir(d / "mc", model, cfg, builds.tokenizer(cfg.tokenizer), meta=meta)
+
+
+@pytest.mark.parametrize("qid", ["a\tb", "a\u2028b", "x\r"])
+def test_an_id_that_would_split_the_tsv_of_predictions_is_refused(choice_run, tmp_path, capsys, qid):
+    """Issue 35: an id with a tab or line break split `--predict out.tsv`'s rows. Refused before predicting, naming
+    the line and the way out (.jsonl keeps every id exactly, as the second run shows)."""
+    rows = [{"id": "q0", "context": "c", "question": "q", "options": ["a", "b"], "answer": 0}]
+    rows.append({**rows[0], "id": qid})
+    mc = _write(tmp_path, "mc.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    code, _, err = run_main(capsys, "eval", choice_run, "--file", mc, "--predict", tmp_path / "p.tsv")
+    assert_one_line_error(code, err, "mc.jsonl:2: id ", "would split the TSV --predict", ".jsonl")
+    assert not (tmp_path / "p.tsv").exists()
+    code, _, err = run_main(capsys, "eval", choice_run, "--file", mc, "--predict", tmp_path / "p.jsonl", "--quiet")
+    assert code == 0, err
+    lines = (tmp_path / "p.jsonl").read_text(encoding="utf-8").split("\n")  # JSON Lines end at \n only
+    assert [json.loads(line)["id"] for line in lines if line] == ["q0", qid]
+
+
+def test_jsonl_lines_end_at_newline_only(tmp_path):
+    """A raw U+2028 or \\x1c inside a JSON string (what ensure_ascii=False writes) is not a line end, though
+    str.splitlines breaks there: the row was "not valid JSON"."""
+    row = {"context": "one\u2028two\x1cthree", "question": "q", "options": ["a", "b"], "answer": 1}
+    path = _write(tmp_path, "mc.jsonl", json.dumps(row, ensure_ascii=False) + "\n")
+    assert [ex.context for ex in read_choices(path)] == [row["context"]]
+
+
+def test_eval_refuses_file_and_data_together(choice_run, tmp_path, capsys):
+    """Issue 35: `xlnet eval --data R --file F` silently ignored one of them."""
+    out = tmp_path / "r.json"
+    code, _, err = run_main(capsys, "eval", choice_run, "--file", "f.jsonl", "--data", "recs", "--output", out)
+    assert_one_line_error(code, err, "--file f.jsonl and --data recs cannot be combined")
+    assert not out.exists()

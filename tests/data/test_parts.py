@@ -158,6 +158,18 @@ def test_part_index_out_of_range(tmp_path, capsys, part_tok, text):
     assert not (tmp_path / "p").exists()
 
 
+@pytest.mark.parametrize("text", ["0/100001", "0/100000000000000000000", "0/1e20"])
+def test_more_parts_than_a_sane_number_are_refused_at_once(tmp_path, capsys, part_tok, text):
+    """Issue 35: `--part 0/100000000000000000000` hung (every part's load was tabulated before a byte was read)."""
+    with pytest.raises(XLNetError, match="100000"):
+        parse_part(text)
+    code, _, err = run_main(
+        capsys, "shard", SAMPLE, "--tokenizer", part_tok, "--out", tmp_path / "p", "--part", text, "--quiet"
+    )
+    assert_one_line_error(code, err, "--part", "N <= 100000")
+    assert not (tmp_path / "p").exists()
+
+
 @pytest.fixture(scope="module")
 def two_parts(tmp_path_factory, corpus, part_tok) -> list[Path]:
     """Parts 0 and 1 of 2 (read only: tests copy them before changing them)."""
@@ -218,6 +230,16 @@ def test_corrupted_part_is_refused(tmp_path, capsys, two_parts):
     refused(capsys, tmp_path, [two_parts[0], bad], "is missing")
     (bad / "part.json").write_text("{}")
     refused(capsys, tmp_path, [two_parts[0], bad], "not a shard part")
+
+
+@pytest.mark.parametrize("parts", [200_000, 10**20, 1e20])
+def test_a_part_json_with_an_absurd_part_count_is_refused(tmp_path, capsys, two_parts, parts):
+    """A hand-edited part.json claiming 10**20 parts hung the merge (it listed the missing ones)."""
+    bad = tmp_path / "bad"
+    shutil.copytree(two_parts[0], bad)
+    meta = json.loads((bad / "part.json").read_text())
+    (bad / "part.json").write_text(json.dumps({**meta, "parts": parts}))
+    refused(capsys, tmp_path, [bad], "part.json is malformed")
 
 
 def test_merge_keeps_an_earlier_output(tmp_path, two_parts):
@@ -289,6 +311,16 @@ def test_record_parts_cli_and_bad_input(tmp_path, capsys, shard_dir, records_roo
     code, _, err = run_main(capsys, *base, "--out", tmp_path / "bad", "--part", "2/2")
     assert_one_line_error(code, err, "--part")
     assert not (tmp_path / "bad").exists()
+    code, _, err = run_main(capsys, *base, "--out", tmp_path / "bad", "--part", "0/9")  # G = 8 rows to share
+    assert_one_line_error(code, err, "9 parts, more than 8", "train.global_batch_size is 8")
+    assert not (tmp_path / "bad").exists()
+    for parts in (1e20, 10**20):  # a hand-edited part.json: a traceback, or a hang listing the missing parts
+        absurd = tmp_path / "absurd"
+        shutil.copytree(tmp_path / "p0", absurd, dirs_exist_ok=True)
+        meta = json.loads((absurd / "part.json").read_text())
+        (absurd / "part.json").write_text(json.dumps({**meta, "parts": parts}))
+        code, _, err = run_main(capsys, "preprocess-merge", absurd, "--out", tmp_path / "x")
+        assert_one_line_error(code, err, "not a records part")
     for args, needle in [
         ([tmp_path / "p0"], "part 1/2 is missing"),
         ([tmp_path / "p0", tmp_path / "p0", tmp_path / "p1"], "part 0/2 given twice"),
@@ -300,7 +332,7 @@ def test_record_parts_cli_and_bad_input(tmp_path, capsys, shard_dir, records_roo
     other = tmp_path / "other"
     run_main(capsys, *base, "--set", "data.seed=7", "--out", other, "--part", "1/2")
     code, _, err = run_main(capsys, "preprocess-merge", tmp_path / "p0", other, "--out", tmp_path / "x")
-    assert_one_line_error(code, err, "differ in")
+    assert_one_line_error(code, err, "differ in records settings (seed 42 against 7")  # which key, both values
     bad = tmp_path / "p1c"
     shutil.copytree(tmp_path / "p1", bad)
     victim = bad / "train" / "pass_000.masked.npy"

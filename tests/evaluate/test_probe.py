@@ -141,6 +141,8 @@ def test_label_curve_rises_with_labelled_rows_and_is_plotted(env, capsys):
     res = json.loads(out.read_text())
     mean = res["results"]["pretrained"]["mean"]
     assert [pt["n"] for pt in mean["curve"]] == [20, 200]  # 5000 is not below the 300 training rows: the full file
+    note = "--train-sizes 5000 not drawn: not below the 300 training rows"  # said, not silently dropped (issue 35)
+    assert res["notes"][0].startswith(note) and f"  {note}" in stdout
     assert all(len(pt["accuracies"]) == 3 for pt in mean["curve"])
     small, large = (pt["accuracy"] for pt in mean["curve"])
     assert small < large - 0.1 and large > 0.9, mean["curve"]  # measured 0.82 and 0.975 (all 300 rows: 0.965)
@@ -290,6 +292,21 @@ def test_bad_inputs_are_one_line(env, tmp_path, capsys):
             capsys, *base, "--train", env["planted_train"], "--valid", env["planted_valid"], "--train-sizes", sizes
         )
         assert_one_line_error(code, err, "--train-sizes")
+
+
+def test_a_max_seq_length_beyond_memory_is_refused_before_any_feature(env, tmp_path, capsys, monkeypatch):
+    """Issue 35: `--max-seq-length 5000` ran for 49 s and died in an allocation traceback. One layer's attention
+    scores for a batch of that length (12 x 4 heads x 5000 x 5 x 5000 floats: 24 GB) are estimated first, against
+    the machine's memory, here set to 4 GB so that the test does not depend on the machine."""
+    monkeypatch.setattr("xlnetcli.config.sizes.memory_bytes", lambda device=None: (4 * 10**9, "this machine's RAM"))
+    rows = _write(tmp_path / "rows.tsv", [(t, "ab"[i % 2]) for i, t in enumerate(_lines()[:12])])
+    out = tmp_path / "res.json"
+    args = ["probe", env["run"], "--train", rows, "--valid", rows, "--device", "cpu", "--max-seq-length", "5000"]
+    code, _, err = run_main(capsys, *args, "--output", out)
+    assert_one_line_error(code, err, "12 examples of 5000 tokens need at least 24.0 GB", "RAM has 4.0 GB")
+    assert "lower --max-seq-length 5000 or --batch-size 12" in err and not out.exists()
+    code, _, err = run_main(capsys, *args, "--batch-size", "1", "--quiet")  # 2 GB: fits (short rows: quick)
+    assert code == 0, err
 
 
 def test_probe_config_keys_are_validated():

@@ -60,7 +60,7 @@ def _with_pretraining_values(mcfg: ModelConfig, path: Path) -> ModelConfig:
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))["model"]
         return dataclasses.replace(mcfg, **{k: saved[k] for k in PRETRAINING_KEYS if k in saved})
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise CheckpointError(
             f"{path}: not a valid pretraining record ({type(e).__name__}); remove it to import with inference settings"
         ) from None
@@ -359,7 +359,7 @@ def _finetune_record(path: Path, head: HFHead) -> dict[str, Any]:
         section = {"config_version": rec.get("config_version", 1), "finetune": rec.get("finetune", {})}
         rec["finetune"] = upgrade_config(section, str(path))["finetune"]  # an earlier version's 0s read as today's
         FinetuneConfig(**rec["finetune"])
-    except (OSError, ValueError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError) as e:
         raise CheckpointError(
             f"{path}: not a valid finetuning record ({type(e).__name__}); remove it to use the "
             "head with default finetune settings"

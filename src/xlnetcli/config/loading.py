@@ -59,8 +59,17 @@ class YAMLAliasError(yaml.YAMLError):
     """An alias or anchor in a config: refused, since a few hundred bytes of aliases expand to gigabytes."""
 
 
+class YAMLDuplicateKeyError(yaml.YAMLError):
+    """A key given twice in one mapping: YAML's last one would win silently, so the first is a setting never used."""
+
+
+class YAMLNestingError(yaml.YAMLError):
+    """Nesting deeper than Python's stack (a few thousand ``[``): refused, not a RecursionError traceback."""
+
+
 class _ConfigLoader(yaml.SafeLoader):
-    """SafeLoader that refuses anchors and aliases (the 'billion laughs' expansion); configs never need them."""
+    """SafeLoader that refuses anchors and aliases (the 'billion laughs' expansion; configs never need them) and a
+    key given twice in one mapping."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
@@ -68,10 +77,24 @@ class _ConfigLoader(yaml.SafeLoader):
             raise YAMLAliasError(f"line {event.start_mark.line + 1}")
         return super().compose_node(parent, index)
 
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: dict[tuple[str, str], int] = {}  # (resolved tag, text) of each scalar key: its line
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key, line = (key_node.tag, key_node.value), key_node.start_mark.line + 1
+                if key in seen:
+                    raise YAMLDuplicateKeyError(f"key {short(key[1])} is given twice (lines {seen[key]} and {line})")
+                seen[key] = line
+        return super().construct_mapping(node, deep)
+
 
 def yaml_load(text: str) -> Any:
-    """Parse one YAML document with safe types and no anchors or aliases (raises YAMLAliasError on one)."""
-    return yaml.load(text, Loader=_ConfigLoader)  # a SafeLoader subclass: no arbitrary objects
+    """Parse one YAML document with safe types, no anchors or aliases (YAMLAliasError), no key given twice in a
+    mapping (YAMLDuplicateKeyError) and nesting Python's stack can hold (YAMLNestingError)."""
+    try:
+        return yaml.load(text, Loader=_ConfigLoader)  # a SafeLoader subclass: no arbitrary objects
+    except RecursionError:
+        raise YAMLNestingError("nested too deeply") from None
 
 
 # ---- presets and files ----------------------------------------------------------------------------------------
@@ -109,6 +132,10 @@ def _read_yaml(path: str | Path) -> tuple[dict[str, Any], str]:
         raise ConfigError(
             f"{where}: YAML aliases and anchors (*name, &name) are not allowed in configs ({e})"
         ) from None
+    except YAMLDuplicateKeyError as e:
+        raise ConfigError(f"{where}: {e}; keep one of them") from None
+    except YAMLNestingError:
+        raise ConfigError(f"{where}: not valid YAML (nested too deeply for a config)") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         line = getattr(getattr(e, "problem_mark", None), "line", None)
         at = f" (line {line + 1})" if line is not None else ""
@@ -216,6 +243,8 @@ def parse_override(item: str) -> tuple[str, str, Any]:
         raise ConfigError(
             f"--set {clip(printable(item))}: YAML aliases and anchors (*name, &name) are not allowed"
         ) from None
+    except (YAMLDuplicateKeyError, YAMLNestingError) as e:
+        raise ConfigError(f"--set {clip(printable(item))}: {e}") from None
     except yaml.YAMLError:
         value = text
     return parts[0], parts[1], value

@@ -25,8 +25,12 @@ def _reject_constant(name: str) -> Any:
 
 
 def loads_strict(text: str) -> Any:
-    """json.loads that refuses NaN/Infinity (Python writes them, no other JSON reader accepts them)."""
-    return json.loads(text, parse_constant=_reject_constant)
+    """json.loads that refuses NaN/Infinity (Python writes them, no other JSON reader accepts them); nesting deeper
+    than Python's stack is a ValueError too, never a RecursionError."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def finite_or_null(obj: Any) -> Any:

@@ -13,6 +13,7 @@ Results are returned and, with ``output``, written as JSON.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,11 @@ def evaluate(
     ``data`` (records; ``kwargs``: PLM_EVAL_KEYS). Options of the other kind are ignored. ``predict`` and ``output``
     are checked against every input before any work (core.files.check_file_outputs)."""
     ckpt = Path(checkpoint)
+    if file is not None and data is not None:
+        raise XLNetError(
+            f"--file {file} and --data {data} cannot be combined: --file scores a finetuned checkpoint on a labelled "
+            "file, --data a pretrained one on records; pass the one for this checkpoint"
+        )
     check_file_outputs({"--predict": predict, "--output": output}, [*checkpoint_inputs(ckpt), file, data])
     if _is_finetuned(ckpt):
         if file is None:
@@ -160,6 +166,8 @@ def _evaluate_task(
     )
     if len(data) == 0:
         raise DataError(f"{file}: no examples")
+    if predict is not None and Path(predict).suffix.lower() == ".tsv":
+        _check_tsv_ids(data.examples, file, predict)
     thresh = s.null_odds_threshold
     if thresh is None:
         thresh = float(meta.get("null_odds_threshold", 0.0))
@@ -193,15 +201,33 @@ def _evaluate_task(
     return res
 
 
+# What splits a TSV cell: a tab, and every character str.splitlines breaks a line at
+TSV_BREAKS = re.compile("[\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def _check_tsv_ids(examples: list[Any], file: str | Path, predict: str | Path) -> None:
+    """Refuse, before any prediction, an example id (multiple choice, SQuAD) that a TSV of predictions would split;
+    JSONL keeps every id exactly."""
+    for ex in examples:
+        qid = getattr(ex, "qid", getattr(ex, "id", None))
+        if isinstance(qid, str) and TSV_BREAKS.search(qid):
+            at = f"{file}:{ex.line}" if getattr(ex, "line", 0) else str(file)
+            raise DataError(
+                f"{at}: id {qid!r} holds a tab or line break, which would split the TSV --predict {predict}; "
+                "write the predictions as .jsonl (ids kept exactly) or fix the id"
+            )
+
+
 def write_predictions(path: str | Path, rows: list[dict]) -> None:
-    """JSONL (one object per example), or TSV (index/id and prediction) when the name ends in .tsv."""
+    """JSONL (one object per example), or TSV (index/id and prediction) when the name ends in .tsv: a tab or line
+    break inside a predicted text is written as a space (an id holding one is refused first: ``_check_tsv_ids``)."""
     path = Path(path)
     if path.suffix.lower() == ".tsv":
         key = "id" if rows and "id" in rows[0] else "index"
         lines = [f"{key}\tprediction"]
         for r in rows:
             p = r["prediction"]
-            p = p.replace("\t", " ").replace("\n", " ") if isinstance(p, str) else p
+            p = TSV_BREAKS.sub(" ", p) if isinstance(p, str) else p
             lines.append(f"{r[key]}\t{p}")
         atomic_write_text(path, "\n".join(lines) + "\n")
     else:

@@ -45,6 +45,7 @@ import torch
 from xlnetcli.checkpoint import lm
 from xlnetcli.checkpoint.folders import tokenizer_dir_of
 from xlnetcli.checkpoint.load import checkpoint_inputs
+from xlnetcli.config.sizes import check_inference_fits
 from xlnetcli.core import dist
 from xlnetcli.core.console import CountProgress
 from xlnetcli.core.errors import DataError, XLNetError
@@ -52,6 +53,7 @@ from xlnetcli.core.files import atomic_write_json, check_file_outputs
 from xlnetcli.data import labelled
 from xlnetcli.data.tokenizer import Tokenizer
 from xlnetcli.model import XLNetLMHeadModel
+from xlnetcli.model.kernels import resolve_impl
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
@@ -60,6 +62,7 @@ FEATURES = ("mean", "cls")
 L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # penalty 0.5 * l2 * ||W||^2 added to the mean cross entropy
 HELDOUT_FRACTION = 0.2  # share of the training file held out to choose the L2 strength
 CURVE_DRAWS = 3  # draws of the training rows per size of the label-efficiency curve
+LINEAR_MEMORY_IMPLS = ("flex", "triton")  # attention kernels that never write [batch, heads, length, length] scores
 
 
 @dataclass(frozen=True)
@@ -503,6 +506,10 @@ def probe(
     assert max_len is not None
     if max_len < 4:
         raise XLNetError(f"--max-seq-length must be >= 4, got {max_len}")
+    if resolve_impl(xl.config.model.attn_impl, dev) not in LINEAR_MEMORY_IMPLS:  # kernels that write the scores
+        batch = min(settings.batch_size, max(len(train_rows), len(valid_rows)))
+        keys = f"--max-seq-length {max_len} or --batch-size {batch}"
+        check_inference_fits(xl.config.model, batch, max_len, dev, keys)
     models = {"pretrained": xl.model}
     if baseline == "random":
         models["random"] = random_init_like(xl.model, xl.config.train.seed)
@@ -511,6 +518,12 @@ def probe(
         for name, m in models.items()
     }
     res = _probe_report(xl, train, valid, label_list, settings, baseline, results)
+    beyond = [n for n in sorted(set(settings.train_sizes)) if n >= len(train_rows)]
+    if beyond:
+        res["notes"] = [
+            f"--train-sizes {','.join(map(str, beyond))} not drawn: not below the {len(train_rows)} training rows "
+            "(the whole training file is the curve's last point)"
+        ]
     if output is not None:
         atomic_write_json(output, res)
     return res
@@ -527,6 +540,7 @@ def format_table(res: dict[str, Any]) -> str:
     ]
     if res["truncated"]:
         lines.append(f"  {res['truncated']} examples truncated to {res['max_seq_length']} tokens")
+    lines += [f"  {note}" for note in res.get("notes", [])]
     lines.append("features  " + "".join(f"{n:>12}" for n in names) + "   (L2 chosen on held-out training rows)")
     for kind in FEATURES:
         cells = "".join(f"{res['results'][n][kind]['accuracy']:>12.3f}" for n in names)

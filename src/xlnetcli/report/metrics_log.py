@@ -26,7 +26,7 @@ from typing import Any
 
 from xlnetcli.core.console import console
 from xlnetcli.core.errors import DataError
-from xlnetcli.core.shapes import dumps_strict
+from xlnetcli.core.shapes import describe, dumps_strict
 from xlnetcli.report.trackers import TRACKERS_FILE, close_trackers, one_line, start_trackers
 
 # What a run folder holds besides its subfolders (step folders, tensorboard/): config, metrics, a finetuning run's
@@ -107,7 +107,8 @@ class NullLogger:
 
 def read_metrics(run_dir: str | Path, warn: bool = True) -> list[dict]:
     """The rows of ``metrics.jsonl``. A torn last line (a process killed while appending) is skipped and reported;
-    a bad line before the last one means the file was damaged otherwise, and is an error naming the line."""
+    a bad line before the last one means the file was damaged otherwise, and is an error naming the line; so is a
+    row without an integer ``step`` >= 0 (every row the tool writes has one) or one nested too deeply to parse."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
@@ -126,5 +127,11 @@ def read_metrics(run_dir: str | Path, warn: bool = True) -> list[dict]:
                     console.print(f"[yellow]{path}: skipped a torn last line (a run was killed while logging)[/]")
                 break
             raise DataError(f"{path} line {i} is not a JSON object; the file is damaged") from None
+        except RecursionError:  # not a torn line: a complete one nested deeper than Python's stack
+            raise DataError(f"{path} line {i} is nested too deeply to read; the file is damaged") from None
+        step = row.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            found = "none" if "step" not in row else describe(step)
+            raise DataError(f"{path} line {i} has no step (found {found}); every row needs one: fix or remove the line")
         rows.append(row)
     return rows

@@ -83,7 +83,8 @@ def plot_label_curve(probe_json: str | Path, out: str | Path | None = None) -> P
             for name, feats in results.items()
             for kind, r in feats.items()
         }
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        title, majority = f"label efficiency: {Path(res['valid']).name}", res["majority"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise DataError(
             f"{probe_json}: not a probe result with a label-efficiency curve (xlnet probe "
             f"--train-sizes N,N --output FILE): {e}"
@@ -92,8 +93,8 @@ def plot_label_curve(probe_json: str | Path, out: str | Path | None = None) -> P
         curves,
         out,
         "validation accuracy (linear probe)",
-        f"label efficiency: {Path(res['valid']).name}",
-        majority=res["majority"],
+        title,
+        majority=majority,
     )
 
 

@@ -234,7 +234,7 @@ def start_trackers(run_dir: Path, report_to: str | list[str], config: Any, resum
     previous: dict = {}
     state_path = run_dir / TRACKERS_FILE
     if resumed and state_path.is_file():
-        with contextlib.suppress(ValueError, OSError):
+        with contextlib.suppress(ValueError, OSError, RecursionError):
             loaded = json.loads(state_path.read_text(encoding="utf-8"))
             # of the wrong shape: start new tracker runs (the ids only continue a run, metrics.jsonl is the record)
             previous = {k: v for k, v in loaded.items() if isinstance(v, dict)} if isinstance(loaded, dict) else {}

@@ -77,7 +77,7 @@ def load_tree(path: str | Path) -> Any:
             tree = json.loads((f.metadata() or {})["tree"])
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no items()
         return _decode(tree, tensors)
-    except (OSError, SafetensorError, ValueError, KeyError, TypeError) as e:
+    except (OSError, SafetensorError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise CheckpointError(
             f"{path} is not a readable training state ({type(e).__name__}); resume from an earlier step"
         ) from None

@@ -219,9 +219,10 @@ def _iter_jsonl(
             return ""
         try:
             obj = json.loads(line)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
+            why = getattr(e, "msg", e) if isinstance(e, ValueError) else "nested too deeply"
             raise DataError(
-                f"{path} line {lineno} is not JSON ({getattr(e, 'msg', e)}); JSON Lines expected: one object per line"
+                f"{path} line {lineno} is not JSON ({why}); JSON Lines expected: one object per line"
             ) from None
         if not isinstance(obj, dict):
             raise DataError(f"{path} line {lineno} is a JSON {type(obj).__name__}, expected an object")

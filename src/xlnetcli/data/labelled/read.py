@@ -18,6 +18,9 @@ from xlnetcli.core.shapes import describe, json_field, loads_strict
 from xlnetcli.data.corpus.inputs import JSONL_SUFFIXES
 
 TASKS = ("classification", "regression", "multiple-choice", "squad")
+# A regression label at most this large in magnitude: its square (the squared error the regression head trains on) must
+# fit in float32, else the loss is inf at the first step and the run "diverges" for a reason no learning rate fixes
+MAX_REGRESSION_LABEL = math.sqrt((2 - 2**-23) * 2.0**127)  # float32's largest is (2 - 2^-23) * 2^127: ~1.8e19
 # Options of one multiple-choice question at most: each option is a sequence of its own, and every question of a file
 # is padded to its largest count (RACE, SWAG and ARC have 4 or 5; thousands are a malformed file)
 MAX_OPTIONS = 64
@@ -78,9 +81,19 @@ _LABEL_NAMES = ["label", "gold_label", "score", "is_duplicate", "Quality", "targ
 Row = list[str] | dict[str, Any]
 
 
-def _read_text(path: Path) -> str:
-    if not path.is_file():
+def _check_regular(path: Path) -> None:
+    """A labelled file must be a regular file: a pipe (``<(cat x.tsv)``) or a device can be read only once, and a
+    labelled file is read more than once (finetuning records its sha256 to check it on --resume)."""
+    if path.is_file():
+        return
+    if not path.exists():
         raise DataError(f"file not found: {path}")
+    kind = "a folder" if path.is_dir() else "not a regular file (a pipe or a device)"
+    raise DataError(f"{path} is {kind}; labelled data is read more than once: save it to a file and pass that")
+
+
+def _read_text(path: Path) -> str:
+    _check_regular(path)
     try:
         return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
@@ -88,9 +101,10 @@ def _read_text(path: Path) -> str:
 
 
 def _json_rows(path: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
-    """[(line number, object)] of a JSONL file's text (blank lines skipped)."""
+    """[(line number, object)] of a JSONL file's text (blank lines skipped). Lines end at \n only, as JSON Lines
+    say: a raw U+2028 or \x1c inside a string (valid JSON, and what ``ensure_ascii=False`` writes) is no line end."""
     rows: list[tuple[int, dict[str, Any]]] = []
-    for i, line in enumerate(text.splitlines(), 1):
+    for i, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
@@ -275,6 +289,11 @@ def _parse_label(raw: Any, where: str, col_l: str, task: str, require_label: boo
             raise DataError(f"{where}: regression label {raw!r} is not a number") from None
         if not math.isfinite(value):
             raise DataError(f"{where}: regression label {raw!r} is not a finite number; fix or drop the row")
+        if abs(value) > MAX_REGRESSION_LABEL:
+            raise DataError(
+                f"{where}: regression label {raw!r} is beyond {MAX_REGRESSION_LABEL:.2g}, whose square (the squared "
+                "error) overflows float32; rescale the labels or drop the row"
+            )
         return value
     return str(raw).strip()
 
@@ -359,8 +378,7 @@ def read_choices(path: str | Path, require_label: bool = True) -> list[ChoiceExa
 
 def _squad_json(path: Path) -> list[Any]:
     """The ``data`` list of a SQuAD JSON file; DataError naming the file otherwise."""
-    if not path.is_file():
-        raise DataError(f"file not found: {path}")
+    _check_regular(path)
     try:
         raw = loads_strict(path.read_text(encoding="utf-8-sig"))
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
@@ -390,14 +408,24 @@ def _squad_question(qa: dict[str, Any], context: str, where: str) -> SquadExampl
 
 def read_squad(path: str | Path) -> list[SquadExample]:
     """SQuAD v1.1 / v2.0 JSON; an entry of the wrong shape (a missing field, a number where text belongs, an
-    answer_start outside its paragraph) is refused naming the article, paragraph, question and field."""
+    answer_start outside its paragraph) is refused naming the article, paragraph, question and field; so is a
+    question id given twice (the metric is keyed by id, as the official evaluator's: one of the two would be lost)."""
     path = Path(path)
     out = []
+    seen: dict[str, str] = {}
     for i, article in enumerate(_squad_objects(_squad_json(path), "data", str(path))):
         for j, para in enumerate(_squad_objects(article.get("paragraphs"), "paragraphs", f"{path}: data[{i}]")):
             where = f"{path}: data[{i}].paragraphs[{j}]"
             context = json_field(para, "context", str, where)
-            out += [_squad_question(qa, context, where) for qa in _squad_objects(para.get("qas"), "qas", where)]
+            for qa in _squad_objects(para.get("qas"), "qas", where):
+                ex = _squad_question(qa, context, where)
+                if ex.qid in seen:
+                    raise DataError(
+                        f"{path}: question id {ex.qid!r} appears twice (data[{i}].paragraphs[{j}] and "
+                        f"{seen[ex.qid]}); ids must be unique: scores are kept by id"
+                    )
+                seen[ex.qid] = f"data[{i}].paragraphs[{j}]"
+                out.append(ex)
     if not out:
         raise DataError(f"{path}: no questions")
     return out

@@ -23,7 +23,8 @@ from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_dir, sha256_file
 from xlnetcli.core.shapes import read_folder_json
 from xlnetcli.core.signals import sigterm_as_interrupt
-from xlnetcli.data.parts import each_part_once
+from xlnetcli.core.text import short
+from xlnetcli.data.parts import MAX_PARTS, each_part_once
 from xlnetcli.data.records.format import checksums, create_npy, shards_location
 from xlnetcli.data.shards.format import NpyFile
 
@@ -85,9 +86,8 @@ def _read_part(d: Path) -> dict[str, Any]:
     m = read_folder_json(d, "part.json", "records part", "xlnet preprocess --part I/N", "xlnet preprocess --part")
     ok = m.get("kind") == PART_KIND and m.get("format_version") == PART_FORMAT_VERSION
     try:
-        ok = (
-            ok and 0 <= m["part"] < m["parts"] and isinstance(m["plan"]["meta"], dict) and isinstance(m["sha256"], dict)
-        )
+        ok = ok and all(isinstance(m[k], int) for k in ("part", "parts")) and 0 <= m["part"] < m["parts"] <= MAX_PARTS
+        ok = ok and isinstance(m["plan"]["meta"], dict) and isinstance(m["sha256"], dict)
         ok = ok and all(".." not in Path(k).parts and not Path(k).is_absolute() for k in m["sha256"])
     except (KeyError, TypeError):
         ok = False
@@ -107,11 +107,10 @@ def _check_parts(dirs: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
         if m["parts"] != n:
             raise DataError(f"{d0} is a part of {n} but {d} a part of {m['parts']}: parts of different runs")
         for key in ("meta", "shards_manifest_sha256", "config_sha256"):
-            if _settings(m["plan"].get(key)) != _settings(m0["plan"].get(key)):
-                what = names[key]
-                if key == "meta" and m["plan"]["meta"].get("tokenizer_sha256") != m0["plan"]["meta"].get(
-                    "tokenizer_sha256"
-                ):
+            a, b = _settings(m0["plan"].get(key)), _settings(m["plan"].get(key))
+            if a != b:
+                what = f"{names[key]} ({_differences(a, b, '' if key == 'meta' else key)})"
+                if key == "meta" and a.get("tokenizer_sha256") != b.get("tokenizer_sha256"):
                     what = "tokenizer"
                 raise DataError(f"{d0} and {d} differ in {what}: parts of different runs cannot be merged")
         if set(m["sha256"]) != set(m0["sha256"]):
@@ -132,6 +131,23 @@ def _check_parts(dirs: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
             if not p.is_file() or sha256_file(p) != want:
                 raise DataError(f"{p} is missing or does not match its part.json; rerun that part")
     return metas
+
+
+def _differences(a: Any, b: Any, name: str = "", most: int = 3) -> str:
+    """Where two plan values differ, as "seed 42 against 7": the first ``most`` keys (dotted, nested objects
+    followed) with both values."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return f"{name} {_short(a)} against {_short(b)}"
+    keys = [k for k in sorted(set(a) | set(b), key=str) if a.get(k, _ABSENT) != b.get(k, _ABSENT)]
+    shown = [_differences(a.get(k, _ABSENT), b.get(k, _ABSENT), f"{name}.{k}" if name else str(k)) for k in keys]
+    return "; ".join(shown[:most]) + (f"; {len(keys) - most} more" if len(keys) > most else "")
+
+
+_ABSENT = object()
+
+
+def _short(value: Any) -> str:
+    return "absent" if value is _ABSENT else short(value, 40)
 
 
 def _settings(value: Any) -> Any:

@@ -210,6 +210,9 @@ def preprocess(
     check_output_not_input(out, [shards])
     check_config(cfg, stage="preprocess")
     maths = batch_maths(cfg)
+    if part is not None:  # a part takes rows of every step's global batch: more parts than rows leave some empty
+        most = maths.global_batch_size
+        check_part(part, most, f"a part takes rows of each step's batch, and train.global_batch_size is {most}")
     manifest, sha = check_shards(shards, cfg.model.vocab_size, verify=verify, workers=workers)
     manifest_sha = sha256_file(shards / "manifest.json")  # the records refuse shards that change after this
     vocab = int(manifest["vocab_size"])

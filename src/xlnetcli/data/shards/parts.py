@@ -31,6 +31,7 @@ Part folder::
 
 from __future__ import annotations
 
+import heapq
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -45,9 +46,10 @@ from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_dir, sha256_file
 from xlnetcli.core.shapes import read_folder_json
 from xlnetcli.core.signals import sigterm_as_interrupt
+from xlnetcli.core.text import short
 from xlnetcli.data.corpus.inputs import Source, total_size
 from xlnetcli.data.corpus.reader import FileStats, ReadStats, iter_chunks
-from xlnetcli.data.parts import check_part, each_part_once
+from xlnetcli.data.parts import MAX_PARTS, check_part, each_part_once
 from xlnetcli.data.shards.format import FORMAT_VERSION, NpyFile, NpyStreamWriter
 from xlnetcli.data.shards.shard import (
     ChunkResult,
@@ -76,12 +78,12 @@ _KINDS = ("tokens", "sentid", "doctok", "doclines")
 def assign_files(sizes: Sequence[int], parts: int) -> list[int]:
     """The part of each input file: whole files, largest first, each to the part with the fewest bytes so far (then
     the fewest files, then the lowest index). Depends only on the sizes and ``parts``: every part computes the same."""
-    load = [(0, 0, p) for p in range(parts)]
+    load = [(0, 0, p) for p in range(parts)]  # a heap: the smallest (bytes, files, index) on top
     owner = [0] * len(sizes)
     for k in sorted(range(len(sizes)), key=lambda k: (-sizes[k], k)):
-        b, c, p = min(load)
+        b, c, p = load[0]
         owner[k] = p
-        load[p] = (b + sizes[k], c + 1, p)
+        heapq.heapreplace(load, (b + sizes[k], c + 1, p))
     return owner
 
 
@@ -209,7 +211,7 @@ def _read_part(d: Path) -> dict[str, Any]:
         ok = (
             isinstance(m["part"], int)
             and isinstance(m["parts"], int)
-            and 0 <= m["part"] < m["parts"]
+            and 0 <= m["part"] < m["parts"] <= MAX_PARTS
             and isinstance(m["plan"], dict)
             and isinstance(m["files"], list)
         )
@@ -238,7 +240,8 @@ def _check_parts(dirs: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
         for key, want in m0["plan"].items():
             if m["plan"].get(key) != want:
                 what = {"config_sha256": "config", "tokenizer_sha256": "tokenizer"}.get(key, key)
-                raise DataError(f"{d0} and {d} differ in {what}: parts of different runs cannot be merged")
+                both = f"{short(want, 40)} against {short(m['plan'].get(key), 40)}"
+                raise DataError(f"{d0} and {d} differ in {what} ({both}): parts of different runs cannot be merged")
         if set(m["plan"]) != set(m0["plan"]):
             raise DataError(f"{d0} and {d} differ in their plan: parts of different runs cannot be merged")
     metas = each_part_once(metas, n, "shard")

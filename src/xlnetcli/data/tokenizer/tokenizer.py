@@ -355,8 +355,8 @@ def _read_meta(meta_path: Path, model_path: Path, sha: str) -> dict[str, Any]:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         if not isinstance(meta, dict):
             raise ValueError("not an object")
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{meta_path} is corrupt ({e}); retrain the tokenizer") from None
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise DataError(f"{meta_path} is corrupt ({type(e).__name__}); retrain the tokenizer") from None
     if meta.get("format_version") != FORMAT_VERSION:
         raise DataError(f"{meta_path}: unsupported format_version {meta.get('format_version')!r}")
     if meta.get("sha256") != sha:
@@ -377,7 +377,7 @@ def _hf_options(folder: Path) -> dict[str, Any]:
     (tokenizer_config.json's do_lower_case and keep_accents; both False by default)."""
     try:
         cfg = json.loads((folder / HF_CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return {}
     if not isinstance(cfg, dict):
         return {}
