@@ -109,21 +109,27 @@ def limited(task_dir: Path, work: Path, limit: int | None, limit_valid: int | No
 # ---- our side ------------------------------------------------------------------------------------------------------
 
 
+# the hyperparameters both sides are given (options of this script, finetune.* keys of ours)
+SHARED = (
+    "lr",
+    "epochs",
+    "max_seq_length",
+    "warmup_ratio",
+    "weight_decay",
+    "adam_eps",
+    "clip_norm",
+    "dropout",
+    "summary_type",
+)
+
+
 def finetune_sets(a: argparse.Namespace, seed: int) -> list[str]:
     sets = {
-        "lr": a.lr,
+        **{k: getattr(a, k) for k in SHARED},
         "batch_size": a.batch,
         "micro_batch_size": a.batch,
-        "epochs": a.epochs,
-        "max_seq_length": a.max_seq_length,
-        "warmup_ratio": a.warmup_ratio,
-        "weight_decay": a.weight_decay,
-        "adam_eps": a.adam_eps,
-        "clip_norm": a.clip_norm,
-        "dropout": a.dropout,
         "dropatt": a.dropout,
         "layer_decay": 1.0,
-        "summary_type": a.summary_type,
         "summary_use_proj": True,
         "seed": seed,
         "eval_every": "epoch" if a.best_epoch else 10**9,  # past the last step: only the final model is evaluated
@@ -299,16 +305,8 @@ def run_hf(a: argparse.Namespace, export: Path, train: Path, valid: Path, out: P
         "out": str(out),
         "seed": seed,
         "threads": a.threads,
-        "lr": a.lr,
         "batch": a.batch,
-        "epochs": a.epochs,
-        "max_seq_length": a.max_seq_length,
-        "warmup_ratio": a.warmup_ratio,
-        "weight_decay": a.weight_decay,
-        "adam_eps": a.adam_eps,
-        "clip_norm": a.clip_norm,
-        "dropout": a.dropout,
-        "summary_type": a.summary_type,
+        **{k: getattr(a, k) for k in SHARED},
     }
     env = {
         **os.environ,
@@ -653,24 +651,7 @@ def main() -> None:
     result = {
         "init": a.init,
         "settings": {
-            k: getattr(a, k)
-            for k in (
-                "lr",
-                "batch",
-                "epochs",
-                "max_seq_length",
-                "warmup_ratio",
-                "weight_decay",
-                "dropout",
-                "adam_eps",
-                "clip_norm",
-                "summary_type",
-                "best_epoch",
-                "ours_set",
-                "threads",
-                "limit",
-                "limit_valid",
-            )
+            k: getattr(a, k) for k in (*SHARED, "batch", "best_epoch", "ours_set", "threads", "limit", "limit_valid")
         },
         "seeds": seeds,
         "tasks": extra,
