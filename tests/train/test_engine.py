@@ -350,8 +350,8 @@ def test_out_of_memory_and_divergence_give_the_workloads_advice(tmp_path):
         make_engine(tmp_path / "nan", ToyWorkload(4, 1, nan_at=1), lr=0.1).fit()
     assert str(e.value) == (
         "training diverged at step 2: toy loss is nan on micro-batch 0 of rank 0; the update was "
-        "not applied; no checkpoint saved yet; try a lower toy.lr (now 0.1), more toy.warmup or "
-        "toy.precision=fp32"
+        "not applied; no checkpoint saved yet; try a lower toy.lr (now 0.1, e.g. --set toy.lr=0.05), more "
+        "toy.warmup or toy.precision=fp32 (a resume may change them: docs/operations.md)"
     )
 
 

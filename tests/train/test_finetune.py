@@ -697,7 +697,7 @@ def test_out_of_memory_and_divergence_are_diagnosed(work, tmp_path, monkeypatch,
         "training diverged at step",
         "the update was not applied",
         "no checkpoint saved yet",
-        "finetune.lr (now 1e+30)",
+        "finetune.lr (now 1e+30, e.g. --set finetune.lr=5e+29)",
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ft.yaml", "train.tsv", "valid.tsv"]
 

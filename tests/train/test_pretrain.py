@@ -300,8 +300,8 @@ def test_out_folder_of_another_run(records, tmp_path):
     pretrain(cfg, records, tmp_path / "run", quiet=True)
     with pytest.raises(XLNetError, match=r"already holds a pretraining run \(last checkpoint step 2\); pass --resume"):
         pretrain(cfg, records, tmp_path / "run", quiet=True)
-    other = _cfg("train.max_steps=2", "train.save_every=2", "train.eval_every=never", "train.lr=5e-4")
-    with pytest.raises(XLNetError, match=r"holds a run with train.lr=0.001 but this config has train.lr=0.0005"):
+    other = _cfg("train.max_steps=2", "train.save_every=2", "train.eval_every=never", "train.weight_decay=0.5")
+    with pytest.raises(XLNetError, match=r"holds a run with train.weight_decay=0.01 but this config has train.weigh"):
         pretrain(other, records, tmp_path / "run", resume="latest", quiet=True)
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "file.txt").write_text("x")

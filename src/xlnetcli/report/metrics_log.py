@@ -81,6 +81,11 @@ class MetricsLogger:
                 )
                 self._trackers.remove(t)
 
+    def note(self, step: int, split: str, **fields: Any) -> None:
+        """A row of metrics.jsonl that is no metric (a setting changed on resume): not sent to the trackers."""
+        self._f.write(dumps_strict({"step": step, "split": split, "time": round(time.time(), 3), **fields}) + "\n")
+        self._f.flush()
+
     def _close_trackers(self, ok: bool) -> None:
         close_trackers(self._trackers, ok)
         self._trackers = []
@@ -99,6 +104,9 @@ class MetricsLogger:
 
 class NullLogger:
     def log(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def note(self, *args: Any, **kwargs: Any) -> None:
         return None
 
     def close(self, *args: Any, **kwargs: Any) -> None:

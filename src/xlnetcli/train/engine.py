@@ -57,10 +57,25 @@ from xlnetcli.train.optim import build_optimizer, fused_adamw, lr_factor, set_lr
 from xlnetcli.train.plan import TrainPlan
 from xlnetcli.train.preemption import PreemptionGuard
 from xlnetcli.train.progress import StepClock, TrainProgress
-from xlnetcli.train.resume import truncate_metrics
+from xlnetcli.train.resume import changes_text, truncate_metrics
 from xlnetcli.train.rng import RandomState, layout_seed, seed_everything
 from xlnetcli.train.step_figures import HostCopy, StepFigures, clip_and_norms, deferred_check
 from xlnetcli.train.workload import Evaluation, Workload
+
+
+class _ScalerState:
+    """The grad scaler in the checkpointed collection. A resume that switches to fp16 (``--set train.precision=fp16``)
+    finds the empty state of a disabled scaler: it keeps its fresh scale (torch would refuse the empty state)."""
+
+    def __init__(self, scaler: torch.amp.GradScaler) -> None:
+        self.scaler = scaler
+
+    def state_dict(self) -> dict:
+        return self.scaler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            self.scaler.load_state_dict(state)
 
 
 class Engine:
@@ -95,11 +110,14 @@ class Engine:
 
     # ---- setup: wrap, optimizer, the checkpointed collection, resume, run folder ---------------------------------
 
-    def setup(self, resume_from: Path | None = None) -> Engine:
+    def setup(self, resume_from: Path | None = None, changes: list[tuple[str, Any, Any]] | None = None) -> Engine:
         """Wrap the model, build the optimizer and the checkpointed collection, load ``resume_from`` (a step folder)
-        when given, and prepare the run folder (config.yaml, metrics.jsonl)."""
+        when given, and prepare the run folder (config.yaml, metrics.jsonl). ``changes``: the settings this resume
+        changes against the checkpoint, (key, was, now) (resume.resume_changes): each gets a "change" row of
+        metrics.jsonl at the resumed step, and ``changes_text`` the header's line."""
         plan, env, dev = self.plan, self.env, self.env.device
         self.resume_from = resume_from
+        self.changes = list(changes or []) if resume_from is not None else []
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")  # no in-place use
         ac = bool(plan.activation_checkpointing)
         self.model = parallelize(self.model, env, ac, plan.compile, plan.distributed, plan.cuda_graphs)
@@ -134,7 +152,7 @@ class Engine:
                 MODEL: ModelState(self.model),
                 PROGRESS: self.progress,
                 "optimizer": OptimizerState(self.model, self.optimizer),
-                "scaler": self.scaler,
+                "scaler": _ScalerState(self.scaler),
                 **self.workload.states(),
             },
             {"rng": RandomState(self._reseed if self.workload.elastic else None), **self.workload.rank_states()},
@@ -158,7 +176,38 @@ class Engine:
             save_config(self.cfg, self.run_dir)
         dist.barrier()
         self.logger = MetricsLogger(self.run_dir, plan.report_to, self.cfg) if self.main else NullLogger()
+        for key, was, now in self.changes:
+            self.logger.note(self.step, "change", key=key, was=was, now=now)
         return self
+
+    def changes_text(self) -> str | None:
+        """The header's line on the settings this resume changed (None for an exact resume): what changed at which
+        step and, when it moves the lr, the lr of the next step under the old and the new settings. The rule: from the
+        resumed step on, the schedule is the new settings' own (warmup, decay over the new max_steps), as if the run
+        had been planned with them; the steps before it keep what they had."""
+        if not self.changes:
+            return None
+        plan, s = self.plan, self.step
+        sec = plan.section
+        text = changes_text(s, self.changes)
+        old = {k: was for k, was, _ in self.changes}
+        if not any(k in old for k in (f"{sec}.lr", f"{sec}.warmup_steps", f"{sec}.warmup_ratio", f"{sec}.max_steps")):
+            return text
+        was_warmup = old.get(f"{sec}.warmup_steps", plan.warmup_steps)
+        if f"{sec}.warmup_ratio" in old:  # finetuning: the warmup is a fraction of the steps
+            was_warmup = round(old[f"{sec}.warmup_ratio"] * plan.max_steps)
+        was_lr = old.get(f"{sec}.lr", plan.lr) * lr_factor(
+            s,
+            was_warmup,
+            old.get(f"{sec}.max_steps", plan.max_steps),
+            plan.schedule,
+            plan.min_lr_ratio,
+        )
+        now_lr = plan.lr * lr_factor(s, plan.warmup_steps, plan.max_steps, plan.schedule, plan.min_lr_ratio)
+        return (
+            f"{text}; lr schedule recomputed for the new settings ({plan.schedule}, warmup {plan.warmup_steps}, "
+            f"{plan.max_steps} steps): lr of step {s + 1} {now_lr:.3g} (was {was_lr:.3g})"
+        )
 
     def _reseed(self) -> None:
         seed_everything(layout_seed(getattr(self.cfg, self.plan.section).seed, self.step, self.env.rank))
@@ -310,8 +359,9 @@ class Engine:
         what = nonfinite_what(f, loss_v, gnorm_v, self.workload.loss_name, self.env.rank, self.model)
         return (
             f"training diverged at step {f.step}: {what}; the update was not applied; "
-            f"{self.checkpointer.last_good_text()}; try a lower {plan.section}.lr (now {plan.lr:g}), "
-            f"{self.workload.hints.warmup} or {plan.section}.precision=fp32"
+            f"{self.checkpointer.last_good_text()}; try a lower {plan.section}.lr (now {plan.lr:g}, e.g. "
+            f"--set {plan.section}.lr={plan.lr / 2:g}), {self.workload.hints.warmup} or "
+            f"{plan.section}.precision=fp32 (a resume may change them: docs/operations.md)"
         )
 
     # ---- logging -------------------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ from xlnetcli.train.engine import Engine
 from xlnetcli.train.finetune_workload import FinetuneArgs, FinetuneWorkload, StepCounts, finetune_plan
 from xlnetcli.train.header import device_prose
 from xlnetcli.train.plan import run_precision
-from xlnetcli.train.resume import resume_point
+from xlnetcli.train.resume import resume_changes, resume_point
 from xlnetcli.train.rng import seed_everything
 
 # finetune.* keys that may change when resuming (how often metric lines and resumable checkpoints are written, where
@@ -71,6 +71,11 @@ RESUME_MUTABLE = {
     "finetune.peak_tflops",
     "finetune.micro_batch_size",
 }
+
+# The training settings a --resume may change (after a divergence: a lower finetune.lr, clipping, fp32), recorded as
+# in pretraining (train/pretrain.py RESUME_CHANGEABLE), the lr schedule recomputed from the resumed step on; the step
+# count (max_steps, epochs) stays the run's.
+RESUME_CHANGEABLE = frozenset({"finetune.lr", "finetune.clip_norm", "finetune.precision", "finetune.warmup_ratio"})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -199,7 +204,8 @@ def _finetune(cfg: Config, args: FinetuneArgs, env: dist.DistEnv) -> dict[str, A
     dist.barrier()
     engine = Engine(model, workload, plan, env, partial, run_cfg, tok_dir, args.quiet)
     with _removed_on_failure(partial, env.is_main):
-        engine.setup(resume_from=start[1] if start is not None else None)
+        changes = resume_changes(start[1], run_cfg, RESUME_CHANGEABLE) if start is not None else []
+        engine.setup(resume_from=start[1] if start is not None else None, changes=changes)
         _say_header(say, engine, args, init.path, workload, steps)
         result = engine.fit()
     return _commit_results(workload, result, out, partial, say)
@@ -252,6 +258,7 @@ def _resume_point(run_cfg: Config, partial: Path) -> tuple[int, Path] | None:
         ("tokenizer", "model", "finetune"),
         RESUME_MUTABLE,
         "resume with the run's --config and --set, or start again with --overwrite",
+        RESUME_CHANGEABLE,
     )
     return dist.broadcast_object(start)
 
@@ -322,6 +329,8 @@ def _say_header(
     )
     if engine.relayout:
         say(f"  layout     {engine.relayout}")
+    if (changed := engine.changes_text()) is not None:
+        say(f"  changed    {changed}")
 
 
 @contextlib.contextmanager

@@ -77,6 +77,8 @@ def say_header(engine: Engine, sizes: tuple[int, int], meta: dict, data_dir: Pat
     say(f"  device     {device_prose(engine, t.deterministic)}")
     if engine.relayout:
         say(f"  layout     {engine.relayout}")
+    if (changed := engine.changes_text()) is not None:
+        say(f"  changed    {changed}")
     spp = meta.get("splits", {}).get("train", {}).get("steps_per_pass")
     if spp:
         passes = meta.get("passes", 1)

@@ -50,7 +50,7 @@ from xlnetcli.checkpoint.folders import read_meta, step_folders
 from xlnetcli.checkpoint.load import StartingPoint, continued_model_config, load_starting_point, load_state
 from xlnetcli.config import Config, ModelConfig, batch_maths, check_config, config_to_dict, replace
 from xlnetcli.core import dist
-from xlnetcli.core.errors import CheckpointError, DataError
+from xlnetcli.core.errors import CheckpointError, DataError, XLNetError
 from xlnetcli.core.files import check_output_not_input, output_lock, sha256_file
 from xlnetcli.data.records.format import read_meta as records_meta
 from xlnetcli.data.records.stream import PretrainStream
@@ -68,14 +68,13 @@ from xlnetcli.train.display import printer
 from xlnetcli.train.engine import Engine
 from xlnetcli.train.header import say_header
 from xlnetcli.train.plan import TrainPlan, run_precision
-from xlnetcli.train.resume import resume_point, run_config_file
+from xlnetcli.train.resume import resume_changes, resume_point, run_config_file
 from xlnetcli.train.rng import seed_everything
 from xlnetcli.train.workload import Evaluation, Hints
 
 # train.* keys that may change when resuming a run (they do not change what is computed, only how often we
 # log/evaluate/save, how long we train, or how the same maths is executed).
 RESUME_MUTABLE = {
-    "train.max_steps",
     "train.eval_every",
     "train.eval_batches",
     "train.save_every",
@@ -93,6 +92,14 @@ RESUME_MUTABLE = {
     "train.probe_every",
     "train.micro_batch_size",  # the same global batch, other micro-batches: same examples (rows are the unit)
 }
+
+# The training settings a resume may change (``--resume --set train.lr=...``: after a divergence, or to train longer):
+# each change is recorded (the run's config.yaml, a "change" row of metrics.jsonl, a header line), and from the resumed
+# step on the run follows the new settings' lr schedule, recomputed over the (new) train.max_steps
+# (docs/operations.md, "Changing settings on resume").
+RESUME_CHANGEABLE = frozenset(
+    {"train.lr", "train.clip_norm", "train.precision", "train.warmup_steps", "train.max_steps"}
+)
 
 # records meta key -> config key it must agree with
 RECORD_KEYS = {
@@ -164,7 +171,9 @@ def check_run_dir(cfg: Config, out_dir: Path, resume: str | None) -> tuple[int, 
         "pretraining run",
         ("tokenizer", "model", "data", "train"),
         RESUME_MUTABLE,
-        "resume with the run's config (omit --config) or choose another --out",
+        "resume without that change (without --config the run's own config.yaml is used), or start a new run in "
+        f"another --out (--init {out_dir} continues from its weights)",
+        RESUME_CHANGEABLE,
     )
 
 
@@ -371,7 +380,7 @@ def _pretrain(
     stop_after: int | None,
 ) -> dict:
     main = env.is_main
-    cfg, meta, accum, start = _check_inputs(cfg, data_dir, out_dir, resume, env, printer(main and not quiet))
+    cfg, meta, accum, start, changed = _check_inputs(cfg, data_dir, out_dir, resume, env, printer(main and not quiet))
     init: StartingPoint | None = None
     init_lines: list[str] = []
     init_record: dict | None = None  # meta.json's "init" of every step folder: where the weights started
@@ -393,7 +402,7 @@ def _pretrain(
     engine = Engine(model, workload, plan, env, out_dir, cfg, data_dir / "tokenizer", quiet)
     try:
         with _undone_on_failure(out_dir, main, lambda: engine.confirmed_step == 0):
-            engine.setup(resume_from=start[1] if start is not None else None)
+            engine.setup(resume_from=start[1] if start is not None else None, changes=changed)
             return _run(engine, init_lines, sizes, meta, data_dir, stop_after)
     finally:
         workload.stream.close()  # the prefetch thread ends here, not in the interpreter's shutdown
@@ -433,7 +442,8 @@ def _run(
         result = engine.fit()  # nothing to train: the run's last logged figures
         say(
             f"run {out_dir} is already complete: step {engine.step} of {t.max_steps}, final checkpoint "
-            f"{result['checkpoint']}; nothing to resume (raise train.max_steps to train further)"
+            f"{result['checkpoint']}; nothing to resume (to train further: --resume --set train.max_steps=N, "
+            f"N > {t.max_steps})"
         )
         return result
 
@@ -453,9 +463,9 @@ def _run(
 
 def _check_inputs(
     cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, env: dist.DistEnv, say: Callable[[str], None]
-) -> tuple[Config, dict, int, tuple[int, Path] | None]:
+) -> tuple[Config, dict, int, tuple[int, Path] | None, list[tuple[str, Any, Any]]]:
     """Checks before any work: (the config with train.precision resolved, the records' meta, accumulation, the
-    checkpoint to resume from or None)."""
+    checkpoint to resume from or None, the RESUME_CHANGEABLE settings changed against that checkpoint)."""
     t = cfg.train
     meta = records_meta(data_dir)
     check_records(cfg, meta, data_dir)
@@ -464,9 +474,16 @@ def _check_inputs(
     require_trackers(t.report_to)
     cfg = run_precision(cfg, "train", env.device, say)  # before the resume check: config.yaml holds the value used
     start = check_run_dir(cfg, out_dir, resume)
+    changes: list[tuple[str, Any, Any]] = []
     if start is not None:
         check_same_records(read_meta(start[1]).get("records"), data_dir, start[1])
-    return cfg, meta, accum, dist.broadcast_object(start)
+        changes = resume_changes(start[1], cfg, RESUME_CHANGEABLE)
+        if t.max_steps < start[0]:
+            raise XLNetError(
+                f"train.max_steps={t.max_steps} is below step {start[0]} of the checkpoint resumed "
+                f"({start[1]}); resume with train.max_steps >= {start[0]}"
+            )
+    return cfg, meta, accum, dist.broadcast_object(start), changes
 
 
 def records_identity(data_dir: Path) -> dict[str, str]:

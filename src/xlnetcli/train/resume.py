@@ -44,11 +44,13 @@ def resume_point(
     sections: tuple[str, ...],
     mutable: set[str],
     same_config: str,
+    changeable: frozenset[str] = frozenset(),
 ) -> tuple[int, Path] | None:
     """Refuse to mix runs; return the checkpoint to resume from (step, folder), or None to start afresh.
 
     ``what`` names the run ("pretraining run"); ``sections`` are the config sections that must agree on resume except
-    the ``mutable`` keys; ``same_config`` tells the user how to resume with the run's own config."""
+    the ``mutable`` keys; ``same_config`` tells the user how to resume with the run's own config; ``changeable``: the
+    training settings a resume may change (recorded: ``resume_changes``), named in the refusal of any other key."""
     if run_dir.exists() and not run_dir.is_dir():
         raise XLNetError(f"output path {run_dir} exists and is not a folder")
     run_cfg = run_config_file(run_dir)
@@ -72,24 +74,61 @@ def resume_point(
             f"output folder {run_dir} already holds a {what}{last}; pass --resume to continue it "
             "or choose another --out"
         )
-    _check_same_config(old, cfg, sections, mutable, run_dir, same_config)
+    _check_same_config(old, cfg, sections, mutable | changeable, run_dir, same_config, changeable)
     return _pick_checkpoint(ckpts, resume, run_dir)
 
 
 def _check_same_config(
-    old: Config, cfg: Config, sections: tuple[str, ...], mutable: set[str], run_dir: Path, same_config: str
+    old: Config,
+    cfg: Config,
+    sections: tuple[str, ...],
+    mutable: set[str] | frozenset[str],
+    run_dir: Path,
+    same_config: str,
+    changeable: frozenset[str] = frozenset(),
 ) -> None:
     """Refuse to resume the run in ``run_dir`` (config ``old``) with a config differing in ``sections`` outside the
-    ``mutable`` keys; the error names the first difference."""
+    ``mutable`` keys; the error names the first difference, and the keys a resume may change."""
     have = {k: v for k, v in config_to_dict(old).items() if k in sections}
     diff = config_diff(have, config_to_dict(cfg), mutable)
     if diff:
         key, was, now = diff[0]
         more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""
+        can = (
+            f"; a resume may change only {', '.join(sorted(changeable))} (and how often it logs/saves)"
+            if changeable
+            else ""
+        )
         raise XLNetError(
             f"output folder {run_dir} holds a run with {key}={was!r} but this config has "
-            f"{key}={now!r}{more}; {same_config}"
+            f"{key}={now!r}{more}: {key} cannot change when resuming{can}; {same_config}"
         )
+
+
+def resume_changes(step_dir: Path, cfg: Config, changeable: frozenset[str]) -> list[tuple[str, Any, Any]]:
+    """The ``changeable`` settings ``cfg`` changes against the checkpoint in ``step_dir`` (its config.yaml: what the
+    run trained with up to that step), as (key, was, now), sorted by key; [] for an exact resume. A checkpoint without
+    a readable config.yaml (an older one) is compared with nothing: []."""
+    path = step_dir / "config.yaml"
+    if not path.is_file():
+        return []
+    try:
+        old = config_to_dict(load_config(path, upgrade=True))
+    except ConfigError as e:
+        raise CheckpointError(f"{path} is not a valid config ({e}); resume from another step folder") from None
+    new = config_to_dict(cfg)
+    out = []
+    for dotted in sorted(changeable):
+        section, key = dotted.split(".")
+        was, now = old.get(section, {}).get(key), new[section][key]
+        if was != now:
+            out.append((dotted, was, now))
+    return out
+
+
+def changes_text(step: int, changes: list[tuple[str, Any, Any]]) -> str:
+    """'at step 30: train.lr 0.001 -> 0.0001, train.max_steps 40 -> 80' (the header's and metrics.jsonl's words)."""
+    return f"at step {step}: " + ", ".join(f"{k} {was} -> {now}" for k, was, now in changes)
 
 
 def _pick_checkpoint(ckpts: list[tuple[int, Path]], resume: str, run_dir: Path) -> tuple[int, Path] | None:
