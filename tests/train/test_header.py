@@ -23,6 +23,7 @@ def _engine(cfg, say, **plan):
         plan=SimpleNamespace(**fields),
         step=0,
         relayout=None,
+        changes_text=lambda: None,  # nothing changed on a resume
         fused=False,
         scaler=scaler,
         cfg=cfg,
