@@ -417,3 +417,28 @@ def test_cli_errors(tmp_path, capsys, tok_dir):
     assert_one_line_error(code, err, "missing.txt")
     with pytest.raises(XLNetError):
         Tokenizer.load(tmp_path / "none")
+
+
+def test_encode_from_stdin_reads_utf8_and_refuses_other_bytes_in_one_line(tok_dir, tok, tmp_path):
+    """Issue 35: `tokenize encode -` with non-UTF-8 bytes on stdin was a UnicodeDecodeError traceback; now the line
+    is named with the fix (iconv). A config given as a pipe (`--config <(...)`) was "not found"; now it is named for
+    what it is, without being opened."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    cmd = [sys.executable, "-m", "xlnetcli", "tokenize", "encode", "--tokenizer", str(tok_dir), "--ids", "-"]
+    ok = subprocess.run(cmd, input="café au lait\nsecond\n".encode(), capture_output=True, env=env)
+    assert ok.returncode == 0, ok.stderr
+    want = [" ".join(map(str, tok.encode_ids(s))) for s in ("café au lait", "second")]
+    assert ok.stdout.decode().splitlines() == want
+    bad = subprocess.run(cmd, input=b"fine\nna\xefve \xff\n", capture_output=True, env=env)
+    err = bad.stderr.decode()
+    assert bad.returncode == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("xlnet: error: stdin line 2: not UTF-8") and "iconv" in err, err
+    fifo = tmp_path / "cfg.yaml"
+    os.mkfifo(fifo)
+    cfg = subprocess.run([*cmd[:3], "config", "show", str(fifo)], capture_output=True, env=env, timeout=60)
+    err = cfg.stderr.decode()
+    assert cfg.returncode == 2 and "is not a regular file (a pipe or a device); save it to a file" in err, err

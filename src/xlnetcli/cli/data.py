@@ -20,7 +20,7 @@ from xlnetcli.cli.options import (
     with_config,
 )
 from xlnetcli.config import Config
-from xlnetcli.core.errors import XLNetError
+from xlnetcli.core.errors import DataError, XLNetError
 
 INPUTS_HELP = (
     "Files may be .gz or .zst compressed, and text or JSONL may be URLs (https://, s3://, gs://, az://, hf://: the "
@@ -116,8 +116,14 @@ def tokenize_encode_cmd(file: Path | None, tok_path: Path, text: str | None, as_
     if text is not None:
         show(text)
     elif str(file) == "-":
-        for line in click.open_file("-"):  # stdin, as click.get_text_stream("stdin") (deprecated in click 8.5)
-            show(line)
+        for n, raw in enumerate(click.open_file("-", "rb"), 1):  # stdin's bytes: the encoding is checked per line
+            try:
+                show(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"stdin line {n:,}: not UTF-8 ({e.reason} at byte {e.start}); convert it first, e.g. "
+                    "iconv -f LATIN1 -t UTF-8"
+                ) from None
     else:
         from xlnetcli.data.corpus.inputs import expand_inputs
         from xlnetcli.data.corpus.reader import iter_lines

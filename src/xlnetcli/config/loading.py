@@ -119,6 +119,8 @@ def resolve_config_path(path: str | Path) -> Path:
     if p.is_dir():
         inner = f" (e.g. {p / 'config.yaml'})" if (p / "config.yaml").is_file() else ""
         raise ConfigError(f"config {p} is a folder; pass a YAML file{inner} or a preset name: {names}")
+    if p.exists():  # `--config <(...)`: a pipe or a device, never opened (a FIFO would block; a run reads it again)
+        raise ConfigError(f"config {clip(p, 200)} is not a regular file (a pipe or a device); save it to a file")
     raise ConfigError(f"config file not found: {clip(p, 200)} (nor a preset name: {names})")
 
 
