@@ -91,6 +91,19 @@ def test_parts_merged_are_byte_identical_to_one_host(tmp_path, corpus, part_tok,
     assert s.documents["valid"] > 0
 
 
+def test_a_part_that_holds_no_file_says_so(tmp_path, capsys, corpus, part_tok):
+    """Issue 35: `shard --part` with more parts than input files wrote an empty part without a word; now a warning
+    says so (8 parts over 6 files), and only for the parts that hold none."""
+    args = [*map(str, corpus), "--tokenizer", part_tok, "--shards", SHARDS, "--quiet"]
+    said = {}
+    for i in range(8):
+        code, out, err = run_main(capsys, "shard", *args, "--out", tmp_path / f"p{i}", "--part", f"{i}/8")
+        assert code == 0, err
+        files = json.loads((tmp_path / f"p{i}" / "part.json").read_text())["files"]
+        said[i] = (f"part {i}/8 holds none of the {len(corpus)} input files" in out + err, not files)
+    assert all(warned == empty for warned, empty in said.values()) and any(e for _, e in said.values()), said
+
+
 def test_valid_files_and_workers_byte_identical(tmp_path, corpus, part_tok):
     """--valid files are dealt to parts like the others; the part's --workers changes nothing."""
     train, valid = [str(p) for p in corpus[:-1]], [str(corpus[-1])]

@@ -129,6 +129,11 @@ def shard_part(
     sizes = [total_size([p]) for p, _ in all_files]
     owner = assign_files(sizes, n_parts)
     mine = [k for k in range(len(all_files)) if owner[k] == index]
+    if not mine:  # parts take whole files: with more parts than files some hold none
+        console.print(
+            f"warning: part {index}/{n_parts} holds none of the {len(all_files)} input files (parts take whole "
+            "files); it is written empty, and shard-merge takes it like the others"
+        )
     dtype = token_dtype(tok)
     stats = ReadStats()
     with shard_output(out, o, "a shard part") as (tmp, prog):
