@@ -352,7 +352,7 @@ def finetune_plan(run_cfg: Config, train: TaskData, steps: StepCounts) -> TrainP
     mb_rows = ft.micro_batch_size * int(np.prod(shape[1:-1], dtype=np.int64))
     # the logged tokens/s counts real tokens (FinetuneWorkload.step_tokens): a sequence of l of them costs a*l + b*l^2
     # (attention), so the FLOPs per real token are those at the token-weighted mean length sum(l^2) / sum(l)
-    seqs = (train.enc.arrays["attention_mask"] != 0).reshape(-1, shape[-1]).sum(-1)
+    seqs = train.enc.sequence_lengths().ravel().astype(np.int64)
     L = max(1, round(float((seqs**2).sum() / max(int(seqs.sum()), 1))))
     return TrainPlan.from_config(
         run_cfg,

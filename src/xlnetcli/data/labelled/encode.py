@@ -93,10 +93,14 @@ class Encoded:
         mask = self.arrays["attention_mask"]
         return (mask != 0).reshape(len(mask), -1, mask.shape[-1])
 
+    def sequence_lengths(self) -> np.ndarray:
+        """[rows, sequences per row]: the real tokens of each sequence (each option of a choice)."""
+        return self._real().sum(-1)
+
     def lengths(self) -> np.ndarray:
         """Per row, the real tokens of its longest sequence (a choice's longest option): the width ``batch`` pads the
         row to (real tokens are contiguous: left-padded texts and choices, right-padded SQuAD windows)."""
-        return self._real().sum(-1).max(-1)
+        return self.sequence_lengths().max(-1)
 
     def real_tokens(self) -> np.ndarray:
         """Per row, its real tokens (every option of a choice): the work a row asks for, padding left out."""
