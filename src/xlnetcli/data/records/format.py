@@ -372,6 +372,39 @@ def find_shards(records_dir: Path, meta: dict) -> Path:
     )
 
 
+def check_tokenizer_copy(folder: Path, want: Any, record: Path, shards: Path | None, what: str = "records") -> None:
+    """The tokenizer copy of records or a records part (``folder``/tokenizer/spiece.model) is the one the shards were
+    encoded with: its sha256 is ``want`` (meta.json's or part.json's ``tokenizer_sha256``, the file ``record``) and,
+    when ``shards`` is given, the shards' own tokenizer/spiece.model's. A copy swapped for another tokenizer would be
+    carried into every checkpoint, whose embeddings never saw its pieces; refused in one line naming both files."""
+    mine = folder / "tokenizer" / "spiece.model"
+    theirs = Path(os.path.normpath(shards / "tokenizer" / "spiece.model")) if shards else None  # no rec/../shards
+    have = sha256_file(mine) if mine.is_file() else None
+    ref = sha256_file(theirs) if theirs is not None and theirs.is_file() else None
+    if have is not None and have == want and ref in (None, want):
+        return
+    redo = "rerun `xlnet preprocess`" if what == "records" else "rerun that part"
+    made = f"the {what} {folder} {'were' if what == 'records' else 'was'} made with"
+    if have is None:
+        source = f" (a copy of {theirs})" if ref == want else ""
+        raise DataError(f"{mine} is missing: the {what} {folder} lost its tokenizer copy; restore it{source} or {redo}")
+    if have == want:  # ref differs: the shards' tokenizer was replaced after the records were made
+        raise DataError(
+            f"the shards' tokenizer {theirs} (sha256 {str(ref)[:12]}) is not {mine} ({have[:12]}), the one {made}: "
+            f"the shards' copy was replaced; restore it, or rerun `xlnet shard` and {redo}"
+        )
+    if ref == want:
+        raise DataError(
+            f"{mine} (sha256 {have[:12]}) is not the shards' tokenizer {theirs} ({want[:12]}) {made}: the copy was "
+            f"replaced; copy {theirs} over it, or {redo}"
+        )
+    also = f", nor is the shards' {theirs} ({str(ref)[:12]})" if ref is not None else ""
+    raise DataError(
+        f"{mine} (sha256 {have[:12]}) is not the tokenizer {made} ({record} says {str(want)[:12]}){also}; {redo} "
+        "with the shards' tokenizer"
+    )
+
+
 def _open_shard_files(shards: Path, records_dir: Path, entries: list[dict], verify: bool, dtype: str) -> list:
     """Memory maps of the split's token files (manifest order), each as long as meta.json says and, with ``verify``,
     matching its sha256."""
