@@ -43,6 +43,7 @@ import numpy as np
 from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import sha256_file
 from xlnetcli.core.shapes import describe, json_field, read_json_object, str_map
+from xlnetcli.data.parts import part_folder_hint
 from xlnetcli.data.shards.format import MappedStream, NpyFile, read_span
 from xlnetcli.data.special import CLS_ID, SEP_ID
 
@@ -173,7 +174,9 @@ def read_meta(records_dir: str | Path) -> dict:
         raise DataError(f"records folder {records_dir} does not exist; create it with xlnet preprocess")
     path = Path(records_dir) / "meta.json"
     if not path.is_file():
-        raise DataError(f"{records_dir} is not a records directory (no meta.json); run `xlnet preprocess` first")
+        raise part_folder_hint(Path(records_dir), "xlnet-records-part") or DataError(
+            f"{records_dir} is not a records directory (no meta.json); run `xlnet preprocess` first"
+        )
     meta = read_json_object(path, DataError, _RERUN)
     version = meta.get("format_version")
     if version != FORMAT_VERSION:
