@@ -152,13 +152,17 @@ def shards_location(shards: str | Path, records_dir: str | Path) -> dict[str, st
     return {"path": os.path.relpath(where, Path(records_dir).resolve()), "absolute": str(where)}
 
 
-def split_shards(manifest: dict[str, Any], split: str) -> list[dict[str, Any]]:
-    """meta.json's ``splits.NAME.shards``: the split's token files in manifest order, with their sha256."""
+def split_shards(manifest: dict[str, Any], split: str, read: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """meta.json's ``splits.NAME.shards``: the split's token files in manifest order, with their sha256: the
+    manifest's (verified against the files), or with ``read`` (`--no-verify`: {file: sha256 of its bytes as the
+    records were made from them}) those, so that the records check what they were built from."""
     out = []
     for e in manifest["splits"].get(split) or []:
         sha = e.get("sha256")
         entry = {"file": e["tokens_file"], "tokens": int(e["tokens"])}
-        if isinstance(sha, dict) and isinstance(sha.get("tokens"), str):
+        if read is not None:
+            entry["sha256"] = read[e["tokens_file"]]
+        elif isinstance(sha, dict) and isinstance(sha.get("tokens"), str):
             entry["sha256"] = sha["tokens"]
         out.append(entry)
     return out
