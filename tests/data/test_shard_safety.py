@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from clitools import (
     CORPUS,
+    MICRO_MODEL,
     TINY,
     assert_one_line_error,
     child_env,
@@ -83,6 +84,36 @@ def test_preprocess_refuses_a_flipped_byte_naming_the_shard(shards, tmp_path, ca
     code, _out, err = run_main(capsys, *args, "--out", tmp_path / "rec", "--no-verify")
     assert code == 0, err
     assert json.loads((tmp_path / "rec" / "meta.json").read_text())["splits"]["train"]["tokens"] > 0
+
+
+def test_no_verify_records_are_readable_and_checked_against_what_they_were_made_from(shards, tmp_path, capsys):
+    """#35: records made with --no-verify from a shard that no longer matches its manifest could never be read (every
+    reader refused the shard as changed since). They record the sha256 of the bytes they were made from, say so in a
+    line, open with every check on, and a later change to those bytes is still refused."""
+    from xlnetcli.data.records.format import open_records
+
+    bad = _copy(shards, tmp_path / "shards")
+    target = bad / "train" / "shard_00001.tokens.npy"
+    _flip_token(target, 200, 1000)
+    args = ["preprocess", "--shards", bad, "--config", TINY, *set_args(SETS), "--out", tmp_path / "rec", "--no-verify"]
+    code, out, err = run_main(capsys, *args)
+    assert code == 0, err
+    assert "1 shard file(s) do not match" in out + err and "train/shard_00001.tokens.npy" in out + err
+    for split in ("train", "valid"):
+        open_records(tmp_path / "rec", split)  # verified: the shards are as the records were made from them
+    code, _, err = run_main(
+        capsys,
+        "pretrain",
+        "--data",
+        tmp_path / "rec",
+        "--out",
+        tmp_path / "run",
+        *set_args([*MICRO_MODEL, "model.n_layer=1", "train.max_steps=1", "train.warmup_steps=0"]),
+    )
+    assert code == 0, err
+    _flip_token(target, 300, 1000)  # changed after the records were made: refused as any records would
+    with pytest.raises(DataError, match=r"shard_00001\.tokens\.npy changed since the records"):
+        open_records(tmp_path / "rec", "train")
 
 
 def test_verify_names_the_sentence_id_file_and_old_manifests(shards, tmp_path):

@@ -367,6 +367,33 @@ def test_train_bad_inputs(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary leftovers
 
 
+def _cjk_corpus(path: Path, chars: int = 2500, lines: int = 1500) -> Path:
+    """Lines of CJK ideographs drawn from ``chars`` of them, Zipf-like as real text (a few common, many rare)."""
+    rng = np.random.default_rng(0)
+    pool = np.array([chr(0x4E00 + i) for i in range(chars)])
+    weights = 1.0 / np.arange(1, chars + 1) ** 1.6
+    picks = rng.choice(chars, size=(lines, 40), p=weights / weights.sum())
+    path.write_text("\n".join("".join(pool[row]) for row in picks) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_cjk_corpus_too_rich_for_the_vocabulary_is_told_to_raise_it(tmp_path, capsys):
+    """SentencePiece keeps every character within character_coverage as a piece: a vocabulary smaller than a CJK
+    corpus's characters is too small (#35: the advice was to lower --vocab-size). Both ways out named work."""
+    text = _cjk_corpus(tmp_path / "cjk.txt")
+    args = ["tokenize", "train", text, "--threads", "1", "--character-coverage", "0.99995", "--quiet"]
+    code, _, err = run_main(capsys, *args, "--vocab-size", "300", "--out", tmp_path / "tok")
+    assert_one_line_error(code, err, "vocab_size 300 is too small", "raise --vocab-size", "--character-coverage")
+    assert "lower --vocab-size" not in err and not (tmp_path / "tok").exists()
+    need = int(err.split(" pieces at least")[0].rsplit(" ", 1)[1])
+    assert need > 300
+    code, _, err = run_main(capsys, *args, "--vocab-size", str(need + 50), "--out", tmp_path / "raised")
+    assert code == 0, err
+    args[args.index("0.99995")] = "0.98"  # or keep the vocabulary and let the rarest characters go to <unk>
+    code, _, err = run_main(capsys, *args, "--vocab-size", "300", "--out", tmp_path / "lowered")
+    assert code == 0, err
+
+
 def test_train_gz_and_directory(tmp_path, corpus):
     d = tmp_path / "texts"
     d.mkdir()

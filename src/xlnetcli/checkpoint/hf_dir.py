@@ -419,6 +419,14 @@ def import_summary(out: str | Path) -> str:
 # ---- directories ------------------------------------------------------------------------------------------------
 
 
+def first_non_finite(state: dict[str, torch.Tensor]) -> str | None:
+    """The name of the first floating-point tensor of ``state`` holding a NaN or an infinity, else None."""
+    for key, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return key
+    return None
+
+
 def load_hf_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict[str, Any]]:
     """(Config, our state dict, meta) from an HF XLNet directory (config.json + weights [+ spiece.model])."""
     p = Path(path)
@@ -444,6 +452,13 @@ def load_hf_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict
         raise CheckpointError(f"{p} has config.json but no model.safetensors or pytorch_model.bin")
     if not isinstance(hf, dict) or not all(isinstance(v, torch.Tensor) for v in hf.values()):
         raise CheckpointError(f"{p}: the weights file is not a state dict (names -> tensors)")
+    bad = first_non_finite(hf)
+    if bad is not None:  # as our own checkpoints (load.check_finite): every number computed from them would be garbage
+        weights = p / ("model.safetensors" if (p / "model.safetensors").is_file() else "pytorch_model.bin")
+        raise CheckpointError(
+            f"{weights}: non-finite values (NaN/inf) in {bad}; these weights cannot be used: take a copy of the model "
+            "without NaN/inf (download or save it again)"
+        )
     check_weights_size(mcfg, sum(v.numel() for v in hf.values()), p / "config.json")
     tok = {}
     tc = p / "tokenizer_config.json"

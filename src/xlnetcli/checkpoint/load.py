@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from xlnetcli.checkpoint.folders import MODEL_FILE, find_tokenizer, step_folders, verify_checkpoint
-from xlnetcli.checkpoint.hf_dir import load_hf_dir
+from xlnetcli.checkpoint.hf_dir import first_non_finite, load_hf_dir
 from xlnetcli.config import Config, ModelConfig, config_from_dict, replace, upgrade_config, yaml_load
 from xlnetcli.config.sizes import check_weights_size
 from xlnetcli.core.errors import CheckpointError, ConfigError, DataError
@@ -95,12 +95,12 @@ def load_step_folder(p: Path) -> tuple[Config, dict[str, torch.Tensor], dict[str
 
 def check_finite(state: dict[str, torch.Tensor], where: Path | str) -> None:
     """Refuse weights holding NaN/inf (saved from a diverged run): every later number would be garbage."""
-    for key, tensor in state.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise CheckpointError(
-                f"{where}: non-finite values (NaN/inf) in {key}; the run diverged before this save: "
-                "use an earlier step folder"
-            )
+    key = first_non_finite(state)
+    if key is not None:
+        raise CheckpointError(
+            f"{where}: non-finite values (NaN/inf) in {key}; the run diverged before this save: "
+            "use an earlier step folder"
+        )
 
 
 def check_model_config(found: ModelConfig, expected: ModelConfig, where: str = "checkpoint") -> None:

@@ -171,23 +171,56 @@ def check_output_not_input(
 ) -> None:
     """Refuse an output that is, holds or lies inside an input, also through symbolic links (real paths compared) and
     hard links (the same file, or a file inside an input folder): writing it would replace or delete the input.
-    ``what`` ("folder" or "file") and ``option`` (how the output was given) word the message."""
+    Every input stands with what it reads through its manifest (``inputs_behind``: the shards of records or of a
+    records part), so that an output never replaces the files behind an input either. ``what`` ("folder" or "file")
+    and ``option`` (how the output was given) word the message."""
     o = Path(os.path.realpath(out))
     for i in inputs:
         if i is None:
             continue
-        p = Path(os.path.realpath(i))
-        if o == p or _same_file(o, p):
-            rel = "is"
-        elif o in p.parents:
-            rel = "holds"
-        elif p in o.parents:
-            rel = "lies inside"
-        elif _hard_link_into(o, p):
-            rel = "is a hard link to a file of"
-        else:
+        for path, name in [(Path(i), f"the input {i}"), *inputs_behind(i)]:
+            p = Path(os.path.realpath(path))
+            if o == p or _same_file(o, p):
+                rel = "is"
+            elif o in p.parents:
+                rel = "holds"
+            elif p in o.parents:
+                rel = "lies inside"
+            elif _hard_link_into(o, p):
+                rel = "is a hard link to a file of"
+            else:
+                continue
+            apart = "the inputs" if path == Path(i) else "the inputs and the files they read"
+            raise XLNetError(f"{option} {out} {rel} {name}; choose an output {what} apart from {apart}")
+
+
+def inputs_behind(i: str | Path) -> list[tuple[Path, str]]:
+    """What the input folder ``i`` reads through its manifest, as (folder, how a message names it): records
+    (meta.json) and a records part (part.json) read the shard folder their ``shards`` entry names, relative to them
+    or absolute (both, where they exist: the reader takes the first whose manifest matches). Read leniently, before
+    any reader checks the file: a file that cannot be read adds nothing (its reader refuses it later)."""
+    i = Path(i)
+    seen = {os.path.realpath(i)}
+    found: list[tuple[Path, str]] = []
+    for name in ("meta.json", "part.json"):
+        try:
+            if not (i / name).is_file() or (i / name).stat().st_size > 1 << 26:
+                continue
+            obj = json.loads((i / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
             continue
-        raise XLNetError(f"{option} {out} {rel} the input {i}; choose an output {what} apart from the inputs")
+        if name == "part.json":  # a part's plan holds the meta.json its merge writes
+            obj = obj.get("plan") if isinstance(obj, dict) else None
+            obj = obj.get("meta") if isinstance(obj, dict) else None
+        shards = obj.get("shards") if isinstance(obj, dict) else None
+        if not isinstance(shards, dict):
+            continue
+        for where in (shards.get("path"), shards.get("absolute")):
+            d = i / where if isinstance(where, str) and where else None
+            if d is not None and os.path.lexists(d) and os.path.realpath(d) not in seen:
+                seen.add(os.path.realpath(d))
+                found.append((d, f"the shards {os.path.normpath(d)} read by the input {i}"))
+    return found
 
 
 def check_file_outputs(outputs: dict[str, str | Path | None], inputs: typing.Iterable[str | Path | None]) -> None:

@@ -7,6 +7,7 @@ its merge takes every part once.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from xlnetcli.core.errors import DataError, XLNetError
@@ -56,3 +57,30 @@ def each_part_once(metas: list[tuple[Path, dict]], n: int, command: str) -> list
             f"`xlnet {command} ... --part {missing[0]}/{n}` and merge all {n} parts"
         )
     return sorted(metas, key=lambda dm: dm[1]["part"])
+
+
+# part.json's kind -> (what the merged folder is, the command that makes a part, the merge)
+_PART_KINDS = {
+    "xlnet-shard-part": ("shard directory", "shard", "shard-merge"),
+    "xlnet-records-part": ("records directory", "preprocess", "preprocess-merge"),
+}
+
+
+def part_folder_hint(folder: Path, kind: str) -> DataError | None:
+    """When ``folder`` is a part folder of kind ``kind`` (its part.json) where the merged folder is expected (the
+    reader found no manifest.json / meta.json): the one-line error saying so and naming the merge; None otherwise.
+    part.json is read leniently: anything unexpected gives None (the reader's own message then)."""
+    try:
+        m = json.loads((Path(folder) / "part.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(m, dict) or m.get("kind") != kind or kind not in _PART_KINDS:
+        return None
+    what, command, merge = _PART_KINDS[kind]
+    i, n = m.get("part"), m.get("parts")
+    which = f"part {i}/{n}" if type(i) is int and type(n) is int else "a part"
+    every = f"all {n} parts" if type(n) is int else "all the parts"
+    return DataError(
+        f"{folder} is {which} of an `xlnet {command} --part I/N` run (part.json), not a whole {what}: combine "
+        f"{every} with `xlnet {merge} PARTS... --out DIR` and pass DIR"
+    )

@@ -52,6 +52,7 @@ from xlnetcli.config import Config, ModelConfig, batch_maths, check_config, conf
 from xlnetcli.core import dist
 from xlnetcli.core.errors import CheckpointError, DataError, XLNetError
 from xlnetcli.core.files import check_output_not_input, output_lock, sha256_file
+from xlnetcli.data.records.format import check_tokenizer_copy, find_shards
 from xlnetcli.data.records.format import read_meta as records_meta
 from xlnetcli.data.records.stream import PretrainStream
 from xlnetcli.data.tokenizer import Tokenizer
@@ -468,6 +469,8 @@ def _check_inputs(
     checkpoint to resume from or None, the RESUME_CHANGEABLE settings changed against that checkpoint)."""
     t = cfg.train
     meta = records_meta(data_dir)
+    # the tokenizer every checkpoint carries: the records' copy, the one their shards were encoded with
+    check_tokenizer_copy(data_dir, meta.get("tokenizer_sha256"), data_dir / "meta.json", find_shards(data_dir, meta))
     check_records(cfg, meta, data_dir)
     check_config(cfg, env.world_size, stage="pretrain", device=env.device)
     accum = batch_maths(cfg, env.world_size).accumulation

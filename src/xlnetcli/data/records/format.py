@@ -43,6 +43,7 @@ import numpy as np
 from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import sha256_file
 from xlnetcli.core.shapes import describe, json_field, read_json_object, str_map
+from xlnetcli.data.parts import part_folder_hint
 from xlnetcli.data.shards.format import MappedStream, NpyFile, read_span
 from xlnetcli.data.special import CLS_ID, SEP_ID
 
@@ -151,13 +152,17 @@ def shards_location(shards: str | Path, records_dir: str | Path) -> dict[str, st
     return {"path": os.path.relpath(where, Path(records_dir).resolve()), "absolute": str(where)}
 
 
-def split_shards(manifest: dict[str, Any], split: str) -> list[dict[str, Any]]:
-    """meta.json's ``splits.NAME.shards``: the split's token files in manifest order, with their sha256."""
+def split_shards(manifest: dict[str, Any], split: str, read: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """meta.json's ``splits.NAME.shards``: the split's token files in manifest order, with their sha256: the
+    manifest's (verified against the files), or with ``read`` (`--no-verify`: {file: sha256 of its bytes as the
+    records were made from them}) those, so that the records check what they were built from."""
     out = []
     for e in manifest["splits"].get(split) or []:
         sha = e.get("sha256")
         entry = {"file": e["tokens_file"], "tokens": int(e["tokens"])}
-        if isinstance(sha, dict) and isinstance(sha.get("tokens"), str):
+        if read is not None:
+            entry["sha256"] = read[e["tokens_file"]]
+        elif isinstance(sha, dict) and isinstance(sha.get("tokens"), str):
             entry["sha256"] = sha["tokens"]
         out.append(entry)
     return out
@@ -173,7 +178,9 @@ def read_meta(records_dir: str | Path) -> dict:
         raise DataError(f"records folder {records_dir} does not exist; create it with xlnet preprocess")
     path = Path(records_dir) / "meta.json"
     if not path.is_file():
-        raise DataError(f"{records_dir} is not a records directory (no meta.json); run `xlnet preprocess` first")
+        raise part_folder_hint(Path(records_dir), "xlnet-records-part") or DataError(
+            f"{records_dir} is not a records directory (no meta.json); run `xlnet preprocess` first"
+        )
     meta = read_json_object(path, DataError, _RERUN)
     version = meta.get("format_version")
     if version != FORMAT_VERSION:
@@ -369,6 +376,39 @@ def find_shards(records_dir: Path, meta: dict) -> Path:
     raise DataError(
         f"{found[0] / 'manifest.json'} changed since the records {records_dir} were made (sha256 differs from "
         f"meta.json): the shards were rewritten; {_RERUN}"
+    )
+
+
+def check_tokenizer_copy(folder: Path, want: Any, record: Path, shards: Path | None, what: str = "records") -> None:
+    """The tokenizer copy of records or a records part (``folder``/tokenizer/spiece.model) is the one the shards were
+    encoded with: its sha256 is ``want`` (meta.json's or part.json's ``tokenizer_sha256``, the file ``record``) and,
+    when ``shards`` is given, the shards' own tokenizer/spiece.model's. A copy swapped for another tokenizer would be
+    carried into every checkpoint, whose embeddings never saw its pieces; refused in one line naming both files."""
+    mine = folder / "tokenizer" / "spiece.model"
+    theirs = Path(os.path.normpath(shards / "tokenizer" / "spiece.model")) if shards else None  # no rec/../shards
+    have = sha256_file(mine) if mine.is_file() else None
+    ref = sha256_file(theirs) if theirs is not None and theirs.is_file() else None
+    if have is not None and have == want and ref in (None, want):
+        return
+    redo = "rerun `xlnet preprocess`" if what == "records" else "rerun that part"
+    made = f"the {what} {folder} {'were' if what == 'records' else 'was'} made with"
+    if have is None:
+        source = f" (a copy of {theirs})" if ref == want else ""
+        raise DataError(f"{mine} is missing: the {what} {folder} lost its tokenizer copy; restore it{source} or {redo}")
+    if have == want:  # ref differs: the shards' tokenizer was replaced after the records were made
+        raise DataError(
+            f"the shards' tokenizer {theirs} (sha256 {str(ref)[:12]}) is not {mine} ({have[:12]}), the one {made}: "
+            f"the shards' copy was replaced; restore it, or rerun `xlnet shard` and {redo}"
+        )
+    if ref == want:
+        raise DataError(
+            f"{mine} (sha256 {have[:12]}) is not the shards' tokenizer {theirs} ({want[:12]}) {made}: the copy was "
+            f"replaced; copy {theirs} over it, or {redo}"
+        )
+    also = f", nor is the shards' {theirs} ({str(ref)[:12]})" if ref is not None else ""
+    raise DataError(
+        f"{mine} (sha256 {have[:12]}) is not the tokenizer {made} ({record} says {str(want)[:12]}){also}; {redo} "
+        "with the shards' tokenizer"
     )
 
 

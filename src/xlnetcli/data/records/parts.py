@@ -25,7 +25,7 @@ from xlnetcli.core.shapes import read_folder_json
 from xlnetcli.core.signals import sigterm_as_interrupt
 from xlnetcli.core.text import short
 from xlnetcli.data.parts import MAX_PARTS, each_part_once
-from xlnetcli.data.records.format import checksums, create_npy, shards_location
+from xlnetcli.data.records.format import check_tokenizer_copy, checksums, create_npy, shards_location
 from xlnetcli.data.shards.format import NpyFile
 
 PART_KIND = "xlnet-records-part"
@@ -130,6 +130,11 @@ def _check_parts(dirs: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
         for p, want in ((d / "config.yaml", m["plan"]["config_sha256"]),):
             if not p.is_file() or sha256_file(p) != want:
                 raise DataError(f"{p} is missing or does not match its part.json; rerun that part")
+    # every part's tokenizer copy is the shards' (part 0's goes into the merged records, into every checkpoint)
+    meta = m0["plan"]["meta"]
+    shards = _found_shards(d0, meta.get("shards"))
+    for d, _ in metas:
+        check_tokenizer_copy(d, meta.get("tokenizer_sha256"), d / "part.json", shards, "records part")
     return metas
 
 
@@ -157,11 +162,18 @@ def _settings(value: Any) -> Any:
     return {**value, "shards": {k: v for k, v in value["shards"].items() if k not in ("path", "absolute")}}
 
 
+def _found_shards(part_dir: Path, shards: Any) -> Path | None:
+    """The shards where part 0's records would find them (its relative path, else its absolute one), or None."""
+    if not isinstance(shards, dict):
+        return None
+    near, far = part_dir / str(shards.get("path")), Path(str(shards.get("absolute")))
+    return next((d for d in (near, far) if (d / "manifest.json").is_file()), None)
+
+
 def _shards_for(part_dir: Path, shards: dict[str, Any], out: Path) -> dict[str, Any]:
     """meta.json's ``shards`` for the merged records in ``out``: the shards where part 0's records would find them
-    from here (its relative path, else its absolute one), else its absolute path as it stands."""
-    near, far = part_dir / str(shards.get("path")), Path(str(shards.get("absolute")))
-    found = next((d for d in (near, far) if (d / "manifest.json").is_file()), far)
+    from here (_found_shards), else its absolute path as it stands."""
+    found = _found_shards(part_dir, shards) or Path(str(shards.get("absolute")))
     return {**shards, **shards_location(found, out)}
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -221,6 +222,7 @@ def preprocess(
     dtype = manifest["dtype"]  # uint16 | uint32 (read_manifest checks it)
     params = _params(cfg)
     splits = _split_layouts(shards, manifest, maths.forward_rows, cfg.data.seq_len, cfg.model.reuse_len)
+    read = None if verify else _unverified_shards(shards, manifest, splits, workers)
     meta = _records_meta(cfg, maths, sha, vocab, dtype)
     meta["shards"] = {**shards_location(shards, out), "manifest_sha256": manifest_sha}
     G, passes = maths.global_batch_size, cfg.data.passes
@@ -234,7 +236,7 @@ def preprocess(
             files, orders, split_jobs = _create_passes(tmp, cfg, split, layout, workers, shared)
             jobs += split_jobs
             meta["splits"][split] = _split_meta(layout, maths, passes, files)
-            meta["splits"][split].update(shards=split_shards(manifest, split), orders=orders)
+            meta["splits"][split].update(shards=split_shards(manifest, split, read), orders=orders)
         if part is not None:
             rows = part_rows(G, *part)
             jobs = [replace(j, rows=[g for g in j.rows if g in rows]) for j in jobs]
@@ -251,6 +253,28 @@ def preprocess(
             return write_part_meta(tmp, meta, part, manifest_sha)
         atomic_write_json(tmp / "meta.json", meta)
     return meta
+
+
+def _unverified_shards(shards: Path, manifest: dict, splits: dict[str, Any], workers: int) -> dict[str, str]:
+    """`--no-verify`: {token file: sha256 of its bytes now} of the splits the records read. The shards are taken as
+    they are, not checked against manifest.json; the records then record (and their readers check) the bytes they
+    were made from, so they stay readable and a later change is still caught. Files that differ from the manifest
+    are named in a line."""
+    files = [e["tokens_file"] for split in splits for e in manifest["splits"].get(split) or []]
+    with ThreadPoolExecutor(max(1, min(workers, len(files)))) as ex:
+        read = dict(zip(files, ex.map(lambda f: sha256_file(shards / f), files), strict=True))
+    differ = []
+    for split in splits:
+        for e in manifest["splits"].get(split) or []:
+            want = e.get("sha256")
+            if not isinstance(want, dict) or want.get("tokens") != read[e["tokens_file"]]:
+                differ.append(e["tokens_file"])
+    if differ:
+        print0(
+            f"[yellow]--no-verify: {len(differ)} shard file(s) do not match {shards / 'manifest.json'} (first "
+            f"{differ[0]}); the records are made from them as they are and record their sha256 now[/yellow]"
+        )
+    return read
 
 
 def _word_starts(tok_dir: Path, vocab: int, rule: str) -> np.ndarray:

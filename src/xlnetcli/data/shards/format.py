@@ -37,6 +37,7 @@ from numpy.typing import DTypeLike
 from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import sha256_file
 from xlnetcli.core.shapes import describe, json_field, read_folder_json, str_map
+from xlnetcli.data.parts import part_folder_hint
 
 FORMAT_VERSION = 1
 NPY_HEADER = 128  # fixed .npy header size so that shards can be streamed and the header written last
@@ -241,6 +242,8 @@ def read_manifest(shard_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Load and check manifest.json of a shard directory (DataError if missing or corrupt)."""
     d = Path(shard_dir)
     path = d / "manifest.json"
+    if d.is_dir() and not path.is_file() and (hint := part_folder_hint(d, "xlnet-shard-part")):
+        raise hint
     m = read_folder_json(d, "manifest.json", "shard directory", "xlnet shard", "xlnet shard")
     if m.get("format_version") != FORMAT_VERSION:
         raise DataError(f"{path}: unsupported or missing format_version (expected {FORMAT_VERSION})")

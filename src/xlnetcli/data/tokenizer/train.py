@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -146,6 +147,12 @@ def _tokenizer_meta(
     return meta
 
 
+# SentencePiece's refusals of a vocabulary size: fewer pieces than the characters it must keep ("... 500 vs 3004"),
+# or more than the corpus can give ("Vocabulary size too high (N). Please set it to a value <= M.")
+_TOO_SMALL = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
+_TOO_HIGH = re.compile(r"Please set it to a value <= (\d+)")
+
+
 def _train_unigram(norm_path: str, prefix: Path, tcfg: TokenizerConfig, threads: int) -> bytes:
     """SentencePiece's unigram trainer on the sample file (all of it: it holds at most input_sentence_size lines),
     XLNet's pieces at their ids: the model's bytes (the files it writes at ``prefix`` are removed). Its failures become
@@ -171,10 +178,20 @@ def _train_unigram(norm_path: str, prefix: Path, tcfg: TokenizerConfig, threads:
         )
     except RuntimeError as e:
         msg = " ".join(str(e).split())
-        if "Vocabulary size is too high" in msg or "vocab_size" in msg.lower():
+        small = _TOO_SMALL.search(msg)
+        if small:  # every character kept at character_coverage is a piece of its own: CJK text has thousands
             raise ConfigError(
-                f"tokenizer.vocab_size {tcfg.vocab_size} is too large for this corpus "
-                f"({msg.split(':')[-1].strip()}); lower --vocab-size or add text"
+                f"tokenizer.vocab_size {tcfg.vocab_size} is too small for the characters of this corpus: at "
+                f"character_coverage {tcfg.character_coverage} each character kept is a piece, {small[2]} pieces at "
+                "least (CJK text has thousands of characters); raise --vocab-size to more than that, or lower "
+                "--character-coverage (e.g. 0.9995: the rarest characters become <unk>)"
+            ) from None
+        if "Vocabulary size is too high" in msg or "vocab_size" in msg.lower():
+            most = _TOO_HIGH.search(msg)
+            limit = f"at most {most[1]} pieces" if most else msg.split(":")[-1].strip()
+            raise ConfigError(
+                f"tokenizer.vocab_size {tcfg.vocab_size} is too large for this corpus ({limit}); lower --vocab-size "
+                "or add text"
             ) from None
         if "sentences_.empty()" in msg:  # every line was skipped, most often for being too long
             raise DataError(
