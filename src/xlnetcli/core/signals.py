@@ -31,11 +31,17 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated()
 
+    handler.interrupts = True  # type: ignore[attr-defined]  # preemption.PreemptionGuard: not the caller's own
     old = signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def interrupts(handler: Any) -> bool:
+    """Whether ``handler`` is ``sigterm_as_interrupt``'s (SIGTERM raises Terminated), not a caller's own."""
+    return bool(getattr(handler, "interrupts", False))
 
 
 def pid_alive(pid: int) -> bool:
@@ -79,4 +85,4 @@ def quiet_pool_worker(parent: int | None) -> None:
         die_with_parent(parent)
 
 
-__all__ = ["die_with_parent", "pid_alive", "quiet_pool_worker", "sigterm_as_interrupt"]
+__all__ = ["die_with_parent", "interrupts", "pid_alive", "quiet_pool_worker", "sigterm_as_interrupt"]
