@@ -50,12 +50,10 @@ from xlnetcli.core.errors import (
     CheckpointError,
     ConfigError,
     DataError,
-    Preempted,
-    Terminated,
     XLNetError,
 )
 from xlnetcli.core.files import atomic_write_json, check_output_dir, check_output_not_input, commit_dir, output_lock
-from xlnetcli.core.signals import sigterm_as_interrupt
+from xlnetcli.core.signals import sigterm_stops
 from xlnetcli.data import labelled
 from xlnetcli.data.tokenizer import Tokenizer
 from xlnetcli.evaluate.finetuned import TaskData, build_finetune_model, load_pretrained_into, load_task_data
@@ -175,13 +173,11 @@ def finetune(cfg: Config, args: FinetuneArgs) -> dict[str, Any]:
     env = dist.init_distributed(args.device)
     try:
         # SIGTERM while starting: unwound (the lock released), exit 75 (train/pretrain.py does the same)
-        with sigterm_as_interrupt():
+        with sigterm_stops(STARTUP_SIGTERM):
             check_output_not_input(args.out, [args.init, args.train, args.valid])
             # one writer per output (rank 0 holds the lock for all ranks; the .partial folder is covered by it)
             with output_lock(args.out) if env.rank == 0 else contextlib.nullcontext():
                 return _finetune(cfg, args, env)
-    except Terminated:
-        raise Preempted(STARTUP_SIGTERM) from None
     finally:
         dist.cleanup()
 

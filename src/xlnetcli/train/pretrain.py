@@ -50,9 +50,9 @@ from xlnetcli.checkpoint.folders import read_meta, step_folders, verify_checkpoi
 from xlnetcli.checkpoint.load import StartingPoint, continued_model_config, load_starting_point, load_state
 from xlnetcli.config import Config, ModelConfig, batch_maths, check_config, config_to_dict, replace
 from xlnetcli.core import dist
-from xlnetcli.core.errors import STARTUP_SIGTERM, CheckpointError, DataError, Preempted, Terminated, XLNetError
+from xlnetcli.core.errors import STARTUP_SIGTERM, CheckpointError, DataError, XLNetError
 from xlnetcli.core.files import check_output_not_input, output_lock, sha256_file
-from xlnetcli.core.signals import sigterm_as_interrupt
+from xlnetcli.core.signals import sigterm_stops
 from xlnetcli.data.records.format import read_meta as records_meta
 from xlnetcli.data.records.stream import PretrainStream
 from xlnetcli.data.tokenizer import Tokenizer
@@ -376,7 +376,7 @@ def pretrain(
     try:
         # SIGTERM while starting unwinds (what was created is removed, the lock released) and exits 75 like a
         # preemption; from the first step on the engine's PreemptionGuard turns it into a checkpoint and a stop
-        with sigterm_as_interrupt():
+        with sigterm_stops(STARTUP_SIGTERM):
             inputs = [data_dir, cfg.train.init, cfg.train.probe_file, *([out_dir] if branch is not None else [])]
             check_output_not_input(target, inputs, option="--branch" if branch is not None else "output")
             # one writer per run folder (rank 0 holds the lock for all ranks of a torchrun job)
@@ -384,8 +384,6 @@ def pretrain(
                 if branch is not None:
                     resume = _branch(cfg, data_dir, out_dir, resume, target, env)
                 return _pretrain(cfg, data_dir, target, resume, env, quiet, stop_after, rewind)
-    except Terminated:
-        raise Preempted(STARTUP_SIGTERM) from None
     finally:
         if created_group:
             dist.cleanup()
