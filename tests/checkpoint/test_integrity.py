@@ -180,8 +180,9 @@ def test_a_flipped_bit_in_a_checkpoint_is_refused_on_load_and_resume(pipeline, t
     _one_line_error(proc, "does not match the checksum")
     assert not (tmp_path / "hf").exists()
     flip_bit(run / "step_0000002" / "train_state.safetensors", 50)
-    proc = _xlnet("pretrain", "--data", pipeline["rec"], "--out", run, "--resume", "2")
+    proc = _xlnet("pretrain", "--data", pipeline["rec"], "--out", run, "--resume", "2", "--rewind")
     _one_line_error(proc, "train_state.safetensors does not match the checksum")
+    assert (run / "step_0000004").is_dir() and not list(run.glob("rewound_*"))  # refused before the rewind
 
 
 @pytest.mark.slow
@@ -245,7 +246,7 @@ def test_a_torn_last_metrics_line_is_skipped_by_readers_and_dropped_on_resume(pi
     shutil.copytree(pipeline["run"], run)
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 5, "split": "tr')
-    proc = _xlnet("pretrain", "--data", pipeline["rec"], "--out", run, "--resume", "2")
+    proc = _xlnet("pretrain", "--data", pipeline["rec"], "--out", run, "--resume", "2", "--rewind")
     assert proc.returncode == 0, proc.stderr
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert all(json.loads(ln) for ln in lines)

@@ -53,6 +53,29 @@ def test_a_stray_tab_is_refused_like_a_missing_field(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("ch", ["\u2028", "\u2029", "\x85", "\x1c", "\x1e", "\x0b", "\x0c", "\r"])
+@pytest.mark.parametrize("name", ["u.tsv", "u.csv"])
+def test_only_newlines_end_rows_not_unicode_line_separators(tmp_path, ch, name):
+    """A cell holding U+2028/U+2029 (or another character str.splitlines breaks at) stays one row: only \n and \r\n
+    end a row of a TSV/CSV; \r\n files read as \n ones."""
+    sep = "," if name.endswith(".csv") else "\t"
+    # a bare CR in an unquoted CSV field is csv's own error; quoted, it is text
+    cell = f'"one{ch}two"' if ch == "\r" and name.endswith(".csv") else f"one{ch}two"
+    text = f"sentence{sep}label\r\n{cell}{sep}pos\r\nthree{sep}neg\n"
+    rows = read_table(_write(tmp_path, name, text))
+    assert [(e.text_a, e.label, e.line) for e in rows] == [(f"one{ch}two", "pos", 2), ("three", "neg", 3)]
+
+
+def test_metrics_rows_holding_a_raw_line_separator_read_whole(tmp_path):
+    from xlnetcli.report.metrics_log import read_metrics
+
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 1, "split": "note", "text": "a\u2028b"}\n{"step": 2, "split": "train", "loss": 1.0}\n',
+        encoding="utf-8",
+    )
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+
+
 def test_rows_without_a_header_must_all_be_as_wide_as_the_first(tmp_path):
     path = _write(tmp_path, "nohead.tsv", "the cat sat\tpos\na dog\tran\tneg\n")
     with pytest.raises(DataError, match=r"nohead\.tsv:2: 3 fields, the first row has 2"):

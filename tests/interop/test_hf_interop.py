@@ -308,3 +308,38 @@ def test_checkpoint_errors(ckpt, tmp_path):
 
     with pytest.raises(CheckpointError, match="n_head\\*d_head == d_model"):
         to_hf_config(wide)
+
+
+def test_import_of_our_export_keeps_the_runs_training_and_finetuning_sections(tok_dir, tmp_path, capsys):
+    """`xlnet export` keeps the run's config in xlnet_pretraining.json and `xlnet import` restores its tokenizer, data,
+    train and finetune sections (they were reset to the paper's defaults); a bad 'config' field is one error naming
+    the file, nothing written."""
+    from clitools import run_main
+
+    from xlnetcli.config import config_to_dict, replace
+
+    cfg = replace(
+        make_cfg(400),
+        train={"lr": 3e-4, "max_steps": 123, "warmup_steps": 7, "weight_decay": 0.05},
+        finetune={"lr": 7e-5, "batch_size": 24, "micro_batch_size": 8, "max_seq_length": 96, "layer_decay": 0.8},
+        data={"mask_alpha": 4},
+    )
+    torch.manual_seed(0)
+    save_model_dir(tmp_path / "ck", XLNetLMHeadModel(cfg.model), cfg, tokenizer_dir=tok_dir, meta={"kind": "pretrain"})
+    assert cli("export", str(tmp_path / "ck"), "--out", str(tmp_path / "hf")) == 0
+    assert cli("import", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back")) == 0
+    back, _, _ = load_model_dir(tmp_path / "back")
+    want, got = config_to_dict(cfg), config_to_dict(back)
+    for section in ("tokenizer", "data", "train", "finetune"):
+        assert got[section] == want[section], section
+    assert (back.train.lr, back.finetune.lr, back.finetune.batch_size) == (3e-4, 7e-5, 24)
+    rec = tmp_path / "hf" / "xlnet_pretraining.json"
+    saved = json.loads(rec.read_text())
+    saved["config"]["finetune"]["lr"] = "fast"
+    rec.write_text(json.dumps(saved))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    capsys.readouterr()
+    code, _, err = run_main(capsys, "import", "--from-hf", tmp_path / "hf", "--out", tmp_path / "again")
+    assert code == 2 and err.startswith("xlnet: error:") and len(err.strip().splitlines()) == 1, err
+    assert "xlnet_pretraining.json" in err and "finetune.lr" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

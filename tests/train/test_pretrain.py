@@ -134,7 +134,7 @@ def test_resume_given_step(records, tmp_path):
     cfg = _cfg("train.max_steps=6", "train.save_every=2", "train.keep_last=5", "train.eval_every=never")
     pretrain(cfg, records, tmp_path / "a", quiet=True)
     pretrain(cfg, records, tmp_path / "b", quiet=True)
-    pretrain(cfg, records, tmp_path / "b", resume="2", quiet=True)  # continue from step 2 again
+    pretrain(cfg, records, tmp_path / "b", resume="2", rewind=True, quiet=True)  # continue from step 2 again
     assert train_losses(tmp_path / "a") == train_losses(tmp_path / "b")
     with pytest.raises(XLNetError, match=r"no checkpoint step 3 .*have: 2, 4, 6"):
         pretrain(cfg, records, tmp_path / "b", resume="3", quiet=True)
@@ -229,7 +229,9 @@ def test_torchrun_fsdp_matches_one_and_resumes_exactly(records, tmp_path):
     assert [b for _, b in l2] == pytest.approx([a for _, a in l1], rel=1e-5)
     w1, w2 = step_weights(tmp_path / "one" / "step_0000006"), step_weights(tmp_path / "fsdp" / "step_0000006")
     assert w1.keys() == w2.keys() and max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-5
-    out = subprocess.run([*base, "--resume", "3"], env=child_env(), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [*base, "--resume", "3", "--rewind"], env=child_env(), capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     strip = lambda rows: [(r["step"], r["split"], r["loss"]) for r in rows]  # noqa: E731
     assert strip(read_metrics(tmp_path / "fsdp")) == strip(first)

@@ -98,20 +98,58 @@ def check_hf_config(hc: dict[str, Any], where: Path) -> None:
             json_field(hc, key, kind, where, CheckpointError, lo=low)
 
 
+# the sections of the run's config our export keeps in xlnet_pretraining.json ("config") and `xlnet import` restores:
+# how the model was trained, and how it is finetuned when `xlnet finetune --init` takes the checkpoint's config
+RUN_SECTIONS = ("tokenizer", "data", "train", "finetune")
+
+
+def _saved_sections(path: Path) -> dict[str, dict[str, Any]]:
+    """The run's tokenizer, data, train and finetune sections our export keeps in ``path`` (xlnet_pretraining.json,
+    field "config"), in today's spelling; {} for a folder without them (transformers' own, an older export)."""
+    if not path.is_file():
+        return {}
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise CheckpointError(
+            f"{path}: not a valid pretraining record ({type(e).__name__}); remove it to import with inference settings"
+        ) from None
+    saved = rec.get("config") if isinstance(rec, dict) else None
+    if saved is None:
+        return {}
+    if not isinstance(saved, dict) or not all(isinstance(saved.get(k, {}), dict) for k in RUN_SECTIONS):
+        raise CheckpointError(
+            f"{path}: field 'config' must be an object of config sections; remove the field to import with "
+            "default training settings"
+        )
+    try:
+        raw = upgrade_config(saved, str(path))
+    except ConfigError as e:
+        raise CheckpointError(
+            f"{path}: {e}; remove its 'config' field to import with default training settings"
+        ) from None
+    return {k: dict(raw[k]) for k in RUN_SECTIONS if k in raw}
+
+
 def _full_config(
-    mcfg: ModelConfig, tok: dict[str, Any] | None = None, finetune: dict[str, Any] | None = None
+    mcfg: ModelConfig,
+    tok: dict[str, Any] | None = None,
+    finetune: dict[str, Any] | None = None,
+    saved: dict[str, dict[str, Any]] | None = None,
 ) -> Config:
-    """The full Config of an HF model: its model config, the tokenizer options and the head's finetune settings."""
+    """The full Config of an HF model: its model config, the run's own sections when our export kept them
+    (``saved``: ``_saved_sections``), else the defaults; then the tokenizer options and the head's finetune settings."""
+    saved = saved or {}
     raw = {
-        "tokenizer": {"vocab_size": mcfg.vocab_size},
+        "tokenizer": {**saved.get("tokenizer", {}), "vocab_size": mcfg.vocab_size},
         "model": dataclasses.asdict(mcfg),
-        "data": {"perm_size": None if mcfg.reuse_len else 512},
-        "train": {"micro_batch_size": 16},
+        "data": saved.get("data", {"perm_size": None if mcfg.reuse_len else 512}),
+        "train": saved.get("train", {"micro_batch_size": 16}),
     }
     if tok:
         raw["tokenizer"].update(tok)
-    if finetune:
-        raw["finetune"] = dict(finetune)
+    if finetune or "finetune" in saved:
+        raw["finetune"] = {**saved.get("finetune", {}), **(finetune or {})}
     return config_from_dict(raw)
 
 
@@ -469,4 +507,14 @@ def load_hf_dir(path: str | Path) -> tuple[Config, dict[str, torch.Tensor], dict
     meta.setdefault("hf_class", str((hc.get("architectures") or ["XLNetLMHeadModel"])[0]))
     meta["lm_bias"] = "lm_loss.bias" in hf  # an XLNetModel or a task model has no LM bias (from_hf_state: zeros)
     meta["weights"] = "model.safetensors" if (p / "model.safetensors").is_file() else "pytorch_model.bin"
-    return _full_config(mcfg, tok, finetune), state, meta
+    saved = _saved_sections(p / PRETRAINING_FILE)
+    try:
+        cfg = _full_config(mcfg, tok, finetune, saved)
+    except ConfigError as e:
+        if not saved:
+            raise
+        raise CheckpointError(
+            f"{p / PRETRAINING_FILE}: field 'config' is not a valid config for this model ({e}); remove the "
+            "field to import with default training settings"
+        ) from None
+    return cfg, state, meta

@@ -25,6 +25,7 @@ def _pretrain_config_path(data_dir: Path, out_dir: Path, resume: str | None) -> 
     epilog=examples(
         "xlnet pretrain --data runs/records --out runs/tiny --config tiny",
         "xlnet pretrain --data runs/records --out runs/tiny --resume           # continue it exactly",
+        "xlnet pretrain --data runs/records --out runs/tiny --resume 200 --branch runs/tiny-b   # from step 200, anew",
         "xlnet pretrain --init runs/tiny --config continue-tiny --data runs/b-records --out runs/tiny-b",
     ),
 )
@@ -43,6 +44,20 @@ def _pretrain_config_path(data_dir: Path, out_dir: Path, resume: str | None) -> 
     help="Continue the run in --out exactly, from its latest checkpoint or a given step.",
 )
 @click.option(
+    "--branch",
+    default=None,
+    metavar="NEWRUN",
+    type=click.Path(path_type=Path),
+    help="With --resume STEP: continue from that checkpoint in the new run folder NEWRUN (--out kept as it is); "
+    "then continue NEWRUN itself with --out NEWRUN --resume.",
+)
+@click.option(
+    "--rewind",
+    is_flag=True,
+    help="With --resume STEP: continue from that checkpoint in place, the later step folders and metric rows moved "
+    "aside into --out/rewound_LAST_to_STEP/ (without it, a resume from a step with later checkpoints is refused).",
+)
+@click.option(
     "--init",
     default=None,
     metavar="CHECKPOINT",
@@ -54,7 +69,16 @@ def _pretrain_config_path(data_dir: Path, out_dir: Path, resume: str | None) -> 
 @device_option
 @quiet_option
 @with_config("pretrain", default=lambda p: _pretrain_config_path(p["data_dir"], p["out_dir"], p["resume"]))
-def pretrain_cmd(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, device: str, quiet: bool) -> None:
+def pretrain_cmd(
+    cfg: Config,
+    data_dir: Path,
+    out_dir: Path,
+    resume: str | None,
+    branch: Path | None,
+    rewind: bool,
+    device: str,
+    quiet: bool,
+) -> None:
     """Pretrain with permutation LM on preprocessed records (torchrun --nproc-per-node N for several processes).
 
     Without --config the run's config (when resuming) or the records' config is used; --set overrides keys.
@@ -63,7 +87,7 @@ def pretrain_cmd(cfg: Config, data_dir: Path, out_dir: Path, resume: str | None,
     """
     from xlnetcli.train.pretrain import pretrain
 
-    pretrain(cfg, data_dir, out_dir, resume=resume, device=device, quiet=quiet)
+    pretrain(cfg, data_dir, out_dir, resume=resume, device=device, quiet=quiet, branch=branch, rewind=rewind)
 
 
 def _finetune_config_path(init: Path) -> Path | None:

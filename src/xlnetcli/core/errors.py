@@ -36,3 +36,9 @@ class Preempted(XLNetError):
     caller that catches this and goes on restores its own handler (``signal.signal(signal.SIGTERM, ...)``)."""
 
     exit_code = 75
+
+
+STARTUP_SIGTERM = (
+    "stopped on SIGTERM while starting, before any step of this call: nothing trained or lost, the lock released; "
+    "rerun the same command to start or continue the run"
+)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from xlnetcli.core.errors import Terminated
+from xlnetcli.core.errors import Preempted, Terminated
 
 _PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): the signal this process gets when its parent dies
 
@@ -31,11 +31,35 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated()
 
+    handler.interrupts = True  # type: ignore[attr-defined]  # preemption.PreemptionGuard: not the caller's own
     old = signal.signal(signal.SIGTERM, handler)
+    stopping = False
     try:
         yield
+    except Preempted:
+        stopping = True
+        raise
     finally:
-        signal.signal(signal.SIGTERM, old)
+        # a training stopped by SIGTERM is on its way out with its checkpoint (exit 75): a repeated SIGTERM must not
+        # cut that short with 143, so with the default handler under us it stays ignored (errors.Preempted)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if stopping and old in (signal.SIG_DFL, None) else old)
+
+
+@contextlib.contextmanager
+def sigterm_stops(message: str) -> Iterator[None]:
+    """``sigterm_as_interrupt`` for a training's start: SIGTERM unwinds the block (its cleanup and the lock's release
+    run) and leaves as a preemption does, ``Preempted(message)`` (exit 75: requeue); the engine's PreemptionGuard
+    takes SIGTERM over while it trains."""
+    with sigterm_as_interrupt():
+        try:
+            yield
+        except Terminated:
+            raise Preempted(message) from None
+
+
+def interrupts(handler: Any) -> bool:
+    """Whether ``handler`` is ``sigterm_as_interrupt``'s (SIGTERM raises Terminated), not a caller's own."""
+    return bool(getattr(handler, "interrupts", False))
 
 
 def pid_alive(pid: int) -> bool:
@@ -79,4 +103,4 @@ def quiet_pool_worker(parent: int | None) -> None:
         die_with_parent(parent)
 
 
-__all__ = ["die_with_parent", "pid_alive", "quiet_pool_worker", "sigterm_as_interrupt"]
+__all__ = ["die_with_parent", "interrupts", "pid_alive", "quiet_pool_worker", "sigterm_as_interrupt", "sigterm_stops"]

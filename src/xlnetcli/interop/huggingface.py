@@ -13,7 +13,7 @@ import torch
 from xlnetcli.checkpoint.folders import save_model_dir
 from xlnetcli.checkpoint.hf_dir import FINETUNE_FILE, PRETRAINING_FILE, PRETRAINING_KEYS, load_hf_dir, model_for_hf
 from xlnetcli.checkpoint.load import checkpoint_inputs, load_model_dir, load_state, resolve_checkpoint
-from xlnetcli.config import Config
+from xlnetcli.config import CONFIG_VERSION, Config, config_to_dict
 from xlnetcli.core.errors import CheckpointError
 from xlnetcli.core.files import (
     atomic_output_dir,
@@ -65,9 +65,11 @@ def export_hf(ckpt: str | Path, out: str | Path, overwrite: bool = False, backbo
     tok_src = src / "tokenizer" if (src / "tokenizer" / "spiece.model").is_file() else src / "spiece.model"
     pretraining = {
         "comment": "How this model was pretrained with xlnet (transformers ignores this file; `xlnet import` "
-        "restores it). config.json holds inference settings: no memory, no bi_data.",
+        "restores it). config.json holds inference settings: no memory, no bi_data. 'config': the run's own "
+        "config (its tokenizer, data, train and finetune sections are restored on import).",
         "model": {k: getattr(cfg.model, k) for k in PRETRAINING_KEYS},
         "data": {"seq_len": cfg.data.seq_len, "num_predict": cfg.data.num_predict, "perm_size": cfg.data.perm_size},
+        "config": {"config_version": CONFIG_VERSION, **config_to_dict(cfg)},
     }
     inputs = [*checkpoint_inputs(ckpt), ckpt]  # a run given whole: nothing written inside it
     with atomic_output_dir(out, overwrite=overwrite, what="an exported model", inputs=inputs) as tmp:

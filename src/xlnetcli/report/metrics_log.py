@@ -120,7 +120,10 @@ def read_metrics(run_dir: str | Path, warn: bool = True) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    # lines end at \n only (JSON Lines): str.splitlines would also break at a U+2028 a JSON string may hold raw
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
     rows = []
     for i, line in enumerate(lines, 1):
         if not line.strip():

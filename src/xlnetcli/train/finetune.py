@@ -45,8 +45,15 @@ from xlnetcli.checkpoint.folders import step_dir_name, step_folders, tokenizer_d
 from xlnetcli.checkpoint.load import StartingPoint, load_starting_point, resolve_checkpoint
 from xlnetcli.config import Config, check_config, config_from_dict, config_to_dict
 from xlnetcli.core import dist
-from xlnetcli.core.errors import CheckpointError, ConfigError, DataError, XLNetError
+from xlnetcli.core.errors import (
+    STARTUP_SIGTERM,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    XLNetError,
+)
 from xlnetcli.core.files import atomic_write_json, check_output_dir, check_output_not_input, commit_dir, output_lock
+from xlnetcli.core.signals import sigterm_stops
 from xlnetcli.data import labelled
 from xlnetcli.data.tokenizer import Tokenizer
 from xlnetcli.evaluate.finetuned import TaskData, build_finetune_model, load_pretrained_into, load_task_data
@@ -165,10 +172,12 @@ def finetune(cfg: Config, args: FinetuneArgs) -> dict[str, Any]:
         raise ConfigError(f"unknown task {args.task!r} (choose from {', '.join(labelled.TASKS)})")
     env = dist.init_distributed(args.device)
     try:
-        check_output_not_input(args.out, [args.init, args.train, args.valid])
-        # one writer per output (rank 0 holds the lock for all ranks; the .partial folder is covered by it)
-        with output_lock(args.out) if env.rank == 0 else contextlib.nullcontext():
-            return _finetune(cfg, args, env)
+        # SIGTERM while starting: unwound (the lock released), exit 75 (train/pretrain.py does the same)
+        with sigterm_stops(STARTUP_SIGTERM):
+            check_output_not_input(args.out, [args.init, args.train, args.valid])
+            # one writer per output (rank 0 holds the lock for all ranks; the .partial folder is covered by it)
+            with output_lock(args.out) if env.rank == 0 else contextlib.nullcontext():
+                return _finetune(cfg, args, env)
     finally:
         dist.cleanup()
 

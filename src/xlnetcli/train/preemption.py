@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from xlnetcli.core import dist
+from xlnetcli.core.signals import interrupts
 from xlnetcli.train.step_figures import HostCopy
 
 
@@ -33,7 +34,13 @@ class PreemptionGuard:
         if self._old is not None:
             # after a stop was requested the process leaves with its checkpoint (exit 75): a further SIGTERM (schedulers
             # and users repeat theirs) is the same request, and must not kill it with 143 on the way out (a handler
-            # of the caller's own is given back)
+            # of the caller's own is given back). Under the start-up's handler (signals.sigterm_as_interrupt: the
+            # training's start is interruptible, train/pretrain.py) the loop has ended either way: the last
+            # checkpoint is written and what is left (the closing lines, finetuning's commit) is short, so a SIGTERM
+            # is ignored until the call returns rather than cutting the wrap-up in the middle.
+            if interrupts(self._old):
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                return
             kill = self._old in (signal.SIG_DFL, None)
             signal.signal(signal.SIGTERM, signal.SIG_IGN if self.flag and kill else self._old)
 

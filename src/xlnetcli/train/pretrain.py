@@ -46,12 +46,13 @@ from typing import Any
 
 import torch
 
-from xlnetcli.checkpoint.folders import read_meta, step_folders
+from xlnetcli.checkpoint.folders import read_meta, step_folders, verify_checkpoint
 from xlnetcli.checkpoint.load import StartingPoint, continued_model_config, load_starting_point, load_state
 from xlnetcli.config import Config, ModelConfig, batch_maths, check_config, config_to_dict, replace
 from xlnetcli.core import dist
-from xlnetcli.core.errors import CheckpointError, DataError, XLNetError
+from xlnetcli.core.errors import STARTUP_SIGTERM, CheckpointError, DataError, XLNetError
 from xlnetcli.core.files import check_output_not_input, output_lock, sha256_file
+from xlnetcli.core.signals import sigterm_stops
 from xlnetcli.data.records.format import check_tokenizer_copy, find_shards
 from xlnetcli.data.records.format import read_meta as records_meta
 from xlnetcli.data.records.stream import PretrainStream
@@ -64,10 +65,12 @@ from xlnetcli.model.objective import forward as _forward
 from xlnetcli.model.objective import model_inputs as _model_inputs
 from xlnetcli.report.plot import maybe_plot
 from xlnetcli.report.trackers import require_trackers
+from xlnetcli.train import lifecycle
 from xlnetcli.train.checkpointer import resumable_steps
 from xlnetcli.train.display import printer
 from xlnetcli.train.engine import Engine
 from xlnetcli.train.header import say_header
+from xlnetcli.train.lifecycle import make_branch
 from xlnetcli.train.plan import TrainPlan, run_precision
 from xlnetcli.train.resume import resume_changes, resume_point, run_config_file
 from xlnetcli.train.rng import seed_everything
@@ -352,23 +355,58 @@ def pretrain(
     device: str | None = "auto",
     quiet: bool = False,
     stop_after: int | None = None,
+    branch: str | Path | None = None,
+    rewind: bool = False,
 ) -> dict:
     """Pretrain (or resume) a run; returns {"step", "loss", "eval", "tokens_per_s", "out", "complete"}.
 
     ``stop_after``: return after this many optimizer steps of this call (tests, benchmarks); the run is not finished.
     On SIGTERM the run stops after the current step with a checkpoint and raises errors.Preempted (exit code 75).
+    Going back to an earlier step (train/lifecycle.py): ``branch`` continues the checkpoint ``resume`` names in that
+    new run folder (``out_dir`` kept as it is); ``rewind`` continues it in place, the later steps moved aside.
     """
     data_dir, out_dir = Path(data_dir), Path(out_dir)
+    if (branch is not None or rewind) and resume is None:
+        flag = "--branch" if branch is not None else "--rewind"
+        raise XLNetError(f"{flag} goes with --resume STEP (the step to go on from)")
+    if branch is not None and rewind:
+        raise XLNetError("--branch and --rewind exclude each other: --branch keeps the run, --rewind changes it")
+    target = out_dir if branch is None else Path(branch)
     env = dist.init_distributed(device)
     created_group = env.distributed
     try:
-        check_output_not_input(out_dir, [data_dir, cfg.train.init, cfg.train.probe_file])
-        # one writer per run folder (rank 0 holds the lock for all ranks of a torchrun job)
-        with output_lock(out_dir) if env.rank == 0 else contextlib.nullcontext():
-            return _pretrain(cfg, data_dir, out_dir, resume, env, quiet, stop_after)
+        # SIGTERM while starting unwinds (what was created is removed, the lock released) and exits 75 like a
+        # preemption; from the first step on the engine's PreemptionGuard turns it into a checkpoint and a stop
+        with sigterm_stops(STARTUP_SIGTERM):
+            inputs = [data_dir, cfg.train.init, cfg.train.probe_file, *([out_dir] if branch is not None else [])]
+            check_output_not_input(target, inputs, option="--branch" if branch is not None else "output")
+            # one writer per run folder (rank 0 holds the lock for all ranks of a torchrun job)
+            with output_lock(target) if env.rank == 0 else contextlib.nullcontext():
+                if branch is not None:
+                    resume = _branch(cfg, data_dir, out_dir, resume, target, env)
+                return _pretrain(cfg, data_dir, target, resume, env, quiet, stop_after, rewind)
     finally:
         if created_group:
             dist.cleanup()
+
+
+def _branch(cfg: Config, data_dir: Path, run_dir: Path, resume: str | None, branch: Path, env: dist.DistEnv) -> str:
+    """Make the run folder ``branch`` at the checkpoint of ``run_dir`` that ``resume`` names, every check of a resume
+    of ``run_dir`` passed first (nothing is written on a refusal); returns the step to resume ``branch`` from."""
+    start = check_run_dir(run_config_checked(cfg, env), run_dir, resume)
+    if start is None:
+        raise CheckpointError(f"nothing to branch from: {run_dir} holds no checkpoint yet")
+    check_records(cfg, records_meta(data_dir), data_dir)
+    check_same_records(read_meta(start[1]).get("records"), data_dir, start[1])
+    if env.is_main:
+        make_branch(run_dir, start, branch)
+    dist.barrier()
+    return str(start[0])
+
+
+def run_config_checked(cfg: Config, env: dist.DistEnv) -> Config:
+    """``cfg`` with train.precision resolved (as the run's config.yaml holds it), quietly."""
+    return run_precision(cfg, "train", env.device, lambda _: None)
 
 
 def _pretrain(
@@ -379,9 +417,18 @@ def _pretrain(
     env: dist.DistEnv,
     quiet: bool,
     stop_after: int | None,
+    rewind: bool = False,
 ) -> dict:
     main = env.is_main
-    cfg, meta, accum, start, changed = _check_inputs(cfg, data_dir, out_dir, resume, env, printer(main and not quiet))
+    cfg, meta, accum, start, changed = _check_inputs(
+        cfg, data_dir, out_dir, resume, env, printer(main and not quiet), rewind
+    )
+    if rewind and start is not None:
+        verify_checkpoint(start[1])  # a damaged checkpoint is refused before the run is changed
+        aside = lifecycle.rewind(out_dir, start[0]) if main else None
+        if aside is not None and not quiet:
+            printer(main)(f"rewound {out_dir} to step {start[0]}: its later steps and metric rows moved to {aside}")
+        dist.barrier()
     init: StartingPoint | None = None
     init_lines: list[str] = []
     init_record: dict | None = None  # meta.json's "init" of every step folder: where the weights started
@@ -463,10 +510,17 @@ def _run(
 
 
 def _check_inputs(
-    cfg: Config, data_dir: Path, out_dir: Path, resume: str | None, env: dist.DistEnv, say: Callable[[str], None]
+    cfg: Config,
+    data_dir: Path,
+    out_dir: Path,
+    resume: str | None,
+    env: dist.DistEnv,
+    say: Callable[[str], None],
+    rewind: bool = False,
 ) -> tuple[Config, dict, int, tuple[int, Path] | None, list[tuple[str, Any, Any]]]:
     """Checks before any work: (the config with train.precision resolved, the records' meta, accumulation, the
-    checkpoint to resume from or None, the RESUME_CHANGEABLE settings changed against that checkpoint)."""
+    checkpoint to resume from or None, the RESUME_CHANGEABLE settings changed against that checkpoint). A resume from
+    a step with later step folders needs ``rewind`` (or a branch: train/lifecycle.py)."""
     t = cfg.train
     meta = records_meta(data_dir)
     # the tokenizer every checkpoint carries: the records' copy, the one their shards were encoded with
@@ -479,6 +533,9 @@ def _check_inputs(
     start = check_run_dir(cfg, out_dir, resume)
     changes: list[tuple[str, Any, Any]] = []
     if start is not None:
+        later = lifecycle.later_steps(out_dir, start[0])
+        if later and not rewind:
+            lifecycle.refuse_later_steps(out_dir, start[0], later)
         check_same_records(read_meta(start[1]).get("records"), data_dir, start[1])
         changes = resume_changes(start[1], cfg, RESUME_CHANGEABLE)
         if t.max_steps < start[0]:

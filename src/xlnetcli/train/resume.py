@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from xlnetcli.checkpoint.folders import step_folders
+from xlnetcli.checkpoint.folders import step_folders, verify_files
 from xlnetcli.config import Config, config_to_dict, load_config
 from xlnetcli.core.errors import CheckpointError, ConfigError, XLNetError
 from xlnetcli.core.files import atomic_write_text
@@ -74,8 +74,42 @@ def resume_point(
             f"output folder {run_dir} already holds a {what}{last}; pass --resume to continue it "
             "or choose another --out"
         )
+    start = _pick_checkpoint(ckpts, resume, run_dir)
+    if start is not None and run_cfg == run_dir / "config.yaml":
+        _check_run_config_is_the_checkpoints(old, run_cfg, start[1], sections, mutable | changeable, changeable)
     _check_same_config(old, cfg, sections, mutable | changeable, run_dir, same_config, changeable)
-    return _pick_checkpoint(ckpts, resume, run_dir)
+    return start
+
+
+def _check_run_config_is_the_checkpoints(
+    old: Config,
+    run_cfg: Path,
+    step_dir: Path,
+    sections: tuple[str, ...],
+    mutable: set[str] | frozenset[str],
+    changeable: frozenset[str],
+) -> None:
+    """The run's config.yaml (what a resume without --config loads) must say what the checkpoint resumed from trained
+    with (its config.yaml, checked against meta.json's checksum) outside the keys a resume may change: a hand-edited
+    run config is refused in one line naming every key it changed, before anything is written."""
+    step_cfg = step_dir / "config.yaml"
+    if not step_cfg.is_file():
+        return  # an older checkpoint without its config: nothing to compare with
+    verify_files(step_dir, ["config.yaml"])
+    try:
+        trained = load_config(step_cfg, upgrade=True)
+    except ConfigError as e:
+        raise CheckpointError(f"{step_cfg} is not a valid config ({e}); resume from another step folder") from None
+    have = {k: v for k, v in config_to_dict(trained).items() if k in sections}
+    diff = config_diff(have, config_to_dict(old), mutable)
+    if not diff:
+        return
+    keys = ", ".join(f"{k} {now!r} (checkpoint: {was!r})" for k, was, now in diff)
+    can = f"; on resume only {', '.join(sorted(changeable))} may change, with --set KEY=VALUE" if changeable else ""
+    raise XLNetError(
+        f"{run_cfg} differs from the config of checkpoint {step_dir.name} ({step_cfg}, checksummed) in {keys}: it was "
+        f"edited by hand; restore it (cp {step_cfg} {run_cfg}){can}"
+    )
 
 
 def _check_same_config(

@@ -95,7 +95,7 @@ def _check_regular(path: Path) -> None:
 def _read_text(path: Path) -> str:
     _check_regular(path)
     try:
-        return path.read_text(encoding="utf-8-sig")
+        return path.read_bytes().decode("utf-8-sig")  # no newline translation: a lone \r stays in its cell
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
 
@@ -119,6 +119,16 @@ def _json_rows(path: Path, text: str) -> list[tuple[int, dict[str, Any]]]:
     return rows
 
 
+def table_lines(text: str) -> list[str]:
+    """The rows of a TSV/CSV text: lines end at \n or \r\n only. ``str.splitlines`` also breaks at U+2028/U+2029,
+    \x1c-\x1e, \x85, \v, \f and a lone \r, characters a cell may hold (text pasted from a web page or a PDF); a
+    row split there would shift every later column."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+
+
 def _rows(path: Path, header: bool) -> tuple[list[str] | None, list[tuple[int, Row]]]:
     """(column names, [(line number, row)]) for a TSV/CSV (rows are lists) or JSONL (rows are dicts) file."""
     text = _read_text(path)
@@ -127,15 +137,16 @@ def _rows(path: Path, header: bool) -> tuple[list[str] | None, list[tuple[int, R
         json_rows = _json_rows(path, text)
         names = list(json_rows[0][1].keys()) if json_rows else None
         return names, list(json_rows)
+    lines = table_lines(text)
+    all_rows: list[tuple[int, Row]]
     if suffix == ".csv":
-        reader = csv.reader(text.splitlines())
+        csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+        try:
+            all_rows = [(i, r) for i, r in enumerate(csv.reader(lines), 1) if r and any(c.strip() for c in r)]
+        except csv.Error as e:
+            raise DataError(f"{path}: cannot parse as {suffix} ({e})") from None
     else:  # .tsv, .txt and anything else: tab separated, no quoting (GLUE files contain bare quotes)
-        reader = csv.reader(text.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE)
-    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-    try:
-        all_rows: list[tuple[int, Row]] = [(i, r) for i, r in enumerate(reader, 1) if r and any(c.strip() for c in r)]
-    except csv.Error as e:
-        raise DataError(f"{path}: cannot parse as {suffix or 'TSV'} ({e})") from None
+        all_rows = [(i, r) for i, r in enumerate((ln.split("\t") for ln in lines), 1) if any(c.strip() for c in r)]
     if not header:
         return None, all_rows
     if not all_rows:
