@@ -3,7 +3,11 @@ whatever a valid file becomes with one field replaced, removed or retyped), the 
 XLNetError (one line, exit 2 through the CLI), never another exception, and the input is never changed.
 
 Readers: config YAML and ``--set``, labelled TSV/CSV/JSONL, multiple-choice JSONL, SQuAD JSON, a step folder's
-meta.json, HF config.json, metrics.jsonl, shard manifests, records meta.json, lock files, train-state trees.
+meta.json, HF config.json, metrics.jsonl, shard manifests, records meta.json, lock files, train-state trees; and
+(issue 35) shard and records part.json through a merge, records meta.json through opening the records, a shard
+manifest through preprocess, xlnet_pretraining.json through import, metrics.jsonl through plot: a refusal leaves the
+folder it reads and writes byte for byte as it was (``untouched``), an accepted file gives output the next reader
+takes.
 
 A fixed example budget keeps the file under a minute on two cores; ``XLNET_FUZZ_EXAMPLES=2000`` (say) runs longer.
 """
@@ -20,19 +24,21 @@ from typing import Any
 
 import pytest
 import yaml
-from clitools import FAST_PRETRAIN, SQUAD, TINY, run_main
+from clitools import FAST_PRETRAIN, SAMPLE, SQUAD, TINY, run_main
+from conftest import tree_digest
 from finetunetools import random_init_checkpoint
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
+from xlnetcli.checkpoint.hf_dir import PRETRAINING_FILE
 from xlnetcli.checkpoint.load import load_model_dir
 from xlnetcli.config import load_config
 from xlnetcli.core.errors import XLNetError
 from xlnetcli.core.files import lock_path, output_lock
 from xlnetcli.data.labelled import read_choices, read_squad, read_table
-from xlnetcli.data.records.format import read_meta
-from xlnetcli.data.shards.format import read_manifest
+from xlnetcli.data.records.format import ARRAYS, open_records, read_meta
+from xlnetcli.data.shards.format import read_manifest, verify_shards
 from xlnetcli.report.metrics_log import read_metrics
 from xlnetcli.train.checkpointer import _check_state_shape, load_tree
 
@@ -98,6 +104,22 @@ def holds(read: Callable[[], Any], *inputs: Path) -> Any:
         return e
     finally:
         assert {p: (p.read_bytes() if p.is_file() else None) for p in inputs} == before
+
+
+def untouched(read: Callable[[], Any], root: Path, out: Path | None = None) -> Any:
+    """``holds`` for a command that writes ``out`` under ``root``: refused, every file and folder under ``root`` as
+    it was (no output, temporary or lock left); accepted, the same once ``out`` is removed."""
+    before = tree_digest(root)
+    try:
+        return read()
+    except XLNetError as e:
+        assert "\n" not in str(e), str(e)
+        assert tree_digest(root) == before, "a refusal changed files"
+        return e
+    finally:
+        if out is not None and out.exists():
+            shutil.rmtree(out)
+        assert tree_digest(root) == before
 
 
 @pytest.fixture(scope="module")
@@ -288,6 +310,7 @@ def test_lock_files_of_any_bytes(work, owner):
     out = work / "locked"
     lock = lock_path(out)
     lock.write_bytes(owner)
+    os.utime(lock, (0, 0))  # written long ago (an unreadable lock this young gets a second's grace)
 
     def take() -> None:
         with output_lock(out):
@@ -296,3 +319,172 @@ def test_lock_files_of_any_bytes(work, owner):
     result = holds(take)
     if isinstance(result, XLNetError):
         assert lock.read_bytes() == owner  # refused: someone else's lock is left alone
+
+
+# ---- issue 35: part.json of shard and records parts through a merge ------------------------------------------------
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def _mutated_parts(data: Any, bases: list[dict]) -> list[dict]:
+    """One part's part.json with one field changed, or the plan (what every part must agree on) changed the same
+    way in every part: a hand-edited plan is then not refused for parts that disagree, and reaches the merge."""
+    which = data.draw(st.sampled_from([*range(len(bases)), "plan"]))
+    metas = copy.deepcopy(bases)
+    if which == "plan":
+        plan = data.draw(mutated(bases[0]["plan"]))
+        return [{**m, "plan": plan} for m in metas]
+    metas[which] = data.draw(mutated(bases[which]))
+    return metas
+
+
+@pytest.fixture(scope="module")
+def shard_parts(pipeline, work) -> list[Path]:
+    """Parts 0 and 1 of 2 of two input files (read only: each example copies them)."""
+    from xlnetcli.data.shards.parts import shard_part
+    from xlnetcli.data.shards.shard import ShardOptions
+
+    text = SAMPLE.read_text(encoding="utf-8").split("\n\n")
+    inputs = [work / "in0.txt", work / "in1.txt"]
+    inputs[0].write_text("\n\n".join(text[: len(text) // 2]), encoding="utf-8")
+    inputs[1].write_text("\n\n".join(text[len(text) // 2 :]), encoding="utf-8")
+    cfg = load_config(TINY, FAST_PRETRAIN)
+    parts = [work / "shard_parts" / f"p{i}" for i in range(2)]
+    for i, p in enumerate(parts):
+        shard_part(cfg, [str(f) for f in inputs], p, pipeline.tokenizer, (i, 2), ShardOptions(shards=1, quiet=True))
+    return parts
+
+
+@FUZZ
+@given(data=st.data())
+def test_shard_part_json_with_one_field_changed(shard_parts, work, data):
+    from xlnetcli.data.shards.parts import merge_shard_parts
+
+    root = work / "shard_case"
+    if root.exists():
+        shutil.rmtree(root)
+    dirs = [root / p.name for p in shard_parts]
+    for src, d in zip(shard_parts, dirs, strict=True):
+        shutil.copytree(src, d)
+    for d, m in zip(dirs, _mutated_parts(data, [_json(p / "part.json") for p in shard_parts]), strict=True):
+        (d / "part.json").write_bytes(_dumps(m))
+    out = root / "merged"
+
+    def merge_and_read() -> None:
+        merge_shard_parts(dirs, out, quiet=True)
+        verify_shards(out, read_manifest(out))  # what the merge wrote, preprocess reads
+
+    untouched(merge_and_read, root, out)
+
+
+@pytest.fixture(scope="module")
+def record_parts(pipeline, work) -> list[Path]:
+    """Records parts 0 and 1 of 2 of the pipeline's shards (read only: each example copies them)."""
+    from xlnetcli.data.records.preprocess import preprocess
+
+    cfg = load_config(TINY, FAST_PRETRAIN)
+    parts = [work / "record_parts" / f"r{i}" for i in range(2)]
+    for i, p in enumerate(parts):
+        preprocess(cfg, pipeline.shards, p, part=(i, 2), quiet=True)
+    return parts
+
+
+@FUZZ
+@given(data=st.data())
+def test_records_part_json_with_one_field_changed(record_parts, work, data):
+    from xlnetcli.data.records.parts import merge_record_parts
+
+    root = work / "record_parts"  # the parts find the shards by their relative path: copies stay beside them
+    dirs = [root / f"case_{p.name}" for p in record_parts]
+    for src, d in zip(record_parts, dirs, strict=True):
+        if d.exists():
+            shutil.rmtree(d)
+        shutil.copytree(src, d)
+    for d, m in zip(dirs, _mutated_parts(data, [_json(p / "part.json") for p in record_parts]), strict=True):
+        (d / "part.json").write_bytes(_dumps(m))
+    out = root / "merged"
+
+    def merge_and_read() -> None:
+        merge_record_parts(dirs, out)
+        for split in read_meta(out)["splits"]:
+            open_records(out, split)  # what the merge wrote, pretraining reads
+
+    untouched(merge_and_read, root, out)
+
+
+# ---- issue 35: records meta.json through opening the records, a shard manifest through preprocess -----------------
+
+
+@FUZZ
+@given(data=st.data(), split=st.sampled_from(["train", "valid"]))
+def test_records_meta_opened_with_one_field_changed(pipeline, work, data, split):
+    folder = work / "records"
+    if not folder.exists():
+        shutil.copytree(pipeline.records, folder)
+    base = _json(pipeline.records / "meta.json")
+    meta = data.draw(mutated(base))
+    (folder / "meta.json").write_bytes(_dumps(meta))
+    result = holds(lambda: open_records(folder, split), *(p for p in folder.rglob("*") if p.is_file()))
+    if not isinstance(result, XLNetError):  # read: every records file it read was checked against its checksum
+        files = [f"{prefix}.{name}.npy" for prefix in result[0]["splits"][split]["files"] for name in ARRAYS]
+        assert all(isinstance(result[0]["sha256"].get(f), str) for f in files)
+
+
+@FUZZ
+@given(data=st.data())
+def test_shard_manifest_through_preprocess(pipeline, work, data):
+    from xlnetcli.data.records.preprocess import preprocess
+
+    root = work / "preprocess_case"
+    if not root.exists():
+        shutil.copytree(pipeline.shards, root / "shards")
+    base = _json(pipeline.shards / "manifest.json")
+    (root / "shards" / "manifest.json").write_bytes(_dumps(data.draw(mutated(base))))
+    cfg = load_config(TINY, FAST_PRETRAIN)
+    untouched(lambda: preprocess(cfg, root / "shards", root / "rec", quiet=True), root, root / "rec")
+
+
+# ---- issue 35: xlnet_pretraining.json through import, metrics.jsonl through plot ------------------------------------
+
+
+@FUZZ
+@given(data=st.data())
+def test_xlnet_pretraining_json_with_one_field_changed(ckpt, work, data):
+    from xlnetcli.interop.huggingface import import_hf
+
+    root = work / "pretraining_case"
+    if not root.exists():
+        shutil.copytree(work / "hf", root / "hf")
+    base = _json(work / "hf" / PRETRAINING_FILE)
+    (root / "hf" / PRETRAINING_FILE).write_bytes(_dumps(data.draw(mutated(base))))
+    result = untouched(lambda: import_hf(root / "hf", root / "imported"), root, root / "imported")
+    if isinstance(result, XLNetError):
+        assert PRETRAINING_FILE in str(result), str(result)  # the only file changed is the one named
+
+
+METRIC_ROWS = [
+    {"step": 1, "split": "train", "time": 1.0, "loss": 7.0, "lr": 0.001, "tokens_per_s": 100.0},
+    {"step": 2, "split": "eval", "time": 2.0, "loss": 6.5, "accuracy": 0.1},
+    {"step": 2, "split": "train", "time": 2.0, "loss": 6.0, "lr": 0.002, "tokens_per_s": 110.0},
+]
+
+
+@FUZZ
+@given(rows=mutated(METRIC_ROWS))
+def test_metrics_rows_through_plot(capsys, work, rows):
+    run = work / "plot_case" / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    lines = rows if isinstance(rows, list) else [rows]
+    (run / "metrics.jsonl").write_bytes(b"".join(_dumps(r) + b"\n" for r in lines))
+    out = work / "plot_case" / "curves.png"
+    before = tree_digest(run)
+    code, _out, err = run_main(capsys, "plot", str(run), "--out", str(out))
+    assert code in (0, 2) and "Traceback" not in err, err
+    if code == 2:  # one error line, the last (a warning about a torn last line may come before it)
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert lines[-1].startswith("xlnet: error:") and sum("error" in ln for ln in lines) == 1, err
+        assert not out.exists()
+    out.unlink(missing_ok=True)
+    assert tree_digest(run) == before

@@ -252,7 +252,7 @@ def test_a_part_json_with_an_absurd_part_count_is_refused(tmp_path, capsys, two_
     shutil.copytree(two_parts[0], bad)
     meta = json.loads((bad / "part.json").read_text())
     (bad / "part.json").write_text(json.dumps({**meta, "parts": parts}))
-    refused(capsys, tmp_path, [bad], "part.json is malformed")
+    refused(capsys, tmp_path, [bad], "part.json: field 'parts'", "rerun `xlnet shard --part`")
 
 
 def test_merge_keeps_an_earlier_output(tmp_path, two_parts):
@@ -333,7 +333,7 @@ def test_record_parts_cli_and_bad_input(tmp_path, capsys, shard_dir, records_roo
         meta = json.loads((absurd / "part.json").read_text())
         (absurd / "part.json").write_text(json.dumps({**meta, "parts": parts}))
         code, _, err = run_main(capsys, "preprocess-merge", absurd, "--out", tmp_path / "x")
-        assert_one_line_error(code, err, "not a records part")
+        assert_one_line_error(code, err, "part.json: field 'parts'", "rerun `xlnet preprocess --part`")
     for args, needle in [
         ([tmp_path / "p0"], "part 1/2 is missing"),
         ([tmp_path / "p0", tmp_path / "p0", tmp_path / "p1"], "part 0/2 given twice"),

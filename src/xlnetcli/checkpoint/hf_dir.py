@@ -39,7 +39,7 @@ from xlnetcli.config import (
 )
 from xlnetcli.config.sizes import check_weights_size
 from xlnetcli.core.errors import CheckpointError, ConfigError
-from xlnetcli.core.shapes import json_field, read_json_object
+from xlnetcli.core.shapes import fix_hint, json_field, read_json_object
 from xlnetcli.model.heads import SQUAD_TOP_K
 from xlnetcli.model.state_dict_adapter import from_hf_config, from_hf_state, to_hf_config, to_hf_state
 
@@ -52,20 +52,38 @@ PRETRAINING_FILE = "xlnet_pretraining.json"
 PRETRAINING_KEYS = ("mem_len", "reuse_len", "bi_data", "dropatt", "clamp_len", "same_length", "objective")
 
 
+# xlnet_pretraining.json's "model" keys: kind and range (lo, hi; None = unbounded), as ModelConfig takes them
+_PRETRAINING_FIELDS: dict[str, tuple[type, float | None, float | None]] = {
+    "mem_len": (int, 0, 2**31 - 1),
+    "reuse_len": (int, 0, 2**31 - 1),
+    "bi_data": (bool, None, None),
+    "dropatt": (float, 0, 1),
+    "clamp_len": (int, -1, 2**31 - 1),
+    "same_length": (bool, None, None),
+    "objective": (str, None, None),
+}
+
+
 def _with_pretraining_values(mcfg: ModelConfig, path: Path) -> ModelConfig:
     """The pretraining layout written by our export (memory, reuse, bi_data, dropatt, objective), when the folder has
-    it."""
+    it; every field checked for kind and range first, a bad one named with the file."""
     if not path.is_file():
         return mcfg
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))["model"]
-        return dataclasses.replace(mcfg, **{k: saved[k] for k in PRETRAINING_KEYS if k in saved})
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
-        raise CheckpointError(
-            f"{path}: not a valid pretraining record ({type(e).__name__}); remove it to import with inference settings"
-        ) from None
-    except ConfigError as e:
-        raise CheckpointError(f"{path}: {e}; remove it to import with inference settings") from None
+    fix = "remove it to import with inference settings"
+    with fix_hint(fix):
+        saved = json_field(
+            read_json_object(path, CheckpointError, "written by xlnet export"), "model", dict, path, CheckpointError
+        )
+        values = {}
+        for key, (kind, lo, hi) in _PRETRAINING_FIELDS.items():
+            if key in saved:
+                values[key] = json_field(saved, key, kind, f"{path} model", CheckpointError, lo=lo, hi=hi)
+        if values.get("dropatt", 0) == 1:
+            raise CheckpointError(f"{path} model: field 'dropatt' is 1, out of range (must be < 1)")
+        try:
+            return dataclasses.replace(mcfg, **values)
+        except ConfigError as e:
+            raise CheckpointError(f"{path}: {e}") from None
 
 
 # transformers' XLNetConfig fields we read: kind and lower bound (numbers above any real model are caught by

@@ -99,14 +99,13 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("xlnet: interrupted", err=True)
         sys.exit(130)
     except OSError as e:
-        from xlnetcli.core.files import is_disk_full
+        from xlnetcli.core.files import copy_errors, is_disk_full, os_error_line
 
         if is_disk_full(e):
-            click.echo(
-                f"xlnet: error: disk full while writing {e.filename or 'output'}; free space and rerun", err=True
-            )
+            target = e.filename or next((dst for _, dst, _ in copy_errors(e)), None)
+            click.echo(f"xlnet: error: disk full while writing {target or 'output'}; free space and rerun", err=True)
             sys.exit(2)
-        click.echo(f"xlnet: error: {e.strerror or e}{f': {e.filename}' if e.filename else ''}", err=True)
+        click.echo(f"xlnet: error: {printable(os_error_line(e))}", err=True)
         sys.exit(2)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - not on POSIX
     resource = None  # type: ignore[assignment]
 
 from xlnetcli.core.errors import DiskFull, XLNetError
-from xlnetcli.core.shapes import dumps_strict, json_field, read_json_object
+from xlnetcli.core.shapes import dumps_strict, json_field
 from xlnetcli.core.signals import pid_alive
 
 # Temporary output folders are named .<out>.xlnet-<host>-<pid>-<random>.tmp, so that a later run can tell the ones
@@ -289,54 +289,121 @@ def remove_stale_temps(out: str | Path) -> list[Path]:
     return removed
 
 
+_NO_HARD_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK, errno.EXDEV)
+_LOCK_GRACE_S = 1.0  # a lock file not yet readable this young may be being written (filesystems without hard links)
+
+
+def _create_lock(path: Path, content: str, out: Path) -> bool:
+    """Create the lock file ``path`` holding ``content`` whole, or not at all: written to a temporary file beside it,
+    then hard-linked into place (which fails when ``path`` exists). False when ``path`` exists. A full disk is
+    DiskFull naming ``out``, and leaves no lock behind (a lock left empty would refuse the rerun)."""
+    fd, tmp = mkstemp_shared(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with disk_full_lock(out, path):
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(content)
+            try:
+                os.link(tmp, path)
+                return True
+            except FileExistsError:
+                return False
+            except OSError as e:
+                if e.errno not in _NO_HARD_LINKS:
+                    raise
+            try:  # no hard links here: create exclusively and write; a reader waits _LOCK_GRACE_S for the content
+                lock_fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+            except FileExistsError:
+                return False
+            try:
+                with os.fdopen(lock_fd, "w", encoding="utf-8") as f:
+                    f.write(content)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                raise
+            return True
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def disk_full_lock(out: Path, path: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        raise DiskFull(f"disk full while taking the lock of {out} ({path}); free space and rerun") from None
+
+
+def _lock_owner(path: Path) -> dict[str, Any] | None:
+    """The owner recorded in an existing lock file; None when it holds no JSON (empty or cut short: its writer died
+    before writing it whole, or is writing it right now on a filesystem without hard links)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        owner = json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(owner, dict):
+        raise XLNetError(f"{path}: not a JSON object")
+    return owner
+
+
 @contextlib.contextmanager
 def output_lock(out: str | Path) -> Iterator[None]:
     """One writer per output folder: ``.NAME.lock`` beside it holds the owner's host, pid and start time.
 
     A second process gets a one-line error naming the owner. A lock left by a process that died on this host is
-    taken over; one from another host is reported (it may be alive), with the file to remove if it is not."""
+    taken over; one from another host is reported (it may be alive), with the file to remove if it is not. The lock
+    appears whole (written beside it, then linked into place): an empty or cut-short lock file is the leftover of a
+    writer that died (or ran out of space) while taking it, and is taken over."""
+    out = Path(out)
     path = lock_path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     host = socket.gethostname()
     mine = json.dumps({"host": host, "pid": os.getpid(), "started": time.time()})
-    for _ in range(3):
+    deadline = time.monotonic() + _LOCK_GRACE_S + 1
+    while True:
+        if _create_lock(path, mine, out):
+            break
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
-        except FileExistsError:
-            try:
-                owner = read_json_object(path, XLNetError)
-                o_host = json_field(owner, "host", str, path, XLNetError)
-                o_pid = json_field(owner, "pid", int, path, XLNetError, lo=1, hi=2**31 - 1)
-            except XLNetError:
-                # unreadable: a writer killed between create and write; anything older than a minute is stale
-                with contextlib.suppress(OSError):
-                    if time.time() - path.stat().st_mtime > 60:
-                        path.unlink()
-                        continue
-                raise XLNetError(
-                    f"{out} is locked by another xlnet process ({path}); wait for it or remove the "
-                    "lock file if no xlnet process is running"
-                ) from None
-            if o_host == host and not pid_alive(o_pid):
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                continue
-            if o_host == host and o_pid == os.getpid():
-                raise XLNetError(f"{out} is already being written by this process") from None
-            where = f"process {o_pid}" + ("" if o_host == host else f" on {o_host}")
+            owner = _lock_owner(path)
+            if owner is not None:
+                o_host: str = json_field(owner, "host", str, path, XLNetError)
+                o_pid: int = json_field(owner, "pid", int, path, XLNetError, lo=1, hi=2**31 - 1)
+        except XLNetError as e:  # whole JSON, but not a lock this version writes: someone's, left alone
             raise XLNetError(
-                f"{out} is being written by another xlnet run ({where}); wait for it to finish or "
-                f"choose another output (if that run is dead, remove {path})"
+                f"{out} is locked by another xlnet process ({e}); wait for it or remove {path} if no xlnet process "
+                "is running"
             ) from None
-        with os.fdopen(fd, "w") as f:
-            f.write(mine)
-        break
-    else:
-        raise XLNetError(f"could not take the lock {path}; remove it if no xlnet process is running")
+        if owner is None:
+            with contextlib.suppress(OSError):
+                young = time.time() - path.stat().st_mtime < _LOCK_GRACE_S
+                if young and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                path.unlink()  # left by a writer that died before writing it whole
+            if time.monotonic() < deadline:
+                continue
+            raise XLNetError(f"could not take the lock {path} of {out}; remove it if no xlnet process is running")
+        if o_host == host and not pid_alive(o_pid):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            if time.monotonic() < deadline:
+                continue
+            raise XLNetError(f"could not take the lock {path} of {out}; remove it if no xlnet process is running")
+        if o_host == host and o_pid == os.getpid():
+            raise XLNetError(f"{out} is already being written by this process") from None
+        where = f"process {o_pid}" + ("" if o_host == host else f" on {o_host}")
+        raise XLNetError(
+            f"{out} is being written by another xlnet run ({where}); wait for it to finish or "
+            f"choose another output (if that run is dead, remove {path})"
+        ) from None
     try:
         yield
     finally:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             if json.loads(path.read_text(encoding="utf-8")).get("pid") == os.getpid():
                 path.unlink()
 
@@ -399,8 +466,36 @@ def commit_dir(tmp: Path, out: Path) -> None:
     _fsync_dir(out.parent)
 
 
+_FULL_CODES = (errno.ENOSPC, errno.EDQUOT)
+_FULL_TEXT = re.compile(rf"\[Errno ({'|'.join(str(c) for c in _FULL_CODES)})\]")
+
+
+def copy_errors(exc: BaseException) -> list[tuple[str, str, str]]:
+    """The (source, destination, reason) of each file shutil.copytree could not copy (it raises them all at once,
+    as a list in its one argument); [] for any other exception."""
+    if not isinstance(exc, shutil.Error):
+        return []
+    found = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
+    return [tuple(str(x) for x in e) for e in found if isinstance(e, tuple) and len(e) == 3]  # type: ignore[misc]
+
+
 def is_disk_full(exc: BaseException) -> bool:
-    return isinstance(exc, DiskFull) or (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT))
+    """A full disk or quota: ENOSPC/EDQUOT, or a copytree that failed on one (shutil.Error lists each file's error
+    as text)."""
+    if isinstance(exc, shutil.Error):
+        return any(_FULL_TEXT.search(why) for _, _, why in copy_errors(exc))
+    return isinstance(exc, DiskFull) or (isinstance(exc, OSError) and exc.errno in _FULL_CODES)
+
+
+def os_error_line(exc: OSError) -> str:
+    """One line for an OSError the tool did not foresee: its reason and file; for shutil.Error (a copytree that
+    failed) the first file it could not copy, and how many more, never its raw list."""
+    errors = copy_errors(exc)
+    if errors:
+        src, dst, why = errors[0]
+        more = f" (and {len(errors) - 1} more files)" if len(errors) > 1 else ""
+        return f"could not copy {src} to {dst}: {why}{more}"
+    return f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}"
 
 
 @contextlib.contextmanager

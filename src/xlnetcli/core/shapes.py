@@ -4,12 +4,16 @@ TypeError or KeyError deep inside.
 
     meta = read_json_object(path, CheckpointError)
     step = json_field(meta, "step", int, path, CheckpointError, lo=0)
+    with fix_hint("rerun `xlnet shard`"):                  # every refusal inside ends with the way out
+        json_field(meta, "dtype", str, path)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +121,18 @@ def json_field(
         bounds = [b for b in (lo is not None and f">= {lo}", hi is not None and f"<= {hi}") if b]
         raise error(f"{where}: field {key!r} is {value}, out of range (must be {' and '.join(bounds) or 'finite'})")
     return value
+
+
+@contextlib.contextmanager
+def fix_hint(fix: str) -> Iterator[None]:
+    """An XLNetError raised inside (a field of the wrong kind, a missing key) ends with ``fix``: the command that
+    writes the file again, so that a refusal names the file, the key and the way out in one line."""
+    try:
+        yield
+    except XLNetError as e:
+        if fix not in str(e):
+            e.args = (f"{e}; {fix}",)
+        raise
 
 
 def str_map(obj: Any, key: str, where: str | Path, error: type[XLNetError] = DataError) -> dict[str, str]:

@@ -42,7 +42,7 @@ import numpy as np
 
 from xlnetcli.core.errors import DataError
 from xlnetcli.core.files import sha256_file
-from xlnetcli.core.shapes import describe, json_field, read_json_object, str_map
+from xlnetcli.core.shapes import describe, fix_hint, json_field, read_json_object, str_map
 from xlnetcli.data.parts import part_folder_hint
 from xlnetcli.data.shards.format import MappedStream, NpyFile, read_span
 from xlnetcli.data.special import CLS_ID, SEP_ID
@@ -190,12 +190,27 @@ def read_meta(records_dir: str | Path) -> dict:
             + (" (records that reference the shards instead of copying their tokens)" if old else "")
             + f"; {_RERUN} on the shards (shards and checkpoints stay readable)"
         )
-    _check_meta_shape(meta, path)
+    with fix_hint(_RERUN):
+        check_meta_shape(meta, path)
+        _check_listed(meta, path)
     return meta
 
 
-def _check_meta_shape(meta: dict, path: Path) -> None:
-    """Every field a reader uses, of its kind and in range: one line naming the file and the field otherwise."""
+def _check_listed(meta: dict, path: Path) -> None:
+    """meta.json's checksums cover every records file of every split: a meta.json without them would be read with
+    no check at all (a step folder in the same state is refused too)."""
+    if not meta.get("sha256"):
+        raise DataError(f"{path} lists no checksums (field 'sha256'), so the records files cannot be checked")
+    for name, split in meta["splits"].items():
+        for prefix in split["files"]:
+            for array in ARRAYS:
+                if f"{prefix}.{array}.npy" not in meta["sha256"]:
+                    raise DataError(f"{path}: field 'sha256' has no checksum for {prefix}.{array}.npy (split {name})")
+
+
+def check_meta_shape(meta: dict, path: str | Path) -> None:
+    """Every field a reader uses, of its kind and in range: one line naming the file and the field otherwise (a
+    records part's plan.meta too, which has no checksums yet)."""
     for key in ("seq_len", "reuse_len", "num_predict", "global_batch_size", "micro_batch_size", "vocab_size"):
         json_field(meta, key, int, path, lo=0 if key == "reuse_len" else 1, hi=2**31 - 1)
     passes = json_field(meta, "passes", int, path, lo=1, default=1)
@@ -241,7 +256,7 @@ def _inside(name: str) -> bool:
     return ".." not in Path(name).parts and not Path(name).is_absolute()
 
 
-def _check_shapes(arrays: list[np.ndarray], split: dict, meta: dict, prefix: Path) -> None:
+def check_shapes(arrays: list[np.ndarray], split: dict, meta: dict, prefix: Path) -> None:
     """The arrays of one pass against meta.json's counts: [rows, steps] alen and so on."""
     rows, steps, seq_len = split["rows"], split["steps_per_pass"], meta["seq_len"]
     want: dict[str, tuple[int, ...]] = {"alen": (rows, steps), "bstart": (rows, steps), "label": (rows, steps)}
@@ -459,7 +474,7 @@ def open_records(records_dir: str | Path, split: str = "train", verify: bool = T
                 arrays.append(np.asarray(np.load(p, mmap_mode="r")))
             except (OSError, ValueError) as e:
                 raise DataError(f"cannot read records file {p}: {e}; {_RERUN}") from None
-        _check_shapes(arrays, info, meta, records_dir / prefix)
+        check_shapes(arrays, info, meta, records_dir / prefix)
         arrays_of.append(arrays)
     shards = find_shards(records_dir, meta)
     maps = _open_shard_files(shards, records_dir, info["shards"], verify, meta["dtype"])

@@ -19,13 +19,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_dir, sha256_file
-from xlnetcli.core.shapes import read_folder_json
+from xlnetcli.core.shapes import fix_hint, json_field, read_folder_json, str_map
 from xlnetcli.core.signals import sigterm_as_interrupt
 from xlnetcli.core.text import short
 from xlnetcli.data.parts import MAX_PARTS, each_part_once
-from xlnetcli.data.records.format import check_tokenizer_copy, checksums, create_npy, shards_location
+from xlnetcli.data.records.format import (
+    ARRAYS,
+    FORMAT_VERSION,
+    check_meta_shape,
+    check_shapes,
+    check_tokenizer_copy,
+    checksums,
+    create_npy,
+    shards_location,
+)
 from xlnetcli.data.shards.format import NpyFile
 
 PART_KIND = "xlnet-records-part"
@@ -82,18 +93,41 @@ def write_part_meta(tmp: Path, meta: dict[str, Any], part: tuple[int, int], shar
 
 
 def _read_part(d: Path) -> dict[str, Any]:
+    """part.json of a records part, every field the merge uses checked for kind and range, plan.meta as a reader
+    checks meta.json: one line naming the file and the field, and the command that writes the part again."""
     path = d / "part.json"
     m = read_folder_json(d, "part.json", "records part", "xlnet preprocess --part I/N", "xlnet preprocess --part")
     ok = m.get("kind") == PART_KIND and m.get("format_version") == PART_FORMAT_VERSION
-    try:
-        ok = ok and all(isinstance(m[k], int) for k in ("part", "parts")) and 0 <= m["part"] < m["parts"] <= MAX_PARTS
-        ok = ok and isinstance(m["plan"]["meta"], dict) and isinstance(m["sha256"], dict)
-        ok = ok and all(".." not in Path(k).parts and not Path(k).is_absolute() for k in m["sha256"])
-    except (KeyError, TypeError):
-        ok = False
     if not ok:
         raise DataError(f"{path}: not a records part of format {PART_FORMAT_VERSION}; rerun `xlnet preprocess --part`")
+    with fix_hint("rerun `xlnet preprocess --part`"):
+        _check_part_shape(m, path)
     return m
+
+
+def _check_part_shape(m: dict[str, Any], path: Path) -> None:
+    parts = json_field(m, "parts", int, path, lo=1, hi=MAX_PARTS)
+    json_field(m, "part", int, path, lo=0, hi=parts - 1)
+    plan = json_field(m, "plan", dict, path)
+    meta = json_field(plan, "meta", dict, f"{path} plan")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise DataError(f"{path} plan.meta: field 'format_version' must be {FORMAT_VERSION}")
+    check_meta_shape(meta, f"{path} plan.meta")
+    if parts > meta["global_batch_size"]:
+        raise DataError(f"{path}: {parts} parts of {meta['global_batch_size']} rows (plan.meta.global_batch_size)")
+    for key in ("shards_manifest_sha256", "config_sha256"):
+        json_field(plan, key, str, f"{path} plan")
+    for name, split in meta["splits"].items():
+        if split["rows"] != meta["global_batch_size"]:
+            raise DataError(f"{path} plan.meta splits.{name}: field 'rows' must equal global_batch_size")
+    rows = json_field(m, "rows", list, path)
+    if len(rows) != 2 or not all(type(r) is int for r in rows):
+        raise DataError(f"{path}: field 'rows' must be [first, end], two integers")
+    digests = str_map(m, "sha256", path)
+    want = {f"{prefix}.{a}.npy" for split in meta["splits"].values() for prefix in split["files"] for a in ARRAYS}
+    if set(digests) != want:
+        extra = sorted(set(digests) ^ want)[0]
+        raise DataError(f"{path}: field 'sha256' does not list the records files of plan.meta ({extra!r})")
 
 
 def _check_parts(dirs: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
@@ -136,6 +170,20 @@ def _check_parts(dirs: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
     for d, _ in metas:
         check_tokenizer_copy(d, meta.get("tokenizer_sha256"), d / "part.json", shards, "records part")
     return metas
+
+
+def _check_files_against_plan(d: Path, meta: dict[str, Any]) -> None:
+    """The pass files of a part at the shapes plan.meta gives them: the merged meta.json then describes its files."""
+    for split in meta["splits"].values():
+        for prefix in split["files"]:
+            try:
+                arrays = [np.load(d / f"{prefix}.{a}.npy", mmap_mode="r") for a in ARRAYS]
+                check_shapes(arrays, split, meta, d / prefix)
+            except (OSError, ValueError, DataError) as e:
+                raise DataError(
+                    f"{d / 'part.json'}: plan.meta does not describe the part's file {prefix} "
+                    f"({short(str(e).split(';')[0], 200)}); rerun `xlnet preprocess --part`"
+                ) from None
 
 
 def _differences(a: Any, b: Any, name: str = "", most: int = 3) -> str:
@@ -186,6 +234,7 @@ def merge_record_parts(parts: Sequence[str | Path], out_dir: str | Path, *, over
     metas = _check_parts(dirs)
     d0, m0 = metas[0]
     meta = m0["plan"]["meta"]
+    _check_files_against_plan(d0, meta)
     if isinstance(meta.get("shards"), dict):
         meta["shards"] = _shards_for(d0, meta["shards"], out)
     G = int(meta["global_batch_size"])

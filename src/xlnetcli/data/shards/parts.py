@@ -44,7 +44,7 @@ from xlnetcli.config import Config, save_config
 from xlnetcli.core.console import console
 from xlnetcli.core.errors import DataError, XLNetError
 from xlnetcli.core.files import atomic_output_dir, atomic_write_json, check_output_dir, sha256_file
-from xlnetcli.core.shapes import read_folder_json
+from xlnetcli.core.shapes import describe, fix_hint, json_field, read_folder_json, str_map
 from xlnetcli.core.signals import sigterm_as_interrupt
 from xlnetcli.core.text import short
 from xlnetcli.data.corpus.inputs import Source, total_size
@@ -207,29 +207,63 @@ def shard_part(
 
 
 def _read_part(d: Path) -> dict[str, Any]:
-    """part.json of a part folder, checked for shape (DataError if it is not a shard part)."""
+    """part.json of a part folder, every field the merge uses checked for kind and range (one line naming the file
+    and the field, and the command that writes the part again)."""
     path = d / "part.json"
     m = read_folder_json(d, "part.json", "shard part", "xlnet shard --part I/N", "xlnet shard --part")
     if m.get("kind") != PART_KIND or m.get("format_version") != PART_FORMAT_VERSION:
         raise DataError(f"{path}: not a shard part of format {PART_FORMAT_VERSION}; rerun `xlnet shard --part`")
-    try:
-        ok = (
-            isinstance(m["part"], int)
-            and isinstance(m["parts"], int)
-            and 0 <= m["part"] < m["parts"] <= MAX_PARTS
-            and isinstance(m["plan"], dict)
-            and isinstance(m["files"], list)
-        )
-        for f in m["files"]:
-            ok = ok and isinstance(f["index"], int) and isinstance(f["files"], dict) and isinstance(f["sha256"], dict)
-            for kind in _KINDS:
-                rel = Path(f["files"][kind])
-                ok = ok and not rel.is_absolute() and ".." not in rel.parts and isinstance(f["sha256"][kind], str)
-    except (KeyError, TypeError):
-        ok = False
-    if not ok:
-        raise DataError(f"{path} is malformed; rerun `xlnet shard --part`")
+    with fix_hint("rerun `xlnet shard --part`"):
+        _check_part_shape(m, path)
     return m
+
+
+def _check_part_shape(m: dict[str, Any], path: Path) -> None:
+    parts = json_field(m, "parts", int, path, lo=1, hi=MAX_PARTS)
+    json_field(m, "part", int, path, lo=0, hi=parts - 1)
+    plan = json_field(m, "plan", dict, path)
+    where = f"{path} plan"
+    inputs = json_field(plan, "inputs", dict, where)
+    names = [json_field(inputs, split, list, f"{where}.inputs") for split in ("train", "valid")]
+    if set(inputs) != {"train", "valid"} or not all(isinstance(f, str) for f in names[0] + names[1]):
+        raise DataError(f"{where}.inputs: must hold the lists 'train' and 'valid' of input file names")
+    n_files = len(names[0]) + len(names[1])
+    sizes = json_field(plan, "sizes", list, where)
+    if len(sizes) != n_files or not all(type(x) is int and 0 <= x < 2**62 for x in sizes):
+        raise DataError(f"{where}: field 'sizes' must hold one size in bytes (an integer >= 0) per input file")
+    if json_field(plan, "bytes", int, where, lo=0) != sum(sizes):
+        raise DataError(f"{where}: field 'bytes' is not the sum of 'sizes'")
+    for key in ("shard_format_version", "shards"):
+        json_field(plan, key, int, where, lo=1, hi=FORMAT_VERSION if key == "shard_format_version" else 2**20)
+    json_field(plan, "seed", int, where, lo=0, hi=2**32 - 1)
+    if json_field(plan, "valid_fraction", float, where, lo=0, hi=1) == 1:
+        raise DataError(f"{where}: field 'valid_fraction' is 1, out of range (must be < 1)")
+    vocab = json_field(plan, "vocab_size", int, where, lo=9, hi=2**31 - 1)
+    want = np.dtype(np.uint16) if vocab <= 1 << 16 else np.dtype(np.uint32)
+    if json_field(plan, "dtype", str, where) != want.name:
+        raise DataError(
+            f"{where}: field 'dtype' must be {want.name} (the token ids of a {vocab}-piece vocabulary), "
+            f"found {describe(plan['dtype'])}"
+        )
+    for key in ("tokenizer_sha256", "config_sha256"):
+        json_field(plan, key, str, where)
+    files = json_field(m, "files", list, path)
+    for i, f in enumerate(files):
+        at = f"{path} files[{i}]"
+        if not isinstance(f, dict):
+            raise DataError(f"{at}: must be an object, found {describe(f)}")
+        json_field(f, "index", int, at, lo=0, hi=max(n_files - 1, 0))
+        json_field(f, "input", str, at)
+        json_field(f, "valid", bool, at)
+        for key in ("documents", "tokens", "bad_bytes", "null_records"):
+            json_field(f, key, int, at, lo=0, hi=2**62)
+        rel = str_map(f, "files", at)
+        digests = str_map(f, "sha256", at)
+        for kind in _KINDS:
+            name = json_field(rel, kind, str, f"{at}.files")
+            json_field(digests, kind, str, f"{at}.sha256")
+            if Path(name).is_absolute() or ".." in Path(name).parts or not Path(name).parts:
+                raise DataError(f"{at}.files: field {kind!r} must be a path inside the part folder, found {name!r}")
 
 
 def _check_parts(dirs: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
