@@ -314,7 +314,10 @@ def test_blank_and_long_texts_are_kept_and_noted(init, tmp_path, capsys):
     code, _, err = run_main(capsys, "finetune", "--task", "classification", *args)
     assert code == 0, err
     blank = "2 of 5 examples have no text (special tokens only); kept"
-    cut = "1 of 5 examples truncated to 16 tokens (finetune.max_seq_length); the longer text is cut first"
+    cut = (
+        "1 of 5 examples truncated to 16 tokens (finetune.max_seq_length); the longer text is cut first "
+        "(finetune.document=memory reads more)"
+    )
     assert err.count(blank) == err.count(cut) == 2, err  # a warning line for each file
     res = json.loads((out / "results.json").read_text())
     assert math.isfinite(res["final_train_loss"]) and res["notes"] == [blank, cut] * 2
