@@ -136,13 +136,14 @@ def test_no_gradient_reaches_windows_before_the_last_k():
 
 @pytest.mark.parametrize("document", ["memory", "window-mean"])
 @pytest.mark.parametrize("summary", ["last", "mean"])
-def test_a_batch_of_unequal_documents_equals_one_at_a_time(document, summary):
+@pytest.mark.parametrize("mem_len", [16, 3])  # longer and shorter than a window
+def test_a_batch_of_unequal_documents_equals_one_at_a_time(document, summary, mem_len):
     cfg = ft_cfg(
         f"finetune.max_seq_length={W}",
         f"finetune.document={document}",
         "finetune.max_windows=5",
         f"finetune.summary_type={summary}",
-        "finetune.mem_len=16",
+        f"finetune.mem_len={mem_len}",
     )
     torch.manual_seed(0)
     tiny = named_config("tiny", dropout=0.0, dropatt=0.0, bi_data=False)  # as finetune.run_config sets it

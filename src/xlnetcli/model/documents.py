@@ -118,7 +118,7 @@ def read_with_memory(
         assert out.hidden is not None and out.mems is not None  # content output and memory were asked for
         hidden, mems = out.hidden, out.mems
         pad = m == 0
-        mem_pad = pad if mem_pad is None else torch.cat([mem_pad, pad], dim=1)[:, -mem_len:]
+        mem_pad = (pad if mem_pad is None else torch.cat([mem_pad, pad], dim=1))[:, -mem_len:]  # as mems are cut
         states = torch.stack(layers, 1) if per_layer else hidden  # [B,layers,W,d] or [B,W,d]
         weights = m.to(states.dtype)
         weights = weights[:, None, :, None] if per_layer else weights[:, :, None]
