@@ -8,6 +8,9 @@ Features (no finetuning, the model in eval mode): each example is encoded exactl
 the content stream once, and read at the last layer as
 - ``mean``: the mean over the example's real (non-pad) positions;
 - ``cls``: the ``<cls>`` position (what the finetuning summary ``last`` reads).
+A text longer than ``max_seq_length`` is read as ``document`` says (``document_reading``: first window, windows apart
+and averaged, or windows in order through the memory; model/documents.py), so mean is over all its tokens read and
+cls the final <cls>. `xlnet embed` (embed.py) writes these features of a file's texts.
 
 Classifier: multinomial logistic regression on standardised features, fitted by full-batch L-BFGS (float64, on the
 CPU: deterministic). The L2 strength is picked from ``L2_GRID`` on a stratified held-out part of the training file
