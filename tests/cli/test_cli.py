@@ -30,6 +30,7 @@ def test_help_lists_commands_in_pipeline_order(capsys):
         "finetune",
         "eval",
         "probe",
+        "embed",
         "export",
         "import",
         "plot",

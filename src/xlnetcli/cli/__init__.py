@@ -16,7 +16,7 @@ import click
 
 from xlnetcli import __version__
 from xlnetcli.cli.data import preprocess_cmd, preprocess_merge_cmd, shard_cmd, shard_merge_cmd, tokenize_group
-from xlnetcli.cli.evaluate import eval_cmd, probe_cmd
+from xlnetcli.cli.evaluate import embed_cmd, eval_cmd, probe_cmd
 from xlnetcli.cli.interop import export_cmd, import_cmd
 from xlnetcli.cli.options import BUNDLED_CORPUS, COMMAND_SECTIONS, SET_EXAMPLES, Group, check_override_sections
 from xlnetcli.cli.report import config_group, plot_cmd
@@ -28,7 +28,7 @@ from xlnetcli.core.text import clip, printable
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
 @click.version_option(__version__, prog_name="xlnet")
 def cli() -> None:
-    """XLNet from raw text: tokenize, shard, preprocess, pretrain, finetune, evaluate."""
+    """XLNet from raw text: tokenize, shard, preprocess, pretrain, finetune, evaluate, embed."""
 
 
 # In the order of the pipeline (the README's), which `xlnet --help` keeps.
@@ -42,6 +42,7 @@ for _command in (
     finetune_cmd,
     eval_cmd,
     probe_cmd,
+    embed_cmd,
     export_cmd,
     import_cmd,
     plot_cmd,

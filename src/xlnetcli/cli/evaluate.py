@@ -1,4 +1,5 @@
-"""`xlnet eval` and `xlnet probe`: scoring checkpoints (their shared options: options.scoring_options)."""
+"""`xlnet eval`, `xlnet probe` and `xlnet embed`: scoring checkpoints and reading features out of them (their shared
+options: options.scoring_options, options.column_options, options.document_options)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import click
 
-from xlnetcli.cli.options import examples, scoring_options
+from xlnetcli.cli.options import column_options, document_options, examples, scoring_options
 from xlnetcli.core.shapes import dumps_strict
 
 
@@ -86,6 +87,8 @@ def eval_cmd(
         "--baseline random",
         "xlnet probe runs/tiny --train data/pydocs/order_train.tsv --valid data/pydocs/order_valid.tsv "
         "--train-sizes 50,200,800 --output runs/tiny/curve.json",
+        "xlnet probe runs/tiny --train data/pydocs/task_train.tsv --valid data/pydocs/task_valid.tsv "
+        "--max-seq-length 32 --document memory --max-windows 4   # long texts through the memory",
     ),
 )
 @scoring_options
@@ -113,8 +116,9 @@ def eval_cmd(
     "--max-seq-length",
     type=click.IntRange(min=5),
     default=None,
-    help="Tokens per example (default: the checkpoint's finetune.max_seq_length).",
+    help="Tokens per example, or per window with --document (default: the checkpoint's finetune.max_seq_length).",
 )
+@document_options
 @click.option(
     "--batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Examples per forward pass."
 )
@@ -145,5 +149,85 @@ def probe_cmd(ckpt: Path, train_file: Path, valid_file: Path, train_sizes: str |
         raise click.BadParameter(
             f"expected comma-separated integers, got {train_sizes!r}", param_hint="--train-sizes"
         ) from None
-    how = {k: kw.pop(k) for k in ("max_seq_length", "batch_size", "seed", "device")}
+    keys = ("max_seq_length", "document", "max_windows", "mem_len", "batch_size", "seed", "device")
+    how = {k: kw.pop(k) for k in keys}
     click.echo(format_table(probe(ckpt, train_file, valid_file, ProbeSettings(**how, train_sizes=sizes), **kw)))
+
+
+@click.command(
+    "embed",
+    epilog=examples(
+        "xlnet embed runs/tiny --file data/pydocs/task_valid.tsv --out runs/tiny-emb        # mean.npy, cls.npy, "
+        "index.tsv",
+        "xlnet embed runs/tiny --file data/pydocs/task_valid.tsv --out runs/tiny-emb-doc --max-seq-length 32 "
+        "--document memory --max-windows 8   # long texts through the memory",
+        "xlnet embed runs/pydocs-cls --file texts.txt --out runs/emb --pool mean --layers all --format jsonl",
+    ),
+)
+@click.argument("ckpt", type=click.Path(path_type=Path))
+@click.option(
+    "--file",
+    "file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The texts: a TSV/CSV/JSONL table (as finetuning reads; labels not needed) or a .txt file, one text a line.",
+)
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output directory.")
+@click.option(
+    "--pool",
+    default="mean,cls",
+    show_default=True,
+    metavar="mean,cls",
+    help="Features written: mean (over the text's tokens) and/or cls (its final <cls> state).",
+)
+@click.option(
+    "--layers",
+    type=click.Choice(["last", "all"]),
+    default="last",
+    show_default=True,
+    help="last: the last layer's states, [N, d]; all: the embedding then every layer, [N, n_layer + 1, d].",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["npy", "jsonl"]),
+    default="npy",
+    show_default=True,
+    help="npy: a float32 array per pool + index.tsv; jsonl: embeddings.jsonl, one object per text. Both: meta.json.",
+)
+@click.option(
+    "--max-seq-length",
+    type=click.IntRange(min=5),
+    default=None,
+    help="Tokens per window (default: the checkpoint's finetune.max_seq_length).",
+)
+@document_options
+@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Texts per forward pass.")
+@click.option(
+    "--precision",
+    type=click.Choice(["auto", "fp32", "bf16", "fp16"]),
+    default="auto",
+    show_default=True,
+    help="Autocast precision (auto: bf16 on a CUDA GPU with bf16, else fp32).",
+)
+@column_options(label=False)
+@click.option(
+    "--id-column", default=None, metavar="NAME", help="Column kept as each row's id (default: id, idx, index or guid)."
+)
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty output directory.")
+@click.option("--quiet", is_flag=True, help="No progress bar (or, redirected, progress lines) nor summary on stderr.")
+def embed_cmd(ckpt: Path, file: Path, out: Path, pool: str, layers: str, fmt: str, **kw: Any) -> None:
+    """Features of every text of a file (mean-pooled and <cls>, last layer or all), long texts read in windows.
+
+    Writes DIR/mean.npy and cls.npy ([N, d] float32, rows in file order) with index.tsv, or embeddings.jsonl; and
+    meta.json with the settings and checkpoint used.
+    """
+    from xlnetcli.evaluate.embed import EmbedSettings, embed, format_summary
+
+    pools = tuple(p.strip() for p in pool.split(","))
+    keys = ("max_seq_length", "document", "max_windows", "mem_len", "batch_size", "device", "precision")
+    settings = EmbedSettings(pool=pools, layers=layers, format=fmt, **{k: kw.pop(k) for k in keys})
+    res = embed(ckpt, file, out, settings, **kw)
+    if not kw["quiet"]:
+        click.echo(format_summary(res), err=True)

@@ -213,28 +213,33 @@ def output_option(f):
     )(f)
 
 
-def column_options(f):
+def column_options(f=None, *, label: bool = True):
     """Column choices for TSV/CSV/JSONL classification and regression files (GLUE names are found by default); the
-    command gets one ``columns`` (data.labelled.Columns) and ``header``."""
+    command gets one ``columns`` (data.labelled.Columns) and ``header``. ``label=False`` (``@column_options(label=
+    False)``): the text columns alone, for a command that reads no labels."""
+    if f is None:
+        return functools.partial(column_options, label=label)
 
     @functools.wraps(f)
-    def run(text_a_column: str | None, text_b_column: str | None, label_column: str | None, no_header: bool, **kw):
+    def run(text_a_column: str | None, text_b_column: str | None, no_header: bool, **kw):
         from xlnetcli.data.labelled import Columns
 
+        label_column = kw.pop("label_column", None)
         return f(columns=Columns(text_a_column, text_b_column, label_column), header=not no_header, **kw)
 
     run = click.option(
         "--no-header",
         is_flag=True,
-        help="TSV/CSV without a header row: columns are 0-based indices (e.g. CoLA: --text-a-column 3 "
-        "--label-column 1).",
+        help="TSV/CSV without a header row: columns are 0-based indices (e.g. CoLA: --text-a-column 3"
+        + (" --label-column 1)." if label else ")."),
     )(run)
-    run = click.option(
-        "--label-column",
-        default=None,
-        metavar="NAME",
-        help="Label column (default: label, gold_label, score, is_duplicate, Quality, ...).",
-    )(run)
+    if label:
+        run = click.option(
+            "--label-column",
+            default=None,
+            metavar="NAME",
+            help="Label column (default: label, gold_label, score, is_duplicate, Quality, ...).",
+        )(run)
     run = click.option(
         "--text-b-column",
         default=None,
@@ -257,6 +262,32 @@ def scoring_options(f):
     f = column_options(f)
     f = output_option(f)
     return click.argument("ckpt", type=click.Path(path_type=Path))(f)
+
+
+def document_options(f):
+    """How a text longer than one window is read (finetune.document; docs/long-documents.md): --document,
+    --max-windows, --mem-len, each defaulting to the checkpoint's finetune section."""
+    f = click.option(
+        "--mem-len",
+        type=click.IntRange(min=1),
+        default=None,
+        help="With --document memory: states kept from earlier windows (default: the checkpoint's finetune.mem_len, "
+        "null: a window).",
+    )(f)
+    f = click.option(
+        "--max-windows",
+        type=click.IntRange(1, 4096),
+        default=None,
+        help="With --document memory or window-mean: windows read per text, the rest cut (default: the "
+        "checkpoint's finetune.max_windows).",
+    )(f)
+    return click.option(
+        "--document",
+        type=click.Choice(["first", "window-mean", "memory"]),
+        default=None,
+        help="How a text longer than --max-seq-length is read: its first window; every window apart, averaged; or "
+        "the windows in order through XLNet's memory (default: the checkpoint's finetune.document).",
+    )(f)
 
 
 # ---- --part I/N ------------------------------------------------------------------------------------------------

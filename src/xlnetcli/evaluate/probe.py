@@ -8,6 +8,9 @@ Features (no finetuning, the model in eval mode): each example is encoded exactl
 the content stream once, and read at the last layer as
 - ``mean``: the mean over the example's real (non-pad) positions;
 - ``cls``: the ``<cls>`` position (what the finetuning summary ``last`` reads).
+A text longer than ``max_seq_length`` is read as ``document`` says (``document_reading``: first window, windows apart
+and averaged, or windows in order through the memory; model/documents.py), so mean is over all its tokens read and
+cls the final <cls>. `xlnet embed` (embed.py) writes these features of a file's texts.
 
 Classifier: multinomial logistic regression on standardised features, fitted by full-batch L-BFGS (float64, on the
 CPU: deterministic). The L2 strength is picked from ``L2_GRID`` on a stratified held-out part of the training file
@@ -74,6 +77,11 @@ class ProbeSettings:
 
     max_seq_length: int | None = None  # tokens per example; None: the checkpoint's finetune.max_seq_length
     batch_size: int = 64  # examples per forward pass when extracting features
+    # how a text longer than max_seq_length is read (finetune.document; docs/long-documents.md): None, in `probe`,
+    # the checkpoint's finetune.document, max_windows and mem_len (null: a window); in probe_checkpoint, first
+    document: str | None = None
+    max_windows: int | None = None  # windows read per text (document != first)
+    mem_len: int | None = None  # memory: states kept from earlier windows
     seed: int = 0  # the held-out split that chooses L2, and the label-efficiency draws
     train_sizes: Sequence[int] = ()  # sizes of the label-efficiency curve (none: no curve)
     l2_grid: Sequence[float] = L2_GRID  # the L2 strengths tried
@@ -172,6 +180,64 @@ def _stratified(
 
 # ---------------------------------------------------------------------------------------------------------------
 # Features
+
+DOCUMENTS = ("first", "window-mean", "memory")  # finetune.document's values
+LOWER_ALSO = {"first": "", "window-mean": " or --max-windows", "memory": " or --mem-len"}  # what else to lower
+
+
+def document_reading(
+    ft: Any,
+    max_seq_length: int | None = None,
+    document: str | None = None,
+    max_windows: int | None = None,
+    mem_len: int | None = None,
+) -> tuple[labelled.Reading, int]:
+    """(how texts are laid out, the memory's length) for features: each setting given, else the FinetuneConfig
+    ``ft``'s (a checkpoint's finetune section; its mem_len null: a window). ``max_windows`` and ``mem_len`` given for a
+    reading that does not use them are refused (they would be ignored), in the options' names."""
+    window = max_seq_length or ft.max_seq_length
+    if window < 4:
+        raise XLNetError(f"--max-seq-length must be >= 4, got {window}")
+    doc = document or ft.document
+    if doc not in DOCUMENTS:
+        raise XLNetError(f"--document takes {', '.join(DOCUMENTS)}, got {doc!r}")
+    if doc == "first" and max_windows is not None:
+        raise XLNetError(
+            f"--max-windows {max_windows} reads texts over several windows: pass --document memory or "
+            "window-mean with it (first reads one window)"
+        )
+    if doc != "memory" and mem_len is not None:
+        raise XLNetError(f"--mem-len {mem_len} is the memory of --document memory; --document {doc} carries none")
+    windows = 1 if doc == "first" else (max_windows or ft.max_windows)
+    if not 1 <= windows <= 4096:
+        raise XLNetError(f"--max-windows must be in [1, 4096], got {windows}")
+    mem = mem_len or ft.mem_len or window
+    if mem < 1:
+        raise XLNetError(f"--mem-len must be >= 1, got {mem}")
+    return labelled.Reading(window, doc, windows), mem
+
+
+def describe_reading(reading: labelled.Reading, mem_len: int) -> str:
+    """How texts were read, in words (a report's line)."""
+    w = f"{reading.window} tokens"
+    if reading.document == "first":
+        return f"the first window of {w} (longer texts cut)"
+    if reading.document == "window-mean":
+        return f"up to {reading.max_windows} windows of {w}, each read apart, averaged"
+    return f"up to {reading.max_windows} windows of {w} in order through a memory of {mem_len} states"
+
+
+def check_features_fit(
+    m: Any, batch: int, reading: labelled.Reading, mem_len: int, device: torch.device, keys: str
+) -> None:
+    """Refuse (config.sizes.check_inference_fits) features whose attention scores alone would not fit ``device``:
+    a window against itself and the memory (memory), every window of the batch at once (window-mean)."""
+    length, rows = reading.window, batch
+    if reading.document == "memory" and reading.max_windows > 1:
+        length += mem_len
+    elif reading.document == "window-mean":
+        rows *= reading.max_windows
+    check_inference_fits(m, rows, length, device, keys)
 
 
 @torch.no_grad()
@@ -394,14 +460,17 @@ def probe_checkpoint(
         label_list = probe_labels(train_rows, valid_rows, "probe training rows", "probe validation rows")
     s = settings
     assert s.max_seq_length is not None
-    tr = labelled.encode_texts(tokenizer, train_rows, s.max_seq_length, "classification", label_list)
-    va = labelled.encode_texts(tokenizer, valid_rows, s.max_seq_length, "classification", label_list)
+    doc = s.document or "first"
+    reading = labelled.Reading(s.max_seq_length, doc, 1 if doc == "first" else s.max_windows or 1)
+    mem_len = s.mem_len or s.max_seq_length
+    tr = labelled.encode_texts(tokenizer, train_rows, reading, "classification", label_list)
+    va = labelled.encode_texts(tokenizer, valid_rows, reading, "classification", label_list)
     y_tr, y_va = tr.arrays["labels"], va.arrays["labels"]
     quiet = progress is None
     with CountProgress(f"{progress} features", len(tr) + len(va), "examples", quiet) as bar:
         f_tr, f_va = (
-            extract_features(model, tr, s.batch_size, bar.advance),
-            extract_features(model, va, s.batch_size, bar.advance),
+            extract_features(model, tr, s.batch_size, bar.advance, reading, mem_len),
+            extract_features(model, va, s.batch_size, bar.advance, reading, mem_len),
         )
     groups = word_bag_groups(train_rows)
     feats = {}
@@ -445,7 +514,7 @@ def _check_probe_args(baseline: str | None, batch_size: int, train_sizes: Sequen
         )
 
 
-def _checkpoint_tokenizer(xl: lm.XLNet) -> Tokenizer:
+def checkpoint_tokenizer(xl: lm.XLNet) -> Tokenizer:
     """The loaded checkpoint's tokenizer, checked to be present and to fit the model's embeddings."""
     tok = Tokenizer.load(tokenizer_dir_of(xl.path))
     if tok.vocab_size > xl.config.model.vocab_size:
@@ -479,6 +548,9 @@ def _probe_report(
         "labels": label_list,
         "majority": first["majority"],
         "max_seq_length": settings.max_seq_length,
+        "document": settings.document,
+        "max_windows": settings.max_windows,
+        "mem_len": settings.mem_len,
         "truncated": first["truncated"],
         "seed": settings.seed,
         "random_init_seed": xl.config.train.seed if baseline == "random" else None,
@@ -499,9 +571,9 @@ def probe(
 ) -> dict[str, Any]:
     """Probe a checkpoint (run folder, step folder or HF directory) with ``train``/``valid`` labelled files; with
     ``output``, also write the result as JSON (``format_table`` renders it for a terminal). ``baseline="random"``
-    adds the same architecture from random init. ``settings.max_seq_length`` defaults to the checkpoint's
-    finetune.max_seq_length. ``settings.train_sizes`` adds the label-efficiency curve (``label_curve``) of every
-    model. Progress goes to stderr unless ``quiet``."""
+    adds the same architecture from random init. ``settings.max_seq_length``, ``document``, ``max_windows`` and
+    ``mem_len`` default to the checkpoint's finetune section (``document_reading``). ``settings.train_sizes`` adds
+    the label-efficiency curve (``label_curve``) of every model. Progress goes to stderr unless ``quiet``."""
     _check_probe_args(baseline, settings.batch_size, settings.train_sizes)
     check_file_outputs({"--output": output}, [*checkpoint_inputs(checkpoint), train, valid])
     train_rows = read_rows(train, columns, header)
@@ -509,16 +581,20 @@ def probe(
     label_list = probe_labels(train_rows, valid_rows, str(train), str(valid))
     dev = dist.resolve_device(settings.device)
     xl = lm.load(checkpoint, device=dev)
-    tok = _checkpoint_tokenizer(xl)
-    settings = replace(settings, max_seq_length=settings.max_seq_length or xl.config.finetune.max_seq_length)
-    max_len = settings.max_seq_length
-    assert max_len is not None
-    if max_len < 4:
-        raise XLNetError(f"--max-seq-length must be >= 4, got {max_len}")
+    tok = checkpoint_tokenizer(xl)
+    s = settings
+    reading, mem_len = document_reading(xl.config.finetune, s.max_seq_length, s.document, s.max_windows, s.mem_len)
+    settings = replace(
+        settings,
+        max_seq_length=reading.window,
+        document=reading.document,
+        max_windows=reading.max_windows,
+        mem_len=mem_len if reading.document == "memory" else None,
+    )
     if resolve_impl(xl.config.model.attn_impl, dev) not in LINEAR_MEMORY_IMPLS:  # kernels that write the scores
         batch = min(settings.batch_size, max(len(train_rows), len(valid_rows)))
-        keys = f"--max-seq-length {max_len} or --batch-size {batch}"
-        check_inference_fits(xl.config.model, batch, max_len, dev, keys)
+        keys = f"--max-seq-length {reading.window} or --batch-size {batch}" + LOWER_ALSO[reading.document]
+        check_features_fit(xl.config.model, batch, reading, mem_len, dev, keys)
     models = {"pretrained": xl.model}
     if baseline == "random":
         models["random"] = random_init_like(xl.model, xl.config.train.seed)
@@ -547,8 +623,16 @@ def format_table(res: dict[str, Any]) -> str:
         f"{res['valid_examples']} validation examples, {len(res['labels'])} labels, majority-class accuracy "
         f"{res['majority']:.3f}"
     ]
-    if res["truncated"]:
+    doc = res.get("document") or "first"
+    if doc != "first":
+        reading = labelled.Reading(res["max_seq_length"], doc, res["max_windows"])
+        lines.append(f"  texts read as {doc}: {describe_reading(reading, res.get('mem_len') or reading.window)}")
+    if res["truncated"] and doc == "first":
         lines.append(f"  {res['truncated']} examples truncated to {res['max_seq_length']} tokens")
+    elif res["truncated"]:
+        lines.append(
+            f"  {res['truncated']} examples cut to {res['max_windows']} windows of {res['max_seq_length']} tokens"
+        )
     lines += [f"  {note}" for note in res.get("notes", [])]
     lines.append("features  " + "".join(f"{n:>12}" for n in names) + "   (L2 chosen on held-out training rows)")
     for kind in FEATURES:

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from xlnetcli.data.special import PAD_ID, SEG_ID_PAD
 from xlnetcli.model.xlnet import XLNetModel
 
 
@@ -56,7 +55,8 @@ def document_windows(
     a batch of short rows keeps its own width)."""
     if ids.shape[-1] <= window:
         return ids[:, None], seg[:, None], mask[:, None]
-    ids, seg, mask = (pad_to_windows(x, window, v) for x, v in ((ids, PAD_ID), (seg, SEG_ID_PAD), (mask, 0)))
+    # the padding columns added are masked (attention and memory): the ids and segments they hold never count
+    ids, seg, mask = (pad_to_windows(x, window, 0) for x in (ids, seg, mask))
     B = ids.shape[0]
     return ids.view(B, -1, window), seg.view(B, -1, window), mask.view(B, -1, window)
 

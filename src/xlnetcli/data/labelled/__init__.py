@@ -1,7 +1,8 @@
 """Finetuning data (docs/xlnet.md §9), split by job: reading labelled files into examples, and building the model's
 inputs from them exactly as the original XLNet.
 
-    read.py     TSV / CSV / JSONL tables (GLUE's columns found by name), JSONL multiple choice, SQuAD JSON; labels
+    read.py     TSV / CSV / JSONL tables (GLUE's columns found by name), JSONL multiple choice, SQuAD JSON; labels;
+                unlabelled texts (one per line) and id columns for `xlnet embed`
     encode.py   [A <sep> B <sep> <cls>] left padded, multiple-choice options, SQuAD windows and answer positions
 
 Code outside this package imports these names from here (``from xlnetcli.data import labelled``).
@@ -24,6 +25,7 @@ from xlnetcli.data.labelled.encode import (
     truncate_pair,
 )
 from xlnetcli.data.labelled.read import (
+    ID_NAMES,
     TASKS,
     ChoiceExample,
     Columns,
@@ -32,12 +34,15 @@ from xlnetcli.data.labelled.read import (
     build_label_list,
     check_labels,
     read_choices,
+    read_ids,
+    read_lines,
     read_squad,
     read_table,
     squad_is_v2,
 )
 
 __all__ = [
+    "ID_NAMES",
     "SQUAD_FEATURES",
     "SQUAD_INPUTS",
     "SQUAD_LABELS",
@@ -57,6 +62,8 @@ __all__ = [
     "in_row_order",
     "left_pad",
     "read_choices",
+    "read_ids",
+    "read_lines",
     "read_squad",
     "read_table",
     "squad_is_v2",

@@ -209,10 +209,12 @@ def encode_texts(
     mask_arr = np.zeros((n, max_len), dtype=np.float32)
     labels = np.zeros(n, dtype=np.float32 if task == "regression" else np.int64)
     has_label = np.zeros(n, dtype=bool)
+    cut_rows = np.zeros(n, dtype=bool)
     n_cut = n_blank = 0
     for i, ex in enumerate(examples):
         ids, seg, cut = reading.pair(enc(ex.text_a), None if ex.text_b is None else enc(ex.text_b))
         n_cut += cut
+        cut_rows[i] = cut
         n_blank += len(ids) == (2 if ex.text_b is None else 3)  # no piece of text: <sep> (<sep>) <cls> only
         ids, seg, mask = left_pad(ids, seg, max_len)
         ids_arr[i], seg_arr[i], mask_arr[i] = ids, seg, mask
@@ -225,7 +227,8 @@ def encode_texts(
         "attention_mask": mask_arr,
         "labels": labels,
     }
-    return Encoded(arrays, n_truncated=n_cut, n_examples=n, extra={"has_label": has_label, "blank": n_blank})
+    extra = {"has_label": has_label, "blank": n_blank, "cut": cut_rows}  # cut: which rows lost tokens
+    return Encoded(arrays, n_truncated=n_cut, n_examples=n, extra=extra)
 
 
 def encode_choices(tok: Any, examples: Sequence[ChoiceExample], max_len: int | Reading) -> Encoded:

@@ -170,8 +170,10 @@ def read_table(
     columns: Columns | None = None,
     header: bool = True,
     require_label: bool = True,
+    labels: bool = True,
 ) -> list[TextExample]:
-    """Read a classification/regression file. Columns are names, or 0-based indices with ``header=False``."""
+    """Read a classification/regression file. Columns are names, or 0-based indices with ``header=False``.
+    ``labels=False``: the texts alone (`xlnet embed`), every label None and no label column read."""
     path = Path(path)
     columns = columns or Columns()
     names, rows = _rows(path, header)
@@ -179,6 +181,8 @@ def read_table(
         raise DataError(f"{path}: no examples (the file is empty or has only a header)")
     is_json = isinstance(rows[0][1], dict)
     names, col_a, col_b, col_l = _choose_columns(names, rows, header, is_json, columns)
+    if not labels:
+        col_l, require_label = None, False
     _check_columns(path, names, col_a, col_b, col_l, require_label)
     assert col_a is not None  # _check_columns refused a file without a text_a column
     label_col = col_l if col_l is not None and col_l in names else None
@@ -446,3 +450,48 @@ def squad_is_v2(path: str | Path) -> bool:
     """Whether a SQuAD file (read by ``read_squad`` first) has SQuAD 2.0's is_impossible flags."""
     data = _squad_json(Path(path))
     return any("is_impossible" in qa for a in data for p in a["paragraphs"] for qa in p["qas"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Texts without labels (`xlnet embed`)
+
+ID_NAMES = ("id", "idx", "index", "guid")  # the id column `xlnet embed` keeps when a table has one
+
+
+def read_lines(path: str | Path) -> list[TextExample]:
+    """A plain text file, one text per line (lines end at \\n; a trailing \\r is dropped); blank lines are skipped,
+    each example keeps its line number."""
+    path = Path(path)
+    out = [
+        TextExample(line.rstrip("\r"), None, None, i)
+        for i, line in enumerate(_read_text(path).split("\n"), 1)
+        if line.strip()
+    ]
+    if not out:
+        raise DataError(f"{path}: no texts (the file is empty or holds only blank lines)")
+    return out
+
+
+def read_ids(path: str | Path, header: bool = True, column: str | None = None) -> tuple[str, list[str]] | None:
+    """(column, ids) of a table ``read_table`` reads, one per row in its order: ``column``, else the first of
+    ``ID_NAMES`` the file has; None when it has none. A missing or empty cell is ''."""
+    path = Path(path)
+    names, rows = _rows(path, header)
+    is_json = bool(rows) and isinstance(rows[0][1], dict)
+    if is_json:
+        names = sorted({k for _, r in rows for k in r})
+    elif not header:
+        names = [str(i) for i in range(len(rows[0][1]))] if rows else []
+    names = names or []
+    if column is None:
+        column = _pick(names, None, ID_NAMES if header or is_json else ())
+        if column is None:
+            return None
+    elif column not in names:
+        raise DataError(f"{path}: missing id column {column!r}; columns are: {', '.join(names)}")
+    index = {n: i for i, n in enumerate(names)}
+    ids = []
+    for line, row in rows:
+        value = row.get(column) if isinstance(row, dict) else row[index[column]] if index[column] < len(row) else None
+        ids.append(_text_cell(value, path, line, column) or "")
+    return column, ids
