@@ -219,6 +219,16 @@ def check_config(cfg: Config, world: int = 1, stage: str | None = None, device: 
                 f"data.mask_alpha ({d.mask_alpha}) must be >= data.mask_beta ({d.mask_beta}): "
                 "each span needs a context of at least one token"
             )
+    if ft.document == "memory" and ft.summary_type in ("first", "attn"):
+        raise ConfigError(
+            f"finetune.summary_type={ft.summary_type} does not read a document through its memory (the first window "
+            "passes without gradient): use finetune.summary_type=last or mean with finetune.document=memory"
+        )
+    if ft.document != "first" and ft.grad_windows > ft.max_windows:
+        raise ConfigError(
+            f"finetune.grad_windows ({ft.grad_windows}) must be <= finetune.max_windows ({ft.max_windows}): "
+            "gradient cannot flow through more windows than a document has"
+        )
     ft_world = world if stage == "finetune" else 1
     if ft.batch_size % (ft.micro_batch_size * ft_world):
         processes = f" x processes ({ft_world})" if ft_world > 1 else ""

@@ -238,6 +238,14 @@ class FinetuneConfig:
     max_answer_length: int = ranged(64, "[1, inf)")  # SQuAD: longest predicted answer in tokens
     seed: int = ranged(1234, "[0, 4294967295]")
     report_to: str | list[str] = "auto"  # as train.report_to, for finetuning runs
+    # How a text longer than one window (max_seq_length tokens) is read in finetune, eval and probe
+    # (docs/long-documents.md): first = its first window only; window-mean = every window on its own, the outputs
+    # averaged; memory = the windows in order with the Transformer-XL memory carried (Dai §3.2), the prediction from
+    # the last window's <cls>
+    document: Literal["first", "window-mean", "memory"] = "first"
+    max_windows: int = ranged(8, "[1, 4096]")  # windows read per text (document != first); the rest is cut
+    grad_windows: int = ranged(1, "[1, inf)")  # memory: gradient through the last k windows, the memory detached beyond
+    mem_len: int | None = ranged(None, "[1, inf)")  # memory: states kept from earlier windows; null = max_seq_length
 
     def __post_init__(self) -> None:
         check_ranges(self, "finetune")

@@ -59,20 +59,26 @@ def load_task_data(
     ft = cfg.finetune
     path = Path(path)
     notes: list[str] = []
+    reading = labelled.Reading.of(ft)
+    if task == "squad" and ft.document != "first":
+        raise ConfigError(
+            f"finetune.document={ft.document} does not apply to squad: a long paragraph is already read in windows "
+            "every finetune.doc_stride tokens, each answering from its own window (set finetune.document=first)"
+        )
     if task in ("classification", "regression"):
         examples = labelled.read_table(path, task, columns, header, require_label)
         if task == "classification" and label_list is None and training:
             label_list = labelled.build_label_list(examples)  # the training file defines the classes
         elif task == "classification" and label_list is not None:
             labelled.check_labels(examples, label_list, path, train_path)
-        enc = labelled.encode_texts(tok, examples, ft.max_seq_length, task, label_list)
+        enc = labelled.encode_texts(tok, examples, reading, task, label_list)
         present = all(ex.label is not None for ex in examples)
         data = TaskData(task, str(path), examples, enc, present, label_list=label_list)
         if enc.extra["blank"]:
             notes.append(f"{enc.extra['blank']} of {len(examples)} examples have no text (special tokens only); kept")
     elif task == "multiple-choice":
         choices = labelled.read_choices(path, require_label)
-        enc = labelled.encode_choices(tok, choices, ft.max_seq_length)
+        enc = labelled.encode_choices(tok, choices, reading)
         data = TaskData(task, str(path), choices, enc, all(ex.label is not None for ex in choices))
     elif task == "squad":
         questions = labelled.read_squad(path)
@@ -92,10 +98,16 @@ def load_task_data(
     else:
         raise ConfigError(f"unknown task {task!r} (choose from {', '.join(labelled.TASKS)})")
     if task != "squad" and enc.n_truncated:
-        notes.append(
-            f"{enc.n_truncated} of {enc.n_examples} examples truncated to {ft.max_seq_length} tokens "
-            "(finetune.max_seq_length); the longer text is cut first"
-        )
+        if ft.document == "first":
+            notes.append(
+                f"{enc.n_truncated} of {enc.n_examples} examples truncated to {ft.max_seq_length} tokens "
+                "(finetune.max_seq_length); the longer text is cut first (finetune.document=memory reads more)"
+            )
+        else:
+            notes.append(
+                f"{enc.n_truncated} of {enc.n_examples} examples cut to {ft.max_windows} windows of "
+                f"{ft.max_seq_length} tokens (finetune.max_windows); the longer text is cut first"
+            )
     data.notes = notes
     return data
 

@@ -53,10 +53,13 @@ from xlnetcli.core.files import atomic_write_json, check_file_outputs
 from xlnetcli.data import labelled
 from xlnetcli.data.tokenizer import Tokenizer
 from xlnetcli.model import XLNetLMHeadModel
+from xlnetcli.model.documents import document_features
 from xlnetcli.model.kernels import resolve_impl
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
+
+    from xlnetcli.model.xlnet import XLNetModel
 
 FEATURES = ("mean", "cls")
 L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # penalty 0.5 * l2 * ||W||^2 added to the mean cross entropy
@@ -177,8 +180,13 @@ def extract_features(
     enc: labelled.Encoded,
     batch_size: int = 64,
     on_rows: Callable[[int], None] | None = None,
+    reading: labelled.Reading | None = None,
+    mem_len: int | None = None,
+    per_layer: bool = False,
 ) -> dict[str, np.ndarray]:
-    """{"mean": [N, d], "cls": [N, d]} float64 features of encoded examples from the last layer's content stream.
+    """{"mean": [N, d], "cls": [N, d]} float64 features of encoded examples from the last layer's content stream
+    ([N, layers, d] with ``per_layer``: the embedding, then every layer). Rows wider than one window are documents,
+    read as ``reading.document`` says (model/documents.py), with ``mem_len`` states of memory (default: a window).
 
     ``model``: an XLNetLMHeadModel, a finetuning model or a bare XLNetModel (its ``transformer`` is used). Runs in
     eval mode without memory and without bi_data (as finetuning does); the model's mode is restored. ``on_rows(n)``
@@ -195,6 +203,9 @@ def extract_features(
         sharded.unshard()
     device = next(transformer.parameters()).device
     out: dict[str, list[np.ndarray]] = {k: [] for k in FEATURES}
+    document, window = (
+        ("first", enc.arrays["input_ids"].shape[-1]) if reading is None else (reading.document, reading.window)
+    )
     batches = enc.by_length(batch_size)  # similar lengths together, each batch padded only to its longest
     try:
         for idx in batches:
@@ -202,12 +213,10 @@ def extract_features(
             ids = torch.from_numpy(a["input_ids"]).to(device)
             seg = torch.from_numpy(a["token_type_ids"]).to(device)
             mask = torch.from_numpy(a["attention_mask"]).to(device)
-            hidden = transformer(
-                ids, token_type_ids=seg, attention_mask=mask, mems=None, return_mems=False, bi_data=False
-            ).hidden.double()
-            m = mask.double()[:, :, None]
-            out["mean"].append(((hidden * m).sum(1) / m.sum(1).clamp_min(1.0)).cpu().numpy())
-            out["cls"].append(hidden[:, -1].cpu().numpy())  # left padding: <cls> is always last
+            net_t = cast("XLNetModel", transformer)
+            mean, cls = document_features(net_t, ids, seg, mask, document, window, mem_len or window, per_layer)
+            out["mean"].append(mean.double().cpu().numpy())
+            out["cls"].append(cls.double().cpu().numpy())  # left padding: <cls> is always last
             if on_rows is not None:
                 on_rows(len(idx))
     finally:

@@ -25,6 +25,7 @@ from torch import nn
 
 from xlnetcli.config import FinetuneConfig, ModelConfig
 from xlnetcli.core.errors import XLNetError
+from xlnetcli.model.documents import mean_over_windows, read_windows_apart, read_with_memory
 from xlnetcli.model.xlnet import XLNetModel
 
 NEG = -1e30
@@ -46,9 +47,14 @@ class SequenceSummary(nn.Module):
         self.query = nn.Parameter(torch.zeros(d_model)) if summary_type == "attn" else None
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, pooled: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``pooled`` [B,d]: the summary already made (a document's mean over all its windows, model/documents.py)."""
         t = self.summary_type
-        if t == "last":
+        if pooled is not None:
+            s = pooled
+        elif t == "last":
             s = hidden[:, -1]
         elif t == "first":
             s = hidden[:, 0]
@@ -75,8 +81,10 @@ class ClassificationHead(nn.Module):
         nn.init.normal_(self.out.weight, std=0.02)
         nn.init.zeros_(self.out.bias)
 
-    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.out(self.summary(hidden, attention_mask))
+    def forward(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, pooled: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return self.out(self.summary(hidden, attention_mask, pooled))
 
 
 class SquadHead(nn.Module):
@@ -158,6 +166,10 @@ class FinetuneModel(nn.Module):
     def __init__(self, model_cfg: ModelConfig, ft: FinetuneConfig, task: str, n_labels: int = 1) -> None:
         super().__init__()
         self.task = task
+        # a row longer than one window is a document, read as finetune.document says (model/documents.py)
+        self.window, self.document = ft.max_seq_length, ft.document
+        self.mem_len, self.grad_windows = ft.mem_len or ft.max_seq_length, ft.grad_windows
+        self.summary_type = ft.summary_type
         self.transformer = XLNetModel(model_cfg)
         d = model_cfg.d_model
         if task == "squad":
@@ -174,20 +186,32 @@ class FinetuneModel(nn.Module):
         )
         return out.hidden
 
+    def scores(self, ids: torch.Tensor, seg: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[B,T] rows -> the head's outputs [B,n_out] (classification, regression, multiple choice's options). A row
+        wider than one window is a document (finetune.document): read with memory, or window by window with the
+        outputs averaged; ``first`` rows are one window."""
+        if self.document == "memory" and ids.shape[-1] > self.window:
+            states = read_with_memory(self.transformer, ids, seg, mask, self.window, self.mem_len, self.grad_windows)
+            pooled = states.mean() if self.summary_type == "mean" else None
+            return self.head(states.hidden, states.mask, pooled).float()
+        if self.document == "window-mean" and ids.shape[-1] > self.window:
+            hidden, m, real = read_windows_apart(self.transformer, ids, seg, mask, self.window)
+            return mean_over_windows(self.head(hidden, m).float(), real)
+        return self.head(self.encode(ids, seg, mask), mask).float()
+
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
         ids, seg, mask = batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
         labels = batch.get("labels")
         if self.task == "multiple-choice":
             bsz, k, length = ids.shape
-            hidden = self.encode(ids.reshape(-1, length), seg.reshape(-1, length), mask.reshape(-1, length))
-            logits = self.head(hidden, mask.reshape(-1, length)).float().reshape(bsz, k)
-            logits = logits.masked_fill(batch["option_mask"] == 0, NEG)
+            logits = self.scores(ids.reshape(-1, length), seg.reshape(-1, length), mask.reshape(-1, length))
+            logits = logits.reshape(bsz, k).masked_fill(batch["option_mask"] == 0, NEG)
             out: dict[str, Any] = {"logits": logits}
             if labels is not None:
                 out["loss"] = F.cross_entropy(logits, labels, ignore_index=UNLABELLED)
             return out
-        hidden = self.encode(ids, seg, mask)
         if self.task == "squad":
+            hidden = self.encode(ids, seg, mask)
             training = "start_positions" in batch
             return self.head(
                 hidden,
@@ -197,7 +221,7 @@ class FinetuneModel(nn.Module):
                 batch.get("end_positions") if training else None,
                 batch.get("is_impossible") if training else None,
             )
-        logits = self.head(hidden, mask).float()
+        logits = self.scores(ids, seg, mask)
         out = {"logits": logits}
         if labels is not None:
             if self.task == "regression":

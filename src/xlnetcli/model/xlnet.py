@@ -199,6 +199,8 @@ class XLNetModel(nn.Module):
         bi_data: bool | None = None,
         content_output: bool = True,
         mem_pad: torch.Tensor | None = None,
+        mem_len: int | None = None,
+        detach_mems: bool = True,
     ) -> XLNetOutput:
         """``perm_mask`` [B,L,L] (1 = row i may not see token j), ``target_index`` [B,P] or ``target_mapping``
         [B,P,L], ``mems`` per layer [B,M,d]. ``content_output=False`` (with targets): the last layer computes only
@@ -206,6 +208,9 @@ class XLNetModel(nn.Module):
         gradients are unchanged). ``mem_pad`` [B,M] bool (True = padding) marks memory columns that hold no state:
         masked for every row, so a memory padded on the left to a fixed length (static shapes, train.static_shapes)
         computes what the unpadded one does; ``XLNetOutput.mem_pad`` is then the next memory's padding.
+        ``mem_len`` (a reader of consecutive windows, model/documents.py): the next memory is the last ``mem_len``
+        states of the memory and this whole segment, in place of the pretraining rule (model.mem_len, reuse_len);
+        ``detach_mems=False`` keeps the next memory in the graph (gradient through it into this segment).
 
         It stays whole: its steps are already the methods below, in the paper's order, and what is left is the
         two-stream layer loop, which reads top to bottom beside the tensors (x, mems, layout) it threads through."""
@@ -241,7 +246,7 @@ class XLNetModel(nn.Module):
         for i, layer in enumerate(self.layer):
             mem = mems[i] if M and mems is not None else None
             if new_mems is not None:  # return_mems
-                new_mems.append(self._cache_mem(x[:, :L], mem))
+                new_mems.append(self._cache_mem(x[:, :L], mem, mem_len, detach_mems))
             if query_only and i == cfg.n_layer - 1:  # query rows only; the content rows serve as keys/values
                 x = layer(
                     x[:, L:],
@@ -256,7 +261,7 @@ class XLNetModel(nn.Module):
             else:
                 x = layer(x, mem, pos_emb, layout, biases, cfg.attn_impl, valid_rows)
         x = drop(x, cfg.dropout, self.training)
-        pad = None if mem_pad is None or new_mems is None else self._cache_pad(mem_pad, L)
+        pad = None if mem_pad is None or new_mems is None else self._cache_pad(mem_pad, L, mem_len)
         if query_only:
             return XLNetOutput(hidden=None, query=x, mems=new_mems, mem_pad=pad)
         return XLNetOutput(hidden=x[:, :L], query=x[:, L:] if P else None, mems=new_mems, mem_pad=pad)
@@ -355,24 +360,29 @@ class XLNetModel(nn.Module):
                 )
         return M
 
-    def _cache_mem(self, cur: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
+    def _cache_mem(
+        self, cur: torch.Tensor, prev: torch.Tensor | None, mem_len: int | None = None, detach: bool = True
+    ) -> torch.Tensor:
         """§2.4 / Dai §3.2: a layer's next memory, [B,M',d]: the first ``reuse_len`` content-stream states of this
-        segment join the memory, which keeps its last ``mem_len``; detached (no gradient into past segments)."""
+        segment join the memory, which keeps its last ``mem_len``; detached (no gradient into past segments).
+        Given ``mem_len``, the whole segment joins and that many states are kept; ``detach=False`` keeps the graph."""
         cfg = self.config
-        if cfg.reuse_len > 0:
+        if mem_len is None and cfg.reuse_len > 0:
             cur = cur[:, : cfg.reuse_len]
+        keep = cfg.mem_len if mem_len is None else mem_len
         new = cur if prev is None else torch.cat([prev, cur], dim=1)
-        if cfg.mem_len > 0:
-            new = new[:, -cfg.mem_len :]
-        return new.detach()
+        if keep > 0:
+            new = new[:, -keep:]
+        return new.detach() if detach else new
 
-    def _cache_pad(self, mem_pad: torch.Tensor, L: int) -> torch.Tensor:
+    def _cache_pad(self, mem_pad: torch.Tensor, L: int, mem_len: int | None = None) -> torch.Tensor:
         """The next memory's padding columns, [B,M']: ``mem_pad`` followed by the states this segment adds (real),
         cut as ``_cache_mem`` cuts the states (a left-padded memory of mem_len stays mem_len, its padding shrinks)."""
         cfg = self.config
-        n = cfg.reuse_len if 0 < cfg.reuse_len < L else L
+        n = L if mem_len is not None else (cfg.reuse_len if 0 < cfg.reuse_len < L else L)
+        keep = cfg.mem_len if mem_len is None else mem_len
         new = torch.cat([mem_pad, mem_pad.new_zeros(mem_pad.shape[0], n)], dim=1)
-        return new[:, -cfg.mem_len :] if cfg.mem_len > 0 else new
+        return new[:, -keep:] if keep > 0 else new
 
     @staticmethod
     def _relative_segments(token_type_ids, rows, M: int):

@@ -56,7 +56,7 @@ from xlnetcli.train.checkpointer import TRAIN_STATE, resumable_steps
 from xlnetcli.train.display import printer
 from xlnetcli.train.engine import Engine
 from xlnetcli.train.finetune_workload import FinetuneArgs, FinetuneWorkload, StepCounts, finetune_plan
-from xlnetcli.train.header import device_prose
+from xlnetcli.train.header import device_prose, document_prose
 from xlnetcli.train.plan import run_precision
 from xlnetcli.train.resume import resume_changes, resume_point
 from xlnetcli.train.rng import seed_everything
@@ -323,6 +323,8 @@ def _say_header(
         f"{engine.env.world_size} process(es); {steps.total} steps ({steps.per_epoch} per epoch), "
         f"warmup {steps.warmup}" + (f"; length buckets of {ft.length_buckets} steps" if ft.length_buckets else "")
     )
+    if ft.document != "first":
+        say(f"  documents  {document_prose(ft)}")
     say(
         f"  optimizer  AdamW lr {ft.lr:g}, layer decay {ft.layer_decay:g}, wd {ft.weight_decay:g}, "
         f"dropout {ft.dropout:g}/{ft.dropatt:g}; device {device_prose(engine)}"

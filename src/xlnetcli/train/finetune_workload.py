@@ -354,6 +354,13 @@ def finetune_plan(run_cfg: Config, train: TaskData, steps: StepCounts) -> TrainP
     # (attention), so the FLOPs per real token are those at the token-weighted mean length sum(l^2) / sum(l)
     seqs = train.enc.sequence_lengths().ravel().astype(np.int64)
     L = max(1, round(float((seqs**2).sum() / max(int(seqs.sum()), 1))))
+    M, passes = 0, 3.0  # forward + backward (twice the forward)
+    if ft.document != "first":  # documents: windows of max_seq_length; with memory, keys over the memory too and the
+        # windows before the last grad_windows forward only (model/documents.py)
+        L = min(L, ft.max_seq_length)
+        windows = max(1.0, float(np.mean(np.ceil(seqs / ft.max_seq_length))))
+        if ft.document == "memory":
+            M, passes = ft.mem_len or ft.max_seq_length, 1.0 + 2.0 * min(ft.grad_windows, windows) / windows
     return TrainPlan.from_config(
         run_cfg,
         "finetune",
@@ -361,6 +368,6 @@ def finetune_plan(run_cfg: Config, train: TaskData, steps: StepCounts) -> TrainP
         warmup_steps=steps.warmup,
         batch_shape=(ft.batch_size, *(int(n) for n in shape[1:])),
         accumulation=steps.accumulation,
-        # the content stream over every real position, no memory, no LM head (model/flops.py), for the logged MFU
-        flops_per_token=3.0 * forward_flops(m, mb_rows, L, 0, 0, last_layer_query_only=False) / (mb_rows * L),
+        # the content stream over every real position, no LM head (model/flops.py), for the logged MFU
+        flops_per_token=passes * forward_flops(m, mb_rows, L, M, 0, last_layer_query_only=False) / (mb_rows * L),
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from xlnetcli.config import Config
+from xlnetcli.config import Config, FinetuneConfig
 from xlnetcli.core.text import counted
 from xlnetcli.train.engine import Engine
 
@@ -95,4 +95,16 @@ def say_header(engine: Engine, sizes: tuple[int, int], meta: dict, data_dir: Pat
     say(
         f"  optimizer  AdamW, lr {t.lr:g} after {counted(t.warmup_steps, 'warmup step')}, then {decay}; weight decay "
         f"{t.weight_decay:g}, {clip}; evaluation {evals}, checkpoints {saves}"
+    )
+
+
+def document_prose(ft: FinetuneConfig) -> str:
+    """How a finetuning run reads a text longer than one window (finetune.document), for its header."""
+    windows = f"up to {ft.max_windows} windows of {ft.max_seq_length} tokens"
+    if ft.document == "window-mean":
+        return f"window-mean: {windows}, each read on its own, the outputs averaged"
+    mem = ft.mem_len or ft.max_seq_length
+    return (
+        f"memory: {windows} read in order, {mem} tokens of memory, gradient through the last "
+        f"{ft.grad_windows} window{'s' if ft.grad_windows > 1 else ''}; summary {ft.summary_type}"
     )

@@ -66,6 +66,53 @@ def build_pair(a: list[int], b: list[int] | None, max_len: int) -> tuple[list[in
     return ids, seg, cut
 
 
+@dataclass(frozen=True)
+class Reading:
+    """How a text becomes the model's input row: windows of ``window`` tokens (finetune.max_seq_length) and, for a
+    text longer than one window, ``document`` (finetune.document) with at most ``max_windows`` windows
+    (docs/long-documents.md). A row is ``width`` tokens, left padded; its windows are counted from its end, so the
+    last one ends with <cls> and only the first holds padding.
+
+    - ``first``: [A <sep> B <sep> <cls>] in one window, the longer text cut first (the original XLNet);
+    - ``memory``: the same sequence over up to ``max_windows`` windows, read in order through the memory;
+    - ``window-mean``: A cut into chunks, each its own window [chunk <sep> B <sep> <cls>] (B repeated, cut to half a
+      window when A spills over), read independently."""
+
+    window: int
+    document: str = "first"
+    max_windows: int = 1
+
+    @classmethod
+    def of(cls, ft: Any) -> Reading:
+        """The reading a FinetuneConfig asks for."""
+        return cls(ft.max_seq_length, ft.document, 1 if ft.document == "first" else ft.max_windows)
+
+    @property
+    def width(self) -> int:
+        return self.window * self.max_windows
+
+    def pair(self, a: list[int], b: list[int] | None) -> tuple[list[int], list[int], bool]:
+        """ids, segment ids (unpadded, at most ``width``) and whether anything was cut. Copies its inputs."""
+        if self.document != "window-mean":
+            return build_pair(a, b, self.width)
+        room = self.window - (2 if b is None else 3)
+        cut = False
+        if b is not None and len(a) + len(b) > room:
+            keep = max(room - len(a), room // 2)
+            cut, b = len(b) > keep, list(b[:keep])
+        chunk = max(1, room - (0 if b is None else len(b)))
+        cut |= len(a) > chunk * self.max_windows
+        a = list(a[: chunk * self.max_windows])
+        first = len(a) - chunk * max(0, -(-len(a) // chunk) - 1)  # the first chunk takes the remainder
+        ids: list[int] = []
+        seg: list[int] = []
+        for lo, hi in [(0, first)] + [(s, s + chunk) for s in range(first, len(a), chunk)]:
+            w_ids, w_seg, _ = build_pair(a[lo:hi], b, self.window)
+            ids += w_ids
+            seg += w_seg
+        return ids, seg, cut
+
+
 def left_pad(ids: list[int], seg: list[int], max_len: int) -> tuple[list[int], list[int], list[int]]:
     n = max_len - len(ids)
     return [PAD_ID] * n + ids, [SEG_ID_PAD] * n + seg, [0] * n + [1] * len(ids)
@@ -143,10 +190,17 @@ def in_row_order(outputs: Sequence[np.ndarray], batches: Sequence[np.ndarray]) -
 
 
 def encode_texts(
-    tok: Any, examples: Sequence[TextExample], max_len: int, task: str, label_list: Sequence[str] | None = None
+    tok: Any,
+    examples: Sequence[TextExample],
+    max_len: int | Reading,
+    task: str,
+    label_list: Sequence[str] | None = None,
 ) -> Encoded:
-    if max_len < 4:
-        raise DataError(f"finetune.max_seq_length must be >= 4, got {max_len}")
+    """``max_len``: tokens per example (one window), or a Reading (texts over several windows)."""
+    reading = max_len if isinstance(max_len, Reading) else Reading(max_len)
+    if reading.window < 4:
+        raise DataError(f"finetune.max_seq_length must be >= 4, got {reading.window}")
+    max_len = reading.width
     enc = _Cache(tok)
     label_index = {lab: i for i, lab in enumerate(label_list or [])}
     n = len(examples)
@@ -157,7 +211,7 @@ def encode_texts(
     has_label = np.zeros(n, dtype=bool)
     n_cut = n_blank = 0
     for i, ex in enumerate(examples):
-        ids, seg, cut = build_pair(enc(ex.text_a), None if ex.text_b is None else enc(ex.text_b), max_len)
+        ids, seg, cut = reading.pair(enc(ex.text_a), None if ex.text_b is None else enc(ex.text_b))
         n_cut += cut
         n_blank += len(ids) == (2 if ex.text_b is None else 3)  # no piece of text: <sep> (<sep>) <cls> only
         ids, seg, mask = left_pad(ids, seg, max_len)
@@ -174,7 +228,10 @@ def encode_texts(
     return Encoded(arrays, n_truncated=n_cut, n_examples=n, extra={"has_label": has_label, "blank": n_blank})
 
 
-def encode_choices(tok: Any, examples: Sequence[ChoiceExample], max_len: int) -> Encoded:
+def encode_choices(tok: Any, examples: Sequence[ChoiceExample], max_len: int | Reading) -> Encoded:
+    """``max_len``: tokens per option (one window), or a Reading (contexts over several windows)."""
+    reading = max_len if isinstance(max_len, Reading) else Reading(max_len)
+    max_len = reading.width
     enc = _Cache(tok)
     n = len(examples)
     k = max(len(ex.options) for ex in examples)
@@ -189,7 +246,7 @@ def encode_choices(tok: Any, examples: Sequence[ChoiceExample], max_len: int) ->
         cut_any = False
         for j, option in enumerate(ex.options):
             qa = ex.question.replace("_", option) if "_" in ex.question else f"{ex.question} {option}"
-            ids, seg, cut = build_pair(context, enc(qa), max_len)  # build_pair copies: no leak across options
+            ids, seg, cut = reading.pair(context, enc(qa))  # pair copies: no leak across options
             cut_any |= cut
             ids, seg, mask = left_pad(ids, seg, max_len)
             ids_arr[i, j], seg_arr[i, j], mask_arr[i, j] = ids, seg, mask
