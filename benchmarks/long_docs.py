@@ -63,7 +63,8 @@ plus the mode's `--set finetune.*`:
 | memory-nograd | finetune.document=memory, grad_windows=1, max_windows, mem_len | memory, gradient in the last window |
 | memory-grad | finetune.document=memory, grad_windows=2, max_windows, mem_len | gradient through the last 2 windows |
 
-(finetune.max_windows = --max-windows, default 8; finetune.mem_len = --mem-len, left at its default, max_seq_length,
+(finetune.max_windows = --max-windows, default 8: no fewer than build's, or documents lose their end, the labelled
+text of `late` included; finetune.mem_len = --mem-len, left at its default, max_seq_length,
 when not given; --mode-set MODE:KEY=VALUE adds an override to one mode.)
 
 then `xlnet eval RUN --file dev.tsv` (the run's own reading). Accuracy: eval's, median [min-max] of --seeds. Time per
@@ -119,13 +120,11 @@ def era_of(year: int) -> str:
 
 
 def default_init() -> Path:
-    """The demo's pretrained model: `make demo`'s demo/pretrain, else runs/demo_pretrain (BENCHMARKS.md's), in this
-    tree or the main checkout beside it."""
-    for root in (ROOT, ROOT.parent.parent / "main"):
-        for rel in ("demo/pretrain", "runs/demo_pretrain"):
-            if (root / rel).is_dir():
-                return root / rel
-    return ROOT / "demo" / "pretrain"
+    """The demo's pretrained model: `make demo`'s demo/pretrain, else runs/demo_pretrain (BENCHMARKS.md's)."""
+    for rel in ("demo/pretrain", "runs/demo_pretrain"):
+        if (ROOT / rel).is_dir():
+            return ROOT / rel
+    raise SystemExit(f"long_docs: no demo checkpoint under {ROOT} (demo/pretrain); run `make demo` or pass --init")
 
 
 # ---- the speeches, in sentences with token counts -----------------------------------------------------------------
@@ -672,6 +671,13 @@ def run(a) -> None:
     os.environ["OMP_NUM_THREADS"] = str(a.threads)
     t_all, load0 = time.time(), os.getloadavg()
     say(f"load average {load0[0]:.1f}, {os.cpu_count()} CPUs, {a.threads} threads per run; init {a.init}")
+    built = json.loads((data / "stats.json").read_text()) if (data / "stats.json").is_file() else {}
+    if built.get("max_windows", 0) > a.max_windows or built.get("window", a.max_seq_length) != a.max_seq_length:
+        say(
+            f"warning: the documents were built for {built.get('max_windows')} windows of {built.get('window')} "
+            f"tokens; read as {a.max_windows} of {a.max_seq_length}, long ones are cut at their end, labelled text "
+            "of late documents included"
+        )
     runs, files = [], {}
     for variant in variants:
         if not (data / variant / "train.tsv").is_file():
