@@ -2,8 +2,8 @@
 licensed registry package, in three variants, and first window / window mean / memory finetuned side by side.
 
     python benchmarks/long_docs.py build [--out runs/long_docs] [--init CKPT] [--max-windows 8]
-    python benchmarks/long_docs.py run [--data runs/long_docs] [--init CKPT] [--seeds 0,1,2] \
-        [--json benchmarks/results/long_docs_cpu.json]
+    python benchmarks/long_docs.py run [--data runs/long_docs] [--init CKPT] [--seeds 0,1,2] [--variants late] \
+        [--merge] [--json benchmarks/results/long_docs_cpu.json]
     python benchmarks/long_docs.py run --seeds 0 --epochs 2 --limit 400 --limit-valid 200 \
         --json runs/long_docs_smoke.json                                                       # a smoke run
 
@@ -604,7 +604,8 @@ def summarise(runs: list[dict]) -> list[dict]:
                 "eval_s_per_doc": med("eval_s_per_doc"),
             }
         )
-    return out
+    order = ["majority", "bow-doc", "bow-first", "bow-last", *MODES]
+    return sorted(out, key=lambda r: (VARIANTS.index(r["variant"]), order.index(r["method"])))
 
 
 def goals(rows: list[dict]) -> list[str]:
@@ -645,12 +646,15 @@ def print_run(rows: list[dict]) -> None:
 
 
 def command_line(a) -> str:
-    """The full benchmark's command (every variant and mode, 3 seeds), for the record."""
-    return (
-        f"python benchmarks/long_docs.py build --out {a.data} --init {a.init_arg or 'demo/pretrain'} && "
-        f"python benchmarks/long_docs.py run --data {a.data} --init {a.init_arg or 'demo/pretrain'} --threads 2 "
-        "--seeds 0,1,2 --json benchmarks/results/long_docs_cpu.json"
+    """The full benchmark's commands (every variant and mode, 3 seeds), one variant per invocation (each about an
+    hour or more on 2 idle cores), merged into one JSON."""
+    init = a.init_arg or "demo/pretrain"
+    runs = " && ".join(
+        f"python benchmarks/long_docs.py run --data {a.data} --init {init} --threads 2 --seeds 0,1,2 "
+        f"--variants {v} --merge --json benchmarks/results/long_docs_cpu.json"
+        for v in VARIANTS
     )
+    return f"python benchmarks/long_docs.py build --out {a.data} --init {init} && {runs}"
 
 
 def run(a) -> None:
@@ -715,7 +719,7 @@ def run(a) -> None:
                     {"variant": variant, "method": f"bow-{which}", "seed": None, "accuracy": r["accuracy"], "C": r["C"]}
                 )
                 say(f"{variant}: TF-IDF + LR on the {which} {r['accuracy']:.3f} (C {r['C']:g})")
-        for i, seed in enumerate(seeds):
+        for i, seed in enumerate(seeds if modes else []):
             for mode in modes[i % len(modes) :] + modes[: i % len(modes)]:  # the order rotates with the seed
                 r = run_mode(a, variant, mode, seed, train, dev, vw)
                 runs.append(r)
@@ -724,6 +728,13 @@ def run(a) -> None:
                     f"(finetune's own {r['finetune_valid_accuracy']:.3f}; "
                     f"train {r['train_s_per_doc'] * 1000:.1f} ms/doc, eval {r['eval_s_per_doc'] * 1000:.1f} ms/doc)"
                 )
+    out = Path(a.json)
+    if a.merge and out.is_file():  # keep the other variants' and modes' runs of an earlier invocation
+        old = json.loads(out.read_text())
+        done = {(r["variant"], r["method"]) for r in runs}
+        runs = [r for r in old["runs"] if (r["variant"], r["method"]) not in done] + runs
+        files = {**old.get("files", {}), **files}
+        say(f"merged with {out}: {len(old['runs'])} earlier runs, {len(runs)} now")
     rows = summarise(runs)
     result = {
         "init": a.init,
@@ -760,7 +771,6 @@ def run(a) -> None:
         "load_average": {"start": load0, "end": os.getloadavg()},
         "command": " ".join(sys.argv),
     }
-    out = Path(a.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print_run(rows)
@@ -823,6 +833,11 @@ def main() -> None:
     r.add_argument("--no-bow", action="store_true", help="skip the TF-IDF baselines")
     r.add_argument("--work", default="runs/long_docs_run", help="working folder (runs replaced)")
     r.add_argument("--json", default="benchmarks/results/long_docs_cpu.json", help="results JSON")
+    r.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the runs of other variants / modes already in --json (the benchmark split over sessions)",
+    )
     r.add_argument("--verbose", action="store_true", help="print each command")
     a = ap.parse_args()
     a.init_arg = a.init
