@@ -485,12 +485,20 @@ MODES = {  # mode -> finetune.* overrides; {N} = --max-windows; mem_len added to
     "window-mean": ["finetune.document=window-mean", "finetune.max_windows={N}"],
     "memory-nograd": ["finetune.document=memory", "finetune.grad_windows=1", "finetune.max_windows={N}"],
     "memory-grad": ["finetune.document=memory", "finetune.grad_windows=2", "finetune.max_windows={N}"],
+    # the same, the head reading the mean over every token of the document instead of the last <cls>
+    "memory-mean": [
+        "finetune.document=memory",
+        "finetune.grad_windows=2",
+        "finetune.max_windows={N}",
+        "finetune.summary_type=mean",
+    ],
 }
 MODE_NAMES = {
     "first": "first window",
     "window-mean": "window mean",
     "memory-nograd": "memory, no gradient (grad_windows 1)",
     "memory-grad": "memory, gradient (grad_windows 2)",
+    "memory-mean": "memory, gradient (grad_windows 2), summary mean",
     "bow-doc": "TF-IDF + LR, whole document",
     "bow-first": "TF-IDF + LR, first window's text",
     "bow-last": "TF-IDF + LR, last window's text",
