@@ -110,7 +110,7 @@ def test_two_processes_resume_on_one_and_one_on_two(records, one, tmp_path, caps
     cfg_file, ref = one
     two = tmp_path / "two_then_one"
     _torchrun("--config", cfg_file, "--data", records, "--out", two)  # micro 2 x accumulation 1 on each rank
-    code, out, err = run_main(capsys, "pretrain", "--data", records, "--out", two, "--resume", SPLIT, *CPU)
+    code, out, err = run_main(capsys, "pretrain", "--data", records, "--out", two, "--resume", SPLIT, "--rewind", *CPU)
     assert code == 0, err
     said = [ln for ln in (out + err).splitlines() if "re-assigned by row" in ln]
     assert len(said) == 1, out + err
@@ -132,7 +132,9 @@ def test_fsdp_checkpoint_resumes_on_one_process_and_back(records, one, tmp_path,
     cfg_file, ref = one
     fsdp = tmp_path / "fsdp_then_one"
     _torchrun("--config", cfg_file, "--data", records, "--out", fsdp, "--set", "train.distributed=fsdp")
-    code, _, err = run_main(capsys, "pretrain", "--data", records, "--out", fsdp, "--resume", SPLIT, "--quiet", *CPU)
+    code, _, err = run_main(
+        capsys, "pretrain", "--data", records, "--out", fsdp, "--resume", SPLIT, "--rewind", "--quiet", *CPU
+    )
     assert code == 0, err
     _assert_same_run(fsdp, ref)
     one_fsdp = _copy_to_split(ref, tmp_path / "one_then_fsdp")
