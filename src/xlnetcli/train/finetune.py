@@ -334,6 +334,12 @@ def _say_header(
     )
     if ft.document != "first":
         say(f"  documents  {document_prose(ft)}")
+        reach, clamp = (ft.mem_len or ft.max_seq_length) + ft.max_seq_length, engine.cfg.model.clamp_len
+        if ft.document == "memory" and 0 < clamp < reach:
+            say(
+                f"[yellow]warning:[/yellow] the checkpoint's model.clamp_len ({clamp}) is below memory + window "
+                f"({reach}): farther keys all read as {clamp} tokens away (a smaller finetune.mem_len avoids it)"
+            )
     say(
         f"  optimizer  AdamW lr {ft.lr:g}, layer decay {ft.layer_decay:g}, wd {ft.weight_decay:g}, "
         f"dropout {ft.dropout:g}/{ft.dropatt:g}; device {device_prose(engine)}"
