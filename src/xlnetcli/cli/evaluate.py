@@ -112,12 +112,6 @@ def eval_cmd(
     default=None,
     help="Also probe the same architecture at its random initialisation (the run's train.seed).",
 )
-@click.option(
-    "--max-seq-length",
-    type=click.IntRange(min=5),
-    default=None,
-    help="Tokens per example, or per window with --document (default: the checkpoint's finetune.max_seq_length).",
-)
 @document_options
 @click.option(
     "--batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Examples per forward pass."
@@ -194,12 +188,6 @@ def probe_cmd(ckpt: Path, train_file: Path, valid_file: Path, train_sizes: str |
     default="npy",
     show_default=True,
     help="npy: a float32 array per pool + index.tsv; jsonl: embeddings.jsonl, one object per text. Both: meta.json.",
-)
-@click.option(
-    "--max-seq-length",
-    type=click.IntRange(min=5),
-    default=None,
-    help="Tokens per window (default: the checkpoint's finetune.max_seq_length).",
 )
 @document_options
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Texts per forward pass.")

@@ -265,8 +265,14 @@ def scoring_options(f):
 
 
 def document_options(f):
-    """How a text longer than one window is read (finetune.document; docs/long-documents.md): --document,
-    --max-windows, --mem-len, each defaulting to the checkpoint's finetune section."""
+    """How a text is read (finetune.max_seq_length, finetune.document; docs/long-documents.md): --max-seq-length,
+    --document, --max-windows, --mem-len, each defaulting to the checkpoint's finetune section."""
+    f = click.option(
+        "--max-seq-length",
+        type=click.IntRange(min=5),
+        default=None,
+        help="Tokens per example, or per window with --document (default: the checkpoint's finetune.max_seq_length).",
+    )(f)
     f = click.option(
         "--mem-len",
         type=click.IntRange(min=1),

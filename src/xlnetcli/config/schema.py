@@ -247,6 +247,11 @@ class FinetuneConfig:
     grad_windows: int = ranged(1, "[1, inf)")  # memory: gradient through the last k windows, the memory detached beyond
     mem_len: int | None = ranged(None, "[1, inf)")  # memory: states kept from earlier windows; null = max_seq_length
 
+    @property
+    def memory_length(self) -> int:
+        """The memory a ``memory`` reading keeps: finetune.mem_len, or one window when null."""
+        return self.mem_len or self.max_seq_length
+
     def __post_init__(self) -> None:
         check_ranges(self, "finetune")
         self.report_to = canonical_report_to(self.report_to, "finetune.report_to")

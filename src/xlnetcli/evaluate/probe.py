@@ -217,16 +217,6 @@ def document_reading(
     return labelled.Reading(window, doc, windows), mem
 
 
-def describe_reading(reading: labelled.Reading, mem_len: int) -> str:
-    """How texts were read, in words (a report's line)."""
-    w = f"{reading.window} tokens"
-    if reading.document == "first":
-        return f"the first window of {w} (longer texts cut)"
-    if reading.document == "window-mean":
-        return f"up to {reading.max_windows} windows of {w}, each read apart, averaged"
-    return f"up to {reading.max_windows} windows of {w} in order through a memory of {mem_len} states"
-
-
 def check_features_fit(
     m: Any, batch: int, reading: labelled.Reading, mem_len: int, device: torch.device, keys: str
 ) -> None:
@@ -626,7 +616,7 @@ def format_table(res: dict[str, Any]) -> str:
     doc = res.get("document") or "first"
     if doc != "first":
         reading = labelled.Reading(res["max_seq_length"], doc, res["max_windows"])
-        lines.append(f"  texts read as {doc}: {describe_reading(reading, res.get('mem_len') or reading.window)}")
+        lines.append(f"  texts read as {doc}: {reading.describe(res.get('mem_len') or reading.window)}")
     if res["truncated"] and doc == "first":
         lines.append(f"  {res['truncated']} examples truncated to {res['max_seq_length']} tokens")
     elif res["truncated"]:

@@ -168,7 +168,7 @@ class FinetuneModel(nn.Module):
         self.task = task
         # a row longer than one window is a document, read as finetune.document says (model/documents.py)
         self.window, self.document = ft.max_seq_length, ft.document
-        self.mem_len, self.grad_windows = ft.mem_len or ft.max_seq_length, ft.grad_windows
+        self.mem_len, self.grad_windows = ft.memory_length, ft.grad_windows
         self.summary_type = ft.summary_type
         self.transformer = XLNetModel(model_cfg)
         d = model_cfg.d_model

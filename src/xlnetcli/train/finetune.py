@@ -334,7 +334,7 @@ def _say_header(
     )
     if ft.document != "first":
         say(f"  documents  {document_prose(ft)}")
-        reach, clamp = (ft.mem_len or ft.max_seq_length) + ft.max_seq_length, engine.cfg.model.clamp_len
+        reach, clamp = ft.memory_length + ft.max_seq_length, engine.cfg.model.clamp_len
         if ft.document == "memory" and 0 < clamp < reach:
             say(
                 f"[yellow]warning:[/yellow] the checkpoint's model.clamp_len ({clamp}) is below memory + window "

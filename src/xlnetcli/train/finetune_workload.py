@@ -360,7 +360,7 @@ def finetune_plan(run_cfg: Config, train: TaskData, steps: StepCounts) -> TrainP
         L = min(L, ft.max_seq_length)
         windows = max(1.0, float(np.mean(np.ceil(seqs / ft.max_seq_length))))
         if ft.document == "memory":
-            M, passes = ft.mem_len or ft.max_seq_length, 1.0 + 2.0 * min(ft.grad_windows, windows) / windows
+            M, passes = ft.memory_length, 1.0 + 2.0 * min(ft.grad_windows, windows) / windows
     return TrainPlan.from_config(
         run_cfg,
         "finetune",

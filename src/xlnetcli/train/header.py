@@ -10,6 +10,7 @@ import torch
 
 from xlnetcli.config import Config, FinetuneConfig
 from xlnetcli.core.text import counted
+from xlnetcli.data.labelled import Reading
 from xlnetcli.train.engine import Engine
 
 OBJECTIVE_PROSE = {  # model.objective -> what the header calls it
@@ -100,11 +101,7 @@ def say_header(engine: Engine, sizes: tuple[int, int], meta: dict, data_dir: Pat
 
 def document_prose(ft: FinetuneConfig) -> str:
     """How a finetuning run reads a text longer than one window (finetune.document), for its header."""
-    windows = f"up to {ft.max_windows} windows of {ft.max_seq_length} tokens"
-    if ft.document == "window-mean":
-        return f"window-mean: {windows}, each read on its own, the outputs averaged"
-    mem = ft.mem_len or ft.max_seq_length
-    return (
-        f"memory: {windows} read in order, {mem} tokens of memory, gradient through the last "
-        f"{ft.grad_windows} window{'s' if ft.grad_windows > 1 else ''}; summary {ft.summary_type}"
-    )
+    prose = f"{ft.document}: {Reading.of(ft).describe(ft.memory_length)}"
+    if ft.document != "memory":
+        return prose
+    return f"{prose}, gradient through the last {counted(ft.grad_windows, 'window')}; summary {ft.summary_type}"

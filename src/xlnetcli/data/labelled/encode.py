@@ -91,6 +91,15 @@ class Reading:
     def width(self) -> int:
         return self.window * self.max_windows
 
+    def describe(self, mem_len: int) -> str:
+        """How texts are read, in words (a header's or a report's line); ``mem_len``: the memory's states."""
+        w = f"{self.window} tokens"
+        if self.document == "first":
+            return f"the first window of {w} (longer texts cut)"
+        if self.document == "window-mean":
+            return f"up to {self.max_windows} windows of {w}, each read apart, averaged"
+        return f"up to {self.max_windows} windows of {w} in order through a memory of {mem_len} states"
+
     def pair(self, a: list[int], b: list[int] | None) -> tuple[list[int], list[int], bool]:
         """ids, segment ids (unpadded, at most ``width``) and whether anything was cut. Copies its inputs."""
         if self.document != "window-mean":
