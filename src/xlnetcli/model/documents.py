@@ -31,14 +31,20 @@ class DocumentStates:
 
     hidden: torch.Tensor  # [B,W,d] the last window's content stream (its last position: the document's <cls>)
     mask: torch.Tensor  # [B,W] the last window's real tokens
-    sums: torch.Tensor  # [B,d] (or [B,layers,d] with per_layer) sum of the states of every real token
+    # [B,d] (or [B,layers,d] with per_layer) sum of the states of every real token; None when not asked (pool)
+    sums: torch.Tensor | None
     count: torch.Tensor  # [B] real tokens of each document
     cls: torch.Tensor | None = None  # [B,layers,d] per layer (per_layer): the <cls> state of each layer
 
     def mean(self) -> torch.Tensor:
         """[B,d] (or [B,layers,d]): the mean state over the document's real tokens."""
-        count = self.count.clamp_min(1.0).to(self.sums.dtype)
-        return self.sums / (count[:, None, None] if self.sums.dim() == 3 else count[:, None])
+        assert self.sums is not None, "read_with_memory(pool=False) keeps no sums"
+        return self.sums / _per_row(self.count.clamp_min(1.0).to(self.sums.dtype), self.sums)
+
+
+def _per_row(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """[B] -> [B,1,...] broadcast against ``like`` [B,...]."""
+    return x.view(-1, *([1] * (like.dim() - 1)))
 
 
 def pad_to_windows(x: torch.Tensor, window: int, value: float) -> torch.Tensor:
@@ -86,46 +92,48 @@ def read_with_memory(
     mem_len: int,
     grad_windows: int = 1,
     per_layer: bool = False,
+    pool: bool = True,
 ) -> DocumentStates:
     """Read [B,T] documents window by window with the memory carried (``mem_len`` states of the earlier windows, per
     layer); the gradient flows through the last ``grad_windows`` windows (all of them when a document has fewer) and
     the memory between them, none before. ``per_layer``: the sums and <cls> of the embedding and of every layer
-    (no gradient: features). The model's bi_data is off, as in all finetuning."""
+    (no gradient: features). ``pool=False``: no sums (a head that reads only the last <cls>). The model's bi_data is
+    off, as in all finetuning."""
     ids_w, seg_w, mask_w = document_windows(ids, seg, mask, window)
     n = ids_w.shape[1]
     mems: list[torch.Tensor] | None = None
     mem_pad: torch.Tensor | None = None
-    sums: torch.Tensor | float = 0.0
+    sums: torch.Tensor | None = None
     count = mask_w.sum((1, 2))
     hidden = torch.empty(0)
     cls: torch.Tensor | None = None
     grad_from = n - grad_windows if torch.is_grad_enabled() else n
-    for w in range(n):
-        m = mask_w[:, w]
-        layers: list[torch.Tensor] = []
-        collect = _layer_outputs(transformer, window, layers) if per_layer else nullcontext()
-        with torch.set_grad_enabled(w >= grad_from), collect:
-            out = transformer(
-                ids_w[:, w],
-                token_type_ids=seg_w[:, w],
-                attention_mask=m,
-                mems=mems,
-                mem_pad=mem_pad,
-                bi_data=False,
-                mem_len=mem_len,
-                detach_mems=False,
-            )
-        assert out.hidden is not None and out.mems is not None  # content output and memory were asked for
-        hidden, mems = out.hidden, out.mems
-        pad = m == 0
-        mem_pad = (pad if mem_pad is None else torch.cat([mem_pad, pad], dim=1))[:, -mem_len:]  # as mems are cut
-        states = torch.stack(layers, 1) if per_layer else hidden  # [B,layers,W,d] or [B,W,d]
-        weights = m.to(states.dtype)
-        weights = weights[:, None, :, None] if per_layer else weights[:, :, None]
-        sums = sums + (states * weights).sum(-2)
-        if per_layer:
-            cls = states[:, :, -1]
-    assert isinstance(sums, torch.Tensor)
+    layers: list[torch.Tensor] = []
+    with _layer_outputs(transformer, window, layers) if per_layer else nullcontext():
+        for w in range(n):
+            m = mask_w[:, w]
+            layers.clear()
+            with torch.set_grad_enabled(w >= grad_from):
+                out = transformer(
+                    ids_w[:, w],
+                    token_type_ids=seg_w[:, w],
+                    attention_mask=m,
+                    mems=mems,
+                    mem_pad=mem_pad,
+                    bi_data=False,
+                    mem_len=mem_len,
+                    detach_mems=False,
+                )
+            assert out.hidden is not None and out.mems is not None  # content output and memory were asked for
+            hidden, mems, mem_pad = out.hidden, out.mems, out.mem_pad
+            if not (pool or per_layer):
+                continue
+            states = torch.stack(layers, 1) if per_layer else hidden  # [B,layers,W,d] or [B,W,d]
+            weights = m.to(states.dtype)
+            weights = weights[:, None, :, None] if per_layer else weights[:, :, None]
+            sums = (states * weights).sum(-2) if sums is None else sums + (states * weights).sum(-2)
+            if per_layer:
+                cls = states[:, :, -1]
     return DocumentStates(hidden, mask_w[:, -1], sums, count, cls)
 
 
@@ -139,23 +147,23 @@ def read_windows_apart(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every window of [B,T] documents read on its own, the all-padding ones left out. -> (hidden [R,window,d] of the
     R real windows ([R,layers,window,d] with ``per_layer``: the embedding and every layer), their mask [R,window],
-    ``real`` [B,n] bool: which windows they are, in row-major order)."""
+    ``owner`` [R]: the document of each)."""
     ids_w, seg_w, mask_w = document_windows(ids, seg, mask, window)
-    real = (mask_w != 0).any(-1)  # [B,n]
-    flat = real.flatten()
-    m = mask_w.flatten(0, 1)[flat]
+    n = ids_w.shape[1]
+    real = (mask_w != 0).any(-1).flatten().nonzero().squeeze(1)  # the real windows, row-major (one device sync)
+    m = mask_w.flatten(0, 1).index_select(0, real)
     layers: list[torch.Tensor] = []
     with _layer_outputs(transformer, window, layers) if per_layer else nullcontext():
         out = transformer(
-            ids_w.flatten(0, 1)[flat],
-            token_type_ids=seg_w.flatten(0, 1)[flat],
+            ids_w.flatten(0, 1).index_select(0, real),
+            token_type_ids=seg_w.flatten(0, 1).index_select(0, real),
             attention_mask=m,
             mems=None,
             return_mems=False,
             bi_data=False,
         )
     assert out.hidden is not None
-    return (torch.stack(layers, 1) if per_layer else out.hidden), m, real
+    return (torch.stack(layers, 1) if per_layer else out.hidden), m, real // n
 
 
 def document_features(
@@ -173,21 +181,23 @@ def document_features(
     over every real token, the final <cls>; ``window-mean``: the mean over every real token of the windows read
     apart, and their <cls> states averaged."""
     if document == "window-mean" and ids.shape[-1] > window:
-        hidden, m, real = read_windows_apart(transformer, ids, seg, mask, window, per_layer)
+        B = ids.shape[0]
+        hidden, m, owner = read_windows_apart(transformer, ids, seg, mask, window, per_layer)
         weights = m.to(hidden.dtype)
         weights = weights[:, None, :, None] if per_layer else weights[:, :, None]
-        sums, counts = (hidden * weights).sum(-2), m.sum(-1).to(hidden.dtype)
-        total = mean_over_windows(counts, real).clamp_min(1e-30)  # the mean count: sums / counts over the windows
-        mean = mean_over_windows(sums, real) / (total[:, None, None] if per_layer else total[:, None])
-        return mean, mean_over_windows(hidden[..., -1, :], real)
+        sums = sum_by_document((hidden * weights).sum(-2), owner, B)
+        count = sum_by_document(m.sum(-1).to(hidden.dtype), owner, B).clamp_min(1.0)
+        return sums / _per_row(count, sums), mean_over_windows(hidden[..., -1, :], owner, B)
     states = read_with_memory(transformer, ids, seg, mask, window, mem_len, per_layer=per_layer)
     return states.mean(), states.cls if states.cls is not None else states.hidden[:, -1]
 
 
-def mean_over_windows(values: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """values [R,...] of the real windows (``real`` [B,n], row-major) -> [B,...] their mean per document."""
-    B, n = real.shape
-    full = values.new_zeros((B * n, *values.shape[1:]))
-    full[real.flatten()] = values
-    w = real.to(values.dtype).view(B, n, *([1] * (values.dim() - 1)))
-    return (full.view(B, n, *values.shape[1:]) * w).sum(1) / w.sum(1).clamp_min(1.0)
+def sum_by_document(values: torch.Tensor, owner: torch.Tensor, B: int) -> torch.Tensor:
+    """values [R,...] of the real windows, ``owner`` [R] the document of each -> [B,...] their sum per document."""
+    return values.new_zeros((B, *values.shape[1:])).index_add_(0, owner, values)
+
+
+def mean_over_windows(values: torch.Tensor, owner: torch.Tensor, B: int) -> torch.Tensor:
+    """values [R,...] of the real windows, ``owner`` [R] the document of each -> [B,...] their mean per document."""
+    count = sum_by_document(torch.ones_like(owner, dtype=values.dtype), owner, B).clamp_min(1.0)
+    return sum_by_document(values, owner, B) / _per_row(count, values.new_empty((B, *values.shape[1:])))

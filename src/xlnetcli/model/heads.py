@@ -191,12 +191,15 @@ class FinetuneModel(nn.Module):
         wider than one window is a document (finetune.document): read with memory, or window by window with the
         outputs averaged; ``first`` rows are one window."""
         if self.document == "memory" and ids.shape[-1] > self.window:
-            states = read_with_memory(self.transformer, ids, seg, mask, self.window, self.mem_len, self.grad_windows)
-            pooled = states.mean() if self.summary_type == "mean" else None
+            mean = self.summary_type == "mean"
+            states = read_with_memory(
+                self.transformer, ids, seg, mask, self.window, self.mem_len, self.grad_windows, pool=mean
+            )
+            pooled = states.mean() if mean else None
             return self.head(states.hidden, states.mask, pooled).float()
         if self.document == "window-mean" and ids.shape[-1] > self.window:
-            hidden, m, real = read_windows_apart(self.transformer, ids, seg, mask, self.window)
-            return mean_over_windows(self.head(hidden, m).float(), real)
+            hidden, m, owner = read_windows_apart(self.transformer, ids, seg, mask, self.window)
+            return mean_over_windows(self.head(hidden, m).float(), owner, ids.shape[0])
         return self.head(self.encode(ids, seg, mask), mask).float()
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:

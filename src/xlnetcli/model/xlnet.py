@@ -209,7 +209,8 @@ class XLNetModel(nn.Module):
         masked for every row, so a memory padded on the left to a fixed length (static shapes, train.static_shapes)
         computes what the unpadded one does; ``XLNetOutput.mem_pad`` is then the next memory's padding.
         ``mem_len`` (a reader of consecutive windows, model/documents.py): the next memory is the last ``mem_len``
-        states of the memory and this whole segment, in place of the pretraining rule (model.mem_len, reuse_len);
+        states of the memory and this whole segment, in place of the pretraining rule (model.mem_len, reuse_len), and
+        ``XLNetOutput.mem_pad`` is its padding (the memory's, then this segment's ``attention_mask == 0``);
         ``detach_mems=False`` keeps the next memory in the graph (gradient through it into this segment).
 
         It stays whole: its steps are already the methods below, in the paper's order, and what is left is the
@@ -261,7 +262,7 @@ class XLNetModel(nn.Module):
             else:
                 x = layer(x, mem, pos_emb, layout, biases, cfg.attn_impl, valid_rows)
         x = drop(x, cfg.dropout, self.training)
-        pad = None if mem_pad is None or new_mems is None else self._cache_pad(mem_pad, L, mem_len)
+        pad = None if new_mems is None else self._cache_pad(mem_pad, attention_mask, L, mem_len)
         if query_only:
             return XLNetOutput(hidden=None, query=x, mems=new_mems, mem_pad=pad)
         return XLNetOutput(hidden=x[:, :L], query=x[:, L:] if P else None, mems=new_mems, mem_pad=pad)
@@ -375,14 +376,20 @@ class XLNetModel(nn.Module):
             new = new[:, -keep:]
         return new.detach() if detach else new
 
-    def _cache_pad(self, mem_pad: torch.Tensor, L: int, mem_len: int | None = None) -> torch.Tensor:
-        """The next memory's padding columns, [B,M']: ``mem_pad`` followed by the states this segment adds (real),
-        cut as ``_cache_mem`` cuts the states (a left-padded memory of mem_len stays mem_len, its padding shrinks)."""
+    def _cache_pad(self, mem_pad, attention_mask, L: int, mem_len: int | None = None) -> torch.Tensor | None:
+        """The next memory's padding columns, [B,M'] (None without a padded memory): ``mem_pad`` followed by the
+        states this segment adds, cut as ``_cache_mem`` cuts the states (a left-padded memory of mem_len stays
+        mem_len, its padding shrinks). Pretraining's segments add real states; a reader's (``mem_len``) add its whole
+        window, whose own padding (``attention_mask == 0``) joins, a padded memory or not."""
         cfg = self.config
-        n = L if mem_len is not None else (cfg.reuse_len if 0 < cfg.reuse_len < L else L)
-        keep = cfg.mem_len if mem_len is None else mem_len
-        new = torch.cat([mem_pad, mem_pad.new_zeros(mem_pad.shape[0], n)], dim=1)
-        return new[:, -keep:] if keep > 0 else new
+        if mem_len is None:
+            if mem_pad is None:
+                return None
+            n = cfg.reuse_len if 0 < cfg.reuse_len < L else L
+            new = torch.cat([mem_pad, mem_pad.new_zeros(mem_pad.shape[0], n)], dim=1)
+            return new[:, -cfg.mem_len :] if cfg.mem_len > 0 else new
+        own = attention_mask == 0
+        return (own if mem_pad is None else torch.cat([mem_pad, own], dim=1))[:, -mem_len:]
 
     @staticmethod
     def _relative_segments(token_type_ids, rows, M: int):
