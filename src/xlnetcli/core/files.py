@@ -299,7 +299,7 @@ def _create_lock(path: Path, content: str, out: Path) -> bool:
     DiskFull naming ``out``, and leaves no lock behind (a lock left empty would refuse the rerun)."""
     fd, tmp = mkstemp_shared(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with disk_full_lock(out, path):
+        try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(content)
             try:
@@ -322,19 +322,13 @@ def _create_lock(path: Path, content: str, out: Path) -> bool:
                     path.unlink()
                 raise
             return True
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            raise DiskFull(f"disk full while taking the lock of {out} ({path}); free space and rerun") from None
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-
-
-@contextlib.contextmanager
-def disk_full_lock(out: Path, path: Path) -> Iterator[None]:
-    try:
-        yield
-    except OSError as e:
-        if not is_disk_full(e):
-            raise
-        raise DiskFull(f"disk full while taking the lock of {out} ({path}); free space and rerun") from None
 
 
 def _lock_owner(path: Path) -> dict[str, Any] | None:
