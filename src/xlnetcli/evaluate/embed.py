@@ -107,8 +107,11 @@ def read_texts(
                 "--id-column and --no-header are for TSV / CSV / JSONL tables"
             )
         return labelled.read_lines(path), None
-    rows = labelled.read_table(path, "classification", columns, header, require_label=False, labels=False)
-    return rows, labelled.read_ids(path, header, id_column)
+    parsed = labelled.parse_table(path, header)  # one read of the file for the texts and the ids
+    rows = labelled.read_table(
+        path, "classification", columns, header, require_label=False, labels=False, parsed=parsed
+    )
+    return rows, labelled.read_ids(path, header, id_column, parsed=parsed)
 
 
 def row_index(

@@ -129,7 +129,15 @@ def table_lines(text: str) -> list[str]:
     return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
 
 
-def _rows(path: Path, header: bool) -> tuple[list[str] | None, list[tuple[int, Row]]]:
+Parsed = tuple[list[str] | None, list[tuple[int, Row]]]  # (column names, [(line number, row)]) of one table
+
+
+def parse_table(path: str | Path, header: bool = True) -> Parsed:
+    """A table parsed once, for ``read_table`` and ``read_ids`` both (``parsed=``)."""
+    return _rows(Path(path), header)
+
+
+def _rows(path: Path, header: bool) -> Parsed:
     """(column names, [(line number, row)]) for a TSV/CSV (rows are lists) or JSONL (rows are dicts) file."""
     text = _read_text(path)
     suffix = path.suffix.lower()
@@ -171,12 +179,14 @@ def read_table(
     header: bool = True,
     require_label: bool = True,
     labels: bool = True,
+    parsed: Parsed | None = None,
 ) -> list[TextExample]:
     """Read a classification/regression file. Columns are names, or 0-based indices with ``header=False``.
-    ``labels=False``: the texts alone (`xlnet embed`), every label None and no label column read."""
+    ``labels=False``: the texts alone (`xlnet embed`), every label None and no label column read. ``parsed``: the
+    file already parsed (``parse_table``)."""
     path = Path(path)
     columns = columns or Columns()
-    names, rows = _rows(path, header)
+    names, rows = parsed or _rows(path, header)
     if not rows:
         raise DataError(f"{path}: no examples (the file is empty or has only a header)")
     is_json = isinstance(rows[0][1], dict)
@@ -472,11 +482,13 @@ def read_lines(path: str | Path) -> list[TextExample]:
     return out
 
 
-def read_ids(path: str | Path, header: bool = True, column: str | None = None) -> tuple[str, list[str]] | None:
+def read_ids(
+    path: str | Path, header: bool = True, column: str | None = None, parsed: Parsed | None = None
+) -> tuple[str, list[str]] | None:
     """(column, ids) of a table ``read_table`` reads, one per row in its order: ``column``, else the first of
-    ``ID_NAMES`` the file has; None when it has none. A missing or empty cell is ''."""
+    ``ID_NAMES`` the file has; None when it has none. A missing or empty cell is ''. ``parsed``: as read_table's."""
     path = Path(path)
-    names, rows = _rows(path, header)
+    names, rows = parsed or _rows(path, header)
     is_json = bool(rows) and isinstance(rows[0][1], dict)
     if is_json:
         names = sorted({k for _, r in rows for k in r})
